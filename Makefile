@@ -1,0 +1,122 @@
+# gpumemd: `make` builds into build/, `make check` runs every test (also
+# under ASan+UBSan), `make demo` shows a pause and resume with real workers.
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+O ?= build
+SAN ?= 0
+
+CC ?= cc
+PKGS := libuv libprotobuf-c
+WARN := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wmissing-prototypes \
+        -Wstrict-prototypes -Wpointer-arith -Wno-unused-parameter
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -I. -I$(O)/gen -Iinclude
+ifeq ($(SAN),1)
+CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+
+GEN := $(O)/gen/proto/gpumemd.pb-c.c
+COMMON_SRC := common/frame.c common/idmap.c common/log.c common/size.c common/wire.c \
+              gpu/gpu.c gpu/host.c
+DAEMON_SRC := $(wildcard daemon/*.c)
+CLIENT_SRC := $(wildcard client/*.c)
+
+obj = $(patsubst %.c,$(O)/obj/%.o,$(1))
+COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(O)/obj/gen/gpumemd.pb-c.o
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+
+BINS := $(O)/bin/gpumemd $(O)/bin/gpumemctl $(O)/bin/gpumem-worker
+LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc
+TESTS := $(patsubst tests/%.c,$(O)/tests/%,$(wildcard tests/check_*.c))
+BENCHES := $(patsubst bench/%.c,$(O)/bench/%,$(wildcard bench/*.c))
+
+.PHONY: all deps check test test-asan demo bench install clean
+all: deps $(BINS) $(LIBS)
+
+deps:
+	@./tools/install-deps.sh
+
+$(GEN): proto/gpumemd.proto
+	@mkdir -p $(O)/gen
+	protoc-c --c_out=$(O)/gen $<
+
+$(O)/obj/gen/gpumemd.pb-c.o: $(GEN)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Wno-missing-prototypes -c $< -o $@
+
+$(O)/obj/%.o: %.c $(GEN)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+
+$(O)/lib/libcommon.a: $(COMMON_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(O)/bin/gpumemd: $(DAEMON_OBJ) $(O)/lib/libcommon.a
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
+
+# The client library exports only what include/gpumem.h declares.
+$(O)/lib/libgpumem.so: $(CLIENT_OBJ) $(O)/lib/libcommon.a
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpumem.so.1 -Wl,--exclude-libs,ALL \
+	  -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -lpthread -lm
+	ln -sf libgpumem.so $(O)/lib/libgpumem.so.1
+
+$(O)/lib/gpumem.pc: client/gpumem.pc.in
+	@mkdir -p $(@D)
+	sed 's|@PREFIX@|$(PREFIX)|g' $< > $@
+
+RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
+$(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
+	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -lm
+
+$(O)/tests/%: tests/%.c tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(O)/lib/libcommon.a $(DAEMON_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/harness.c \
+	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
+	  -L$(O)/lib -lgpumem $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
+	  -Wl,-rpath,'$(abspath $(O)/lib)' -lm
+
+$(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem \
+	  $(O)/lib/libcommon.a $(PKG_LIBS) -Wl,-rpath,'$(abspath $(O)/lib)' -lm
+
+# Run the suites against binaries in $(O).
+test: all $(TESTS)
+	@GPUMEM_BUILD=$(abspath $(O)) ./tests/run.sh $(TESTS)
+
+test-asan:
+	@$(MAKE) --no-print-directory O=build/asan SAN=1 test
+
+check: deps
+	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory test-asan
+
+demo: all
+	@./tools/demo.sh $(abspath $(O))
+
+bench: all $(BENCHES)
+	@./bench/run.sh $(abspath $(O))
+
+install: $(BINS) $(LIBS)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 $(O)/lib/libgpumem.so $(DESTDIR)$(PREFIX)/lib/libgpumem.so.1
+	ln -sf libgpumem.so.1 $(DESTDIR)$(PREFIX)/lib/libgpumem.so
+	install -m 644 $(O)/lib/gpumem.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	install -m 644 include/gpumem.h $(DESTDIR)$(PREFIX)/include/
+
+clean:
+	rm -rf build
+
+-include $(shell find $(O)/obj -name '*.d' 2>/dev/null)

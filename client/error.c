@@ -1,0 +1,51 @@
+/* Error codes and words. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "client.h"
+
+static _Thread_local char last_error[320];
+
+/* Record words for this thread's last failure and return err. */
+int client_fail(int err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return err;
+}
+
+/* The words for the calling thread's last failure. */
+const char *gpumem_last_error(void) { return last_error; }
+
+/* Daemon codes map one to one onto the negative library codes. */
+int client_code(wire_code code) {
+  return code >= 1 && code <= 12 ? -(int)code : GPUMEM_E_PROTOCOL;
+}
+
+/* A short description of an error code. */
+const char *gpumem_strerror(int err) {
+  switch (err) {
+  case GPUMEM_OK: return "success";
+  case GPUMEM_E_INVALID: return "invalid argument";
+  case GPUMEM_E_PROTOCOL: return "protocol error";
+  case GPUMEM_E_VERSION: return "protocol version mismatch";
+  case GPUMEM_E_PERMISSION: return "permission denied";
+  case GPUMEM_E_NOT_FOUND: return "no such buffer";
+  case GPUMEM_E_OUT_OF_MEMORY: return "out of device memory";
+  case GPUMEM_E_TAG_PAUSED: return "tag is paused";
+  case GPUMEM_E_CLIENT_TIMEOUT: return "workers did not answer in time";
+  case GPUMEM_E_LIMIT: return "limit exceeded";
+  case GPUMEM_E_WRONG_STATE: return "buffer is being paused or resumed";
+  case GPUMEM_E_BACKEND: return "GPU backend error";
+  case GPUMEM_E_INTERNAL: return "daemon internal error";
+  case GPUMEM_E_CONNECT: return "cannot connect to gpumemd";
+  case GPUMEM_E_DISCONNECTED: return "disconnected from gpumemd";
+  case GPUMEM_E_NOMEM: return "out of memory";
+  case GPUMEM_E_MAP: return "mapping memory failed";
+  default: return "unknown error";
+  }
+}
+
+/* The name of a state. */
+const char *gpumem_state_name(int state) { return wire_state_name(state); }

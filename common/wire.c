@@ -1,0 +1,181 @@
+#include "wire.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* True if tag is 1..WIRE_TAG_MAX characters of [A-Za-z0-9_.-]. */
+bool wire_tag_valid(const char *tag) {
+  size_t n = 0;
+  for (const char *p = tag; *p; p++, n++) {
+    char c = *p;
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+    if (!ok || n >= WIRE_TAG_MAX) return false;
+  }
+  return n > 0;
+}
+
+/* The protocol's name for an error code. */
+const char *wire_code_name(wire_code code) {
+  const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
+      &gpumem__wire__error_code__descriptor, (int)code);
+  return v ? v->name : "UNKNOWN";
+}
+
+/* The protocol's name for a buffer state. */
+const char *wire_state_name(int state) {
+  const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
+      &gpumem__wire__buffer_state__descriptor, state);
+  return v ? v->name : "UNKNOWN";
+}
+
+/* Serialize an envelope into a malloc'd buffer. */
+uint8_t *wire_pack(const wire_env *env, size_t *len) {
+  size_t n = gpumem__wire__envelope__get_packed_size(env);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return NULL;
+  *len = gpumem__wire__envelope__pack(env, buf);
+  return buf;
+}
+
+/* Parse a payload into an envelope. */
+wire_env *wire_unpack(const uint8_t *data, size_t len) {
+  return gpumem__wire__envelope__unpack(NULL, len, data);
+}
+
+/* Free an envelope returned by wire_unpack. */
+void wire_env_free(wire_env *env) {
+  if (env) gpumem__wire__envelope__free_unpacked(env, NULL);
+}
+
+__attribute__((format(printf, 4, 5))) static wire_code
+refuse(wire_code code, char *why, size_t whylen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, whylen, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static bool string_ok(const char *s, size_t max) {
+  return s && strnlen(s, max + 1) <= max;
+}
+
+/* Tags and devices of a pause or resume: at least one tag, all valid. */
+static wire_code check_selection(size_t ntags, char **tags, size_t ndevs,
+                                 char *why, size_t whylen) {
+  if (ntags == 0)
+    return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
+                  "no tags given");
+  if (ntags > WIRE_MAX_TAGS)
+    return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
+                  "too many tags (%zu, at most %d)", ntags, WIRE_MAX_TAGS);
+  for (size_t i = 0; i < ntags; i++)
+    if (!wire_tag_valid(tags[i]))
+      return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
+                    "invalid tag '%.*s': 1-%d characters of [A-Za-z0-9_.-]",
+                    WIRE_TAG_MAX + 1, tags[i], WIRE_TAG_MAX);
+  if (ndevs > WIRE_MAX_DEVICES)
+    return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
+                  "too many devices (%zu)", ndevs);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Check a message that a client sent the daemon. */
+wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
+                             size_t whylen) {
+  const wire_code bad = GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT;
+  if (env->fd_count != nfds || nfds != 0)
+    return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,
+                  "clients send no fds (got %zu, declared %u)", nfds,
+                  env->fd_count);
+  switch (env->body_case) {
+  case GPUMEM__WIRE__ENVELOPE__BODY_HELLO:
+    if (env->hello->role != GPUMEM__WIRE__ROLE__ROLE_WORKER &&
+        env->hello->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER)
+      return refuse(bad, why, whylen, "unknown role %d", env->hello->role);
+    if (!string_ok(env->hello->name, WIRE_NAME_MAX))
+      return refuse(bad, why, whylen, "name longer than %d bytes", WIRE_NAME_MAX);
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC:
+    if (!wire_tag_valid(env->alloc->tag))
+      return refuse(bad, why, whylen,
+                    "invalid tag '%.*s': 1-%d characters of [A-Za-z0-9_.-]",
+                    WIRE_TAG_MAX + 1, env->alloc->tag, WIRE_TAG_MAX);
+    if (env->alloc->size == 0) return refuse(bad, why, whylen, "size is zero");
+    if (env->alloc->flags & ~(uint32_t)(GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
+                                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY |
+                                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED))
+      return refuse(bad, why, whylen, "unknown flags 0x%x", env->alloc->flags);
+    if ((env->alloc->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY) &&
+        (env->alloc->flags & (GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
+                              GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED)))
+      return refuse(bad, why, whylen,
+                    "IPC_LEGACY buffers never pause: no BACKUP or ALLOW_PAUSED");
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  case GPUMEM__WIRE__ENVELOPE__BODY_FREE:
+  case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
+  case GPUMEM__WIRE__ENVELOPE__BODY_LIST:
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE:
+    return check_selection(env->pause->n_tags, env->pause->tags,
+                           env->pause->n_devices, why, whylen);
+  case GPUMEM__WIRE__ENVELOPE__BODY_RESUME:
+    return check_selection(env->resume->n_tags, env->resume->tags,
+                           env->resume->n_devices, why, whylen);
+  case GPUMEM__WIRE__ENVELOPE__BODY_ACK:
+    if (!string_ok(env->ack->message, WIRE_MAX_MESSAGE))
+      return refuse(bad, why, whylen, "ack message too long");
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  default:
+    return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,
+                  "message type %d is not a request", (int)env->body_case);
+  }
+}
+
+/* Check a message that the daemon sent a client. */
+wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
+                           size_t whylen) {
+  const wire_code bad = GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR;
+  if (env->fd_count != nfds)
+    return refuse(bad, why, whylen, "frame declared %u fds, %zu arrived",
+                  env->fd_count, nfds);
+  size_t chunks = 0;
+  switch (env->body_case) {
+  case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY: {
+    const Gpumem__Wire__AllocReply *a = env->alloc_reply;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < a->n_chunk_sizes; i++) {
+      if (a->chunk_sizes[i] == 0 || sum + a->chunk_sizes[i] < sum)
+        return refuse(bad, why, whylen, "bad chunk sizes");
+      sum += a->chunk_sizes[i];
+    }
+    if (sum != a->size || a->size == 0)
+      return refuse(bad, why, whylen, "chunks do not add up to the size");
+    if (a->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE)
+      chunks = a->n_chunk_sizes;
+    break;
+  }
+  case GPUMEM__WIRE__ENVELOPE__BODY_REMAP:
+    for (size_t i = 0; i < env->remap->n_entries; i++)
+      chunks += env->remap->entries[i]->n_chunk_sizes;
+    break;
+  case GPUMEM__WIRE__ENVELOPE__BODY_ERROR:
+  case GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY:
+  case GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY:
+  case GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY:
+  case GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY:
+  case GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY:
+  case GPUMEM__WIRE__ENVELOPE__BODY_UNMAP:
+    break;
+  default:
+    return refuse(bad, why, whylen, "message type %d is not a reply or event",
+                  (int)env->body_case);
+  }
+  if (chunks != nfds)
+    return refuse(bad, why, whylen, "message needs %zu fds, %zu arrived",
+                  chunks, nfds);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}

@@ -1,0 +1,56 @@
+/* The wire protocol's constants, limits, framing of envelopes and the one
+ * place where messages from a peer are checked. */
+#ifndef GPUMEM_WIRE_H
+#define GPUMEM_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/gpumemd.pb-c.h"
+
+/* Don't forget to bump these when proto/gpumemd.proto changes. */
+#define WIRE_VERSION_MAJOR 1
+#define WIRE_VERSION_MINOR 0
+
+#define WIRE_MAX_REQUEST (64 * 1024)        /* client to daemon */
+#define WIRE_MAX_REPLY (64 * 1024 * 1024)   /* daemon to client */
+#define WIRE_TAG_MAX 63
+#define WIRE_NAME_MAX 127
+#define WIRE_MAX_TAGS 64
+#define WIRE_MAX_DEVICES 64
+#define WIRE_MAX_MESSAGE 512
+
+typedef Gpumem__Wire__Envelope wire_env;
+typedef Gpumem__Wire__ErrorCode wire_code;
+
+/* True if tag is 1..WIRE_TAG_MAX characters of [A-Za-z0-9_.-]. */
+bool wire_tag_valid(const char *tag);
+
+/* The protocol's name for an error code ("OUT_OF_MEMORY"). */
+const char *wire_code_name(wire_code code);
+
+/* The protocol's name for a buffer state ("ACTIVE"). */
+const char *wire_state_name(int state);
+
+/* Serialize an envelope. Returns a malloc'd buffer and its length in *len,
+ * or NULL when out of memory. */
+uint8_t *wire_pack(const wire_env *env, size_t *len);
+
+/* Parse a payload; NULL if it is not a valid Envelope. Free with
+ * wire_env_free. */
+wire_env *wire_unpack(const uint8_t *data, size_t len);
+
+/* Free an envelope returned by wire_unpack. */
+void wire_env_free(wire_env *env);
+
+/* Check a message that a client sent the daemon, with nfds fds attached.
+ * Returns OK or the error code to answer with, writing the reason to why. */
+wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
+                             size_t whylen);
+
+/* Check a message that the daemon sent a client, with nfds fds attached. */
+wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
+                           size_t whylen);
+
+#endif

@@ -1,0 +1,38 @@
+/* The pause engine: runs controllers' pause and resume operations one at a
+ * time, in order, through the two-phase protocol with the buffers' owners. */
+#ifndef GPUMEMD_ENGINE_H
+#define GPUMEMD_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "registry.h"
+
+struct session;
+typedef struct engine engine;
+
+/* Create an engine over the registry. */
+engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g,
+                      const struct config *cfg);
+
+/* Drop queued operations and free the engine; closes its timer, so the
+ * loop must run once more before the memory is gone. */
+void engine_destroy(engine *e);
+
+/* Queue a pause (or resume) of tags on the devices in devmask (0: all),
+ * answering request req_id of controller ctl when done. */
+void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
+                   char **tags, size_t ntags, uint64_t devmask,
+                   uint32_t timeout_ms);
+
+/* A worker acknowledged event event_id. */
+void engine_ack(engine *e, struct session *s, uint64_t event_id,
+                const Gpumem__Wire__EventAck *ack);
+
+/* A session is ending: stop waiting for it and never answer it. Called
+ * before its buffers are freed. */
+void engine_forget(engine *e, struct session *s);
+
+#endif

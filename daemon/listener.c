@@ -1,0 +1,68 @@
+#include "listener.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define LISTEN_BACKLOG 128
+
+/* Create the socket's directory if it is missing (one level, like /run/x). */
+static void make_parent(const char *path) {
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash || slash == dir) return;
+  *slash = '\0';
+  mkdir(dir, 0755);
+}
+
+/* Fill err with what failed and return the negative errno. */
+static int listen_err(int e, char *err, size_t errlen, const char *what, const char *path) {
+  snprintf(err, errlen, "%s %s: %s", what, path, strerror(e));
+  return -e;
+}
+
+/* Bind and listen on path, after making sure nobody else serves it. */
+int listener_open(const char *path, char *err, size_t errlen) {
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof addr.sun_path) {
+    snprintf(err, errlen, "socket path too long: %s", path);
+    return -ENAMETOOLONG;
+  }
+  strcpy(addr.sun_path, path);
+  struct stat st;
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      snprintf(err, errlen, "%s exists and is not a socket", path);
+      return -EEXIST;
+    }
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) return listen_err(errno, err, errlen, "socket for", path);
+    int rc = connect(probe, (struct sockaddr *)&addr, sizeof addr);
+    int e = errno;
+    close(probe);
+    if (rc == 0) {
+      snprintf(err, errlen, "another gpumemd is answering on %s", path);
+      return -EADDRINUSE;
+    }
+    if (e != ECONNREFUSED) return listen_err(e, err, errlen, "probing", path);
+    if (unlink(path) < 0) return listen_err(errno, err, errlen, "removing stale", path);
+  }
+  make_parent(path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return listen_err(errno, err, errlen, "socket for", path);
+  mode_t old = umask(0117);
+  int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
+  int e = errno;
+  umask(old);
+  if (rc < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
+    if (rc == 0) e = errno;
+    close(fd);
+    return listen_err(e, err, errlen, "binding", path);
+  }
+  return fd;
+}

@@ -1,0 +1,202 @@
+/* gpumemd: the per-node GPU memory daemon. */
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <uv.h>
+
+#include "common/log.h"
+#include "common/size.h"
+#include "common/wire.h"
+#include "config.h"
+#include "gpu/gpu.h"
+#include "server.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: gpumemd [options]\n"
+          "  --socket PATH             socket to serve (default $GPUMEM_SOCKET or %s)\n"
+          "  --backend NAME            auto, host (default auto)\n"
+          "  --host-devices N          host backend: simulated devices (default 2)\n"
+          "  --host-device-size SIZE   host backend: bytes per device (default 4G)\n"
+          "  --chunk-size SIZE         largest physical chunk (default 1G)\n"
+          "  --ack-timeout DURATION    wait for workers' acks (default 10s; 500ms, 2s)\n"
+          "  --timeout-policy P        report (default) or kill workers that miss it\n"
+          "  --controller-uid UID      a uid allowed to pause/resume (root and ours are)\n"
+          "  --controller-group GROUP  a group allowed to pause/resume\n"
+          "  --max-sessions-per-uid N  (default 4096)\n"
+          "  --max-buffers-per-session N (default 1000000)\n"
+          "  --log-level LEVEL         error, warn, info (default), debug\n"
+          "  --version, --help\n",
+          DEFAULT_SOCKET);
+}
+
+/* Parse "10s", "500ms", "2" (seconds) into milliseconds. */
+static int parse_duration(const char *s, uint32_t *ms) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || v < 0) return -1;
+  if (strcmp(end, "ms") == 0) v /= 1000;
+  else if (*end && strcmp(end, "s") != 0) return -1;
+  if (v * 1000 > UINT32_MAX || v * 1000 < 1) return -1;
+  *ms = (uint32_t)(v * 1000);
+  return 0;
+}
+
+static int parse_uint(const char *s, unsigned long max, unsigned long *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || *end || end == s || v > max) return -1;
+  *out = v;
+  return 0;
+}
+
+static int die_usage(const char *opt, const char *val) {
+  fprintf(stderr, "gpumemd: invalid value for --%s: '%s'\n", opt, val);
+  return 2;
+}
+
+/* Many sessions each hold fds in flight: take the hard limit. */
+static void raise_fd_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+int main(int argc, char **argv) {
+  const char *env_socket = getenv("GPUMEM_SOCKET");
+  struct config cfg = {
+      .socket_path = env_socket && *env_socket ? env_socket : DEFAULT_SOCKET,
+      .backend = "auto",
+      .host_devices = 2,
+      .host_device_size = 4ull << 30,
+      .chunk_size = 1ull << 30,
+      .ack_timeout_ms = 10000,
+      .timeout_policy = TIMEOUT_REPORT,
+      .max_sessions_per_uid = 4096,
+      .max_buffers_per_session = 1000000,
+      .controller_uid = (uid_t)-1,
+      .controller_gid = (gid_t)-1,
+  };
+  static const struct option opts[] = {
+      {"socket", required_argument, 0, 's'},
+      {"backend", required_argument, 0, 'b'},
+      {"host-devices", required_argument, 0, 'n'},
+      {"host-device-size", required_argument, 0, 'z'},
+      {"chunk-size", required_argument, 0, 'c'},
+      {"ack-timeout", required_argument, 0, 't'},
+      {"timeout-policy", required_argument, 0, 'p'},
+      {"controller-uid", required_argument, 0, 'u'},
+      {"controller-group", required_argument, 0, 'g'},
+      {"max-sessions-per-uid", required_argument, 0, 'S'},
+      {"max-buffers-per-session", required_argument, 0, 'B'},
+      {"log-level", required_argument, 0, 'l'},
+      {"version", no_argument, 0, 'V'},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
+  };
+  int c, idx;
+  unsigned long v;
+  while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
+    const char *name = c == '?' ? "" : opts[idx].name;
+    switch (c) {
+    case 's': cfg.socket_path = optarg; break;
+    case 'b': cfg.backend = optarg; break;
+    case 'n':
+      if (parse_uint(optarg, 64, &v) || v == 0) return die_usage(name, optarg);
+      cfg.host_devices = (unsigned)v;
+      break;
+    case 'z':
+      if (size_parse(optarg, &cfg.host_device_size)) return die_usage(name, optarg);
+      break;
+    case 'c':
+      if (size_parse(optarg, &cfg.chunk_size) || cfg.chunk_size == 0 ||
+          (cfg.chunk_size & (cfg.chunk_size - 1)))
+        return die_usage(name, optarg);
+      break;
+    case 't':
+      if (parse_duration(optarg, &cfg.ack_timeout_ms)) return die_usage(name, optarg);
+      break;
+    case 'p':
+      if (strcmp(optarg, "report") == 0) cfg.timeout_policy = TIMEOUT_REPORT;
+      else if (strcmp(optarg, "kill") == 0) cfg.timeout_policy = TIMEOUT_KILL;
+      else return die_usage(name, optarg);
+      break;
+    case 'u':
+      if (parse_uint(optarg, UINT32_MAX - 1, &v)) return die_usage(name, optarg);
+      cfg.controller_uid = (uid_t)v;
+      break;
+    case 'g': {
+      struct group *gr = getgrnam(optarg);
+      if (gr) cfg.controller_gid = gr->gr_gid;
+      else if (parse_uint(optarg, UINT32_MAX - 1, &v) == 0) cfg.controller_gid = (gid_t)v;
+      else return die_usage(name, optarg);
+      break;
+    }
+    case 'S':
+      if (parse_uint(optarg, 1000000, &v) || v == 0) return die_usage(name, optarg);
+      cfg.max_sessions_per_uid = (unsigned)v;
+      break;
+    case 'B':
+      if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
+      cfg.max_buffers_per_session = (unsigned)v;
+      break;
+    case 'l': {
+      int lvl = log_level_parse(optarg);
+      if (lvl < 0) return die_usage(name, optarg);
+      log_set_level((enum log_level)lvl);
+      break;
+    }
+    case 'V':
+      printf("gpumemd protocol %d.%d\n", WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
+      return 0;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "gpumemd: unexpected argument '%s'\n", argv[optind]);
+    usage(stderr);
+    return 2;
+  }
+  if (strcmp(cfg.backend, "auto") == 0) {
+    cfg.backend = "host";
+    log_info("backend auto: no GPU backend built in, using host");
+  }
+  signal(SIGPIPE, SIG_IGN);
+  raise_fd_limit();
+  char err[256] = "";
+  struct gpu_options gopt = {.backend = cfg.backend,
+                             .host_devices = cfg.host_devices,
+                             .host_device_size = cfg.host_device_size};
+  gpu *g;
+  if (gpu_open(&gopt, &g, err, sizeof err) < 0) {
+    log_error("backend %s: %s", cfg.backend, err);
+    return 1;
+  }
+  uint64_t gran = gpu_granularity(g);
+  if (cfg.chunk_size < gran) cfg.chunk_size = gran;
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  server *srv = server_create(&loop, &cfg, g, err, sizeof err);
+  if (!srv) {
+    log_error("%s", err);
+    uv_loop_close(&loop);
+    gpu_close(g);
+    return 1;
+  }
+  int status = server_run(srv);
+  server_destroy(srv);
+  uv_loop_close(&loop);
+  gpu_close(g);
+  log_info("stopped");
+  return status;
+}

@@ -1,0 +1,268 @@
+#include "registry.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/frame.h"
+#include "common/idmap.h"
+#include "common/log.h"
+#include "common/size.h"
+
+struct registry {
+  gpu *gpu;
+  uint64_t chunk_size;
+  uint64_t next_id;
+  idmap *buffers;
+  struct list tags;
+  uint64_t managed[REGISTRY_MAX_DEVICES];
+  uint64_t backup_bytes;
+};
+
+/* Create an empty registry over a backend. */
+registry *registry_create(gpu *g, uint64_t chunk_size) {
+  registry *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->gpu = g;
+  r->chunk_size = chunk_size;
+  r->next_id = 1;
+  list_init(&r->tags);
+  if (!(r->buffers = idmap_create())) {
+    free(r);
+    return NULL;
+  }
+  return r;
+}
+
+/* Free every buffer, every tag and the registry. */
+void registry_destroy(registry *r) {
+  if (!r) return;
+  struct list *p, *t, *q, *u;
+  list_for_each_safe(p, t, &r->tags) {
+    struct tag *tag = list_entry(p, struct tag, link);
+    list_for_each_safe(q, u, &tag->buffers)
+        registry_free(r, list_entry(q, struct buffer, tag_link));
+    free(tag);
+  }
+  idmap_destroy(r->buffers);
+  free(r);
+}
+
+/* The tag with this name, or NULL. */
+struct tag *registry_tag(registry *r, const char *name) {
+  struct list *p, *t;
+  list_for_each_safe(p, t, &r->tags) {
+    struct tag *tag = list_entry(p, struct tag, link);
+    if (strcmp(tag->name, name) == 0) return tag;
+  }
+  return NULL;
+}
+
+/* The tag with this name, created if new. */
+struct tag *registry_tag_get(registry *r, const char *name) {
+  struct tag *tag = registry_tag(r, name);
+  if (tag) return tag;
+  if (!(tag = calloc(1, sizeof *tag))) return NULL;
+  strncpy(tag->name, name, WIRE_TAG_MAX);
+  list_init(&tag->buffers);
+  list_append(&r->tags, &tag->link);
+  return tag;
+}
+
+/* The list of tags. */
+struct list *registry_tags(registry *r) { return &r->tags; }
+
+/* Create every chunk or none. */
+wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f) {
+  for (size_t i = 0; i < b->nchunks; i++) {
+    int rc = gpu_chunk_create(r->gpu, b->device, b->chunk_sizes[i], &b->handles[i]);
+    if (rc < 0) {
+      while (i-- > 0)
+        gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
+      uint64_t free_b = 0, total = 0;
+      gpu_mem_info(r->gpu, b->device, &free_b, &total);
+      f->bytes_needed = b->size;
+      f->bytes_free = free_b;
+      if (rc == -ENOMEM)
+        return fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
+                         "device %u: %llu bytes needed, %llu free", b->device,
+                         (unsigned long long)b->size, (unsigned long long)free_b);
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                       "device %u: %s", b->device, gpu_error());
+    }
+  }
+  b->has_memory = true;
+  r->managed[b->device] += b->size;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Release a buffer's physical memory. */
+void registry_memory_release(registry *r, struct buffer *b) {
+  if (!b->has_memory) return;
+  for (size_t i = 0; i < b->nchunks; i++)
+    gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
+  b->has_memory = false;
+  r->managed[b->device] -= b->size;
+}
+
+/* Copy a buffer's contents to host memory. */
+wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
+  if (!b->backup && !(b->backup = malloc(b->size)))
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
+                     "no host memory for a %llu-byte backup",
+                     (unsigned long long)b->size);
+  uint64_t off = 0;
+  for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
+    if (gpu_chunk_read(r->gpu, b->handles[i], 0, (char *)b->backup + off,
+                       b->chunk_sizes[i]) < 0) {
+      free(b->backup);
+      b->backup = NULL;
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                       "backup of buffer %llu: %s", (unsigned long long)b->id,
+                       gpu_error());
+    }
+  }
+  r->backup_bytes += b->size;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+static void drop_backup(registry *r, struct buffer *b) {
+  if (!b->backup) return;
+  free(b->backup);
+  b->backup = NULL;
+  r->backup_bytes -= b->size;
+}
+
+/* Copy a buffer's backup into its memory and drop the backup. */
+wire_code registry_restore(registry *r, struct buffer *b, struct fault *f) {
+  if (!b->backup) return GPUMEM__WIRE__ERROR_CODE__OK;
+  uint64_t off = 0;
+  for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++])
+    if (gpu_chunk_write(r->gpu, b->handles[i], 0, (char *)b->backup + off,
+                        b->chunk_sizes[i]) < 0)
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                       "restore of buffer %llu: %s", (unsigned long long)b->id,
+                       gpu_error());
+  drop_backup(r, b);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Check the request against the backend, round it, and cut it into chunks. */
+static wire_code plan_chunks(registry *r, struct buffer *b, uint64_t size,
+                             struct fault *f) {
+  unsigned ndev = gpu_device_count(r->gpu);
+  if (b->device >= ndev)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "device %u out of range (%u devices)", b->device, ndev);
+  uint64_t free_b = 0, total = 0;
+  gpu_mem_info(r->gpu, b->device, &free_b, &total);
+  uint64_t rounded = size_round_up(size, gpu_granularity(r->gpu));
+  if (rounded == 0 || rounded > total)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "size %llu is larger than device %u (%llu bytes)",
+                     (unsigned long long)size, b->device,
+                     (unsigned long long)total);
+  uint64_t n = (rounded + r->chunk_size - 1) / r->chunk_size;
+  if (n > FRAME_MAX_FDS)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "size %llu needs %llu chunks, at most %d: raise --chunk-size",
+                     (unsigned long long)size, (unsigned long long)n, FRAME_MAX_FDS);
+  b->size = rounded;
+  b->nchunks = (size_t)n;
+  b->chunk_sizes = calloc(n, sizeof *b->chunk_sizes);
+  b->handles = calloc(n, sizeof *b->handles);
+  if (!b->chunk_sizes || !b->handles)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  for (uint64_t i = 0, left = rounded; i < n; i++, left -= r->chunk_size)
+    b->chunk_sizes[i] = left < r->chunk_size ? left : r->chunk_size;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+static void buffer_destroy(struct buffer *b) {
+  free(b->chunk_sizes);
+  free(b->handles);
+  free(b);
+}
+
+/* Allocate a buffer for owner. */
+wire_code registry_alloc(registry *r, struct session *owner,
+                         struct list *owner_list, const char *tagname,
+                         unsigned device, uint64_t size, uint32_t flags,
+                         struct buffer **out, struct fault *f) {
+  struct buffer *b = calloc(1, sizeof *b);
+  if (!b) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  b->device = device;
+  b->flags = flags;
+  wire_code rc = plan_chunks(r, b, size, f);
+  if (rc) goto fail;
+  struct tag *tag = registry_tag_get(r, tagname);
+  if (!tag) {
+    rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    goto fail;
+  }
+  bool paused = tag->paused_devices & (1ull << device);
+  if (paused && !(flags & BUF_FLAG_ALLOW_PAUSED)) {
+    rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__TAG_PAUSED,
+                   "tag '%s' is paused on device %u", tagname, device);
+    goto fail;
+  }
+  if (paused) {
+    b->state = BUF_PAUSED;
+  } else {
+    b->state = BUF_ACTIVE;
+    if ((rc = registry_memory_create(r, b, f))) goto fail;
+  }
+  b->id = r->next_id++;
+  if (idmap_put(r->buffers, b->id, b) < 0) {
+    registry_memory_release(r, b);
+    rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    goto fail;
+  }
+  b->owner = owner;
+  b->tag = tag;
+  list_append(&tag->buffers, &b->tag_link);
+  list_append(owner_list, &b->owner_link);
+  *out = b;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+fail:
+  buffer_destroy(b);
+  return rc;
+}
+
+/* Free a buffer in any state. */
+void registry_free(registry *r, struct buffer *b) {
+  registry_memory_release(r, b);
+  drop_backup(r, b);
+  idmap_del(r->buffers, b->id);
+  list_remove(&b->tag_link);
+  list_remove(&b->owner_link);
+  buffer_destroy(b);
+}
+
+/* The buffer with this id, or NULL. */
+struct buffer *registry_find(registry *r, uint64_t id) { return idmap_get(r->buffers, id); }
+
+/* Bytes of physical memory the daemon holds on a device. */
+uint64_t registry_managed(const registry *r, unsigned device) {
+  return device < REGISTRY_MAX_DEVICES ? r->managed[device] : 0;
+}
+
+/* Bytes of backups held in host memory. */
+uint64_t registry_backup_bytes(const registry *r) { return r->backup_bytes; }
+
+/* Number of buffers. */
+size_t registry_count(const registry *r) { return idmap_count(r->buffers); }
+
+/* Export every chunk of a buffer as fds. */
+wire_code registry_export(registry *r, struct buffer *b, int *fds, struct fault *f) {
+  for (size_t i = 0; i < b->nchunks; i++) {
+    if (gpu_chunk_export(r->gpu, b->handles[i], &fds[i]) < 0) {
+      while (i-- > 0) close(fds[i]);
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                       "export of buffer %llu: %s", (unsigned long long)b->id,
+                       gpu_error());
+    }
+  }
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}

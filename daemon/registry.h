@@ -1,0 +1,111 @@
+/* The buffer registry: every managed buffer, its tag, owner, state and the
+ * physical chunks behind it, with the per-device accounting. */
+#ifndef GPUMEMD_REGISTRY_H
+#define GPUMEMD_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/list.h"
+#include "common/wire.h"
+#include "fault.h"
+#include "gpu/gpu.h"
+
+#define REGISTRY_MAX_DEVICES 64
+
+typedef Gpumem__Wire__BufferState buffer_state;
+#define BUF_ACTIVE GPUMEM__WIRE__BUFFER_STATE__ACTIVE
+#define BUF_PAUSING GPUMEM__WIRE__BUFFER_STATE__PAUSING
+#define BUF_PAUSED GPUMEM__WIRE__BUFFER_STATE__PAUSED
+#define BUF_RESUMING GPUMEM__WIRE__BUFFER_STATE__RESUMING
+
+#define BUF_FLAG_BACKUP GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP
+#define BUF_FLAG_IPC_LEGACY GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY
+#define BUF_FLAG_ALLOW_PAUSED GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED
+
+struct session;
+
+/* A tag: a name and its buffers. Tags live as long as the registry. */
+struct tag {
+  char name[WIRE_TAG_MAX + 1];
+  struct list buffers;     /* struct buffer.tag_link */
+  uint64_t paused_devices; /* bit d: paused on device d and not resumed */
+  struct list link;        /* registry's tags */
+};
+
+/* A buffer: rounded size, split into chunks; the chunks' handles exist
+ * while the daemon holds memory for it (has_memory). */
+struct buffer {
+  uint64_t id;
+  struct session *owner;
+  struct tag *tag;
+  unsigned device;
+  uint64_t size;
+  uint32_t flags;
+  buffer_state state;
+  size_t nchunks;
+  uint64_t *chunk_sizes;
+  uint64_t *handles;
+  bool has_memory;
+  void *backup; /* host copy of the contents while paused (BACKUP) */
+  struct list tag_link, owner_link;
+};
+
+typedef struct registry registry;
+
+/* Create an empty registry over a backend, cutting buffers into chunks of
+ * at most chunk_size bytes. */
+registry *registry_create(gpu *g, uint64_t chunk_size);
+
+/* Free every buffer and the registry. */
+void registry_destroy(registry *r);
+
+/* Allocate a buffer for owner (whose buffer list is owner_list). A buffer
+ * in a paused tag starts PAUSED if flags allow it, else TAG_PAUSED.
+ * Returns OK with *out, or the error code with f filled. */
+wire_code registry_alloc(registry *r, struct session *owner,
+                         struct list *owner_list, const char *tag,
+                         unsigned device, uint64_t size, uint32_t flags,
+                         struct buffer **out, struct fault *f);
+
+/* Free a buffer in any state, releasing its memory and backup. */
+void registry_free(registry *r, struct buffer *b);
+
+/* The buffer with this id, or NULL. */
+struct buffer *registry_find(registry *r, uint64_t id);
+
+/* The tag with this name, or NULL. */
+struct tag *registry_tag(registry *r, const char *name);
+
+/* The tag with this name, created if new; NULL when out of memory. */
+struct tag *registry_tag_get(registry *r, const char *name);
+
+/* The list of tags (struct tag.link), for walking. */
+struct list *registry_tags(registry *r);
+
+/* Create physical memory for a buffer that has none. Returns OK, or
+ * OUT_OF_MEMORY/BACKEND_ERROR with nothing created. */
+wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f);
+
+/* Release a buffer's physical memory. */
+void registry_memory_release(registry *r, struct buffer *b);
+
+/* Copy a buffer's contents to host memory. Returns OK or an error. */
+wire_code registry_backup(registry *r, struct buffer *b, struct fault *f);
+
+/* Copy a buffer's backup into its (new) memory and drop the backup. */
+wire_code registry_restore(registry *r, struct buffer *b, struct fault *f);
+
+/* Bytes of physical memory the daemon holds on a device. */
+uint64_t registry_managed(const registry *r, unsigned device);
+
+/* Bytes of backups held in host memory. */
+uint64_t registry_backup_bytes(const registry *r);
+
+/* Number of buffers. */
+size_t registry_count(const registry *r);
+
+/* Export every chunk of a buffer as fds (fds[nchunks]). */
+wire_code registry_export(registry *r, struct buffer *b, int *fds, struct fault *f);
+
+#endif

@@ -1,0 +1,24 @@
+/* Status and list replies: what the daemon manages, and what it does not. */
+#ifndef GPUMEMD_REPORT_H
+#define GPUMEMD_REPORT_H
+
+#include "common/list.h"
+#include "registry.h"
+#include "session.h"
+
+/* Send s the status of every device, tag and session (sessions: the
+ * server's list of struct session.link). */
+void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
+                   struct list *sessions);
+
+/* Send s the buffers it may see: its own, or all for a controller. */
+void report_list(struct session *s, uint64_t req_id, registry *reg);
+
+/* Fill info for every device; returns an array of pointers into one block
+ * (free with report_devices_free), *n set to the count. */
+Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n);
+
+/* Free what report_devices returned. */
+void report_devices_free(Gpumem__Wire__DeviceInfo **v);
+
+#endif

@@ -1,0 +1,87 @@
+/* The GPU layer: one interface over device virtual-memory management.
+ *
+ * Backends: "host" (Linux shared memory modelling VMM; no GPU needed) and,
+ * where built, the vendor backends. The daemon side creates physical
+ * chunks, exports them as fds and releases them; the client side reserves
+ * address ranges, imports fds, maps, sets access and unmaps. All functions
+ * return 0 or a negative errno; gpu_error() then says what the backend
+ * reported, in words. */
+#ifndef GPUMEM_GPU_H
+#define GPUMEM_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct gpu gpu;
+
+/* How to open a backend. */
+struct gpu_options {
+  const char *backend;       /* "host" (others as built) */
+  bool client;               /* client side only: no devices are probed */
+  unsigned host_devices;     /* host backend: simulated devices */
+  uint64_t host_device_size; /* host backend: bytes per device */
+};
+
+/* Open a backend. On failure returns a negative errno and writes why. */
+int gpu_open(const struct gpu_options *opt, gpu **out, char *err, size_t errlen);
+
+/* Close a backend; every chunk and mapping must be gone. */
+void gpu_close(gpu *g);
+
+/* The backend's name ("host"). */
+const char *gpu_name(const gpu *g);
+
+/* Number of devices (daemon side). */
+unsigned gpu_device_count(const gpu *g);
+
+/* Allocation granularity: sizes and offsets are multiples of it. */
+uint64_t gpu_granularity(const gpu *g);
+
+/* Total and free bytes of a device, as the driver (or model) says. */
+int gpu_mem_info(gpu *g, unsigned dev, uint64_t *free_bytes, uint64_t *total);
+
+/* Daemon side: create a physical chunk of size bytes on dev. */
+int gpu_chunk_create(gpu *g, unsigned dev, uint64_t size, uint64_t *handle);
+
+/* Daemon side: export a chunk as a new fd for another process. */
+int gpu_chunk_export(gpu *g, uint64_t handle, int *fd);
+
+/* Daemon side: release a chunk (memory returns once importers let go). */
+void gpu_chunk_release(gpu *g, unsigned dev, uint64_t handle, uint64_t size);
+
+/* Daemon side: copy len bytes at off of a chunk to host memory. */
+int gpu_chunk_read(gpu *g, uint64_t handle, uint64_t off, void *dst, size_t len);
+
+/* Daemon side: copy len bytes of host memory into a chunk at off. */
+int gpu_chunk_write(gpu *g, uint64_t handle, uint64_t off, const void *src,
+                    size_t len);
+
+/* Client side: reserve an address range with no memory behind it. */
+int gpu_va_reserve(gpu *g, uint64_t size, void **va);
+
+/* Client side: give back a reserved range (everything unmapped). */
+void gpu_va_free(gpu *g, void *va, uint64_t size);
+
+/* Client side: import an exported fd; the fd is consumed either way. */
+int gpu_import(gpu *g, int fd, uint64_t size, uint64_t *handle);
+
+/* Client side: map an imported handle at va (no access yet). */
+int gpu_map(gpu *g, void *va, uint64_t size, uint64_t handle);
+
+/* Client side: allow read/write access to a mapped range from dev. */
+int gpu_set_access(gpu *g, void *va, uint64_t size, unsigned dev);
+
+/* Client side: unmap one mapping, keeping the address range reserved. */
+int gpu_unmap(gpu *g, void *va, uint64_t size);
+
+/* Client side: release an imported handle. */
+void gpu_release(gpu *g, uint64_t handle);
+
+/* Client side: wait until the device finished work touching its memory. */
+int gpu_sync(gpu *g, unsigned dev);
+
+/* What the backend last reported on this thread, in words. */
+const char *gpu_error(void);
+
+#endif

@@ -1,0 +1,213 @@
+/* The host backend: Linux shared memory behaving like GPU VMM.
+ *
+ * A chunk is a memfd whose pages are committed with fallocate, so that the
+ * memory is really used (Shmem in /proc/meminfo) and really returned when
+ * the daemon and every importer have unmapped and closed it. Devices are
+ * simulated: each has a fixed capacity that chunk creation enforces. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+#define HOST_GRANULARITY (2ull << 20)
+#define HOST_MAX_DEVICES 64
+
+struct host {
+  unsigned ndev;
+  uint64_t capacity;
+  uint64_t committed[HOST_MAX_DEVICES];
+};
+
+static int host_open(const struct gpu_options *opt, void **state, char *err,
+                     size_t errlen) {
+  struct host *h = calloc(1, sizeof *h);
+  if (!h) return -ENOMEM;
+  if (!opt->client) {
+    if (opt->host_devices == 0 || opt->host_devices > HOST_MAX_DEVICES) {
+      snprintf(err, errlen, "host devices must be 1..%d", HOST_MAX_DEVICES);
+      free(h);
+      return -EINVAL;
+    }
+    if (opt->host_device_size < HOST_GRANULARITY ||
+        opt->host_device_size % HOST_GRANULARITY) {
+      snprintf(err, errlen, "host device size must be a multiple of 2 MiB");
+      free(h);
+      return -EINVAL;
+    }
+    h->ndev = opt->host_devices;
+    h->capacity = opt->host_device_size;
+  }
+  *state = h;
+  return 0;
+}
+
+static void host_close(void *state) { free(state); }
+
+static unsigned host_device_count(void *state) {
+  return ((struct host *)state)->ndev;
+}
+
+static uint64_t host_granularity(void *state) {
+  (void)state;
+  return HOST_GRANULARITY;
+}
+
+static int host_mem_info(void *state, unsigned dev, uint64_t *free_bytes,
+                         uint64_t *total) {
+  struct host *h = state;
+  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  *total = h->capacity;
+  *free_bytes = h->capacity - h->committed[dev];
+  return 0;
+}
+
+/* A committed memfd; the model of a physical allocation. */
+static int host_chunk_create(void *state, unsigned dev, uint64_t size,
+                             uint64_t *handle) {
+  struct host *h = state;
+  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  if (size > h->capacity - h->committed[dev])
+    return gpu_fail(-ENOMEM, "device %u: %llu bytes free, %llu asked", dev,
+                    (unsigned long long)(h->capacity - h->committed[dev]),
+                    (unsigned long long)size);
+  char name[32];
+  snprintf(name, sizeof name, "gpumem-dev%u", dev);
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return gpu_fail(-errno, "memfd_create: %s", strerror(errno));
+  if (ftruncate(fd, (off_t)size) < 0 || fallocate(fd, 0, 0, (off_t)size) < 0) {
+    int e = errno;
+    close(fd);
+    return gpu_fail(e == ENOSPC ? -ENOMEM : -e, "committing %llu bytes: %s",
+                    (unsigned long long)size, strerror(e));
+  }
+  h->committed[dev] += size;
+  *handle = (uint64_t)fd;
+  return 0;
+}
+
+static int host_chunk_export(void *state, uint64_t handle, int *fd) {
+  (void)state;
+  int d = fcntl((int)handle, F_DUPFD_CLOEXEC, 0);
+  if (d < 0) return gpu_fail(-errno, "dup: %s", strerror(errno));
+  *fd = d;
+  return 0;
+}
+
+static void host_chunk_release(void *state, unsigned dev, uint64_t handle,
+                               uint64_t size) {
+  struct host *h = state;
+  close((int)handle);
+  h->committed[dev] -= size;
+}
+
+static int host_chunk_read(void *state, uint64_t handle, uint64_t off,
+                           void *dst, size_t len) {
+  (void)state;
+  for (size_t done = 0; done < len;) {
+    ssize_t n = pread((int)handle, (char *)dst + done, len - done,
+                      (off_t)(off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return gpu_fail(n < 0 ? -errno : -EIO, "reading chunk failed");
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+static int host_chunk_write(void *state, uint64_t handle, uint64_t off,
+                            const void *src, size_t len) {
+  (void)state;
+  for (size_t done = 0; done < len;) {
+    ssize_t n = pwrite((int)handle, (const char *)src + done, len - done,
+                       (off_t)(off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return gpu_fail(n < 0 ? -errno : -EIO, "writing chunk failed");
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+static const int reserve_flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+
+static int host_va_reserve(void *state, uint64_t size, void **va) {
+  (void)state;
+  void *p = mmap(NULL, size, PROT_NONE, reserve_flags, -1, 0);
+  if (p == MAP_FAILED) return gpu_fail(-errno, "reserve: %s", strerror(errno));
+  *va = p;
+  return 0;
+}
+
+static void host_va_free(void *state, void *va, uint64_t size) {
+  (void)state;
+  munmap(va, size);
+}
+
+static int host_import(void *state, int fd, uint64_t size, uint64_t *handle) {
+  (void)state;
+  (void)size;
+  *handle = (uint64_t)fd;
+  return 0;
+}
+
+/* Map without access, as cuMemMap does; gpu_set_access grants it. */
+static int host_map(void *state, void *va, uint64_t size, uint64_t handle) {
+  (void)state;
+  void *p = mmap(va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)handle, 0);
+  if (p == MAP_FAILED) return gpu_fail(-errno, "map: %s", strerror(errno));
+  return 0;
+}
+
+static int host_set_access(void *state, void *va, uint64_t size, unsigned dev) {
+  (void)state;
+  (void)dev;
+  if (mprotect(va, size, PROT_READ | PROT_WRITE) < 0)
+    return gpu_fail(-errno, "set access: %s", strerror(errno));
+  return 0;
+}
+
+/* Put an inaccessible anonymous mapping over the range: the pages of the
+ * chunk are dropped from this process and touching the range faults. */
+static int host_unmap(void *state, void *va, uint64_t size) {
+  (void)state;
+  void *p = mmap(va, size, PROT_NONE, reserve_flags | MAP_FIXED, -1, 0);
+  if (p == MAP_FAILED) return gpu_fail(-errno, "unmap: %s", strerror(errno));
+  return 0;
+}
+
+static void host_release(void *state, uint64_t handle) {
+  (void)state;
+  close((int)handle);
+}
+
+/* Host memory is coherent: nothing to wait for. */
+static int host_sync(void *state, unsigned dev) {
+  (void)state;
+  (void)dev;
+  return 0;
+}
+
+const struct gpu_ops gpu_host_ops = {
+    .name = "host",
+    .open = host_open,
+    .close = host_close,
+    .device_count = host_device_count,
+    .granularity = host_granularity,
+    .mem_info = host_mem_info,
+    .chunk_create = host_chunk_create,
+    .chunk_export = host_chunk_export,
+    .chunk_release = host_chunk_release,
+    .chunk_read = host_chunk_read,
+    .chunk_write = host_chunk_write,
+    .va_reserve = host_va_reserve,
+    .va_free = host_va_free,
+    .import = host_import,
+    .map = host_map,
+    .set_access = host_set_access,
+    .unmap = host_unmap,
+    .release = host_release,
+    .sync = host_sync,
+};

@@ -1,0 +1,250 @@
+/* libgpumem: the client library of gpumemd, the per-node GPU memory daemon.
+ *
+ * Workers (inference engines) connect as GPUMEM_ROLE_WORKER and allocate
+ * tagged buffers; each buffer's pointer stays valid across pause and
+ * resume. While a buffer is paused its memory is given back to the device
+ * and touching it faults, as on a GPU. Orchestrators connect as
+ * GPUMEM_ROLE_CONTROLLER and pause and resume tags for the whole node.
+ *
+ * Every function is thread-safe. Functions that can fail return 0 (or a
+ * count) on success and a negative GPUMEM_E_* code on failure; the library
+ * never exits the process. After a failure gpumem_last_error() gives the
+ * daemon's (or the library's) words for it on the calling thread. */
+#ifndef GPUMEM_H
+#define GPUMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define GPUMEM_EXPORT __attribute__((visibility("default")))
+#else
+#define GPUMEM_EXPORT
+#endif
+
+/* Error codes. Codes -1..-12 are the daemon's; the rest are local. */
+enum gpumem_error {
+  GPUMEM_OK = 0,
+  GPUMEM_E_INVALID = -1,        /* a bad argument */
+  GPUMEM_E_PROTOCOL = -2,       /* a malformed message on the socket */
+  GPUMEM_E_VERSION = -3,        /* client and daemon speak different majors */
+  GPUMEM_E_PERMISSION = -4,     /* not allowed for this uid or role */
+  GPUMEM_E_NOT_FOUND = -5,      /* no such buffer in this session */
+  GPUMEM_E_OUT_OF_MEMORY = -6,  /* the device has not enough free memory */
+  GPUMEM_E_TAG_PAUSED = -7,     /* the tag is paused; see GPUMEM_ALLOW_PAUSED */
+  GPUMEM_E_CLIENT_TIMEOUT = -8, /* workers did not answer in time (pids) */
+  GPUMEM_E_LIMIT = -9,          /* a per-uid or per-session limit */
+  GPUMEM_E_WRONG_STATE = -10,   /* the buffer is being paused or resumed */
+  GPUMEM_E_BACKEND = -11,       /* the GPU driver failed */
+  GPUMEM_E_INTERNAL = -12,      /* the daemon failed */
+  GPUMEM_E_CONNECT = -13,       /* cannot reach the daemon */
+  GPUMEM_E_DISCONNECTED = -14,  /* the connection is gone */
+  GPUMEM_E_NOMEM = -15,         /* out of memory in this process */
+  GPUMEM_E_MAP = -16,           /* importing or mapping memory here failed */
+};
+
+/* Session roles. */
+enum gpumem_role {
+  GPUMEM_ROLE_WORKER = 1,
+  GPUMEM_ROLE_CONTROLLER = 2,
+};
+
+/* Buffer states. */
+enum gpumem_state {
+  GPUMEM_ACTIVE = 0,
+  GPUMEM_PAUSING = 1,
+  GPUMEM_PAUSED = 2,
+  GPUMEM_RESUMING = 3,
+};
+
+/* Buffer flags for gpumem_alloc. */
+enum gpumem_flag {
+  GPUMEM_BACKUP = 1,       /* contents survive a pause */
+  GPUMEM_IPC_LEGACY = 2,   /* never paused (legacy IPC handle on GPUs) */
+  GPUMEM_ALLOW_PAUSED = 4, /* allowed in a paused tag; then starts paused */
+};
+
+/* Flags for gpumem_connect. */
+enum gpumem_connect_flag {
+  /* No background thread: the application calls gpumem_dispatch when
+   * gpumem_fd is readable, and daemon events wait until it does. */
+  GPUMEM_CONNECT_NO_THREAD = 1,
+};
+
+/* The default socket path, used when neither an argument nor the
+ * GPUMEM_SOCKET environment variable names one. */
+#define GPUMEM_DEFAULT_SOCKET "/run/gpumemd/gpumemd.sock"
+
+typedef struct gpumem_client gpumem_client;
+typedef struct gpumem_buffer gpumem_buffer;
+
+/* Connect to the daemon at socket_path (NULL: $GPUMEM_SOCKET, else the
+ * default), introduce this process by name and role, and start the
+ * background thread that answers the daemon's events (unless flags has
+ * GPUMEM_CONNECT_NO_THREAD). */
+GPUMEM_EXPORT int gpumem_connect(const char *socket_path, const char *name,
+                                 int role, unsigned flags, gpumem_client **out);
+
+/* Disconnect: unmap and forget every buffer of this client (the daemon
+ * frees them) and free the client. */
+GPUMEM_EXPORT void gpumem_disconnect(gpumem_client *c);
+
+/* The daemon's backend ("host", "cuda", "hip"). */
+GPUMEM_EXPORT const char *gpumem_backend(const gpumem_client *c);
+
+/* The allocation granularity: sizes are rounded up to a multiple. */
+GPUMEM_EXPORT uint64_t gpumem_granularity(const gpumem_client *c);
+
+/* The number of devices the daemon manages. */
+GPUMEM_EXPORT unsigned gpumem_device_count(const gpumem_client *c);
+
+/* Allocate a buffer of at least size bytes tagged tag on device, mapped
+ * and ready (or reserved only, when it starts paused). */
+GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, const char *tag,
+                               unsigned device, uint64_t size, unsigned flags,
+                               gpumem_buffer **out);
+
+/* Free a buffer (active or paused); its pointer becomes invalid. */
+GPUMEM_EXPORT int gpumem_free(gpumem_client *c, gpumem_buffer *b);
+
+/* The buffer's address; the same before and after pause and resume. */
+GPUMEM_EXPORT void *gpumem_buffer_ptr(const gpumem_buffer *b);
+
+/* The buffer's size, rounded up to the granularity. */
+GPUMEM_EXPORT uint64_t gpumem_buffer_size(const gpumem_buffer *b);
+
+/* The buffer's tag. */
+GPUMEM_EXPORT const char *gpumem_buffer_tag(const gpumem_buffer *b);
+
+/* The buffer's device. */
+GPUMEM_EXPORT unsigned gpumem_buffer_device(const gpumem_buffer *b);
+
+/* The buffer's id at the daemon. */
+GPUMEM_EXPORT uint64_t gpumem_buffer_id(const gpumem_buffer *b);
+
+/* The buffer's flags (GPUMEM_BACKUP, ...). */
+GPUMEM_EXPORT unsigned gpumem_buffer_flags(const gpumem_buffer *b);
+
+/* 1 if memory is mapped behind the pointer now, 0 while paused. */
+GPUMEM_EXPORT int gpumem_buffer_mapped(const gpumem_buffer *b);
+
+/* A hook run with the buffers of one daemon event. It runs on the thread
+ * that dispatches events and must not call gpumem functions that talk to
+ * the daemon. */
+typedef void (*gpumem_hook)(gpumem_client *c, gpumem_buffer *const *bufs,
+                            size_t n, void *user);
+
+/* Set the hooks run before buffers are unmapped (default, when NULL: wait
+ * for their devices to finish) and after they are mapped again. */
+GPUMEM_EXPORT void gpumem_set_hooks(gpumem_client *c, gpumem_hook pre_unmap,
+                                    gpumem_hook post_remap, void *user);
+
+/* The connection's fd, for GPUMEM_CONNECT_NO_THREAD clients to poll. */
+GPUMEM_EXPORT int gpumem_fd(const gpumem_client *c);
+
+/* Handle the daemon's events (GPUMEM_CONNECT_NO_THREAD clients), waiting
+ * up to timeout_ms (-1: until one arrives, 0: not at all). Returns the
+ * number of events handled. */
+GPUMEM_EXPORT int gpumem_dispatch(gpumem_client *c, int timeout_ms);
+
+/* What a pause or resume did. */
+struct gpumem_op_result {
+  uint64_t buffers;      /* buffers paused or resumed */
+  uint64_t bytes;        /* bytes released or taken again */
+  uint64_t backup_bytes; /* bytes backed up or restored */
+  uint64_t skipped;      /* buffers that never pause */
+  uint64_t elapsed_us;
+  uint64_t bytes_needed, bytes_free; /* GPUMEM_E_OUT_OF_MEMORY */
+  unsigned npids;                    /* GPUMEM_E_CLIENT_TIMEOUT */
+  uint32_t pids[64];
+};
+
+/* Pause the buffers of tags on devices (NULL/0: all) on the whole node;
+ * waits for every owner, at most timeout_ms each (0: the daemon's
+ * default). Pausing a paused tag succeeds and changes nothing. */
+GPUMEM_EXPORT int gpumem_pause(gpumem_client *c, const char *const *tags,
+                               size_t ntags, const unsigned *devices,
+                               size_t ndevices, unsigned timeout_ms,
+                               struct gpumem_op_result *result);
+
+/* Resume paused tags, all or nothing: with too little device memory
+ * nothing changes and GPUMEM_E_OUT_OF_MEMORY says how much is needed. */
+GPUMEM_EXPORT int gpumem_resume(gpumem_client *c, const char *const *tags,
+                                size_t ntags, const unsigned *devices,
+                                size_t ndevices, unsigned timeout_ms,
+                                struct gpumem_op_result *result);
+
+/* One device in a status. unmanaged = total - free - managed (>= 0). */
+struct gpumem_device_status {
+  unsigned index;
+  uint64_t total, free, managed, unmanaged;
+};
+
+/* One tag in a status. */
+struct gpumem_tag_status {
+  char name[64];
+  int state; /* enum gpumem_state */
+  uint64_t buffers, bytes, backup_bytes, paused_buffers, paused_bytes;
+};
+
+/* One session in a status. */
+struct gpumem_session_status {
+  uint64_t id;
+  uint32_t pid, uid;
+  char name[128];
+  int role; /* enum gpumem_role */
+  uint64_t buffers, bytes;
+};
+
+/* The daemon's view of the node. */
+struct gpumem_status {
+  char backend[32];
+  uint64_t granularity;
+  size_t ndevices, ntags, nsessions;
+  struct gpumem_device_status *devices;
+  struct gpumem_tag_status *tags;
+  struct gpumem_session_status *sessions;
+};
+
+/* Ask for the status; free it with gpumem_status_free. */
+GPUMEM_EXPORT int gpumem_status(gpumem_client *c, struct gpumem_status **out);
+
+/* Free a status. */
+GPUMEM_EXPORT void gpumem_status_free(struct gpumem_status *s);
+
+/* One buffer in a list. */
+struct gpumem_buffer_info {
+  uint64_t id, session_id;
+  uint32_t pid;
+  char tag[64];
+  unsigned device;
+  uint64_t size;
+  unsigned flags;
+  int state;
+};
+
+/* List the buffers this session may see (a controller sees all); free the
+ * array with gpumem_list_free. Returns the count. */
+GPUMEM_EXPORT int gpumem_list(gpumem_client *c, struct gpumem_buffer_info **out);
+
+/* Free a list. */
+GPUMEM_EXPORT void gpumem_list_free(struct gpumem_buffer_info *list);
+
+/* A short description of an error code. */
+GPUMEM_EXPORT const char *gpumem_strerror(int err);
+
+/* The words for the calling thread's last failure ("" if none). */
+GPUMEM_EXPORT const char *gpumem_last_error(void);
+
+/* The name of a state ("ACTIVE"). */
+GPUMEM_EXPORT const char *gpumem_state_name(int state);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,203 @@
+/* gpumem-worker: a real worker. It allocates tagged buffers, fills each
+ * with a pattern derived from its offset, and after every resume verifies
+ * them: BACKUP buffers must hold their pattern, others must be writable
+ * and readable again. It runs until SIGTERM or SIGINT and exits 0 only if
+ * every verification passed. */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/size.h"
+#include "gpumem.h"
+
+static atomic_uint passed, failed;
+
+/* Held while the program touches buffer memory; the pre-unmap hook takes
+ * it, so memory is never unmapped under a running fill (as a GPU program
+ * synchronizes its streams before a pause). */
+static pthread_mutex_t use_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Buffers whose pattern was written (those allocated paused are not yet). */
+static struct {
+  uint64_t *ids;
+  size_t n;
+} filled;
+
+static bool was_filled(uint64_t id) {
+  for (size_t i = 0; i < filled.n; i++)
+    if (filled.ids[i] == id) return true;
+  return false;
+}
+
+static void mark_filled(uint64_t id) {
+  uint64_t *v = realloc(filled.ids, (filled.n + 1) * sizeof *v);
+  if (!v) return;
+  filled.ids = v;
+  filled.ids[filled.n++] = id;
+}
+
+/* The word at index i of buffer number k: distinct per offset and buffer. */
+static uint64_t pattern(uint64_t k, uint64_t i) {
+  return (i * 0x9E3779B97F4A7C15ull) ^ (k << 48) ^ 0x5A5A5A5A5A5A5A5Aull;
+}
+
+/* Fill a buffer with its pattern (keyed by its id). */
+static void fill(gpumem_buffer *b) {
+  uint64_t k = gpumem_buffer_id(b);
+  uint64_t *p = gpumem_buffer_ptr(b);
+  size_t n = gpumem_buffer_size(b) / sizeof *p;
+  for (size_t i = 0; i < n; i++) p[i] = pattern(k, i);
+}
+
+/* The first word that differs from the pattern, or -1. */
+static long long check(gpumem_buffer *b) {
+  uint64_t k = gpumem_buffer_id(b);
+  const uint64_t *p = gpumem_buffer_ptr(b);
+  size_t n = gpumem_buffer_size(b) / sizeof *p;
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != pattern(k, i)) return (long long)i;
+  return -1;
+}
+
+static void on_unmap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, void *user) {
+  (void)c;
+  (void)user;
+  pthread_mutex_lock(&use_mu);
+  pthread_mutex_unlock(&use_mu);
+  for (size_t i = 0; i < n; i++)
+    printf("paused buffer %llu tag=%s ptr=%p\n", (unsigned long long)gpumem_buffer_id(bufs[i]),
+           gpumem_buffer_tag(bufs[i]), gpumem_buffer_ptr(bufs[i]));
+}
+
+/* After a resume: verify backups, or prove the memory is usable again. */
+static void on_remap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, void *user) {
+  (void)c;
+  (void)user;
+  pthread_mutex_lock(&use_mu);
+  for (size_t i = 0; i < n; i++) {
+    gpumem_buffer *b = bufs[i];
+    unsigned long long id = (unsigned long long)gpumem_buffer_id(b);
+    printf("resumed buffer %llu tag=%s ptr=%p\n", id, gpumem_buffer_tag(b), gpumem_buffer_ptr(b));
+    bool backup = gpumem_buffer_flags(b) & GPUMEM_BACKUP;
+    if (!backup || !was_filled(id)) {
+      fill(b);
+      if (!was_filled(id)) mark_filled(id);
+      backup = false;
+    }
+    long long bad = check(b);
+    if (bad >= 0) {
+      atomic_fetch_add(&failed, 1);
+      printf("FAILED buffer %llu: word %lld differs after resume\n", id, bad);
+    } else {
+      atomic_fetch_add(&passed, 1);
+      printf("verified buffer %llu: %s\n", id, backup ? "contents kept" : "writable and readable");
+    }
+  }
+  pthread_mutex_unlock(&use_mu);
+}
+
+static void usage(FILE *out) {
+  fprintf(out, "usage: gpumem-worker [--socket PATH] --tag TAG --size SIZE [--count N]\n"
+               "                     [--device D] [--backup] [--name NAME]\n");
+}
+
+int main(int argc, char **argv) {
+  const char *socket_path = NULL, *tag = NULL, *name = "gpumem-worker";
+  uint64_t size = 0;
+  unsigned long count = 1, device = 0;
+  bool backup = false;
+  static const struct option opts[] = {
+      {"socket", required_argument, 0, 's'}, {"tag", required_argument, 0, 't'},
+      {"size", required_argument, 0, 'z'},   {"count", required_argument, 0, 'n'},
+      {"device", required_argument, 0, 'd'}, {"backup", no_argument, 0, 'b'},
+      {"name", required_argument, 0, 'N'},   {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
+  };
+  int ch;
+  char *end;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (ch) {
+    case 's': socket_path = optarg; break;
+    case 't': tag = optarg; break;
+    case 'z':
+      if (size_parse(optarg, &size) || size == 0) {
+        fprintf(stderr, "gpumem-worker: invalid size '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'n':
+    case 'd': {
+      errno = 0;
+      unsigned long v = strtoul(optarg, &end, 10);
+      if (errno || *end || end == optarg || v > 1000000 || (ch == 'n' && v == 0)) {
+        fprintf(stderr, "gpumem-worker: invalid number '%s'\n", optarg);
+        return 2;
+      }
+      if (ch == 'n') count = v;
+      else device = v;
+      break;
+    }
+    case 'b': backup = true; break;
+    case 'N': name = optarg; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (!tag || !size || optind < argc) {
+    usage(stderr);
+    return 2;
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  /* Block the signals in every thread (the library's too) and wait here. */
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, NULL);
+
+  gpumem_client *c;
+  if (gpumem_connect(socket_path, name, GPUMEM_ROLE_WORKER, 0, &c) < 0) {
+    fprintf(stderr, "gpumem-worker: %s\n", gpumem_last_error());
+    return 1;
+  }
+  gpumem_set_hooks(c, on_unmap, on_remap, NULL);
+  int status = 0;
+  for (unsigned long i = 0; i < count; i++) {
+    gpumem_buffer *b;
+    unsigned flags = GPUMEM_ALLOW_PAUSED | (backup ? GPUMEM_BACKUP : 0);
+    if (gpumem_alloc(c, tag, (unsigned)device, size, flags, &b) < 0) {
+      fprintf(stderr, "gpumem-worker: alloc: %s\n", gpumem_last_error());
+      status = 1;
+      break;
+    }
+    pthread_mutex_lock(&use_mu);
+    bool mapped = gpumem_buffer_mapped(b);
+    if (mapped) {
+      fill(b);
+      mark_filled(gpumem_buffer_id(b));
+    }
+    pthread_mutex_unlock(&use_mu);
+    char s[32];
+    printf("allocated buffer %llu tag=%s device=%lu size=%s ptr=%p%s%s\n",
+           (unsigned long long)gpumem_buffer_id(b), tag, device,
+           size_format(gpumem_buffer_size(b), s, sizeof s), gpumem_buffer_ptr(b),
+           backup ? " backup" : "", mapped ? "" : " paused");
+  }
+  if (status == 0) {
+    printf("ready\n");
+    int sig;
+    sigwait(&stop, &sig);
+  }
+  gpumem_disconnect(c);
+  free(filled.ids);
+  unsigned p = atomic_load(&passed), f = atomic_load(&failed);
+  printf("exiting: %u verifications passed, %u failed\n", p, f);
+  return status ? status : f ? 1 : 0;
+}

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Install the Debian packages gpumemd builds and tests with, if missing.
+set -e
+need=""
+have_pkg() { pkg-config --exists "$1" 2>/dev/null; }
+command -v cc >/dev/null 2>&1 || need="$need build-essential"
+command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
+have_pkg libuv || need="$need libuv1-dev"
+have_pkg libprotobuf-c || need="$need libprotobuf-c-dev"
+command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
+have_pkg check || need="$need check"
+[ -z "$need" ] && exit 0
+echo "install-deps: installing$need"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+# shellcheck disable=SC2086
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need
