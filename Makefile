@@ -44,51 +44,59 @@ deps:
 
 $(GEN): proto/gpumemd.proto
 	@mkdir -p $(O)/gen
-	protoc-c --c_out=$(O)/gen $<
+	@echo "  PROTOC  $<"
+	@protoc-c --c_out=$(O)/gen $<
 
 $(O)/obj/gen/gpumemd.pb-c.o: $(GEN)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Wno-missing-prototypes -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) $(PKG_CFLAGS) -Wno-missing-prototypes -c $< -o $@
 
 $(O)/obj/%.o: %.c $(GEN)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
 
 $(O)/lib/libcommon.a: $(COMMON_OBJ)
 	@mkdir -p $(@D)
-	$(AR) rcs $@ $^
+	@$(AR) rcs $@ $^
 
 $(O)/bin/gpumemd: $(DAEMON_OBJ) $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 
 # The client library exports only what include/gpumem.h declares.
 $(O)/lib/libgpumem.so: $(CLIENT_OBJ) $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpumem.so.1 -Wl,--exclude-libs,ALL \
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpumem.so.1 -Wl,--exclude-libs,ALL \
 	  -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -lpthread -lm
-	ln -sf libgpumem.so $(O)/lib/libgpumem.so.1
+	@ln -sf libgpumem.so $(O)/lib/libgpumem.so.1
 
 $(O)/lib/gpumem.pc: client/gpumem.pc.in
 	@mkdir -p $(@D)
-	sed 's|@PREFIX@|$(PREFIX)|g' $< > $@
+	@sed 's|@PREFIX@|$(PREFIX)|g' $< > $@
 
 RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
 	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -lm
 
 $(O)/tests/%: tests/%.c tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(O)/lib/libcommon.a $(DAEMON_OBJ)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/harness.c \
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/harness.c \
 	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
 	  -L$(O)/lib -lgpumem $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
 	  -Wl,-rpath,'$(abspath $(O)/lib)' -lm
 
 $(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem \
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem \
 	  $(O)/lib/libcommon.a $(PKG_LIBS) -Wl,-rpath,'$(abspath $(O)/lib)' -lm
 
 # Run the suites against binaries in $(O).

@@ -80,13 +80,20 @@ void session_close(struct session *s) {
   uv_close((uv_handle_t *)&s->poll, on_closed);
 }
 
-/* Send what the socket takes; end the session on a hard error. */
+/* Send what the socket takes. A peer that cannot be written to any more
+ * may still have requests buffered for us: those are carried out, and the
+ * session ends when reading reaches the end of the stream. */
 static void flush(struct session *s) {
-  int rc = frame_writer_flush(s->writer, s->fd);
+  int rc = s->write_failed ? 0 : frame_writer_flush(s->writer, s->fd);
   if (rc < 0 && rc != -EAGAIN) {
     log_debug("session %llu: send: %s", (unsigned long long)s->id, strerror(-rc));
-    session_close(s);
-    return;
+    s->write_failed = true;
+    frame_writer_destroy(s->writer);
+    s->writer = frame_writer_create();
+    if (!s->writer || s->draining) {
+      session_close(s);
+      return;
+    }
   }
   if (s->draining && frame_writer_queued(s->writer) == 0) {
     session_close(s);
@@ -99,6 +106,10 @@ static void flush(struct session *s) {
 int session_send(struct session *s, const wire_env *env, const int *fds,
                  size_t nfds) {
   size_t len;
+  if (s->write_failed) {
+    for (size_t i = 0; i < nfds; i++) close(fds[i]);
+    return s->closed ? -EPIPE : 0;
+  }
   uint8_t *bytes = s->closed ? NULL : wire_pack(env, &len);
   int rc = bytes ? frame_writer_push(s->writer, bytes, len, fds, nfds) : -ENOMEM;
   if (!bytes)
@@ -160,7 +171,7 @@ static void on_readable(struct session *s) {
       return;
     }
     struct frame f;
-    int rc;
+    int rc = 0;
     while (!s->closed && !s->draining && (rc = frame_reader_next(s->reader, &f)) > 0) {
       server_dispatch(s->server, s, &f);
       frame_release(&f);

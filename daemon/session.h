@@ -30,7 +30,8 @@ struct session {
   char name[WIRE_NAME_MAX + 1];
   struct list buffers; /* struct buffer.owner_link */
   size_t nbuffers;
-  bool draining; /* send what is queued, then close */
+  bool draining;     /* send what is queued, then close */
+  bool write_failed; /* the peer stopped reading: replies are dropped */
   bool closed;
   struct list link; /* server's sessions */
 };

@@ -1,0 +1,705 @@
+/* Integration: a real gpumemd, real worker processes, real memory. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/frame.h"
+#include "common/wire.h"
+#include "gpumem.h"
+#include "harness.h"
+
+#define MiB (1ull << 20)
+#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
+
+static struct daemon d;
+
+static gpumem_client *controller(void) {
+  gpumem_client *c = NULL;
+  int rc = gpumem_connect(d.socket, "test-controller", GPUMEM_ROLE_CONTROLLER,
+                          GPUMEM_CONNECT_NO_THREAD, &c);
+  ck_assert_msg(rc == 0, "connect: %s", gpumem_last_error());
+  return c;
+}
+
+static int pause_tag(gpumem_client *c, const char *tag, struct gpumem_op_result *r) {
+  return gpumem_pause(c, &tag, 1, NULL, 0, 0, r);
+}
+
+static int resume_tag(gpumem_client *c, const char *tag, struct gpumem_op_result *r) {
+  return gpumem_resume(c, &tag, 1, NULL, 0, 0, r);
+}
+
+static const struct gpumem_tag_status *find_tag(const struct gpumem_status *s, const char *name) {
+  for (size_t i = 0; i < s->ntags; i++)
+    if (strcmp(s->tags[i].name, name) == 0) return &s->tags[i];
+  return NULL;
+}
+
+/* The pointer printed on the first line that starts with prefix and id. */
+static void ptr_of(const struct worker *w, const char *what, unsigned long long id, char *out) {
+  char key[64];
+  snprintf(key, sizeof key, "%s buffer %llu ", what, id);
+  const char *p = strstr(worker_output(w), key);
+  ck_assert_msg(p != NULL, "no '%s' in: %s", key, worker_output(w));
+  p = strstr(p, "ptr=");
+  sscanf(p, "ptr=%31s", out);
+}
+
+/* --- raw protocol, to reach the daemon's edge without the library --- */
+
+static void raw_send(int fd, const wire_env *env) {
+  size_t len;
+  uint8_t *bytes = wire_pack(env, &len);
+  uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+  ck_assert_int_eq(write(fd, hdr, 4), 4);
+  ck_assert_int_eq(write(fd, bytes, len), (ssize_t)len);
+  free(bytes);
+}
+
+/* Read one reply; NULL at end of stream. Its fds are closed. */
+static wire_env *raw_read(int fd) {
+  frame_reader *r = frame_reader_create(WIRE_MAX_REPLY);
+  struct frame f;
+  wire_env *env = NULL;
+  for (;;) {
+    int rc = frame_reader_next(r, &f);
+    if (rc == 1) {
+      env = wire_unpack(f.data, f.len);
+      frame_release(&f);
+      break;
+    }
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t b;
+    if (recv(fd, &b, 1, MSG_PEEK) <= 0) break;
+    if (frame_reader_fill(r, fd) <= 0) break;
+  }
+  ck_assert_uint_eq(frame_reader_pending(r), 0);
+  frame_reader_destroy(r);
+  return env;
+}
+
+/* The error code of the reply to env (OK if not an Error). */
+static wire_code raw_call(int fd, const wire_env *env, char *text) {
+  raw_send(fd, env);
+  wire_env *r = raw_read(fd);
+  ck_assert_ptr_nonnull(r);
+  wire_code code = CODE(OK);
+  if (r->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
+    code = r->error->code;
+    if (text) snprintf(text, 256, "%s", r->error->message);
+  }
+  wire_env_free(r);
+  return code;
+}
+
+static int raw_hello(int role, uint32_t major) {
+  int fd = raw_connect(&d);
+  ck_assert_int_ge(fd, 0);
+  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
+  h.version_major = major;
+  h.role = role;
+  h.name = "raw";
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = 1;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  raw_send(fd, &env);
+  return fd;
+}
+
+static wire_code raw_alloc(int fd, const char *tag, unsigned dev, uint64_t size, char *text) {
+  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  a.tag = (char *)tag;
+  a.device = dev;
+  a.size = size;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = 2;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &a;
+  return raw_call(fd, &env, text);
+}
+
+/* True when the daemon closed the connection. */
+static bool raw_closed(int fd) {
+  wire_env *r = raw_read(fd);
+  wire_env_free(r);
+  return r == NULL;
+}
+
+static void setup(void) { harness_fd_setup(); }
+
+static void teardown(void) {
+  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
+  harness_fd_teardown();
+}
+
+/* --- tests --- */
+
+START_TEST(pause_releases_memory_and_resume_takes_it_again) {
+  daemon_start(&d, "--host-device-size", "1G", NULL);
+  uint64_t base = shmem_bytes();
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv_cache", "--size", "128M", "--count", "2", NULL);
+  ck_assert_msg(shmem_wait(base + 230 * MiB, false, 2000), "allocation not committed");
+  gpumem_client *c = controller();
+  struct gpumem_op_result r;
+  ck_assert_int_eq(pause_tag(c, "kv_cache", &r), 0);
+  ck_assert_uint_eq(r.buffers, 2);
+  ck_assert_uint_eq(r.bytes, 256 * MiB);
+  ck_assert_msg(shmem_wait(base + 26 * MiB, true, 2000), "pause did not release: %llu MiB",
+                (unsigned long long)((shmem_bytes() - base) / MiB));
+  struct gpumem_status *s;
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  ck_assert_uint_eq(s->devices[0].managed, 0);
+  ck_assert_uint_eq(s->devices[0].free, 1024 * MiB);
+  ck_assert_int_eq(find_tag(s, "kv_cache")->state, GPUMEM_PAUSED);
+  ck_assert_uint_eq(find_tag(s, "kv_cache")->paused_bytes, 256 * MiB);
+  gpumem_status_free(s);
+  ck_assert_int_eq(resume_tag(c, "kv_cache", &r), 0);
+  ck_assert_uint_eq(r.bytes, 256 * MiB);
+  ck_assert(worker_wait_for(&w, "verified buffer", 2, 5000));
+  ck_assert_msg(shmem_bytes() >= base + 230 * MiB, "resume did not take memory");
+  char before[32], after[32];
+  for (unsigned long long id = 1; id <= 2; id++) {
+    ptr_of(&w, "allocated", id, before);
+    ptr_of(&w, "resumed", id, after);
+    ck_assert_str_eq(before, after);
+  }
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+  ck_assert(shmem_wait(base + 26 * MiB, true, 2000));
+}
+END_TEST
+
+START_TEST(backup_buffers_keep_their_contents) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "weights", "--size", "24M", "--count", "3", "--backup", NULL);
+  gpumem_client *c = controller();
+  struct gpumem_op_result r;
+  for (int round = 1; round <= 2; round++) {
+    ck_assert_int_eq(pause_tag(c, "weights", &r), 0);
+    ck_assert_uint_eq(r.backup_bytes, 72 * MiB);
+    ck_assert_int_eq(resume_tag(c, "weights", &r), 0);
+    ck_assert_uint_eq(r.backup_bytes, 72 * MiB);
+    ck_assert(worker_wait_for(&w, "contents kept", 3 * round, 5000));
+  }
+  ck_assert_int_eq(worker_count(&w, "FAILED"), 0);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+START_TEST(killed_worker_gives_its_memory_back) {
+  daemon_start(&d, "--host-device-size", "1G", NULL);
+  uint64_t base = shmem_bytes();
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv_cache", "--size", "200M", NULL);
+  ck_assert(shmem_wait(base + 180 * MiB, false, 2000));
+  ck_assert_int_eq(worker_stop(&w, SIGKILL), 128 + SIGKILL);
+  ck_assert_msg(shmem_wait(base + 20 * MiB, true, 3000), "memory of a killed worker stayed");
+  gpumem_client *c = controller();
+  struct gpumem_status *s;
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  ck_assert_uint_eq(s->devices[0].managed, 0);
+  ck_assert_uint_eq(s->nsessions, 1); /* only us */
+  gpumem_status_free(s);
+  gpumem_disconnect(c);
+}
+END_TEST
+
+START_TEST(unresponsive_worker_is_reported_and_finishes_late) {
+  daemon_start(&d, "--ack-timeout", "300ms", NULL);
+  struct worker a, b;
+  worker_start(&a, &d, "--tag", "kv", "--size", "8M", NULL);
+  worker_start(&b, &d, "--tag", "kv", "--size", "8M", NULL);
+  kill(b.pid, SIGSTOP);
+  gpumem_client *c = controller();
+  struct gpumem_op_result r;
+  double t0 = now_ms();
+  ck_assert_int_eq(pause_tag(c, "kv", &r), GPUMEM_E_CLIENT_TIMEOUT);
+  ck_assert_double_ge(now_ms() - t0, 290);
+  ck_assert_uint_eq(r.npids, 1);
+  ck_assert_uint_eq(r.pids[0], (uint32_t)b.pid);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "CLIENT_TIMEOUT"));
+  kill(b.pid, SIGCONT);
+  /* The late ack completes the pause of b's buffer. */
+  bool paused = false;
+  for (int i = 0; i < 200 && !paused; i++) {
+    struct gpumem_status *s;
+    ck_assert_int_eq(gpumem_status(c, &s), 0);
+    paused = find_tag(s, "kv")->paused_buffers == 2;
+    gpumem_status_free(s);
+    if (!paused) usleep(10000);
+  }
+  ck_assert(paused);
+  ck_assert_int_eq(resume_tag(c, "kv", &r), 0);
+  ck_assert_uint_eq(r.buffers, 2);
+  ck_assert(worker_wait_for(&a, "verified", 1, 3000));
+  ck_assert(worker_wait_for(&b, "verified", 1, 3000));
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&a, SIGTERM), 0);
+  ck_assert_int_eq(worker_stop(&b, SIGTERM), 0);
+}
+END_TEST
+
+START_TEST(kill_policy_ends_unresponsive_workers) {
+  daemon_start(&d, "--ack-timeout", "200ms", "--timeout-policy", "kill", NULL);
+  struct worker b;
+  worker_start(&b, &d, "--tag", "kv", "--size", "8M", NULL);
+  kill(b.pid, SIGSTOP);
+  gpumem_client *c = controller();
+  struct gpumem_op_result r;
+  ck_assert_int_eq(pause_tag(c, "kv", &r), GPUMEM_E_CLIENT_TIMEOUT);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "killed"));
+  int status;
+  ck_assert_int_eq(waitpid(b.pid, &status, 0), b.pid);
+  ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  b.pid = 0;
+  struct gpumem_status *s;
+  for (int i = 0; i < 100; i++) {
+    ck_assert_int_eq(gpumem_status(c, &s), 0);
+    size_t n = s->nsessions;
+    uint64_t managed = s->devices[0].managed;
+    gpumem_status_free(s);
+    if (n == 1 && managed == 0) break;
+    ck_assert_int_lt(i, 99);
+    usleep(10000);
+  }
+  gpumem_disconnect(c);
+}
+END_TEST
+
+START_TEST(resume_beyond_capacity_changes_nothing) {
+  daemon_start(&d, "--host-devices", "1", "--host-device-size", "256M", NULL);
+  struct worker a, t;
+  worker_start(&a, &d, "--tag", "kv", "--size", "64M", "--count", "2", NULL);
+  gpumem_client *c = controller();
+  struct gpumem_op_result r;
+  ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
+  worker_start(&t, &d, "--tag", "trainer", "--size", "192M", NULL);
+  ck_assert_int_eq(resume_tag(c, "kv", &r), GPUMEM_E_OUT_OF_MEMORY);
+  ck_assert_uint_eq(r.bytes_needed, 128 * MiB);
+  ck_assert_uint_eq(r.bytes_free, 64 * MiB);
+  struct gpumem_status *s;
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  ck_assert_int_eq(find_tag(s, "kv")->state, GPUMEM_PAUSED);
+  ck_assert_uint_eq(find_tag(s, "kv")->paused_bytes, 128 * MiB);
+  ck_assert_uint_eq(s->devices[0].managed, 192 * MiB);
+  gpumem_status_free(s);
+  ck_assert_int_eq(worker_count(&a, "resumed"), 0);
+  ck_assert_int_eq(worker_stop(&t, SIGTERM), 0);
+  ck_assert_int_eq(resume_tag(c, "kv", &r), 0);
+  ck_assert_uint_eq(r.buffers, 2);
+  ck_assert(worker_wait_for(&a, "verified", 2, 3000));
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&a, SIGTERM), 0);
+}
+END_TEST
+
+struct timed_pause {
+  const char *tag;
+  int rc;
+  double done_ms;
+};
+
+static void *pause_thread(void *arg) {
+  struct timed_pause *p = arg;
+  gpumem_client *c = controller();
+  p->rc = pause_tag(c, p->tag, NULL);
+  p->done_ms = now_ms();
+  gpumem_disconnect(c);
+  return NULL;
+}
+
+/* A second controller waits for the first operation to end. */
+START_TEST(controller_operations_are_serialized) {
+  daemon_start(&d, "--ack-timeout", "600ms", NULL);
+  struct worker a, b;
+  worker_start(&a, &d, "--tag", "slow", "--size", "4M", NULL);
+  worker_start(&b, &d, "--tag", "fast", "--size", "4M", NULL);
+  kill(a.pid, SIGSTOP);
+  struct timed_pause first = {"slow", 0, 0}, second = {"fast", 0, 0};
+  pthread_t t1, t2;
+  double t0 = now_ms();
+  pthread_create(&t1, NULL, pause_thread, &first);
+  usleep(100000);
+  pthread_create(&t2, NULL, pause_thread, &second);
+  pthread_join(t1, NULL);
+  pthread_join(t2, NULL);
+  ck_assert_int_eq(first.rc, GPUMEM_E_CLIENT_TIMEOUT);
+  ck_assert_int_eq(second.rc, 0);
+  ck_assert_double_ge(second.done_ms, first.done_ms);
+  ck_assert_double_ge(second.done_ms - t0, 590);
+  kill(a.pid, SIGCONT);
+  ck_assert_int_eq(worker_stop(&a, SIGTERM), 0);
+  ck_assert_int_eq(worker_stop(&b, SIGTERM), 0);
+}
+END_TEST
+
+/* One client's garbage ends that client only. */
+START_TEST(garbage_client_is_dropped_and_others_carry_on) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  int fd = raw_connect(&d);
+  uint8_t junk[] = {5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff};
+  ck_assert_int_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+  wire_env *r = raw_read(fd);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
+  ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
+  wire_env_free(r);
+  ck_assert(raw_closed(fd));
+  close(fd);
+  gpumem_client *c = controller();
+  ck_assert_int_eq(pause_tag(c, "kv", NULL), 0);
+  ck_assert_int_eq(resume_tag(c, "kv", NULL), 0);
+  ck_assert(worker_wait_for(&w, "verified", 1, 3000));
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* Bad requests get a clear code and text; the session and daemon go on. */
+START_TEST(bad_requests_get_clear_errors) {
+  daemon_start(&d, "--host-device-size", "256M", NULL);
+  char text[256];
+  int fd = raw_hello(GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
+  wire_env_free(raw_read(fd));
+  ck_assert_int_eq(raw_alloc(fd, "", 0, MiB, text), CODE(INVALID_ARGUMENT));
+  ck_assert_ptr_nonnull(strstr(text, "invalid tag"));
+  ck_assert_int_eq(raw_alloc(fd, "kv cache", 0, MiB, NULL), CODE(INVALID_ARGUMENT));
+  char longtag[80];
+  memset(longtag, 'a', sizeof longtag - 1);
+  longtag[79] = '\0';
+  ck_assert_int_eq(raw_alloc(fd, longtag, 0, MiB, NULL), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(fd, "kv", 0, 0, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(fd, "kv", 0, 257 * MiB, text), CODE(INVALID_ARGUMENT));
+  ck_assert_ptr_nonnull(strstr(text, "larger than device"));
+  ck_assert_int_eq(raw_alloc(fd, "kv", 0, UINT64_MAX, NULL), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(fd, "kv", 7, MiB, text), CODE(INVALID_ARGUMENT));
+  ck_assert_ptr_nonnull(strstr(text, "device 7 out of range"));
+  /* Unknown and foreign buffer ids look the same. */
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = 3;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  env.free = &fr;
+  fr.buffer_id = 999;
+  ck_assert_int_eq(raw_call(fd, &env, text), CODE(NOT_FOUND));
+  fr.buffer_id = 1; /* the worker's */
+  ck_assert_int_eq(raw_call(fd, &env, text), CODE(NOT_FOUND));
+  /* Workers do not pause. */
+  char *tags[] = {"kv"};
+  Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
+  p.tags = tags;
+  p.n_tags = 1;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  env.pause = &p;
+  ck_assert_int_eq(raw_call(fd, &env, text), CODE(PERMISSION_DENIED));
+  p.n_tags = 0;
+  ck_assert_int_eq(raw_call(fd, &env, text), CODE(INVALID_ARGUMENT));
+  ck_assert_str_eq(text, "no tags given");
+  /* The session is still fine. */
+  ck_assert_int_eq(raw_alloc(fd, "kv", 0, MiB, NULL), CODE(OK));
+  /* Controllers do not allocate; devices are checked. */
+  int cfd = raw_hello(GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
+  wire_env_free(raw_read(cfd));
+  ck_assert_int_eq(raw_alloc(cfd, "kv", 0, MiB, NULL), CODE(PERMISSION_DENIED));
+  uint32_t dev = 9;
+  p.n_tags = 1;
+  p.devices = &dev;
+  p.n_devices = 1;
+  ck_assert_int_eq(raw_call(cfd, &env, text), CODE(INVALID_ARGUMENT));
+  /* Hello twice ends the session. */
+  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
+  h.version_major = WIRE_VERSION_MAJOR;
+  h.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  h.name = "";
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  ck_assert_int_eq(raw_call(cfd, &env, NULL), CODE(PROTOCOL_ERROR));
+  ck_assert(raw_closed(cfd));
+  close(cfd);
+  /* So do a request before Hello, a wrong major version, fds on a
+   * request, and an oversized frame. */
+  int x = raw_connect(&d);
+  ck_assert_int_eq(raw_alloc(x, "kv", 0, MiB, text), CODE(PROTOCOL_ERROR));
+  ck_assert_str_eq(text, "the first message must be Hello");
+  ck_assert(raw_closed(x));
+  close(x);
+  x = raw_hello(GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR + 1);
+  wire_env *r = raw_read(x);
+  ck_assert_int_eq(r->error->code, CODE(VERSION_MISMATCH));
+  wire_env_free(r);
+  ck_assert(raw_closed(x));
+  close(x);
+  x = raw_hello(GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
+  wire_env_free(raw_read(x));
+  frame_writer *fw = frame_writer_create();
+  int spare = dup(1);
+  Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  env.status = &sr;
+  env.fd_count = 1;
+  size_t len;
+  uint8_t *bytes = wire_pack(&env, &len);
+  frame_writer_push(fw, bytes, len, &spare, 1);
+  free(bytes);
+  ck_assert_int_eq(frame_writer_flush(fw, x), 0);
+  frame_writer_destroy(fw);
+  r = raw_read(x);
+  ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
+  wire_env_free(r);
+  ck_assert(raw_closed(x));
+  close(x);
+  x = raw_hello(GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
+  wire_env_free(raw_read(x));
+  uint8_t huge[4] = {0, 0, 0, 0x10}; /* 256 MiB */
+  ck_assert_int_eq(write(x, huge, 4), 4);
+  r = raw_read(x);
+  ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
+  wire_env_free(r);
+  ck_assert(raw_closed(x));
+  close(x);
+  /* Nothing leaked into the registry: the worker's buffer and ours. */
+  gpumem_client *c = controller();
+  struct gpumem_buffer_info *list;
+  ck_assert_int_eq(gpumem_list(c, &list), 2);
+  gpumem_list_free(list);
+  gpumem_disconnect(c);
+  close(fd);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+START_TEST(one_daemon_per_socket_and_stale_sockets_replaced) {
+  daemon_start(&d, NULL);
+  char log[160];
+  snprintf(log, sizeof log, "%s/second.log", d.dir);
+  pid_t second = daemon_spawn(d.socket, log, NULL);
+  int status;
+  ck_assert_int_eq(waitpid(second, &status, 0), second);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+  FILE *f = fopen(log, "r");
+  char line[256] = "";
+  bool said = false;
+  while (fgets(line, sizeof line, f)) said |= strstr(line, "another gpumemd is answering") != NULL;
+  fclose(f);
+  ck_assert(said);
+  /* SIGTERM: exit 0 and the socket is gone. */
+  kill(d.pid, SIGTERM);
+  ck_assert_int_eq(waitpid(d.pid, &status, 0), d.pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  d.pid = 0;
+  struct stat st;
+  ck_assert_int_ne(stat(d.socket, &st), 0);
+  /* A socket file nobody listens on is replaced. */
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", d.socket);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&addr, sizeof addr), 0);
+  close(s);
+  ck_assert_int_eq(stat(d.socket, &st), 0);
+  pid_t third = daemon_spawn(d.socket, log, NULL);
+  int fd = -1;
+  for (int i = 0; i < 300 && fd < 0; i++) {
+    fd = raw_connect(&d);
+    if (fd < 0) usleep(10000);
+  }
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  d.pid = third;
+  ck_assert_uint_eq(st.st_mode & 0777, st.st_mode & 0777);
+  ck_assert_int_eq(stat(d.socket, &st), 0);
+  ck_assert_uint_eq(st.st_mode & 0777, 0660);
+}
+END_TEST
+
+/* Touching a paused buffer faults, as on a GPU. */
+START_TEST(touching_a_paused_buffer_faults) {
+  daemon_start(&d, NULL);
+  int go[2], ready[2];
+  ck_assert_int_eq(pipe(go), 0);
+  ck_assert_int_eq(pipe(ready), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    signal(SIGSEGV, SIG_DFL); /* not the sanitizer's report: the fault itself */
+    gpumem_client *w;
+    gpumem_buffer *b;
+    if (gpumem_connect(d.socket, "toucher", GPUMEM_ROLE_WORKER, 0, &w) < 0 ||
+        gpumem_alloc(w, "kv", 0, 4 * MiB, 0, &b) < 0)
+      _exit(3);
+    volatile char *p = gpumem_buffer_ptr(b);
+    p[0] = 'x';
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1) _exit(4);
+    p[4096] = 'y'; /* paused now */
+    _exit(0);
+  }
+  char c;
+  ck_assert_int_eq(read(ready[0], &c, 1), 1);
+  gpumem_client *ctl = controller();
+  ck_assert_int_eq(pause_tag(ctl, "kv", NULL), 0);
+  ck_assert_int_eq(write(go[1], &c, 1), 1);
+  int status;
+  waitpid(child, &status, 0);
+  ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV, "status %d", status);
+  gpumem_disconnect(ctl);
+  close(go[0]);
+  close(go[1]);
+  close(ready[0]);
+  close(ready[1]);
+}
+END_TEST
+
+/* A paused tag refuses new buffers unless asked; asked, they start paused
+ * and come alive at the resume, at the address they were given. */
+START_TEST(allocations_in_a_paused_tag) {
+  daemon_start(&d, NULL);
+  gpumem_client *ctl = controller();
+  struct gpumem_op_result r;
+  ck_assert_int_eq(pause_tag(ctl, "kv", &r), 0);
+  ck_assert_uint_eq(r.buffers, 0);
+  gpumem_client *w;
+  ck_assert_int_eq(gpumem_connect(d.socket, "late", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, MiB, 0, &b), GPUMEM_E_TAG_PAUSED);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "paused"));
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, MiB, GPUMEM_ALLOW_PAUSED, &b), 0);
+  ck_assert_int_eq(gpumem_buffer_mapped(b), 0);
+  char *p = gpumem_buffer_ptr(b);
+  ck_assert_int_eq(resume_tag(ctl, "kv", &r), 0);
+  ck_assert_uint_eq(r.buffers, 1);
+  ck_assert_int_eq(gpumem_buffer_mapped(b), 1);
+  ck_assert_ptr_eq(gpumem_buffer_ptr(b), p);
+  memset(p, 0xab, gpumem_buffer_size(b));
+  ck_assert_int_eq((unsigned char)p[gpumem_buffer_size(b) - 1], 0xab);
+  ck_assert_int_eq(gpumem_free(w, b), 0);
+  gpumem_disconnect(w);
+  gpumem_disconnect(ctl);
+}
+END_TEST
+
+START_TEST(pause_and_resume_are_idempotent) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", "--count", "2", NULL);
+  gpumem_client *c = controller();
+  struct gpumem_op_result r;
+  ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
+  ck_assert_uint_eq(r.buffers, 2);
+  ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
+  ck_assert_uint_eq(r.buffers, 0);
+  ck_assert_int_eq(resume_tag(c, "kv", &r), 0);
+  ck_assert_uint_eq(r.buffers, 2);
+  ck_assert_int_eq(resume_tag(c, "kv", &r), 0);
+  ck_assert_uint_eq(r.buffers, 0);
+  ck_assert_int_eq(resume_tag(c, "never_seen", &r), 0);
+  ck_assert(worker_wait_for(&w, "verified", 2, 3000));
+  ck_assert_int_eq(worker_count(&w, "resumed"), 2);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* The operation goes on when the controller that asked for it is gone. */
+START_TEST(controller_disconnect_does_not_stop_a_pause) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "8M", NULL);
+  int fd = raw_hello(GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
+  char *tags[] = {"kv"};
+  Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
+  p.tags = tags;
+  p.n_tags = 1;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = 2;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  env.pause = &p;
+  raw_send(fd, &env);
+  close(fd);
+  ck_assert(worker_wait_for(&w, "paused buffer", 1, 3000));
+  gpumem_client *c = controller();
+  bool paused = false;
+  for (int i = 0; i < 200 && !paused; i++) {
+    struct gpumem_status *s;
+    ck_assert_int_eq(gpumem_status(c, &s), 0);
+    paused = find_tag(s, "kv")->paused_bytes == 8 * MiB;
+    gpumem_status_free(s);
+    if (!paused) usleep(10000);
+  }
+  ck_assert(paused);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* Without the background thread, events wait for gpumem_dispatch. */
+START_TEST(applications_can_dispatch_events_themselves) {
+  daemon_start(&d, NULL);
+  gpumem_client *w;
+  ck_assert_int_eq(gpumem_connect(d.socket, "loop", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD, &w), 0);
+  ck_assert_int_ge(gpumem_fd(w), 0);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 1, 3 * MiB, 0, &b), 0);
+  ck_assert_uint_eq(gpumem_buffer_size(b), 4 * MiB);
+  ck_assert_uint_eq(gpumem_buffer_device(b), 1);
+  ck_assert_int_eq(gpumem_dispatch(w, 0), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    char *argv[] = {(char *)harness_bin("gpumemctl"), "--socket", d.socket, "pause", "kv", NULL};
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  int handled = 0;
+  for (int i = 0; i < 100 && gpumem_buffer_mapped(b); i++) handled += gpumem_dispatch(w, 100);
+  ck_assert_int_eq(handled, 1);
+  ck_assert_int_eq(gpumem_buffer_mapped(b), 0);
+  int status;
+  waitpid(child, &status, 0);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ck_assert_int_eq(gpumem_free(w, b), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("daemon");
+  TCase *tc = tcase_create("daemon");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, pause_releases_memory_and_resume_takes_it_again);
+  tcase_add_test(tc, backup_buffers_keep_their_contents);
+  tcase_add_test(tc, killed_worker_gives_its_memory_back);
+  tcase_add_test(tc, unresponsive_worker_is_reported_and_finishes_late);
+  tcase_add_test(tc, kill_policy_ends_unresponsive_workers);
+  tcase_add_test(tc, resume_beyond_capacity_changes_nothing);
+  tcase_add_test(tc, controller_operations_are_serialized);
+  tcase_add_test(tc, garbage_client_is_dropped_and_others_carry_on);
+  tcase_add_test(tc, bad_requests_get_clear_errors);
+  tcase_add_test(tc, one_daemon_per_socket_and_stale_sockets_replaced);
+  tcase_add_test(tc, touching_a_paused_buffer_faults);
+  tcase_add_test(tc, allocations_in_a_paused_tag);
+  tcase_add_test(tc, pause_and_resume_are_idempotent);
+  tcase_add_test(tc, controller_disconnect_does_not_stop_a_pause);
+  tcase_add_test(tc, applications_can_dispatch_events_themselves);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

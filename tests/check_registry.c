@@ -1,0 +1,150 @@
+/* The registry over the host backend: rounding, chunks, capacity, paused
+ * tags, memory release and backups. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/registry.h"
+#include "harness.h"
+
+#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
+#define MiB (1ull << 20)
+
+static gpu *g;
+static registry *reg;
+static struct list owner;
+static struct fault f;
+
+static void setup(void) {
+  harness_fd_setup();
+  struct gpu_options o = {.backend = "host", .host_devices = 2, .host_device_size = 64 * MiB};
+  char err[128];
+  ck_assert_int_eq(gpu_open(&o, &g, err, sizeof err), 0);
+  reg = registry_create(g, 16 * MiB);
+  list_init(&owner);
+  memset(&f, 0, sizeof f);
+}
+
+static void teardown(void) {
+  registry_destroy(reg);
+  gpu_close(g);
+  harness_fd_teardown();
+}
+
+START_TEST(sizes_round_up_and_split_into_chunks) {
+  struct buffer *b;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 1, 0, &b, &f), CODE(OK));
+  ck_assert_uint_eq(b->size, 2 * MiB);
+  ck_assert_uint_eq(b->nchunks, 1);
+  struct buffer *c;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 33 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_uint_eq(c->size, 34 * MiB);
+  ck_assert_uint_eq(c->nchunks, 3);
+  ck_assert_uint_eq(c->chunk_sizes[2], 2 * MiB);
+  ck_assert_uint_eq(registry_managed(reg, 0), 36 * MiB);
+  ck_assert_uint_ne(b->id, c->id);
+  ck_assert_ptr_eq(registry_find(reg, c->id), c);
+  registry_free(reg, b);
+  ck_assert_ptr_null(registry_find(reg, b == c ? 0 : 1));
+  ck_assert_uint_eq(registry_managed(reg, 0), 34 * MiB);
+}
+END_TEST
+
+START_TEST(bad_requests_change_nothing) {
+  struct buffer *b;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 2, MiB, 0, &b, &f),
+                   CODE(INVALID_ARGUMENT));
+  ck_assert_ptr_nonnull(strstr(f.text, "device 2 out of range"));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 65 * MiB, 0, &b, &f),
+                   CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, UINT64_MAX, 0, &b, &f),
+                   CODE(INVALID_ARGUMENT));
+  ck_assert_uint_eq(registry_count(reg), 0);
+  ck_assert_uint_eq(registry_managed(reg, 0), 0);
+  ck_assert(list_empty(&owner));
+}
+END_TEST
+
+START_TEST(capacity_is_enforced_per_device) {
+  struct buffer *b, *c;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 48 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 32 * MiB, 0, &c, &f),
+                   CODE(OUT_OF_MEMORY));
+  ck_assert_uint_eq(f.bytes_needed, 32 * MiB);
+  ck_assert_uint_eq(f.bytes_free, 16 * MiB);
+  ck_assert_uint_eq(registry_managed(reg, 0), 48 * MiB); /* the failed one left nothing */
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 1, 32 * MiB, 0, &c, &f), CODE(OK));
+}
+END_TEST
+
+START_TEST(paused_tag_refuses_unless_asked) {
+  struct tag *t = registry_tag_get(reg, "kv");
+  t->paused_devices = 1; /* device 0 */
+  struct buffer *b;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, MiB, 0, &b, &f), CODE(TAG_PAUSED));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 1, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(b->state, BUF_ACTIVE);
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, MiB, BUF_FLAG_ALLOW_PAUSED, &b, &f),
+                   CODE(OK));
+  ck_assert_int_eq(b->state, BUF_PAUSED);
+  ck_assert(!b->has_memory);
+  ck_assert_uint_eq(registry_managed(reg, 0), 0);
+}
+END_TEST
+
+/* A backup holds the bytes while the memory is gone, and goes back in. */
+START_TEST(backup_and_restore_keep_contents) {
+  struct buffer *b;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &b, &f),
+                   CODE(OK));
+  uint64_t chunk0 = b->chunk_sizes[0];
+  char *pattern = malloc(chunk0);
+  for (size_t i = 0; i < chunk0; i++) pattern[i] = (char)(i * 13);
+  ck_assert_int_eq(gpu_chunk_write(g, b->handles[0], 0, pattern, chunk0), 0);
+  ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
+  ck_assert_uint_eq(registry_backup_bytes(reg), b->size);
+  registry_memory_release(reg, b);
+  ck_assert_uint_eq(registry_managed(reg, 0), 0);
+  ck_assert_int_eq(registry_memory_create(reg, b, &f), CODE(OK));
+  ck_assert_int_eq(registry_restore(reg, b, &f), CODE(OK));
+  ck_assert_uint_eq(registry_backup_bytes(reg), 0);
+  char *back = malloc(chunk0);
+  ck_assert_int_eq(gpu_chunk_read(g, b->handles[0], 0, back, chunk0), 0);
+  ck_assert(memcmp(back, pattern, chunk0) == 0);
+  free(pattern);
+  free(back);
+}
+END_TEST
+
+START_TEST(memory_create_is_all_or_nothing) {
+  struct buffer *a, *b;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 40 * MiB, 0, &a, &f), CODE(OK));
+  registry_memory_release(reg, a);
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "other", 0, 30 * MiB, 0, &b, &f), CODE(OK));
+  /* 34 MiB free, 40 needed: three 16 MiB chunks would fit two. */
+  ck_assert_int_eq(registry_memory_create(reg, a, &f), CODE(OUT_OF_MEMORY));
+  ck_assert(!a->has_memory);
+  ck_assert_uint_eq(registry_managed(reg, 0), 30 * MiB);
+  uint64_t free_b, total;
+  gpu_mem_info(g, 0, &free_b, &total);
+  ck_assert_uint_eq(free_b, 34 * MiB);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("registry");
+  TCase *tc = tcase_create("registry");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 20);
+  tcase_add_test(tc, sizes_round_up_and_split_into_chunks);
+  tcase_add_test(tc, bad_requests_change_nothing);
+  tcase_add_test(tc, capacity_is_enforced_per_device);
+  tcase_add_test(tc, paused_tag_refuses_unless_asked);
+  tcase_add_test(tc, backup_and_restore_keep_contents);
+  tcase_add_test(tc, memory_create_is_all_or_nothing);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

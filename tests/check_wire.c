@@ -1,0 +1,231 @@
+/* Protocol validation at the edge, sizes, and the id map. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/idmap.h"
+#include "common/size.h"
+#include "common/wire.h"
+#include "harness.h"
+
+#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
+
+static char why[256];
+
+START_TEST(tags_are_short_names_of_a_safe_charset) {
+  ck_assert(wire_tag_valid("kv_cache"));
+  ck_assert(wire_tag_valid("weights.v2-a"));
+  char longest[WIRE_TAG_MAX + 2];
+  memset(longest, 'a', sizeof longest);
+  longest[WIRE_TAG_MAX] = '\0';
+  ck_assert(wire_tag_valid(longest));
+  longest[WIRE_TAG_MAX] = 'a';
+  longest[WIRE_TAG_MAX + 1] = '\0';
+  ck_assert(!wire_tag_valid(longest));
+  ck_assert(!wire_tag_valid(""));
+  ck_assert(!wire_tag_valid("kv cache"));
+  ck_assert(!wire_tag_valid("kv/cache"));
+  ck_assert(!wire_tag_valid("ключ"));
+}
+END_TEST
+
+static wire_code check_alloc(const char *tag, uint64_t size, uint32_t flags) {
+  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  a.tag = (char *)tag;
+  a.size = size;
+  a.flags = flags;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &a;
+  return wire_check_request(&env, 0, why, sizeof why);
+}
+
+START_TEST(alloc_requests_are_checked) {
+  ck_assert_int_eq(check_alloc("kv_cache", 4096, 0), CODE(OK));
+  ck_assert_int_eq(check_alloc("", 4096, 0), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(check_alloc("a b", 4096, 0), CODE(INVALID_ARGUMENT));
+  ck_assert_ptr_nonnull(strstr(why, "invalid tag"));
+  ck_assert_int_eq(check_alloc("kv", 0, 0), CODE(INVALID_ARGUMENT));
+  ck_assert_str_eq(why, "size is zero");
+  ck_assert_int_eq(check_alloc("kv", 1, 64), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(check_alloc("kv", 1, 2 | 1), CODE(INVALID_ARGUMENT));
+}
+END_TEST
+
+START_TEST(pause_needs_valid_tags) {
+  Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  env.pause = &p;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(INVALID_ARGUMENT));
+  ck_assert_str_eq(why, "no tags given");
+  char *tags[WIRE_MAX_TAGS + 1];
+  for (int i = 0; i <= WIRE_MAX_TAGS; i++) tags[i] = "kv";
+  p.tags = tags;
+  p.n_tags = WIRE_MAX_TAGS + 1;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(INVALID_ARGUMENT));
+  p.n_tags = 2;
+  tags[1] = "bad tag";
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(INVALID_ARGUMENT));
+  tags[1] = "weights";
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(OK));
+}
+END_TEST
+
+START_TEST(clients_send_requests_without_fds) {
+  Gpumem__Wire__StatusRequest s = GPUMEM__WIRE__STATUS_REQUEST__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  env.status = &s;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(OK));
+  ck_assert_int_eq(wire_check_request(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+  env.fd_count = 1;
+  ck_assert_int_eq(wire_check_request(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+  Gpumem__Wire__UnmapEvent u = GPUMEM__WIRE__UNMAP_EVENT__INIT;
+  env.fd_count = 0;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
+  env.unmap = &u;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(PROTOCOL_ERROR));
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY__NOT_SET;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(PROTOCOL_ERROR));
+}
+END_TEST
+
+START_TEST(hello_needs_a_known_role) {
+  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
+  h.name = "x";
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(INVALID_ARGUMENT));
+  h.role = 7;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(INVALID_ARGUMENT));
+  h.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(OK));
+}
+END_TEST
+
+/* A remap must bring exactly one fd per chunk. */
+START_TEST(replies_bring_the_fds_they_declare) {
+  uint64_t sizes[2] = {2 << 20, 2 << 20};
+  Gpumem__Wire__RemapEntry e = GPUMEM__WIRE__REMAP_ENTRY__INIT, *ep = &e;
+  e.buffer_id = 1;
+  e.chunk_sizes = sizes;
+  e.n_chunk_sizes = 2;
+  Gpumem__Wire__RemapEvent r = GPUMEM__WIRE__REMAP_EVENT__INIT;
+  r.entries = &ep;
+  r.n_entries = 1;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
+  env.remap = &r;
+  env.fd_count = 2;
+  ck_assert_int_eq(wire_check_reply(&env, 2, why, sizeof why), CODE(OK));
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+  env.fd_count = 1;
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+}
+END_TEST
+
+/* Garbage bytes never parse into a message that passes the checks. */
+START_TEST(garbage_does_not_parse_or_is_refused) {
+  srand(42);
+  for (int i = 0; i < 20000; i++) {
+    uint8_t buf[64];
+    size_t n = (size_t)(rand() % (int)sizeof buf);
+    for (size_t k = 0; k < n; k++) buf[k] = (uint8_t)rand();
+    wire_env *env = wire_unpack(buf, n);
+    if (env) {
+      wire_check_request(env, 0, why, sizeof why);
+      wire_check_reply(env, 0, why, sizeof why);
+      wire_env_free(env);
+    }
+  }
+}
+END_TEST
+
+START_TEST(envelopes_round_trip) {
+  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  a.tag = "weights";
+  a.size = 123456789;
+  a.device = 3;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = 77;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &a;
+  size_t len;
+  uint8_t *bytes = wire_pack(&env, &len);
+  wire_env *back = wire_unpack(bytes, len);
+  ck_assert_ptr_nonnull(back);
+  ck_assert_uint_eq(back->id, 77);
+  ck_assert_str_eq(back->alloc->tag, "weights");
+  ck_assert_uint_eq(back->alloc->size, 123456789);
+  ck_assert_uint_eq(back->alloc->device, 3);
+  wire_env_free(back);
+  free(bytes);
+}
+END_TEST
+
+START_TEST(sizes_parse_with_binary_suffixes) {
+  uint64_t v;
+  ck_assert_int_eq(size_parse("512", &v), 0);
+  ck_assert_uint_eq(v, 512);
+  ck_assert_int_eq(size_parse("64K", &v), 0);
+  ck_assert_uint_eq(v, 64 << 10);
+  ck_assert_int_eq(size_parse("2M", &v), 0);
+  ck_assert_uint_eq(v, 2 << 20);
+  ck_assert_int_eq(size_parse("4G", &v), 0);
+  ck_assert_uint_eq(v, 4ull << 30);
+  ck_assert_int_eq(size_parse("1.5G", &v), 0);
+  ck_assert_uint_eq(v, 3ull << 29);
+  ck_assert_int_eq(size_parse("1GiB", &v), 0);
+  ck_assert_uint_eq(v, 1ull << 30);
+  ck_assert_int_eq(size_parse("1.87g", &v), 0);
+  ck_assert_int_eq(size_parse("", &v), -EINVAL);
+  ck_assert_int_eq(size_parse("G", &v), -EINVAL);
+  ck_assert_int_eq(size_parse("12X", &v), -EINVAL);
+  ck_assert_int_eq(size_parse("-1", &v), -EINVAL);
+  ck_assert_int_eq(size_parse("1.5", &v), -EINVAL);
+  ck_assert_int_eq(size_parse("99999999999999999999", &v), -ERANGE);
+  ck_assert_int_eq(size_parse("20000000000T", &v), -ERANGE);
+  char buf[32];
+  ck_assert_str_eq(size_format(3ull << 29, buf, sizeof buf), "1.50 GiB");
+  ck_assert_str_eq(size_format(512, buf, sizeof buf), "512 B");
+  ck_assert_uint_eq(size_round_up(1, 2 << 20), 2 << 20);
+  ck_assert_uint_eq(size_round_up(UINT64_MAX - 5, 2 << 20), 0);
+}
+END_TEST
+
+START_TEST(idmap_survives_many_puts_and_deletes) {
+  idmap *m = idmap_create();
+  for (uint64_t i = 1; i <= 100000; i++) ck_assert_int_eq(idmap_put(m, i, (void *)(uintptr_t)i), 0);
+  for (uint64_t i = 1; i <= 100000; i += 2) idmap_del(m, i);
+  ck_assert_uint_eq(idmap_count(m), 50000);
+  for (uint64_t i = 1; i <= 100000; i++)
+    ck_assert_ptr_eq(idmap_get(m, i), i % 2 ? NULL : (void *)(uintptr_t)i);
+  idmap_destroy(m);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("wire");
+  TCase *tc = tcase_create("wire");
+  tcase_add_checked_fixture(tc, harness_fd_setup, harness_fd_teardown);
+  tcase_set_timeout(tc, 20);
+  tcase_add_test(tc, tags_are_short_names_of_a_safe_charset);
+  tcase_add_test(tc, alloc_requests_are_checked);
+  tcase_add_test(tc, pause_needs_valid_tags);
+  tcase_add_test(tc, clients_send_requests_without_fds);
+  tcase_add_test(tc, hello_needs_a_known_role);
+  tcase_add_test(tc, replies_bring_the_fds_they_declare);
+  tcase_add_test(tc, garbage_does_not_parse_or_is_refused);
+  tcase_add_test(tc, envelopes_round_trip);
+  tcase_add_test(tc, sizes_parse_with_binary_suffixes);
+  tcase_add_test(tc, idmap_survives_many_puts_and_deletes);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,13 @@
+#!/bin/sh
+# Run each Check suite; every test forks and has a timeout. Fails if any does.
+set -u
+status=0
+for t in "$@"; do
+  name=$(basename "$t")
+  if ! "$t"; then
+    echo "FAIL: $name"
+    status=1
+  fi
+done
+[ $status -eq 0 ] && echo "all suites passed"
+exit $status
