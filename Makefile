@@ -32,12 +32,13 @@ DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 
 BINS := $(O)/bin/gpumemd $(O)/bin/gpumemctl $(O)/bin/gpumem-worker
+EXAMPLES := $(O)/examples/worker
 LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc
 TESTS := $(patsubst tests/%.c,$(O)/tests/%,$(wildcard tests/check_*.c))
 BENCHES := $(patsubst bench/%.c,$(O)/bench/%,$(wildcard bench/*.c))
 
 .PHONY: all deps check test test-asan demo bench install clean
-all: deps $(BINS) $(LIBS)
+all: deps $(BINS) $(LIBS) $(EXAMPLES)
 
 deps:
 	@./tools/install-deps.sh
@@ -92,6 +93,12 @@ $(O)/tests/%: tests/%.c tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(
 	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
 	  -L$(O)/lib -lgpumem $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
 	  -Wl,-rpath,'$(abspath $(O)/lib)' -lm
+
+# The README's example, built as a user would: public header and -lgpumem.
+$(O)/examples/%: examples/%.c $(O)/lib/libgpumem.so
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -o $@ $< -L$(O)/lib -lgpumem $(RPATH)
 
 $(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@mkdir -p $(@D)

@@ -15,6 +15,7 @@ struct config {
   const char *backend;
   unsigned host_devices;
   uint64_t host_device_size;
+  uint64_t host_granularity;
   uint64_t chunk_size;
   uint32_t ack_timeout_ms;
   enum timeout_policy timeout_policy;

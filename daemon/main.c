@@ -23,6 +23,7 @@ static void usage(FILE *out) {
           "  --backend NAME            auto, host (default auto)\n"
           "  --host-devices N          host backend: simulated devices (default 2)\n"
           "  --host-device-size SIZE   host backend: bytes per device (default 4G)\n"
+          "  --host-granularity SIZE   host backend: allocation granularity (default 2M)\n"
           "  --chunk-size SIZE         largest physical chunk (default 1G)\n"
           "  --ack-timeout DURATION    wait for workers' acks (default 10s; 500ms, 2s)\n"
           "  --timeout-policy P        report (default) or kill workers that miss it\n"
@@ -91,6 +92,7 @@ int main(int argc, char **argv) {
       {"backend", required_argument, 0, 'b'},
       {"host-devices", required_argument, 0, 'n'},
       {"host-device-size", required_argument, 0, 'z'},
+      {"host-granularity", required_argument, 0, 'G'},
       {"chunk-size", required_argument, 0, 'c'},
       {"ack-timeout", required_argument, 0, 't'},
       {"timeout-policy", required_argument, 0, 'p'},
@@ -116,6 +118,9 @@ int main(int argc, char **argv) {
       break;
     case 'z':
       if (size_parse(optarg, &cfg.host_device_size)) return die_usage(name, optarg);
+      break;
+    case 'G':
+      if (size_parse(optarg, &cfg.host_granularity)) return die_usage(name, optarg);
       break;
     case 'c':
       if (size_parse(optarg, &cfg.chunk_size) || cfg.chunk_size == 0 ||
@@ -176,7 +181,8 @@ int main(int argc, char **argv) {
   char err[256] = "";
   struct gpu_options gopt = {.backend = cfg.backend,
                              .host_devices = cfg.host_devices,
-                             .host_device_size = cfg.host_device_size};
+                             .host_device_size = cfg.host_device_size,
+                             .host_granularity = cfg.host_granularity};
   gpu *g;
   if (gpu_open(&gopt, &g, err, sizeof err) < 0) {
     log_error("backend %s: %s", cfg.backend, err);

@@ -21,6 +21,7 @@ struct gpu_options {
   bool client;               /* client side only: no devices are probed */
   unsigned host_devices;     /* host backend: simulated devices */
   uint64_t host_device_size; /* host backend: bytes per device */
+  uint64_t host_granularity; /* host backend: 0 for the default, 2 MiB */
 };
 
 /* Open a backend. On failure returns a negative errno and writes why. */

@@ -14,11 +14,12 @@
 
 #include "backend.h"
 
-#define HOST_GRANULARITY (2ull << 20)
+#define HOST_DEFAULT_GRANULARITY (2ull << 20)
 #define HOST_MAX_DEVICES 64
 
 struct host {
   unsigned ndev;
+  uint64_t granularity;
   uint64_t capacity;
   uint64_t committed[HOST_MAX_DEVICES];
 };
@@ -33,12 +34,19 @@ static int host_open(const struct gpu_options *opt, void **state, char *err,
       free(h);
       return -EINVAL;
     }
-    if (opt->host_device_size < HOST_GRANULARITY ||
-        opt->host_device_size % HOST_GRANULARITY) {
-      snprintf(err, errlen, "host device size must be a multiple of 2 MiB");
+    uint64_t gran = opt->host_granularity ? opt->host_granularity : HOST_DEFAULT_GRANULARITY;
+    if (gran < (uint64_t)sysconf(_SC_PAGESIZE) || (gran & (gran - 1))) {
+      snprintf(err, errlen, "host granularity must be a power of two of at least a page");
       free(h);
       return -EINVAL;
     }
+    if (opt->host_device_size < gran || opt->host_device_size % gran) {
+      snprintf(err, errlen, "host device size must be a multiple of the granularity (%llu)",
+               (unsigned long long)gran);
+      free(h);
+      return -EINVAL;
+    }
+    h->granularity = gran;
     h->ndev = opt->host_devices;
     h->capacity = opt->host_device_size;
   }
@@ -52,10 +60,7 @@ static unsigned host_device_count(void *state) {
   return ((struct host *)state)->ndev;
 }
 
-static uint64_t host_granularity(void *state) {
-  (void)state;
-  return HOST_GRANULARITY;
-}
+static uint64_t host_granularity(void *state) { return ((struct host *)state)->granularity; }
 
 static int host_mem_info(void *state, unsigned dev, uint64_t *free_bytes,
                          uint64_t *total) {

@@ -1,0 +1,63 @@
+/* Control-plane latency: an alloc+free round trip through gpumemd against
+ * a raw Unix-socket ping-pong between two processes, in the same run. */
+#include "bench.h"
+#include "gpumem.h"
+
+#define N 20000
+
+/* Two processes bounce a 64-byte message; returns samples in ns. */
+static void pingpong(uint64_t *samples) {
+  int sv[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+  pid_t child = fork();
+  char msg[64] = {0};
+  if (child == 0) {
+    close(sv[0]);
+    while (read(sv[1], msg, sizeof msg) == (ssize_t)sizeof msg)
+      if (write(sv[1], msg, sizeof msg) != (ssize_t)sizeof msg) break;
+    _exit(0);
+  }
+  close(sv[1]);
+  for (int i = 0; i < N; i++) {
+    uint64_t t0 = bench_ns();
+    if (write(sv[0], msg, sizeof msg) != (ssize_t)sizeof msg ||
+        read(sv[0], msg, sizeof msg) != (ssize_t)sizeof msg)
+      exit(1);
+    samples[i] = bench_ns() - t0;
+  }
+  close(sv[0]);
+  waitpid(child, NULL, 0);
+}
+
+int main(int argc, char **argv) {
+  const char *bin = argc > 1 ? argv[1] : "build/bin";
+  char sock[] = "/tmp/gpumemd-bench-rtt.sock";
+  static uint64_t raw[N], full[N];
+  pingpong(raw);
+  /* Page granularity: this measures the control plane, not the kernel
+   * zeroing 2 MiB of pages for every allocation. */
+  const char *extra[] = {"--host-devices", "1", "--host-device-size", "1G",
+                         "--host-granularity", "4K", NULL};
+  pid_t d = bench_daemon(bin, sock, extra);
+  gpumem_client *c;
+  if (gpumem_connect(sock, "bench", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD, &c) < 0) {
+    fprintf(stderr, "bench: %s\n", gpumem_last_error());
+    return 1;
+  }
+  for (int i = 0; i < N; i++) {
+    gpumem_buffer *b;
+    uint64_t t0 = bench_ns();
+    if (gpumem_alloc(c, "bench", 0, 4096, 0, &b) < 0 || gpumem_free(c, b) < 0) {
+      fprintf(stderr, "bench: %s\n", gpumem_last_error());
+      return 1;
+    }
+    full[i] = bench_ns() - t0;
+  }
+  gpumem_disconnect(c);
+  bench_daemon_stop(d);
+  double r50 = bench_percentile(raw, N, 50) / 1000, r99 = bench_percentile(raw, N, 99) / 1000;
+  double f50 = bench_percentile(full, N, 50) / 1000, f99 = bench_percentile(full, N, 99) / 1000;
+  bench_report("alloc+free round trip p50 (vs ping-pong)", f50, "us", r50);
+  bench_report("alloc+free round trip p99 (vs ping-pong)", f99, "us", r99);
+  return 0;
+}
