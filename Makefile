@@ -20,9 +20,27 @@ PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 
+# Vendor backends build where their headers are; their runtimes are loaded
+# with dlopen, so no binary needs them.
+CUDA_HOME ?= $(firstword $(wildcard /usr/local/cuda))
+HIP_HEADER := $(wildcard /usr/include/hip/hip_runtime_api.h $(ROCM_PATH)/include/hip/hip_runtime_api.h)
+GPU_SRC := gpu/gpu.c gpu/host.c
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
+GPU_SRC += gpu/cuda.c
+CFLAGS += -DHAVE_CUDA
+$(O)/obj/gpu/cuda.o: CFLAGS += -isystem $(CUDA_HOME)/include
+endif
+ifneq ($(HIP_HEADER),)
+GPU_SRC += gpu/hip.c
+CFLAGS += -DHAVE_HIP
+$(O)/obj/gpu/hip.o: CFLAGS += -isystem $(dir $(firstword $(HIP_HEADER))).. -Wno-strict-prototypes
+endif
+ifneq ($(filter gpu/cuda.c gpu/hip.c,$(GPU_SRC)),)
+GPU_SRC += gpu/vmm.c
+endif
+
 GEN := $(O)/gen/proto/gpumemd.pb-c.c
-COMMON_SRC := common/frame.c common/idmap.c common/log.c common/size.c common/wire.c \
-              gpu/gpu.c gpu/host.c
+COMMON_SRC := common/frame.c common/idmap.c common/log.c common/size.c common/wire.c $(GPU_SRC)
 DAEMON_SRC := $(wildcard daemon/*.c)
 CLIENT_SRC := $(wildcard client/*.c)
 
@@ -65,14 +83,14 @@ $(O)/lib/libcommon.a: $(COMMON_OBJ)
 $(O)/bin/gpumemd: $(DAEMON_OBJ) $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
-	@$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
+	@$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -ldl -lm
 
 # The client library exports only what include/gpumem.h declares.
 $(O)/lib/libgpumem.so: $(CLIENT_OBJ) $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpumem.so.1 -Wl,--exclude-libs,ALL \
-	  -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -lpthread -lm
+	  -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -lpthread -ldl -lm
 	@ln -sf libgpumem.so $(O)/lib/libgpumem.so.1
 
 $(O)/lib/gpumem.pc: client/gpumem.pc.in
@@ -84,7 +102,7 @@ $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
-	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -lm
+	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -ldl -lm
 
 $(O)/tests/%: tests/%.c tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(O)/lib/libcommon.a $(DAEMON_OBJ)
 	@mkdir -p $(@D)
@@ -104,7 +122,7 @@ $(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem \
-	  $(O)/lib/libcommon.a $(PKG_LIBS) -Wl,-rpath,'$(abspath $(O)/lib)' -lm
+	  $(O)/lib/libcommon.a $(PKG_LIBS) -Wl,-rpath,'$(abspath $(O)/lib)' -ldl -lm
 
 # Run the suites against binaries in $(O).
 test: all $(TESTS)

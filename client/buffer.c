@@ -17,14 +17,15 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
   for (; i < b->nchunks; off += b->chunk_sizes[i++]) {
     int fd = fds[i];
     fds[i] = -1;
-    if ((rc = gpu_import(c->gpu, fd, b->chunk_sizes[i], &b->handles[i])) < 0) break;
-    if ((rc = gpu_map(c->gpu, (char *)b->va + off, b->chunk_sizes[i], b->handles[i])) < 0) {
-      gpu_release(c->gpu, b->handles[i]);
+    if ((rc = gpu_import(c->gpu, b->local, fd, b->chunk_sizes[i], &b->handles[i])) < 0) break;
+    if ((rc = gpu_map(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i], b->handles[i])) <
+        0) {
+      gpu_release(c->gpu, b->local, b->handles[i]);
       break;
     }
     mapped++;
   }
-  if (rc == 0) rc = gpu_set_access(c->gpu, b->va, b->size, b->device);
+  if (rc == 0) rc = gpu_set_access(c->gpu, b->local, b->va, b->size);
   if (rc == 0) {
     b->mapped = true;
     return 0;
@@ -32,8 +33,8 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
   /* fds not consumed stay in the caller's frame, which closes them. */
   off = 0;
   for (size_t j = 0; j < mapped; off += b->chunk_sizes[j++]) {
-    gpu_unmap(c->gpu, (char *)b->va + off, b->chunk_sizes[j]);
-    gpu_release(c->gpu, b->handles[j]);
+    gpu_unmap(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[j]);
+    gpu_release(c->gpu, b->local, b->handles[j]);
   }
   return client_fail(GPUMEM_E_MAP, "mapping buffer %llu: %s", (unsigned long long)b->id,
                      gpu_error());
@@ -42,11 +43,11 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
 /* Unmap each chunk's mapping separately (one unmap across several breaks
  * address-range release on ROCm) and release the imported handles. */
 void client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
-  if (!b->mapped) return;
+  if (!b->mapped || b->ipc) return;
   uint64_t off = 0;
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
-    gpu_unmap(c->gpu, (char *)b->va + off, b->chunk_sizes[i]);
-    gpu_release(c->gpu, b->handles[i]);
+    gpu_unmap(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i]);
+    gpu_release(c->gpu, b->local, b->handles[i]);
   }
   b->mapped = false;
 }
@@ -62,8 +63,12 @@ void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b) {
   pthread_mutex_lock(&c->mu);
   idmap_del(c->buffers, b->id);
   pthread_mutex_unlock(&c->mu);
-  client_buffer_unmap(c, b);
-  gpu_va_free(c->gpu, b->va, b->size);
+  if (b->ipc)
+    gpu_ipc_close(c->gpu, b->local, b->va);
+  else {
+    client_buffer_unmap(c, b);
+    gpu_va_free(c->gpu, b->local, b->va, b->size);
+  }
   buffer_free_struct(b);
 }
 
@@ -85,9 +90,15 @@ int gpumem_alloc(gpumem_client *c, const char *tag, unsigned device, uint64_t si
   if (!tag || !wire_tag_valid(tag))
     return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
+  unsigned index = 0;
+  while (index < c->ndevices && index < WIRE_MAX_DEVICES && c->local_of[index] != (int)device)
+    index++;
+  if (index >= c->ndevices || index >= WIRE_MAX_DEVICES)
+    return client_fail(GPUMEM_E_INVALID, "device %u of this process is not one gpumemd manages",
+                       device);
   Gpumem__Wire__AllocRequest ar = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
   ar.tag = (char *)tag;
-  ar.device = device;
+  ar.device = index;
   ar.size = size;
   ar.flags = flags;
   wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
@@ -115,27 +126,34 @@ int gpumem_alloc(gpumem_client *c, const char *tag, unsigned device, uint64_t si
   }
   b->id = r->buffer_id;
   snprintf(b->tag, sizeof b->tag, "%s", tag);
-  b->device = device;
+  b->device = index;
+  b->local = device;
   b->size = r->size;
   b->flags = flags;
   b->nchunks = r->n_chunk_sizes;
   memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
-  if (gpu_va_reserve(c->gpu, b->size, &b->va) < 0) {
+  if (r->ipc_handle.len) {
+    b->ipc = true;
+    if (gpu_ipc_open(c->gpu, b->local, r->ipc_handle.data, &b->va) < 0) {
+      rc = client_fail(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
+      goto fail;
+    }
+    b->mapped = true;
+  } else if (gpu_va_reserve(c->gpu, b->local, b->size, &b->va) < 0) {
     rc = client_fail(GPUMEM_E_MAP, "reserving %llu bytes: %s",
                      (unsigned long long)b->size, gpu_error());
     goto fail;
-  }
-  if (r->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE &&
-      (rc = map_chunks(c, b, reply.frame.fds)) < 0) {
-    gpu_va_free(c->gpu, b->va, b->size);
+  } else if (r->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE &&
+             (rc = map_chunks(c, b, reply.frame.fds)) < 0) {
+    gpu_va_free(c->gpu, b->local, b->va, b->size);
     goto fail;
   }
   pthread_mutex_lock(&c->mu);
   rc = idmap_put(c->buffers, b->id, b);
   pthread_mutex_unlock(&c->mu);
   if (rc < 0) {
-    client_buffer_unmap(c, b);
-    gpu_va_free(c->gpu, b->va, b->size);
+    client_buffer_destroy(c, b);
+    b = NULL;
     rc = client_fail(GPUMEM_E_NOMEM, "out of memory");
     goto fail;
   }
@@ -189,7 +207,7 @@ static void ack(gpumem_client *c, uint64_t event_id, int failed, const char *wor
 static void sync_devices(gpumem_client *c, gpumem_buffer *const *bufs, size_t n) {
   uint64_t done = 0;
   for (size_t i = 0; i < n; i++) {
-    unsigned d = bufs[i]->device;
+    unsigned d = bufs[i]->local;
     if (d < 64 && (done & (1ull << d))) continue;
     if (d < 64) done |= 1ull << d;
     gpu_sync(c->gpu, d);
@@ -262,11 +280,55 @@ void gpumem_set_hooks(gpumem_client *c, gpumem_hook pre_unmap, gpumem_hook post_
   pthread_mutex_unlock(&c->mu);
 }
 
+/* Check that [off, off+len) is inside a mapped buffer. */
+static int check_range(const gpumem_buffer *b, uint64_t off, uint64_t len) {
+  if (off > b->size || len > b->size - off)
+    return client_fail(GPUMEM_E_INVALID, "range %llu+%llu outside a %llu-byte buffer",
+                       (unsigned long long)off, (unsigned long long)len,
+                       (unsigned long long)b->size);
+  if (!b->mapped) return client_fail(GPUMEM_E_WRONG_STATE, "buffer %llu is paused",
+                                     (unsigned long long)b->id);
+  return 0;
+}
+
+/* Copy from a buffer to host memory with the device's copy engine. */
+int gpumem_buffer_read(gpumem_client *c, gpumem_buffer *b, uint64_t off, void *dst, uint64_t len) {
+  int rc = check_range(b, off, len);
+  if (rc == 0 && gpu_copy_from(c->gpu, b->local, dst, (char *)b->va + off, len) < 0)
+    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+  return rc;
+}
+
+/* Copy host memory into a buffer. */
+int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64_t off, const void *src,
+                        uint64_t len) {
+  int rc = check_range(b, off, len);
+  if (rc == 0 && gpu_copy_to(c->gpu, b->local, (char *)b->va + off, src, len) < 0)
+    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+  return rc;
+}
+
+/* Fill part of a buffer with a 32-bit value on the device. */
+int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t len,
+                         uint32_t value) {
+  if (off % 4 || len % 4) return client_fail(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
+  int rc = check_range(b, off, len);
+  if (rc == 0 && gpu_fill32(c->gpu, b->local, (char *)b->va + off, len, value) < 0)
+    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+  return rc;
+}
+
+/* Wait until a device has finished its work. */
+int gpumem_sync(gpumem_client *c, unsigned device) {
+  if (gpu_sync(c->gpu, device) < 0) return client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+  return 0;
+}
+
 /* Accessors. */
 void *gpumem_buffer_ptr(const gpumem_buffer *b) { return b->va; }
 uint64_t gpumem_buffer_size(const gpumem_buffer *b) { return b->size; }
 const char *gpumem_buffer_tag(const gpumem_buffer *b) { return b->tag; }
-unsigned gpumem_buffer_device(const gpumem_buffer *b) { return b->device; }
+unsigned gpumem_buffer_device(const gpumem_buffer *b) { return b->local; }
 uint64_t gpumem_buffer_id(const gpumem_buffer *b) { return b->id; }
 unsigned gpumem_buffer_flags(const gpumem_buffer *b) { return b->flags; }
 int gpumem_buffer_mapped(const gpumem_buffer *b) { return b->mapped; }

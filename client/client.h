@@ -14,7 +14,9 @@
 struct gpumem_buffer {
   uint64_t id;
   char tag[WIRE_TAG_MAX + 1];
-  unsigned device;
+  unsigned device; /* the daemon's device index */
+  unsigned local;  /* the same device in this process's numbering */
+  bool ipc;        /* legacy IPC memory: opened, never paused */
   uint64_t size;
   unsigned flags;
   void *va;
@@ -39,6 +41,7 @@ struct gpumem_client {
   char backend[32];
   uint64_t granularity;
   unsigned ndevices;
+  int local_of[WIRE_MAX_DEVICES]; /* daemon device -> ours, -1 if not visible */
   bool threaded;
   pthread_t thread;
   pthread_mutex_t mu; /* everything below */

@@ -225,6 +225,10 @@ static int greet(gpumem_client *c, const char *name, int role) {
     char err[256] = "";
     if (gpu_open(&opt, &c->gpu, err, sizeof err) < 0)
       rc = client_fail(GPUMEM_E_BACKEND, "backend %s: %s", c->backend, err);
+    /* Device numbers differ between processes (CUDA_VISIBLE_DEVICES): the
+     * bus id says which of ours each of the daemon's devices is. */
+    for (size_t i = 0; rc == 0 && i < r->n_devices && i < WIRE_MAX_DEVICES; i++)
+      c->local_of[i] = gpu_device_by_bus_id(c->gpu, r->devices[i]->bus_id);
   }
   client_reply_free(&reply);
   return rc;

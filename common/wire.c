@@ -154,7 +154,9 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
     }
     if (sum != a->size || a->size == 0)
       return refuse(bad, why, whylen, "chunks do not add up to the size");
-    if (a->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE)
+    if (a->ipc_handle.len != 0 && a->ipc_handle.len != 64)
+      return refuse(bad, why, whylen, "IPC handle of %zu bytes", a->ipc_handle.len);
+    if (a->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE && a->ipc_handle.len == 0)
       chunks = a->n_chunk_sizes;
     break;
   }

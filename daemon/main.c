@@ -20,7 +20,7 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: gpumemd [options]\n"
           "  --socket PATH             socket to serve (default $GPUMEM_SOCKET or %s)\n"
-          "  --backend NAME            auto, host (default auto)\n"
+          "  --backend NAME            auto, cuda, hip, host (default auto: the GPU present)\n"
           "  --host-devices N          host backend: simulated devices (default 2)\n"
           "  --host-device-size SIZE   host backend: bytes per device (default 4G)\n"
           "  --host-granularity SIZE   host backend: allocation granularity (default 2M)\n"
@@ -70,6 +70,36 @@ static void raise_fd_limit(void) {
     rl.rlim_cur = rl.rlim_max;
     setrlimit(RLIMIT_NOFILE, &rl);
   }
+}
+
+/* Open the configured backend; "auto" takes the vendor whose GPU is
+ * present, else host, and says why. */
+static int open_backend(struct config *cfg, gpu **g) {
+  struct gpu_options o = {.backend = cfg->backend,
+                          .host_devices = cfg->host_devices,
+                          .host_device_size = cfg->host_device_size,
+                          .host_granularity = cfg->host_granularity};
+  char err[256] = "", why[600] = "";
+  if (strcmp(cfg->backend, "auto") == 0) {
+    static const char *const vendors[] = {"cuda", "hip"};
+    for (size_t i = 0; i < 2; i++) {
+      o.backend = vendors[i];
+      if (gpu_open(&o, g, err, sizeof err) == 0) {
+        cfg->backend = vendors[i];
+        log_info("backend auto: %s (%u devices)", vendors[i], gpu_device_count(*g));
+        return 0;
+      }
+      size_t len = strlen(why);
+      snprintf(why + len, sizeof why - len, "%s%s: %s", len ? "; " : "", vendors[i], err);
+    }
+    cfg->backend = o.backend = "host";
+    log_info("backend auto: host (%s)", why);
+  }
+  if (gpu_open(&o, g, err, sizeof err) < 0) {
+    log_error("backend %s: %s", cfg->backend, err);
+    return -1;
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -172,22 +202,11 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (strcmp(cfg.backend, "auto") == 0) {
-    cfg.backend = "host";
-    log_info("backend auto: no GPU backend built in, using host");
-  }
   signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
-  char err[256] = "";
-  struct gpu_options gopt = {.backend = cfg.backend,
-                             .host_devices = cfg.host_devices,
-                             .host_device_size = cfg.host_device_size,
-                             .host_granularity = cfg.host_granularity};
   gpu *g;
-  if (gpu_open(&gopt, &g, err, sizeof err) < 0) {
-    log_error("backend %s: %s", cfg.backend, err);
-    return 1;
-  }
+  if (open_backend(&cfg, &g) < 0) return 1;
+  char err[256] = "";
   uint64_t gran = gpu_granularity(g);
   if (cfg.chunk_size < gran) cfg.chunk_size = gran;
   uv_loop_t loop;

@@ -76,7 +76,8 @@ struct list *registry_tags(registry *r) { return &r->tags; }
 /* Create every chunk or none. */
 wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f) {
   for (size_t i = 0; i < b->nchunks; i++) {
-    int rc = gpu_chunk_create(r->gpu, b->device, b->chunk_sizes[i], &b->handles[i]);
+    int rc = b->ipc ? gpu_ipc_alloc(r->gpu, b->device, b->size, &b->handles[0], b->ipc_handle)
+                    : gpu_chunk_create(r->gpu, b->device, b->chunk_sizes[i], &b->handles[i]);
     if (rc < 0) {
       while (i-- > 0)
         gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
@@ -100,8 +101,11 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
 /* Release a buffer's physical memory. */
 void registry_memory_release(registry *r, struct buffer *b) {
   if (!b->has_memory) return;
-  for (size_t i = 0; i < b->nchunks; i++)
-    gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
+  if (b->ipc)
+    gpu_ipc_free(r->gpu, b->device, b->handles[0], b->size);
+  else
+    for (size_t i = 0; i < b->nchunks; i++)
+      gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
   b->has_memory = false;
   r->managed[b->device] -= b->size;
 }
@@ -114,7 +118,7 @@ wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
                      (unsigned long long)b->size);
   uint64_t off = 0;
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
-    if (gpu_chunk_read(r->gpu, b->handles[i], 0, (char *)b->backup + off,
+    if (gpu_chunk_read(r->gpu, b->device, b->handles[i], (char *)b->backup + off,
                        b->chunk_sizes[i]) < 0) {
       free(b->backup);
       b->backup = NULL;
@@ -139,7 +143,7 @@ wire_code registry_restore(registry *r, struct buffer *b, struct fault *f) {
   if (!b->backup) return GPUMEM__WIRE__ERROR_CODE__OK;
   uint64_t off = 0;
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++])
-    if (gpu_chunk_write(r->gpu, b->handles[i], 0, (char *)b->backup + off,
+    if (gpu_chunk_write(r->gpu, b->device, b->handles[i], (char *)b->backup + off,
                         b->chunk_sizes[i]) < 0)
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
                        "restore of buffer %llu: %s", (unsigned long long)b->id,
@@ -163,7 +167,10 @@ static wire_code plan_chunks(registry *r, struct buffer *b, uint64_t size,
                      "size %llu is larger than device %u (%llu bytes)",
                      (unsigned long long)size, b->device,
                      (unsigned long long)total);
-  uint64_t n = (rounded + r->chunk_size - 1) / r->chunk_size;
+  /* Legacy IPC memory is one plain allocation; on the host backend it is
+   * shared memory like any other and simply never pauses. */
+  b->ipc = (b->flags & BUF_FLAG_IPC_LEGACY) && gpu_has_ipc(r->gpu);
+  uint64_t n = b->ipc ? 1 : (rounded + r->chunk_size - 1) / r->chunk_size;
   if (n > FRAME_MAX_FDS)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "size %llu needs %llu chunks, at most %d: raise --chunk-size",
@@ -175,7 +182,7 @@ static wire_code plan_chunks(registry *r, struct buffer *b, uint64_t size,
   if (!b->chunk_sizes || !b->handles)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   for (uint64_t i = 0, left = rounded; i < n; i++, left -= r->chunk_size)
-    b->chunk_sizes[i] = left < r->chunk_size ? left : r->chunk_size;
+    b->chunk_sizes[i] = left < r->chunk_size || b->ipc ? left : r->chunk_size;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
@@ -254,8 +261,9 @@ uint64_t registry_backup_bytes(const registry *r) { return r->backup_bytes; }
 /* Number of buffers. */
 size_t registry_count(const registry *r) { return idmap_count(r->buffers); }
 
-/* Export every chunk of a buffer as fds. */
+/* Export every chunk of a buffer as fds (none for legacy IPC memory). */
 wire_code registry_export(registry *r, struct buffer *b, int *fds, struct fault *f) {
+  if (b->ipc) return GPUMEM__WIRE__ERROR_CODE__OK;
   for (size_t i = 0; i < b->nchunks; i++) {
     if (gpu_chunk_export(r->gpu, b->handles[i], &fds[i]) < 0) {
       while (i-- > 0) close(fds[i]);

@@ -47,6 +47,8 @@ struct buffer {
   uint64_t *chunk_sizes;
   uint64_t *handles;
   bool has_memory;
+  bool ipc;      /* legacy IPC memory (handles[0] is its device pointer) */
+  uint8_t ipc_handle[GPU_IPC_HANDLE_SIZE];
   void *backup; /* host copy of the contents while paused (BACKUP) */
   struct list tag_link, owner_link;
 };

@@ -2,11 +2,14 @@
 
 #include <stdlib.h>
 
+#define REPORT_BUS_ID_LEN 32
+
 /* Fill info for every device. */
 Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n) {
   unsigned ndev = gpu_device_count(g);
   Gpumem__Wire__DeviceInfo **v = calloc(ndev + 1, sizeof *v);
-  Gpumem__Wire__DeviceInfo *d = calloc(ndev + 1, sizeof *d);
+  /* One block: the infos, then a bus id string for each. */
+  Gpumem__Wire__DeviceInfo *d = calloc(ndev + 1, sizeof *d + REPORT_BUS_ID_LEN);
   *n = 0;
   if (!v || !d) {
     free(v);
@@ -19,6 +22,9 @@ Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n) {
     d[i].index = i;
     gpu_mem_info(g, i, &d[i].free, &d[i].total);
     d[i].managed = registry_managed(reg, i);
+    char *bus = (char *)(d + ndev + 1) + (size_t)i * REPORT_BUS_ID_LEN;
+    if (gpu_bus_id(g, i, bus, REPORT_BUS_ID_LEN) < 0) bus[0] = '\0';
+    d[i].bus_id = bus;
     v[i] = &d[i];
   }
   *n = ndev;

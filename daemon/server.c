@@ -240,7 +240,7 @@ static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
       session_send_error(s, env->id, &f);
       return;
     }
-    nfds = b->nchunks;
+    nfds = b->ipc ? 0 : b->nchunks;
   }
   s->nbuffers++;
   Gpumem__Wire__AllocReply r = GPUMEM__WIRE__ALLOC_REPLY__INIT;
@@ -249,6 +249,10 @@ static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
   r.state = b->state;
   r.chunk_sizes = b->chunk_sizes;
   r.n_chunk_sizes = b->nchunks;
+  if (b->ipc) {
+    r.ipc_handle.data = b->ipc_handle;
+    r.ipc_handle.len = sizeof b->ipc_handle;
+  }
   wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
   out.id = env->id;
   out.fd_count = (uint32_t)nfds;

@@ -6,8 +6,9 @@
 
 struct gpu_ops {
   const char *name;
-  int (*open)(const struct gpu_options *opt, void **state, char *err,
-              size_t errlen);
+  const void *impl; /* what open needs beyond the options (vendor table) */
+  int (*open)(const struct gpu_ops *self, const struct gpu_options *opt,
+              void **state, char *err, size_t errlen);
   void (*close)(void *state);
   unsigned (*device_count)(void *state);
   uint64_t (*granularity)(void *state);
@@ -18,21 +19,31 @@ struct gpu_ops {
   int (*chunk_export)(void *state, uint64_t handle, int *fd);
   void (*chunk_release)(void *state, unsigned dev, uint64_t handle,
                         uint64_t size);
-  int (*chunk_read)(void *state, uint64_t handle, uint64_t off, void *dst,
-                    size_t len);
-  int (*chunk_write)(void *state, uint64_t handle, uint64_t off,
-                     const void *src, size_t len);
-  int (*va_reserve)(void *state, uint64_t size, void **va);
-  void (*va_free)(void *state, void *va, uint64_t size);
-  int (*import)(void *state, int fd, uint64_t size, uint64_t *handle);
-  int (*map)(void *state, void *va, uint64_t size, uint64_t handle);
-  int (*set_access)(void *state, void *va, uint64_t size, unsigned dev);
-  int (*unmap)(void *state, void *va, uint64_t size);
-  void (*release)(void *state, uint64_t handle);
+  int (*chunk_read)(void *state, unsigned dev, uint64_t handle, void *dst, size_t len);
+  int (*chunk_write)(void *state, unsigned dev, uint64_t handle, const void *src, size_t len);
+  int (*bus_id)(void *state, unsigned dev, char *buf, size_t len);
+  int (*device_by_bus_id)(void *state, const char *bus_id);
+  int (*va_reserve)(void *state, unsigned dev, uint64_t size, void **va);
+  void (*va_free)(void *state, unsigned dev, void *va, uint64_t size);
+  int (*import)(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle);
+  int (*map)(void *state, unsigned dev, void *va, uint64_t size, uint64_t handle);
+  int (*set_access)(void *state, unsigned dev, void *va, uint64_t size);
+  int (*unmap)(void *state, unsigned dev, void *va, uint64_t size);
+  void (*release)(void *state, unsigned dev, uint64_t handle);
   int (*sync)(void *state, unsigned dev);
+  int (*copy_from)(void *state, unsigned dev, void *dst, const void *va, uint64_t len);
+  int (*copy_to)(void *state, unsigned dev, void *va, const void *src, uint64_t len);
+  int (*fill32)(void *state, unsigned dev, void *va, uint64_t len, uint32_t value);
+  /* Legacy IPC; NULL where the backend has none. */
+  int (*ipc_alloc)(void *state, unsigned dev, uint64_t size, uint64_t *dptr, uint8_t *handle);
+  void (*ipc_free)(void *state, unsigned dev, uint64_t dptr, uint64_t size);
+  int (*ipc_open)(void *state, unsigned dev, const uint8_t *handle, void **va);
+  void (*ipc_close)(void *state, unsigned dev, void *va);
 };
 
 extern const struct gpu_ops gpu_host_ops;
+extern const struct gpu_ops gpu_cuda_ops; /* where built (HAVE_CUDA) */
+extern const struct gpu_ops gpu_hip_ops;  /* where built (HAVE_HIP) */
 
 /* Record what went wrong on this thread (for gpu_error) and return err. */
 int gpu_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -13,7 +13,15 @@ struct gpu {
   void *state;
 };
 
-static const struct gpu_ops *const backends[] = {&gpu_host_ops};
+static const struct gpu_ops *const backends[] = {
+    &gpu_host_ops,
+#ifdef HAVE_CUDA
+    &gpu_cuda_ops,
+#endif
+#ifdef HAVE_HIP
+    &gpu_hip_ops,
+#endif
+};
 
 static _Thread_local char last_error[256];
 
@@ -41,7 +49,7 @@ int gpu_open(const struct gpu_options *opt, gpu **out, char *err, size_t errlen)
   gpu *g = calloc(1, sizeof *g);
   if (!g) return -ENOMEM;
   g->ops = ops;
-  int rc = ops->open(opt, &g->state, err, errlen);
+  int rc = ops->open(ops, opt, &g->state, err, errlen);
   if (rc < 0) {
     free(g);
     return rc;
@@ -87,44 +95,98 @@ void gpu_chunk_release(gpu *g, unsigned dev, uint64_t handle, uint64_t size) {
 }
 
 /* Copy a chunk's bytes to host memory. */
-int gpu_chunk_read(gpu *g, uint64_t handle, uint64_t off, void *dst, size_t len) {
-  return g->ops->chunk_read(g->state, handle, off, dst, len);
+int gpu_chunk_read(gpu *g, unsigned dev, uint64_t handle, void *dst, size_t len) {
+  return g->ops->chunk_read(g->state, dev, handle, dst, len);
 }
 
 /* Copy host memory into a chunk. */
-int gpu_chunk_write(gpu *g, uint64_t handle, uint64_t off, const void *src,
-                    size_t len) {
-  return g->ops->chunk_write(g->state, handle, off, src, len);
+int gpu_chunk_write(gpu *g, unsigned dev, uint64_t handle, const void *src, size_t len) {
+  return g->ops->chunk_write(g->state, dev, handle, src, len);
+}
+
+/* The device's PCI bus id. */
+int gpu_bus_id(gpu *g, unsigned dev, char *buf, size_t len) {
+  return g->ops->bus_id(g->state, dev, buf, len);
+}
+
+/* This process's device number for a PCI bus id. */
+int gpu_device_by_bus_id(gpu *g, const char *bus_id) {
+  return g->ops->device_by_bus_id(g->state, bus_id);
 }
 
 /* Reserve an address range. */
-int gpu_va_reserve(gpu *g, uint64_t size, void **va) {
-  return g->ops->va_reserve(g->state, size, va);
+int gpu_va_reserve(gpu *g, unsigned dev, uint64_t size, void **va) {
+  return g->ops->va_reserve(g->state, dev, size, va);
 }
 
 /* Free an address range. */
-void gpu_va_free(gpu *g, void *va, uint64_t size) { g->ops->va_free(g->state, va, size); }
+void gpu_va_free(gpu *g, unsigned dev, void *va, uint64_t size) {
+  g->ops->va_free(g->state, dev, va, size);
+}
 
 /* Import an exported fd. */
-int gpu_import(gpu *g, int fd, uint64_t size, uint64_t *handle) {
-  return g->ops->import(g->state, fd, size, handle);
+int gpu_import(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
+  return g->ops->import(g->state, dev, fd, size, handle);
 }
 
 /* Map an imported handle. */
-int gpu_map(gpu *g, void *va, uint64_t size, uint64_t handle) {
-  return g->ops->map(g->state, va, size, handle);
+int gpu_map(gpu *g, unsigned dev, void *va, uint64_t size, uint64_t handle) {
+  return g->ops->map(g->state, dev, va, size, handle);
 }
 
 /* Allow access to a mapped range. */
-int gpu_set_access(gpu *g, void *va, uint64_t size, unsigned dev) {
-  return g->ops->set_access(g->state, va, size, dev);
+int gpu_set_access(gpu *g, unsigned dev, void *va, uint64_t size) {
+  return g->ops->set_access(g->state, dev, va, size);
 }
 
 /* Unmap one mapping. */
-int gpu_unmap(gpu *g, void *va, uint64_t size) { return g->ops->unmap(g->state, va, size); }
+int gpu_unmap(gpu *g, unsigned dev, void *va, uint64_t size) {
+  return g->ops->unmap(g->state, dev, va, size);
+}
 
 /* Release an imported handle. */
-void gpu_release(gpu *g, uint64_t handle) { g->ops->release(g->state, handle); }
+void gpu_release(gpu *g, unsigned dev, uint64_t handle) { g->ops->release(g->state, dev, handle); }
 
 /* Wait for a device. */
 int gpu_sync(gpu *g, unsigned dev) { return g->ops->sync(g->state, dev); }
+
+/* Copy device memory to the host. */
+int gpu_copy_from(gpu *g, unsigned dev, void *dst, const void *va, uint64_t len) {
+  return g->ops->copy_from(g->state, dev, dst, va, len);
+}
+
+/* Copy host memory to the device. */
+int gpu_copy_to(gpu *g, unsigned dev, void *va, const void *src, uint64_t len) {
+  return g->ops->copy_to(g->state, dev, va, src, len);
+}
+
+/* Fill device memory with a 32-bit value. */
+int gpu_fill32(gpu *g, unsigned dev, void *va, uint64_t len, uint32_t value) {
+  return g->ops->fill32(g->state, dev, va, len, value);
+}
+
+/* True if the backend has legacy IPC handles. */
+bool gpu_has_ipc(const gpu *g) { return g->ops->ipc_alloc != NULL; }
+
+/* Allocate plain device memory with an IPC handle. */
+int gpu_ipc_alloc(gpu *g, unsigned dev, uint64_t size, uint64_t *dptr,
+                  uint8_t handle[GPU_IPC_HANDLE_SIZE]) {
+  if (!g->ops->ipc_alloc) return gpu_fail(-ENOTSUP, "no legacy IPC on %s", g->ops->name);
+  return g->ops->ipc_alloc(g->state, dev, size, dptr, handle);
+}
+
+/* Free IPC memory. */
+void gpu_ipc_free(gpu *g, unsigned dev, uint64_t dptr, uint64_t size) {
+  if (g->ops->ipc_free) g->ops->ipc_free(g->state, dev, dptr, size);
+}
+
+/* Open an IPC handle. */
+int gpu_ipc_open(gpu *g, unsigned dev, const uint8_t handle[GPU_IPC_HANDLE_SIZE], void **va) {
+  if (!g->ops->ipc_open) return gpu_fail(-ENOTSUP, "no legacy IPC on %s", g->ops->name);
+  return g->ops->ipc_open(g->state, dev, handle, va);
+}
+
+/* Close an opened IPC handle. */
+void gpu_ipc_close(gpu *g, unsigned dev, void *va) {
+  if (g->ops->ipc_close) g->ops->ipc_close(g->state, dev, va);
+}

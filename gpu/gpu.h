@@ -51,36 +51,70 @@ int gpu_chunk_export(gpu *g, uint64_t handle, int *fd);
 /* Daemon side: release a chunk (memory returns once importers let go). */
 void gpu_chunk_release(gpu *g, unsigned dev, uint64_t handle, uint64_t size);
 
-/* Daemon side: copy len bytes at off of a chunk to host memory. */
-int gpu_chunk_read(gpu *g, uint64_t handle, uint64_t off, void *dst, size_t len);
+/* Daemon side: copy a whole chunk of len bytes on dev to host memory. */
+int gpu_chunk_read(gpu *g, unsigned dev, uint64_t handle, void *dst, size_t len);
 
-/* Daemon side: copy len bytes of host memory into a chunk at off. */
-int gpu_chunk_write(gpu *g, uint64_t handle, uint64_t off, const void *src,
-                    size_t len);
+/* Daemon side: copy len bytes of host memory into a whole chunk on dev. */
+int gpu_chunk_write(gpu *g, unsigned dev, uint64_t handle, const void *src, size_t len);
+
+/* Daemon side: the device's PCI bus id ("0000:17:00.0"), which names the
+ * same GPU in every process whatever its device numbering. */
+int gpu_bus_id(gpu *g, unsigned dev, char *buf, size_t len);
+
+/* Client side: this process's device number for a PCI bus id, or -ENODEV. */
+int gpu_device_by_bus_id(gpu *g, const char *bus_id);
 
 /* Client side: reserve an address range with no memory behind it. */
-int gpu_va_reserve(gpu *g, uint64_t size, void **va);
+int gpu_va_reserve(gpu *g, unsigned dev, uint64_t size, void **va);
 
 /* Client side: give back a reserved range (everything unmapped). */
-void gpu_va_free(gpu *g, void *va, uint64_t size);
+void gpu_va_free(gpu *g, unsigned dev, void *va, uint64_t size);
 
 /* Client side: import an exported fd; the fd is consumed either way. */
-int gpu_import(gpu *g, int fd, uint64_t size, uint64_t *handle);
+int gpu_import(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *handle);
 
 /* Client side: map an imported handle at va (no access yet). */
-int gpu_map(gpu *g, void *va, uint64_t size, uint64_t handle);
+int gpu_map(gpu *g, unsigned dev, void *va, uint64_t size, uint64_t handle);
 
 /* Client side: allow read/write access to a mapped range from dev. */
-int gpu_set_access(gpu *g, void *va, uint64_t size, unsigned dev);
+int gpu_set_access(gpu *g, unsigned dev, void *va, uint64_t size);
 
 /* Client side: unmap one mapping, keeping the address range reserved. */
-int gpu_unmap(gpu *g, void *va, uint64_t size);
+int gpu_unmap(gpu *g, unsigned dev, void *va, uint64_t size);
 
 /* Client side: release an imported handle. */
-void gpu_release(gpu *g, uint64_t handle);
+void gpu_release(gpu *g, unsigned dev, uint64_t handle);
 
 /* Client side: wait until the device finished work touching its memory. */
 int gpu_sync(gpu *g, unsigned dev);
+
+/* Client side: copy device memory at va to host memory. */
+int gpu_copy_from(gpu *g, unsigned dev, void *dst, const void *va, uint64_t len);
+
+/* Client side: copy host memory to device memory at va. */
+int gpu_copy_to(gpu *g, unsigned dev, void *va, const void *src, uint64_t len);
+
+/* Client side: set len bytes (a multiple of 4) at va to a 32-bit value. */
+int gpu_fill32(gpu *g, unsigned dev, void *va, uint64_t len, uint32_t value);
+
+/* Size of a legacy IPC handle in bytes. */
+#define GPU_IPC_HANDLE_SIZE 64
+
+/* True if the backend has legacy IPC handles (plain device memory). */
+bool gpu_has_ipc(const gpu *g);
+
+/* Daemon side: allocate plain device memory and its IPC handle. */
+int gpu_ipc_alloc(gpu *g, unsigned dev, uint64_t size, uint64_t *dptr,
+                  uint8_t handle[GPU_IPC_HANDLE_SIZE]);
+
+/* Daemon side: free memory from gpu_ipc_alloc. */
+void gpu_ipc_free(gpu *g, unsigned dev, uint64_t dptr, uint64_t size);
+
+/* Client side: open an IPC handle; *va is where the memory appears. */
+int gpu_ipc_open(gpu *g, unsigned dev, const uint8_t handle[GPU_IPC_HANDLE_SIZE], void **va);
+
+/* Client side: close memory opened with gpu_ipc_open. */
+void gpu_ipc_close(gpu *g, unsigned dev, void *va);
 
 /* What the backend last reported on this thread, in words. */
 const char *gpu_error(void);

@@ -24,8 +24,9 @@ struct host {
   uint64_t committed[HOST_MAX_DEVICES];
 };
 
-static int host_open(const struct gpu_options *opt, void **state, char *err,
-                     size_t errlen) {
+static int host_open(const struct gpu_ops *self, const struct gpu_options *opt, void **state,
+                     char *err, size_t errlen) {
+  (void)self;
   struct host *h = calloc(1, sizeof *h);
   if (!h) return -ENOMEM;
   if (!opt->client) {
@@ -110,9 +111,10 @@ static void host_chunk_release(void *state, unsigned dev, uint64_t handle,
   h->committed[dev] -= size;
 }
 
-static int host_chunk_read(void *state, uint64_t handle, uint64_t off,
-                           void *dst, size_t len) {
+static int host_chunk_read(void *state, unsigned dev, uint64_t handle, void *dst, size_t len) {
   (void)state;
+  (void)dev;
+  const uint64_t off = 0;
   for (size_t done = 0; done < len;) {
     ssize_t n = pread((int)handle, (char *)dst + done, len - done,
                       (off_t)(off + done));
@@ -123,9 +125,11 @@ static int host_chunk_read(void *state, uint64_t handle, uint64_t off,
   return 0;
 }
 
-static int host_chunk_write(void *state, uint64_t handle, uint64_t off,
-                            const void *src, size_t len) {
+static int host_chunk_write(void *state, unsigned dev, uint64_t handle, const void *src,
+                            size_t len) {
   (void)state;
+  (void)dev;
+  const uint64_t off = 0;
   for (size_t done = 0; done < len;) {
     ssize_t n = pwrite((int)handle, (const char *)src + done, len - done,
                        (off_t)(off + done));
@@ -136,37 +140,55 @@ static int host_chunk_write(void *state, uint64_t handle, uint64_t off,
   return 0;
 }
 
+/* Host devices have made-up bus ids, the same in every process. */
+static int host_bus_id(void *state, unsigned dev, char *buf, size_t len) {
+  (void)state;
+  snprintf(buf, len, "host:%u", dev);
+  return 0;
+}
+
+static int host_device_by_bus_id(void *state, const char *bus_id) {
+  (void)state;
+  unsigned dev;
+  if (sscanf(bus_id, "host:%u", &dev) != 1) return -ENODEV;
+  return (int)dev;
+}
+
 static const int reserve_flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
 
-static int host_va_reserve(void *state, uint64_t size, void **va) {
+static int host_va_reserve(void *state, unsigned dev, uint64_t size, void **va) {
   (void)state;
+  (void)dev;
   void *p = mmap(NULL, size, PROT_NONE, reserve_flags, -1, 0);
   if (p == MAP_FAILED) return gpu_fail(-errno, "reserve: %s", strerror(errno));
   *va = p;
   return 0;
 }
 
-static void host_va_free(void *state, void *va, uint64_t size) {
+static void host_va_free(void *state, unsigned dev, void *va, uint64_t size) {
   (void)state;
+  (void)dev;
   munmap(va, size);
 }
 
-static int host_import(void *state, int fd, uint64_t size, uint64_t *handle) {
+static int host_import(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
   (void)state;
+  (void)dev;
   (void)size;
   *handle = (uint64_t)fd;
   return 0;
 }
 
 /* Map without access, as cuMemMap does; gpu_set_access grants it. */
-static int host_map(void *state, void *va, uint64_t size, uint64_t handle) {
+static int host_map(void *state, unsigned dev, void *va, uint64_t size, uint64_t handle) {
   (void)state;
+  (void)dev;
   void *p = mmap(va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)handle, 0);
   if (p == MAP_FAILED) return gpu_fail(-errno, "map: %s", strerror(errno));
   return 0;
 }
 
-static int host_set_access(void *state, void *va, uint64_t size, unsigned dev) {
+static int host_set_access(void *state, unsigned dev, void *va, uint64_t size) {
   (void)state;
   (void)dev;
   if (mprotect(va, size, PROT_READ | PROT_WRITE) < 0)
@@ -176,15 +198,17 @@ static int host_set_access(void *state, void *va, uint64_t size, unsigned dev) {
 
 /* Put an inaccessible anonymous mapping over the range: the pages of the
  * chunk are dropped from this process and touching the range faults. */
-static int host_unmap(void *state, void *va, uint64_t size) {
+static int host_unmap(void *state, unsigned dev, void *va, uint64_t size) {
   (void)state;
+  (void)dev;
   void *p = mmap(va, size, PROT_NONE, reserve_flags | MAP_FIXED, -1, 0);
   if (p == MAP_FAILED) return gpu_fail(-errno, "unmap: %s", strerror(errno));
   return 0;
 }
 
-static void host_release(void *state, uint64_t handle) {
+static void host_release(void *state, unsigned dev, uint64_t handle) {
   (void)state;
+  (void)dev;
   close((int)handle);
 }
 
@@ -192,6 +216,28 @@ static void host_release(void *state, uint64_t handle) {
 static int host_sync(void *state, unsigned dev) {
   (void)state;
   (void)dev;
+  return 0;
+}
+
+static int host_copy_from(void *state, unsigned dev, void *dst, const void *va, uint64_t len) {
+  (void)state;
+  (void)dev;
+  memcpy(dst, va, len);
+  return 0;
+}
+
+static int host_copy_to(void *state, unsigned dev, void *va, const void *src, uint64_t len) {
+  (void)state;
+  (void)dev;
+  memcpy(va, src, len);
+  return 0;
+}
+
+static int host_fill32(void *state, unsigned dev, void *va, uint64_t len, uint32_t value) {
+  (void)state;
+  (void)dev;
+  uint32_t *p = va;
+  for (uint64_t i = 0; i < len / 4; i++) p[i] = value;
   return 0;
 }
 
@@ -207,6 +253,8 @@ const struct gpu_ops gpu_host_ops = {
     .chunk_release = host_chunk_release,
     .chunk_read = host_chunk_read,
     .chunk_write = host_chunk_write,
+    .bus_id = host_bus_id,
+    .device_by_bus_id = host_device_by_bus_id,
     .va_reserve = host_va_reserve,
     .va_free = host_va_free,
     .import = host_import,
@@ -215,4 +263,7 @@ const struct gpu_ops gpu_host_ops = {
     .unmap = host_unmap,
     .release = host_release,
     .sync = host_sync,
+    .copy_from = host_copy_from,
+    .copy_to = host_copy_to,
+    .fill32 = host_fill32,
 };

@@ -99,11 +99,14 @@ GPUMEM_EXPORT const char *gpumem_backend(const gpumem_client *c);
 /* The allocation granularity: sizes are rounded up to a multiple. */
 GPUMEM_EXPORT uint64_t gpumem_granularity(const gpumem_client *c);
 
-/* The number of devices the daemon manages. */
+/* The number of devices the daemon manages (the daemon's numbering, as
+ * in status and in pause/resume device lists). */
 GPUMEM_EXPORT unsigned gpumem_device_count(const gpumem_client *c);
 
-/* Allocate a buffer of at least size bytes tagged tag on device, mapped
- * and ready (or reserved only, when it starts paused). */
+/* Allocate a buffer of at least size bytes tagged tag on device (in this
+ * process's numbering, as CUDA_VISIBLE_DEVICES makes it), mapped and ready
+ * (or reserved only, when it starts paused). GPUMEM_IPC_LEGACY buffers on
+ * GPUs are plain device memory opened from a legacy IPC handle. */
 GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, const char *tag,
                                unsigned device, uint64_t size, unsigned flags,
                                gpumem_buffer **out);
@@ -131,6 +134,23 @@ GPUMEM_EXPORT unsigned gpumem_buffer_flags(const gpumem_buffer *b);
 
 /* 1 if memory is mapped behind the pointer now, 0 while paused. */
 GPUMEM_EXPORT int gpumem_buffer_mapped(const gpumem_buffer *b);
+
+/* Copy len bytes at offset off of a buffer to host memory at dst (with the
+ * device's copy engine on GPUs; memcpy on the host backend). */
+GPUMEM_EXPORT int gpumem_buffer_read(gpumem_client *c, gpumem_buffer *b, uint64_t off,
+                                     void *dst, uint64_t len);
+
+/* Copy len bytes of host memory at src into a buffer at offset off. */
+GPUMEM_EXPORT int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64_t off,
+                                      const void *src, uint64_t len);
+
+/* Set len bytes at offset off of a buffer to a repeated 32-bit value, on
+ * the device; off and len are multiples of 4. Returns when done. */
+GPUMEM_EXPORT int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off,
+                                       uint64_t len, uint32_t value);
+
+/* Wait until work on a device (this process's numbering) has finished. */
+GPUMEM_EXPORT int gpumem_sync(gpumem_client *c, unsigned device);
 
 /* A hook run with the buffers of one daemon event. It runs on the thread
  * that dispatches events and must not call gpumem functions that talk to

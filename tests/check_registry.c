@@ -99,7 +99,7 @@ START_TEST(backup_and_restore_keep_contents) {
   uint64_t chunk0 = b->chunk_sizes[0];
   char *pattern = malloc(chunk0);
   for (size_t i = 0; i < chunk0; i++) pattern[i] = (char)(i * 13);
-  ck_assert_int_eq(gpu_chunk_write(g, b->handles[0], 0, pattern, chunk0), 0);
+  ck_assert_int_eq(gpu_chunk_write(g, 0, b->handles[0], pattern, chunk0), 0);
   ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
   ck_assert_uint_eq(registry_backup_bytes(reg), b->size);
   registry_memory_release(reg, b);
@@ -108,7 +108,7 @@ START_TEST(backup_and_restore_keep_contents) {
   ck_assert_int_eq(registry_restore(reg, b, &f), CODE(OK));
   ck_assert_uint_eq(registry_backup_bytes(reg), 0);
   char *back = malloc(chunk0);
-  ck_assert_int_eq(gpu_chunk_read(g, b->handles[0], 0, back, chunk0), 0);
+  ck_assert_int_eq(gpu_chunk_read(g, 0, b->handles[0], back, chunk0), 0);
   ck_assert(memcmp(back, pattern, chunk0) == 0);
   free(pattern);
   free(back);

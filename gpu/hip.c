@@ -1,0 +1,262 @@
+/* The HIP vendor table for gpu/vmm.c: the HIP runtime (ROCm), loaded with
+ * dlopen at run time, so that nothing links libamdhip64. The differences
+ * between ROCm releases are settled here at build time:
+ * - the allocation property's handle-type field is requestedHandleType
+ *   before ROCm 7.0 and requestedHandleTypes from 7.0;
+ * - hipMemImportFromShareableHandle takes a pointer to the fd before 7.1
+ *   and the fd itself from 7.1. */
+#define __HIP_PLATFORM_AMD__
+#include <dlfcn.h>
+#include <errno.h>
+#include <hip/hip_runtime_api.h>
+#include <hip/hip_version.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "vmm.h"
+
+#define HIP_AT_LEAST(major, minor) \
+  (HIP_VERSION_MAJOR > (major) || (HIP_VERSION_MAJOR == (major) && HIP_VERSION_MINOR >= (minor)))
+
+#define HIP_CALLS(X)                                                                       \
+  X(hipInit) X(hipGetErrorName) X(hipGetDeviceCount) X(hipDeviceGetPCIBusId)              \
+  X(hipDeviceGetByPCIBusId) X(hipMemGetAllocationGranularity) X(hipMemCreate)             \
+  X(hipMemRelease) X(hipMemExportToShareableHandle) X(hipMemImportFromShareableHandle)    \
+  X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap) X(hipMemUnmap)                \
+  X(hipMemSetAccess) X(hipSetDevice) X(hipDeviceSynchronize) X(hipMemcpyDtoH)             \
+  X(hipMemcpyHtoD) X(hipMemsetD32) X(hipMemGetInfo) X(hipMalloc) X(hipFree)               \
+  X(hipIpcGetMemHandle) X(hipIpcOpenMemHandle) X(hipIpcCloseMemHandle)
+
+#define DECLARE(fn) static __typeof__(&fn) p_##fn;
+HIP_CALLS(DECLARE)
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int load_status;
+static char load_error[256];
+
+static void load_once(void) {
+  static const char *const names[] = {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6",
+                                      "libamdhip64.so.5"};
+  void *lib = NULL;
+  for (size_t i = 0; !lib && i < sizeof names / sizeof names[0]; i++)
+    lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(load_error, sizeof load_error, "no HIP runtime (libamdhip64.so): %s", dlerror());
+    load_status = -ENOENT;
+    return;
+  }
+#define LOAD(fn)                                                                 \
+  if (!(p_##fn = (__typeof__(&fn))dlsym(lib, #fn))) {                            \
+    snprintf(load_error, sizeof load_error, "libamdhip64 lacks %s", #fn);         \
+    load_status = -ENOSYS;                                                        \
+    return;                                                                       \
+  }
+  HIP_CALLS(LOAD)
+  hipError_t rc = p_hipInit(0);
+  if (rc != hipSuccess) {
+    snprintf(load_error, sizeof load_error, "no HIP device found: hipInit: %s",
+             p_hipGetErrorName(rc));
+    load_status = -ENODEV;
+  }
+}
+
+static int hip_load(char *err, size_t errlen) {
+  pthread_once(&once, load_once);
+  if (load_status) snprintf(err, errlen, "%s", load_error);
+  return load_status;
+}
+
+static const char *hip_error_name(int rc) {
+  const char *name = p_hipGetErrorName((hipError_t)rc);
+  return name ? name : "hipErrorUnknown";
+}
+
+static int hip_device_count(int *n) { return p_hipGetDeviceCount(n); }
+
+static int hip_bus_id(int dev, char *buf, int len) { return p_hipDeviceGetPCIBusId(buf, len, dev); }
+
+static int hip_device_by_bus_id(const char *bus_id, int *dev) {
+  return p_hipDeviceGetByPCIBusId(dev, bus_id);
+}
+
+/* The properties every chunk is created with. */
+static hipMemAllocationProp chunk_prop(int dev) {
+  hipMemAllocationProp p;
+  memset(&p, 0, sizeof p);
+  p.type = hipMemAllocationTypePinned;
+#if HIP_AT_LEAST(7, 0)
+  p.requestedHandleTypes = hipMemHandleTypePosixFileDescriptor;
+#else
+  p.requestedHandleType = hipMemHandleTypePosixFileDescriptor;
+#endif
+  p.location.type = hipMemLocationTypeDevice;
+  p.location.id = dev;
+  return p;
+}
+
+static int hip_granularity(int dev, uint64_t *g) {
+  hipMemAllocationProp p = chunk_prop(dev);
+  size_t min = 0, rec = 0;
+  hipError_t rc = p_hipMemGetAllocationGranularity(&min, &p, hipMemAllocationGranularityMinimum);
+  if (rc == hipSuccess)
+    rc = p_hipMemGetAllocationGranularity(&rec, &p, hipMemAllocationGranularityRecommended);
+  *g = rec > min ? rec : min;
+  return (int)rc;
+}
+
+static uint64_t from_handle(hipMemGenericAllocationHandle_t h) { return (uint64_t)(uintptr_t)h; }
+
+static hipMemGenericAllocationHandle_t to_handle(uint64_t h) {
+  return (hipMemGenericAllocationHandle_t)(uintptr_t)h;
+}
+
+static void *ptr(uint64_t va) { return (void *)(uintptr_t)va; }
+
+static int hip_create(int dev, uint64_t size, uint64_t *handle) {
+  hipMemAllocationProp p = chunk_prop(dev);
+  hipMemGenericAllocationHandle_t h = NULL;
+  hipError_t rc = p_hipMemCreate(&h, size, &p, 0);
+  *handle = from_handle(h);
+  return (int)rc;
+}
+
+static int hip_release(uint64_t handle) { return p_hipMemRelease(to_handle(handle)); }
+
+static int hip_export_fd(uint64_t handle, int *fd) {
+  return p_hipMemExportToShareableHandle(fd, to_handle(handle), hipMemHandleTypePosixFileDescriptor,
+                                         0);
+}
+
+static int hip_import_fd(int fd, uint64_t *handle) {
+  hipMemGenericAllocationHandle_t h = NULL;
+#if HIP_AT_LEAST(7, 1)
+  void *os_handle = (void *)(uintptr_t)fd;
+#else
+  void *os_handle = &fd;
+#endif
+  hipError_t rc = p_hipMemImportFromShareableHandle(&h, os_handle, hipMemHandleTypePosixFileDescriptor);
+  *handle = from_handle(h);
+  return (int)rc;
+}
+
+static int hip_reserve(uint64_t size, uint64_t align, uint64_t *va) {
+  void *p = NULL;
+  hipError_t rc = p_hipMemAddressReserve(&p, size, align, NULL, 0);
+  *va = (uint64_t)(uintptr_t)p;
+  return (int)rc;
+}
+
+static int hip_address_free(uint64_t va, uint64_t size) { return p_hipMemAddressFree(ptr(va), size); }
+
+static int hip_map(uint64_t va, uint64_t size, uint64_t handle) {
+  return p_hipMemMap(ptr(va), size, 0, to_handle(handle), 0);
+}
+
+static int hip_unmap(uint64_t va, uint64_t size) { return p_hipMemUnmap(ptr(va), size); }
+
+static int hip_set_access(uint64_t va, uint64_t size, int dev) {
+  hipMemAccessDesc a;
+  memset(&a, 0, sizeof a);
+  a.location.type = hipMemLocationTypeDevice;
+  a.location.id = dev;
+  a.flags = hipMemAccessFlagsProtReadWrite;
+  return p_hipMemSetAccess(ptr(va), size, &a, 1);
+}
+
+/* The HIP runtime keeps its own per-device context; choosing the device
+ * is all there is to it. */
+static int hip_ctx_retain(int dev) { return p_hipSetDevice(dev); }
+
+static int hip_ctx_release(int dev) {
+  (void)dev;
+  return 0;
+}
+
+static int hip_ctx_use(int dev) { return p_hipSetDevice(dev); }
+
+static int hip_sync(void) { return p_hipDeviceSynchronize(); }
+
+static int hip_dtoh(void *dst, uint64_t src, uint64_t n) { return p_hipMemcpyDtoH(dst, ptr(src), n); }
+
+static int hip_htod(uint64_t dst, const void *src, uint64_t n) {
+  return p_hipMemcpyHtoD(ptr(dst), (void *)src, n);
+}
+
+static int hip_memset32(uint64_t dst, uint32_t value, uint64_t count) {
+  return p_hipMemsetD32(ptr(dst), (int)value, count);
+}
+
+/* hipMemGetInfo is the figure to trust for reclaim on ROCm (SMI tools
+ * have disagreed with it). */
+static int hip_mem_info(int dev, uint64_t *free_bytes, uint64_t *total) {
+  size_t f = 0, t = 0;
+  hipError_t rc = p_hipSetDevice(dev);
+  if (rc == hipSuccess) rc = p_hipMemGetInfo(&f, &t);
+  *free_bytes = f;
+  *total = t;
+  return (int)rc;
+}
+
+/* Legacy IPC handles only ever on hipMalloc memory, never on VMM memory. */
+static int hip_ipc_alloc(uint64_t size, uint64_t *dptr, uint8_t *handle) {
+  void *p = NULL;
+  hipError_t rc = p_hipMalloc(&p, size);
+  if (rc) return (int)rc;
+  hipIpcMemHandle_t h;
+  if ((rc = p_hipIpcGetMemHandle(&h, p))) {
+    p_hipFree(p);
+    return (int)rc;
+  }
+  _Static_assert(sizeof h == 64, "HIP IPC handles are 64 bytes");
+  memcpy(handle, &h, sizeof h);
+  *dptr = (uint64_t)(uintptr_t)p;
+  return 0;
+}
+
+static int hip_ipc_free(uint64_t dptr) { return p_hipFree(ptr(dptr)); }
+
+static int hip_ipc_open(const uint8_t *handle, uint64_t *dptr) {
+  hipIpcMemHandle_t h;
+  memcpy(&h, handle, sizeof h);
+  void *p = NULL;
+  hipError_t rc = p_hipIpcOpenMemHandle(&p, h, hipIpcMemLazyEnablePeerAccess);
+  *dptr = (uint64_t)(uintptr_t)p;
+  return (int)rc;
+}
+
+static int hip_ipc_close(uint64_t dptr) { return p_hipIpcCloseMemHandle(ptr(dptr)); }
+
+const struct vmm_vendor vmm_hip = {
+    .name = "hip",
+    .prefix = "hip",
+    .device_word = "HIP",
+    .oom = hipErrorOutOfMemory,
+    .load = hip_load,
+    .error_name = hip_error_name,
+    .device_count = hip_device_count,
+    .bus_id = hip_bus_id,
+    .device_by_bus_id = hip_device_by_bus_id,
+    .granularity = hip_granularity,
+    .create = hip_create,
+    .release = hip_release,
+    .export_fd = hip_export_fd,
+    .import_fd = hip_import_fd,
+    .reserve = hip_reserve,
+    .address_free = hip_address_free,
+    .map = hip_map,
+    .unmap = hip_unmap,
+    .set_access = hip_set_access,
+    .ctx_retain = hip_ctx_retain,
+    .ctx_release = hip_ctx_release,
+    .ctx_use = hip_ctx_use,
+    .sync = hip_sync,
+    .dtoh = hip_dtoh,
+    .htod = hip_htod,
+    .memset32 = hip_memset32,
+    .mem_info = hip_mem_info,
+    .ipc_alloc = hip_ipc_alloc,
+    .ipc_free = hip_ipc_free,
+    .ipc_open = hip_ipc_open,
+    .ipc_close = hip_ipc_close,
+};
