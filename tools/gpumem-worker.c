@@ -43,26 +43,37 @@ static void mark_filled(uint64_t id) {
   filled.ids[filled.n++] = id;
 }
 
-/* The word at index i of buffer number k: distinct per offset and buffer. */
-static uint64_t pattern(uint64_t k, uint64_t i) {
-  return (i * 0x9E3779B97F4A7C15ull) ^ (k << 48) ^ 0x5A5A5A5A5A5A5A5Aull;
+#define BLOCK (1u << 20)
+#define READ_PIECE (16u << 20)
+
+/* The 32-bit value of every word in block blk of buffer k: distinct per
+ * offset and per buffer. */
+static uint32_t pattern(uint64_t k, uint64_t blk) {
+  uint64_t x = (k << 32 | blk) * 0x9E3779B97F4A7C15ull;
+  return (uint32_t)(x >> 32) ^ 0x5A5A5A5Au;
 }
 
-/* Fill a buffer with its pattern (keyed by its id). */
-static void fill(gpumem_buffer *b) {
-  uint64_t k = gpumem_buffer_id(b);
-  uint64_t *p = gpumem_buffer_ptr(b);
-  size_t n = gpumem_buffer_size(b) / sizeof *p;
-  for (size_t i = 0; i < n; i++) p[i] = pattern(k, i);
+/* Fill a buffer with its pattern (keyed by its id), on the device. */
+static int fill(gpumem_client *c, gpumem_buffer *b) {
+  uint64_t k = gpumem_buffer_id(b), size = gpumem_buffer_size(b);
+  for (uint64_t off = 0; off < size; off += BLOCK) {
+    uint64_t len = size - off < BLOCK ? size - off : BLOCK;
+    if (gpumem_buffer_fill32(c, b, off, len, pattern(k, off / BLOCK)) < 0) return -1;
+  }
+  return 0;
 }
 
-/* The first word that differs from the pattern, or -1. */
-static long long check(gpumem_buffer *b) {
-  uint64_t k = gpumem_buffer_id(b);
-  const uint64_t *p = gpumem_buffer_ptr(b);
-  size_t n = gpumem_buffer_size(b) / sizeof *p;
-  for (size_t i = 0; i < n; i++)
-    if (p[i] != pattern(k, i)) return (long long)i;
+/* Read the buffer back; the offset of the first word that differs from
+ * the pattern, or -1 when all match (-2 when it could not be read). */
+static long long check(gpumem_client *c, gpumem_buffer *b) {
+  static uint32_t piece[READ_PIECE / 4];
+  uint64_t k = gpumem_buffer_id(b), size = gpumem_buffer_size(b);
+  for (uint64_t off = 0; off < size; off += READ_PIECE) {
+    uint64_t len = size - off < READ_PIECE ? size - off : READ_PIECE;
+    if (gpumem_buffer_read(c, b, off, piece, len) < 0) return -2;
+    for (uint64_t i = 0; i < len / 4; i++)
+      if (piece[i] != pattern(k, (off + i * 4) / BLOCK)) return (long long)(off + i * 4);
+  }
   return -1;
 }
 
@@ -78,7 +89,6 @@ static void on_unmap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, voi
 
 /* After a resume: verify backups, or prove the memory is usable again. */
 static void on_remap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, void *user) {
-  (void)c;
   (void)user;
   pthread_mutex_lock(&use_mu);
   for (size_t i = 0; i < n; i++) {
@@ -87,14 +97,17 @@ static void on_remap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, voi
     printf("resumed buffer %llu tag=%s ptr=%p\n", id, gpumem_buffer_tag(b), gpumem_buffer_ptr(b));
     bool backup = gpumem_buffer_flags(b) & GPUMEM_BACKUP;
     if (!backup || !was_filled(id)) {
-      fill(b);
+      fill(c, b);
       if (!was_filled(id)) mark_filled(id);
       backup = false;
     }
-    long long bad = check(b);
-    if (bad >= 0) {
+    long long bad = check(c, b);
+    if (bad != -1) {
       atomic_fetch_add(&failed, 1);
-      printf("FAILED buffer %llu: word %lld differs after resume\n", id, bad);
+      if (bad == -2)
+        printf("FAILED buffer %llu: cannot read it after resume: %s\n", id, gpumem_last_error());
+      else
+        printf("FAILED buffer %llu: byte %lld differs after resume\n", id, bad);
     } else {
       atomic_fetch_add(&passed, 1);
       printf("verified buffer %llu: %s\n", id, backup ? "contents kept" : "writable and readable");
@@ -105,19 +118,23 @@ static void on_remap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, voi
 
 static void usage(FILE *out) {
   fprintf(out, "usage: gpumem-worker [--socket PATH] --tag TAG --size SIZE [--count N]\n"
-               "                     [--device D] [--backup] [--name NAME]\n");
+               "                     [--device D] [--backup] [--name NAME]\n"
+               "                     [--no-verify] [--ipc-legacy]\n"
+               "  --no-verify   do not fill or check the buffers (benchmarks)\n"
+               "  --ipc-legacy  never-paused buffers (legacy IPC handles on GPUs)\n");
 }
 
 int main(int argc, char **argv) {
   const char *socket_path = NULL, *tag = NULL, *name = "gpumem-worker";
   uint64_t size = 0;
   unsigned long count = 1, device = 0;
-  bool backup = false;
+  bool backup = false, verify = true, ipc = false;
   static const struct option opts[] = {
       {"socket", required_argument, 0, 's'}, {"tag", required_argument, 0, 't'},
       {"size", required_argument, 0, 'z'},   {"count", required_argument, 0, 'n'},
       {"device", required_argument, 0, 'd'}, {"backup", no_argument, 0, 'b'},
       {"name", required_argument, 0, 'N'},   {"help", no_argument, 0, 'h'},
+      {"no-verify", no_argument, 0, 'V'},    {"ipc-legacy", no_argument, 0, 'I'},
       {0, 0, 0, 0},
   };
   int ch;
@@ -145,6 +162,8 @@ int main(int argc, char **argv) {
       break;
     }
     case 'b': backup = true; break;
+    case 'V': verify = false; break;
+    case 'I': ipc = true; break;
     case 'N': name = optarg; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
@@ -167,11 +186,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gpumem-worker: %s\n", gpumem_last_error());
     return 1;
   }
-  gpumem_set_hooks(c, on_unmap, on_remap, NULL);
+  if (verify) gpumem_set_hooks(c, on_unmap, on_remap, NULL);
   int status = 0;
   for (unsigned long i = 0; i < count; i++) {
     gpumem_buffer *b;
-    unsigned flags = GPUMEM_ALLOW_PAUSED | (backup ? GPUMEM_BACKUP : 0);
+    unsigned flags = ipc ? GPUMEM_IPC_LEGACY : GPUMEM_ALLOW_PAUSED | (backup ? GPUMEM_BACKUP : 0);
     if (gpumem_alloc(c, tag, (unsigned)device, size, flags, &b) < 0) {
       fprintf(stderr, "gpumem-worker: alloc: %s\n", gpumem_last_error());
       status = 1;
@@ -179,8 +198,11 @@ int main(int argc, char **argv) {
     }
     pthread_mutex_lock(&use_mu);
     bool mapped = gpumem_buffer_mapped(b);
-    if (mapped) {
-      fill(b);
+    if (mapped && verify && fill(c, b) < 0) {
+      fprintf(stderr, "gpumem-worker: fill: %s\n", gpumem_last_error());
+      status = 1;
+    }
+    if (mapped && verify) {
       mark_filled(gpumem_buffer_id(b));
     }
     pthread_mutex_unlock(&use_mu);

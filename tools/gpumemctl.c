@@ -24,7 +24,9 @@ static void usage(FILE *out) {
           "  --socket PATH             daemon socket (default $GPUMEM_SOCKET or %s)\n"
           "  --json                    machine-readable output\n"
           "  --device N                pause/resume: only device N (repeatable)\n"
-          "  --timeout MS              pause/resume: ack timeout per worker\n",
+          "  --timeout MS              pause/resume: ack timeout per worker\n"
+          "  --unmanaged-warn SIZE     status: flag devices with more unmanaged memory\n"
+          "                            than this (default 1G)\n",
           GPUMEM_DEFAULT_SOCKET);
 }
 
@@ -77,7 +79,18 @@ static void print_status_json(const struct gpumem_status *s) {
   printf("]}\n");
 }
 
-static void print_status(const struct gpumem_status *s) {
+/* Memory in use on a device that gpumemd does not manage is what leaks
+ * look like (an allocation made outside the daemon): say so loudly. */
+static void warn_unmanaged(const struct gpumem_status *s, uint64_t threshold) {
+  char a[32], b[32];
+  for (size_t i = 0; i < s->ndevices; i++)
+    if (s->devices[i].unmanaged > threshold)
+      printf("\n! device %u: %s in use that gpumemd does not manage (above %s)\n",
+             s->devices[i].index, size_format(s->devices[i].unmanaged, a, sizeof a),
+             size_format(threshold, b, sizeof b));
+}
+
+static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   char a[32], b[32], c[32], d[32], e[32];
   printf("backend %s, granularity %s\n\n", s->backend, size_format(s->granularity, a, sizeof a));
   printf("%-6s %11s %11s %11s %11s\n", "DEVICE", "TOTAL", "FREE", "MANAGED", "UNMANAGED");
@@ -87,6 +100,7 @@ static void print_status(const struct gpumem_status *s) {
            size_format(x->free, b, sizeof b), size_format(x->managed, c, sizeof c),
            size_format(x->unmanaged, d, sizeof d));
   }
+  warn_unmanaged(s, threshold);
   printf("\n%-20s %-9s %7s %11s %11s %11s\n", "TAG", "STATE", "BUFFERS", "BYTES", "RELEASED",
          "BACKUP");
   for (size_t i = 0; i < s->ntags; i++) {
@@ -160,9 +174,11 @@ int main(int argc, char **argv) {
   unsigned devs[MAX_DEVICES];
   size_t ndevs = 0;
   unsigned long timeout = 0;
+  uint64_t threshold = 1ull << 30;
   static const struct option opts[] = {
       {"socket", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'},
       {"device", required_argument, 0, 'd'}, {"timeout", required_argument, 0, 't'},
+      {"unmanaged-warn", required_argument, 0, 'u'},
       {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
   };
   int ch;
@@ -186,6 +202,12 @@ int main(int argc, char **argv) {
       timeout = strtoul(optarg, &end, 10);
       if (errno || *end || end == optarg || timeout > 86400000) {
         fprintf(stderr, "gpumemctl: invalid timeout '%s' (milliseconds)\n", optarg);
+        return 2;
+      }
+      break;
+    case 'u':
+      if (size_parse(optarg, &threshold)) {
+        fprintf(stderr, "gpumemctl: invalid size '%s'\n", optarg);
         return 2;
       }
       break;
@@ -231,7 +253,7 @@ int main(int argc, char **argv) {
       rc = 1;
     } else {
       if (json) print_status_json(s);
-      else print_status(s);
+      else print_status(s, threshold);
       gpumem_status_free(s);
     }
   } else {

@@ -9,6 +9,8 @@ have_pkg libuv || need="$need libuv1-dev"
 have_pkg libprotobuf-c || need="$need libprotobuf-c-dev"
 command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
 have_pkg check || need="$need check"
+# HIP headers and runtime: the hip backend builds against them everywhere.
+[ -f /usr/include/hip/hip_runtime_api.h ] || need="$need libamdhip64-dev"
 [ -z "$need" ] && exit 0
 echo "install-deps: installing$need"
 sudo=""
