@@ -36,7 +36,7 @@ int main(int argc, char **argv) {
   pingpong(raw);
   /* Page granularity: this measures the control plane, not the kernel
    * zeroing 2 MiB of pages for every allocation. */
-  const char *extra[] = {"--host-devices", "1", "--host-device-size", "1G",
+  const char *extra[] = {"--backend", "host", "--host-devices", "1", "--host-device-size", "1G",
                          "--host-granularity", "4K", NULL};
   pid_t d = bench_daemon(bin, sock, extra);
   gpumem_client *c;

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -79,6 +80,8 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
     int rc = b->ipc ? gpu_ipc_alloc(r->gpu, b->device, b->size, &b->handles[0], b->ipc_handle)
                     : gpu_chunk_create(r->gpu, b->device, b->chunk_sizes[i], &b->handles[i]);
     if (rc < 0) {
+      char said[200];
+      snprintf(said, sizeof said, "%s", gpu_error());
       while (i-- > 0)
         gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
       uint64_t free_b = 0, total = 0;
@@ -87,10 +90,10 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
       f->bytes_free = free_b;
       if (rc == -ENOMEM)
         return fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
-                         "device %u: %llu bytes needed, %llu free", b->device,
-                         (unsigned long long)b->size, (unsigned long long)free_b);
-      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
-                       "device %u: %s", b->device, gpu_error());
+                         "device %u: %llu bytes needed, %llu free (%s)", b->device,
+                         (unsigned long long)b->size, (unsigned long long)free_b, said);
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "device %u: %s", b->device,
+                       said);
     }
   }
   b->has_memory = true;

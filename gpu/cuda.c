@@ -179,7 +179,6 @@ static int cuda_ctx_retain(int dev) {
 static int cuda_ctx_release(int dev) {
   CUdevice d;
   CUresult rc = p_cuDeviceGet(&d, dev);
-  contexts[dev] = NULL;
   return rc ? (int)rc : (int)p_cuDevicePrimaryCtxRelease(d);
 }
 

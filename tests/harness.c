@@ -78,8 +78,9 @@ static pid_t spawn(const char *const *argv, const char *out) {
 
 /* Start gpumemd on an existing socket path. */
 pid_t daemon_spawn(const char *socket, const char *log, const char *const *extra) {
-  const char *argv[32] = {harness_bin("gpumemd"), "--socket", socket, "--log-level", "debug"};
-  int n = 5;
+  const char *argv[32] = {harness_bin("gpumemd"), "--socket", socket, "--log-level", "debug",
+                          "--backend", "host"};
+  int n = 7;
   for (; extra && *extra && n < 31; extra++) argv[n++] = *extra;
   argv[n] = NULL;
   return spawn(argv, log);

@@ -17,7 +17,7 @@ shmem() { awk '/^Shmem:/ { printf "%.0f MiB", $2 / 1024 }' /proc/meminfo; }
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
 
 echo "gpumemd demo: daemon on the host backend, workers in their own processes"
-"$bin/gpumemd" --socket "$sock" --host-devices 2 --host-device-size 2G 2>"$dir/daemon.log" &
+"$bin/gpumemd" --socket "$sock" --backend host --host-devices 2 --host-device-size 2G 2>"$dir/daemon.log" &
 d=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 echo "Shmem before workers: $(shmem)"

@@ -12,6 +12,10 @@ have_pkg check || need="$need check"
 # HIP headers and runtime: the hip backend builds against them everywhere.
 [ -f /usr/include/hip/hip_runtime_api.h ] || need="$need libamdhip64-dev"
 [ -z "$need" ] && exit 0
+if [ -n "${GPUMEM_NO_APT:-}" ]; then
+  echo "install-deps: missing$need (GPUMEM_NO_APT set: not installing)"
+  exit 0
+fi
 echo "install-deps: installing$need"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

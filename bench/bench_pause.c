@@ -1,0 +1,174 @@
+/* Pause and resume through gpumemd, with the memory held by several worker
+ * processes, against the same backend operations done in one process
+ * without a daemon (create, map, set access / unmap, release the same
+ * chunks), measured in the same run. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+
+#include "bench.h"
+#include "common/size.h"
+#include "gpu/gpu.h"
+#include "gpumem.h"
+
+#define MAX_CHUNKS 65536
+#define MAX_WORKERS 64
+
+struct params {
+  const char *bin, *backend;
+  uint64_t total, chunk;
+  unsigned workers, rounds;
+};
+
+static double median(double *v, unsigned n) {
+  for (unsigned i = 1; i < n; i++)
+    for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  return v[n / 2];
+}
+
+static void die(const char *what, const char *why) {
+  fprintf(stderr, "bench_pause: %s: %s\n", what, why);
+  exit(1);
+}
+
+/* The same chunks, created, mapped and released by one process. */
+static void baseline(const struct params *p, double *pause_ms, double *resume_ms) {
+  struct gpu_options o = {.backend = p->backend, .host_devices = 1,
+                          .host_device_size = p->total + p->chunk};
+  gpu *g;
+  char err[256];
+  if (gpu_open(&o, &g, err, sizeof err) < 0) die("backend", err);
+  uint64_t per = p->total / p->workers, nper = per / p->chunk;
+  static uint64_t handles[MAX_CHUNKS];
+  void *va[MAX_WORKERS];
+  for (unsigned w = 0; w < p->workers; w++)
+    if (gpu_va_reserve(g, 0, per, &va[w]) < 0) die("reserve", gpu_error());
+  double ps[16], rs[16];
+  for (unsigned r = 0; r < p->rounds; r++) {
+    uint64_t t0 = bench_ns();
+    for (unsigned w = 0; w < p->workers; w++) {
+      for (uint64_t i = 0; i < nper; i++) {
+        uint64_t *h = &handles[w * nper + i];
+        if (gpu_chunk_create(g, 0, p->chunk, h) < 0) die("create", gpu_error());
+        if (gpu_map(g, 0, (char *)va[w] + i * p->chunk, p->chunk, *h) < 0) die("map", gpu_error());
+      }
+      if (gpu_set_access(g, 0, va[w], per) < 0) die("access", gpu_error());
+    }
+    rs[r] = (double)(bench_ns() - t0) / 1e6;
+    t0 = bench_ns();
+    gpu_sync(g, 0);
+    for (unsigned w = 0; w < p->workers; w++)
+      for (uint64_t i = 0; i < nper; i++) {
+        gpu_unmap(g, 0, (char *)va[w] + i * p->chunk, p->chunk);
+        gpu_chunk_release(g, 0, handles[w * nper + i], p->chunk);
+      }
+    ps[r] = (double)(bench_ns() - t0) / 1e6;
+  }
+  for (unsigned w = 0; w < p->workers; w++) gpu_va_free(g, 0, va[w], per);
+  gpu_close(g);
+  *pause_ms = median(ps, p->rounds);
+  *resume_ms = median(rs, p->rounds);
+}
+
+/* Start a worker holding bytes in chunk-sized pieces; wait for "ready". */
+static pid_t worker(const struct params *p, const char *sock, uint64_t bytes) {
+  int fds[2];
+  if (pipe(fds) < 0) die("pipe", strerror(errno));
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    char path[512], size[32], count[32];
+    snprintf(path, sizeof path, "%s/gpumem-worker", p->bin);
+    snprintf(size, sizeof size, "%llu", (unsigned long long)p->chunk);
+    snprintf(count, sizeof count, "%llu", (unsigned long long)(bytes / p->chunk));
+    execl(path, path, "--socket", sock, "--tag", "bench", "--size", size, "--count", count,
+          "--no-verify", (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  char buf[4096];
+  size_t got = 0;
+  ssize_t n;
+  while (got < sizeof buf - 1 && (n = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0) {
+    got += (size_t)n;
+    buf[got] = '\0';
+    if (strstr(buf, "ready")) break;
+  }
+  close(fds[0]);
+  if (!strstr(buf, "ready")) die("worker", buf);
+  return pid;
+}
+
+/* The same memory held by workers, paused and resumed through gpumemd. */
+static void daemon_path(const struct params *p, double *pause_ms, double *resume_ms) {
+  char sock[] = "/tmp/gpumemd-bench-pause.sock", chunk[32], devsize[32];
+  snprintf(chunk, sizeof chunk, "%llu", (unsigned long long)p->chunk);
+  snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(p->total + p->chunk));
+  const char *extra[] = {"--backend", p->backend, "--chunk-size", chunk, "--host-devices", "1",
+                         "--host-device-size", devsize, NULL};
+  pid_t d = bench_daemon(p->bin, sock, extra);
+  pid_t w[MAX_WORKERS];
+  for (unsigned i = 0; i < p->workers; i++) w[i] = worker(p, sock, p->total / p->workers);
+  gpumem_client *c;
+  if (gpumem_connect(sock, "bench", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c) < 0)
+    die("connect", gpumem_last_error());
+  const char *tag = "bench";
+  double ps[16], rs[16];
+  for (unsigned r = 0; r < p->rounds; r++) {
+    struct gpumem_op_result res;
+    uint64_t t0 = bench_ns();
+    if (gpumem_pause(c, &tag, 1, NULL, 0, 0, &res) < 0) die("pause", gpumem_last_error());
+    ps[r] = (double)(bench_ns() - t0) / 1e6;
+    if (res.bytes != p->total / p->workers * p->workers) die("pause", "not every byte paused");
+    t0 = bench_ns();
+    if (gpumem_resume(c, &tag, 1, NULL, 0, 0, &res) < 0) die("resume", gpumem_last_error());
+    rs[r] = (double)(bench_ns() - t0) / 1e6;
+  }
+  gpumem_disconnect(c);
+  for (unsigned i = 0; i < p->workers; i++) {
+    kill(w[i], SIGTERM);
+    waitpid(w[i], NULL, 0);
+  }
+  bench_daemon_stop(d);
+  *pause_ms = median(ps, p->rounds);
+  *resume_ms = median(rs, p->rounds);
+}
+
+int main(int argc, char **argv) {
+  struct params p = {"build/bin", "host", 1ull << 30, 64ull << 20, 4, 3};
+  static const struct option opts[] = {
+      {"backend", required_argument, 0, 'b'}, {"total", required_argument, 0, 't'},
+      {"chunk", required_argument, 0, 'c'},   {"workers", required_argument, 0, 'w'},
+      {"rounds", required_argument, 0, 'r'},  {0, 0, 0, 0},
+  };
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (ch) {
+    case 'b': p.backend = optarg; break;
+    case 't': if (size_parse(optarg, &p.total)) die("--total", optarg); break;
+    case 'c': if (size_parse(optarg, &p.chunk)) die("--chunk", optarg); break;
+    case 'w': p.workers = (unsigned)atoi(optarg); break;
+    case 'r': p.rounds = (unsigned)atoi(optarg); break;
+    default: return 2;
+    }
+  }
+  if (optind < argc) p.bin = argv[optind];
+  if (!p.workers || p.workers > MAX_WORKERS || !p.rounds || p.rounds > 16 ||
+      p.total % ((uint64_t)p.workers * p.chunk) || p.total / p.chunk > MAX_CHUNKS)
+    die("parameters", "total must split into workers x chunks");
+  double bp, br, dp, dr;
+  baseline(&p, &bp, &br);
+  daemon_path(&p, &dp, &dr);
+  char name[128], sz[32];
+  size_format(p.total, sz, sizeof sz);
+  snprintf(name, sizeof name, "pause %s, %u workers (%s)", sz, p.workers, p.backend);
+  bench_report(name, dp, "ms", bp);
+  snprintf(name, sizeof name, "resume %s, %u workers (%s)", sz, p.workers, p.backend);
+  bench_report(name, dr, "ms", br);
+  return 0;
+}
