@@ -8,7 +8,8 @@ SAN ?= 0
 
 CC ?= cc
 PKGS := libuv libprotobuf-c
-WARN := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wmissing-prototypes \
+WERROR ?= -Werror
+WARN := -Wall -Wextra $(WERROR) -Wshadow -Wformat=2 -Wmissing-prototypes \
         -Wstrict-prototypes -Wpointer-arith -Wno-unused-parameter
 CFLAGS ?= -O2 -g
 CFLAGS += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -I. -I$(O)/gen -Iinclude
