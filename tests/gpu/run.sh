@@ -14,6 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 make -j8 CUDA_HOME="$CUDA_HOME" WERROR= all || exit 1
 nm -D build/lib/libgpumem.so | grep -q gpumem_connect || exit 1
+mkdir -p build/tests
 cc -std=c11 -D_GNU_SOURCE -O2 -Iinclude -I"$CUDA_HOME/include" tests/gpu/gpu_check.c \
   -o build/tests/gpu_check -Lbuild/lib -lgpumem -Wl,-rpath,"$PWD/build/lib" \
   -L"$CUDA_HOME/lib64/stubs" -lcuda || exit 1
