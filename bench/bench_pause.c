@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <stdbool.h>
 
 #include "bench.h"
 #include "common/size.h"
@@ -91,16 +92,13 @@ static pid_t worker(const struct params *p, const char *sock, uint64_t bytes) {
     _exit(127);
   }
   close(fds[1]);
-  char buf[4096];
-  size_t got = 0;
-  ssize_t n;
-  while (got < sizeof buf - 1 && (n = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0) {
-    got += (size_t)n;
-    buf[got] = '\0';
-    if (strstr(buf, "ready")) break;
-  }
-  close(fds[0]);
-  if (!strstr(buf, "ready")) die("worker", buf);
+  /* Read lines until "ready"; one line per buffer comes before it. */
+  FILE *f = fdopen(fds[0], "r");
+  char line[512];
+  bool ready = false;
+  while (!ready && fgets(line, sizeof line, f)) ready = strncmp(line, "ready", 5) == 0;
+  fclose(f);
+  if (!ready) die("worker", "ended before it was ready");
   return pid;
 }
 

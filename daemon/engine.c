@@ -45,7 +45,7 @@ struct op {
   size_t ntags;
   uint64_t devmask;
   uint32_t timeout_ms;
-  uint64_t t0;
+  uint64_t t0, t_sent; /* start; all events sent (phase one done) */
   struct list groups;
   uint64_t buffers, bytes, backup_bytes, skipped;
   struct detail *detail;
@@ -199,12 +199,15 @@ static void finish_resume(engine *e, struct group *g) {
 
 /* Answer the controller (if still there) with the operation's figures. */
 static void reply(engine *e, struct op *op) {
-  uint64_t us = (uv_hrtime() - op->t0) / 1000;
-  log_info("%s %s%s: %llu buffers, %llu bytes, %llu backed up, %llu skipped, %llu us%s%s",
+  uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000;
+  log_info("%s %s%s: %llu buffers, %llu bytes, %llu backed up, %llu skipped, %llu us "
+           "(%llu us to send the events, %llu us for the owners)%s%s",
            op->resume ? "resume" : "pause", op->tags[0], op->ntags > 1 ? ",..." : "",
            (unsigned long long)op->buffers, (unsigned long long)op->bytes,
            (unsigned long long)op->backup_bytes, (unsigned long long)op->skipped,
-           (unsigned long long)us, op->fault.code ? ": " : "", op->fault.text);
+           (unsigned long long)us, (unsigned long long)(op->t_sent - op->t0) / 1000,
+           (unsigned long long)(now - op->t_sent) / 1000, op->fault.code ? ": " : "",
+           op->fault.text);
   if (!op->ctl) return;
   if (op->fault.code) {
     session_send_error(op->ctl, op->req_id, &op->fault);
@@ -508,6 +511,7 @@ static void run_queue(engine *e) {
     else
       start_pause(e, op);
     e->busy = false;
+    op->t_sent = uv_hrtime();
     if (!list_empty(&op->groups))
       uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
     check_done(e);
