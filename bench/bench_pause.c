@@ -108,7 +108,7 @@ static void daemon_path(const struct params *p, double *pause_ms, double *resume
   snprintf(chunk, sizeof chunk, "%llu", (unsigned long long)p->chunk);
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(p->total + p->chunk));
   const char *extra[] = {"--backend", p->backend, "--chunk-size", chunk, "--host-devices", "1",
-                         "--host-device-size", devsize, NULL};
+                         "--host-device-size", devsize, "--log-level", "info", NULL};
   pid_t d = bench_daemon(p->bin, sock, extra);
   pid_t w[MAX_WORKERS];
   for (unsigned i = 0; i < p->workers; i++) w[i] = worker(p, sock, p->total / p->workers);
