@@ -36,43 +36,56 @@ static void die(const char *what, const char *why) {
   exit(1);
 }
 
-/* The same chunks, created, mapped and released by one process. */
-static void baseline(const struct params *p, double *pause_ms, double *resume_ms) {
+/* The baseline: the same chunks created, mapped and released by one
+ * process, with no daemon. */
+struct baseline {
+  gpu *g;
+  uint64_t per, nper;
+  uint64_t handles[MAX_CHUNKS];
+  void *va[MAX_WORKERS];
+};
+
+static void baseline_open(const struct params *p, struct baseline *b) {
   struct gpu_options o = {.backend = p->backend, .host_devices = 1,
                           .host_device_size = p->total + p->chunk};
-  gpu *g;
   char err[256];
-  if (gpu_open(&o, &g, err, sizeof err) < 0) die("backend", err);
-  uint64_t per = p->total / p->workers, nper = per / p->chunk;
-  static uint64_t handles[MAX_CHUNKS];
-  void *va[MAX_WORKERS];
+  if (gpu_open(&o, &b->g, err, sizeof err) < 0) die("backend", err);
+  b->per = p->total / p->workers;
+  b->nper = b->per / p->chunk;
   for (unsigned w = 0; w < p->workers; w++)
-    if (gpu_va_reserve(g, 0, per, &va[w]) < 0) die("reserve", gpu_error());
-  double ps[16], rs[16];
-  for (unsigned r = 0; r < p->rounds; r++) {
-    uint64_t t0 = bench_ns();
-    for (unsigned w = 0; w < p->workers; w++) {
-      for (uint64_t i = 0; i < nper; i++) {
-        uint64_t *h = &handles[w * nper + i];
-        if (gpu_chunk_create(g, 0, p->chunk, h) < 0) die("create", gpu_error());
-        if (gpu_map(g, 0, (char *)va[w] + i * p->chunk, p->chunk, *h) < 0) die("map", gpu_error());
-      }
-      if (gpu_set_access(g, 0, va[w], per) < 0) die("access", gpu_error());
+    if (gpu_va_reserve(b->g, 0, b->per, &b->va[w]) < 0) die("reserve", gpu_error());
+}
+
+/* Create and map every chunk, access set once per range; milliseconds. */
+static double baseline_resume(const struct params *p, struct baseline *b) {
+  uint64_t t0 = bench_ns();
+  for (unsigned w = 0; w < p->workers; w++) {
+    for (uint64_t i = 0; i < b->nper; i++) {
+      uint64_t *h = &b->handles[w * b->nper + i];
+      if (gpu_chunk_create(b->g, 0, p->chunk, h) < 0) die("create", gpu_error());
+      if (gpu_map(b->g, 0, (char *)b->va[w] + i * p->chunk, p->chunk, *h) < 0)
+        die("map", gpu_error());
     }
-    rs[r] = (double)(bench_ns() - t0) / 1e6;
-    t0 = bench_ns();
-    gpu_sync(g, 0);
-    for (unsigned w = 0; w < p->workers; w++)
-      for (uint64_t i = 0; i < nper; i++) {
-        gpu_unmap(g, 0, (char *)va[w] + i * p->chunk, p->chunk);
-        gpu_chunk_release(g, 0, handles[w * nper + i], p->chunk);
-      }
-    ps[r] = (double)(bench_ns() - t0) / 1e6;
+    if (gpu_set_access(b->g, 0, b->va[w], b->per) < 0) die("access", gpu_error());
   }
-  for (unsigned w = 0; w < p->workers; w++) gpu_va_free(g, 0, va[w], per);
-  gpu_close(g);
-  *pause_ms = median(ps, p->rounds);
-  *resume_ms = median(rs, p->rounds);
+  return (double)(bench_ns() - t0) / 1e6;
+}
+
+/* Unmap and release every chunk; milliseconds. */
+static double baseline_pause(const struct params *p, struct baseline *b) {
+  uint64_t t0 = bench_ns();
+  gpu_sync(b->g, 0);
+  for (unsigned w = 0; w < p->workers; w++)
+    for (uint64_t i = 0; i < b->nper; i++) {
+      gpu_unmap(b->g, 0, (char *)b->va[w] + i * p->chunk, p->chunk);
+      gpu_chunk_release(b->g, 0, b->handles[w * b->nper + i], p->chunk);
+    }
+  return (double)(bench_ns() - t0) / 1e6;
+}
+
+static void baseline_close(const struct params *p, struct baseline *b) {
+  for (unsigned w = 0; w < p->workers; w++) gpu_va_free(b->g, 0, b->va[w], b->per);
+  gpu_close(b->g);
 }
 
 /* Start a worker holding bytes in chunk-sized pieces; wait for "ready". */
@@ -102,11 +115,15 @@ static pid_t worker(const struct params *p, const char *sock, uint64_t bytes) {
   return pid;
 }
 
-/* The same memory held by workers, paused and resumed through gpumemd. */
-static void daemon_path(const struct params *p, double *pause_ms, double *resume_ms) {
+/* Both ways in turns, so that each creates memory the other just freed
+ * (the driver clears recycled memory when it is taken again): the first
+ * two rounds warm up and are not counted. */
+static void measure(const struct params *p, double out[4]) {
+  static struct baseline b;
+  baseline_open(p, &b);
   char sock[] = "/tmp/gpumemd-bench-pause.sock", chunk[32], devsize[32];
   snprintf(chunk, sizeof chunk, "%llu", (unsigned long long)p->chunk);
-  snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(p->total + p->chunk));
+  snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(2 * p->total + p->chunk));
   const char *extra[] = {"--backend", p->backend, "--chunk-size", chunk, "--host-devices", "1",
                          "--host-device-size", devsize, "--log-level", "info", NULL};
   pid_t d = bench_daemon(p->bin, sock, extra);
@@ -116,16 +133,25 @@ static void daemon_path(const struct params *p, double *pause_ms, double *resume
   if (gpumem_connect(sock, "bench", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c) < 0)
     die("connect", gpumem_last_error());
   const char *tag = "bench";
-  double ps[16], rs[16];
-  for (unsigned r = 0; r < p->rounds; r++) {
+  double v[4][16];
+  unsigned n = 0;
+  for (unsigned r = 0; r < p->rounds + 2; r++) {
     struct gpumem_op_result res;
     uint64_t t0 = bench_ns();
     if (gpumem_pause(c, &tag, 1, NULL, 0, 0, &res) < 0) die("pause", gpumem_last_error());
-    ps[r] = (double)(bench_ns() - t0) / 1e6;
-    if (res.bytes != p->total / p->workers * p->workers) die("pause", "not every byte paused");
+    double dp = (double)(bench_ns() - t0) / 1e6;
+    if (res.bytes != b.per * p->workers) die("pause", "not every byte paused");
+    double br = baseline_resume(p, &b);
+    double bp = baseline_pause(p, &b);
     t0 = bench_ns();
     if (gpumem_resume(c, &tag, 1, NULL, 0, 0, &res) < 0) die("resume", gpumem_last_error());
-    rs[r] = (double)(bench_ns() - t0) / 1e6;
+    double dr = (double)(bench_ns() - t0) / 1e6;
+    if (r < 2) continue;
+    v[0][n] = dp;
+    v[1][n] = dr;
+    v[2][n] = bp;
+    v[3][n] = br;
+    n++;
   }
   gpumem_disconnect(c);
   for (unsigned i = 0; i < p->workers; i++) {
@@ -133,8 +159,8 @@ static void daemon_path(const struct params *p, double *pause_ms, double *resume
     waitpid(w[i], NULL, 0);
   }
   bench_daemon_stop(d);
-  *pause_ms = median(ps, p->rounds);
-  *resume_ms = median(rs, p->rounds);
+  baseline_close(p, &b);
+  for (int k = 0; k < 4; k++) out[k] = median(v[k], n);
 }
 
 int main(int argc, char **argv) {
@@ -156,12 +182,12 @@ int main(int argc, char **argv) {
     }
   }
   if (optind < argc) p.bin = argv[optind];
-  if (!p.workers || p.workers > MAX_WORKERS || !p.rounds || p.rounds > 16 ||
+  if (!p.workers || p.workers > MAX_WORKERS || !p.rounds || p.rounds > 14 ||
       p.total % ((uint64_t)p.workers * p.chunk) || p.total / p.chunk > MAX_CHUNKS)
     die("parameters", "total must split into workers x chunks");
-  double bp, br, dp, dr;
-  baseline(&p, &bp, &br);
-  daemon_path(&p, &dp, &dr);
+  double m[4];
+  measure(&p, m);
+  double dp = m[0], dr = m[1], bp = m[2], br = m[3];
   char name[128], sz[32];
   size_format(p.total, sz, sizeof sz);
   snprintf(name, sizeof name, "pause %s, %u workers (%s)", sz, p.workers, p.backend);
