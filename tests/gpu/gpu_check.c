@@ -70,6 +70,7 @@ static uint64_t fnv(const uint8_t *p, size_t n, uint64_t h) {
 
 /* Start gpumem-worker with args; wait for "ready" in its output file. */
 static pid_t worker(const char *out, const char *const *args) {
+  unlink(out); /* a "ready" left by an earlier run must not count */
   pid_t pid = fork();
   if (pid == 0) {
     if (!freopen(out, "w", stdout)) _exit(126);

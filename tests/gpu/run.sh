@@ -31,7 +31,7 @@ kill "$daemon"; wait "$daemon" || status=1
 cat /tmp/gpumemd-gpu.log
 make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt >/dev/null
 mkdir -p build/bench
-build/bench/bench_pause --backend cuda --total 64G --chunk 1G --workers 4 build/bin \
+build/bench/bench_pause --backend cuda --total 64G --chunk 1G --workers 4 --rounds 9 build/bin \
   3>>build/bench/results-gpu.jsonl || status=1
 build/bench/bench_pause --backend cuda --total 8G --chunk 2M --workers 4 --rounds 1 build/bin \
   3>>build/bench/results-gpu.jsonl || status=1
