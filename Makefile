@@ -41,7 +41,7 @@ GPU_SRC += gpu/vmm.c
 endif
 
 GEN := $(O)/gen/proto/gpumemd.pb-c.c
-COMMON_SRC := common/frame.c common/idmap.c common/log.c common/size.c common/wire.c $(GPU_SRC)
+COMMON_SRC := common/frame.c common/hash.c common/idmap.c common/log.c common/size.c common/wire.c $(GPU_SRC)
 DAEMON_SRC := $(wildcard daemon/*.c)
 CLIENT_SRC := $(wildcard client/*.c)
 

@@ -56,6 +56,7 @@ static int run_op(gpumem_client *c, bool resume, const char *const *tags, size_t
     result->backup_bytes = o->backup_bytes;
     result->skipped = o->skipped;
     result->elapsed_us = o->elapsed_us;
+    result->backup_us = o->backup_us;
   } else if (rc == 0) {
     rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
   }
@@ -125,7 +126,15 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
     o->managed = d->managed;
     uint64_t used = d->total > d->free ? d->total - d->free : 0;
     o->unmanaged = used > d->managed ? used - d->managed : 0;
+    o->daemon_context = d->daemon_context;
+    snprintf(o->bus_id, sizeof o->bus_id, "%s", d->bus_id);
   }
+  s->backup_reserved = r->backup_reserved;
+  s->backup_limit = r->backup_limit;
+  s->last_backup_bytes = r->last_backup_bytes;
+  s->last_backup_us = r->last_backup_us;
+  s->last_restore_bytes = r->last_restore_bytes;
+  s->last_restore_us = r->last_restore_us;
   s->ntags = r->n_tags;
   for (size_t i = 0; i < r->n_tags; i++) {
     const Gpumem__Wire__TagInfo *t = r->tags[i];

@@ -17,6 +17,8 @@ struct config {
   uint64_t host_device_size;
   uint64_t host_granularity;
   uint64_t chunk_size;
+  uint64_t backup_limit;
+  bool verify_backups;
   uint32_t ack_timeout_ms;
   enum timeout_policy timeout_policy;
   unsigned max_sessions_per_uid;

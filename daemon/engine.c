@@ -48,6 +48,7 @@ struct op {
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
   struct list groups;
   uint64_t buffers, bytes, backup_bytes, skipped;
+  uint64_t copied0, copy_us0; /* the registry's copy totals at the start */
   struct detail *detail;
   size_t ndetail;
   struct fault fault; /* first failure, reported instead of the figures */
@@ -199,7 +200,16 @@ static void finish_resume(engine *e, struct group *g) {
 
 /* Answer the controller (if still there) with the operation's figures. */
 static void reply(engine *e, struct op *op) {
-  uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000;
+  uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000, copied, copy_us;
+  registry_copy_totals(e->reg, !op->resume, &copied, &copy_us);
+  copied -= op->copied0;
+  copy_us -= op->copy_us0;
+  if (copied) {
+    registry_note_last(e->reg, !op->resume, copied, copy_us);
+    log_info("%s copied %llu bytes in %llu us: %.1f GB/s", op->resume ? "restore" : "backup",
+             (unsigned long long)copied, (unsigned long long)copy_us,
+             copy_us ? (double)copied / (double)copy_us / 1e3 : 0.0);
+  }
   log_info("%s %s%s: %llu buffers, %llu bytes, %llu backed up, %llu skipped, %llu us "
            "(%llu us to send the events, %llu us for the owners)%s%s",
            op->resume ? "resume" : "pause", op->tags[0], op->ntags > 1 ? ",..." : "",
@@ -219,6 +229,7 @@ static void reply(engine *e, struct op *op) {
   r.backup_bytes = op->backup_bytes;
   r.skipped = op->skipped;
   r.elapsed_us = us;
+  r.backup_us = copy_us;
   Gpumem__Wire__TagDeviceBytes *td = calloc(op->ndetail + 1, sizeof *td);
   Gpumem__Wire__TagDeviceBytes **tdp = calloc(op->ndetail + 1, sizeof *tdp);
   if (td && tdp) {
@@ -433,7 +444,7 @@ static void start_resume(engine *e, struct op *op) {
   idmap *by_session = idmap_create();
   for (size_t i = 0; i < n && by_session; i++) {
     struct fault f = {0};
-    if (bufs[i]->backup) {
+    if (bufs[i]->backup_valid) {
       if (registry_restore(e->reg, bufs[i], &f) && !op->fault.code) op->fault = f;
       else op->backup_bytes += bufs[i]->size;
     }
@@ -505,6 +516,7 @@ static void run_queue(engine *e) {
     list_remove(&op->link);
     e->current = op;
     op->t0 = uv_hrtime();
+    registry_copy_totals(e->reg, !op->resume, &op->copied0, &op->copy_us0);
     e->busy = true;
     if (op->resume)
       start_resume(e, op);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "common/log.h"
@@ -25,6 +26,8 @@ static void usage(FILE *out) {
           "  --host-device-size SIZE   host backend: bytes per device (default 4G)\n"
           "  --host-granularity SIZE   host backend: allocation granularity (default 2M)\n"
           "  --chunk-size SIZE         largest physical chunk (default 1G)\n"
+          "  --backup-limit SIZE       host memory for BACKUP buffers (default half of RAM)\n"
+          "  --verify-backups          hash backups; fail a resume whose restore differs\n"
           "  --ack-timeout DURATION    wait for workers' acks (default 10s; 500ms, 2s)\n"
           "  --timeout-policy P        report (default) or kill workers that miss it\n"
           "  --controller-uid UID      a uid allowed to pause/resume (root and ours are)\n"
@@ -110,6 +113,7 @@ int main(int argc, char **argv) {
       .host_devices = 2,
       .host_device_size = 4ull << 30,
       .chunk_size = 1ull << 30,
+      .backup_limit = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 2,
       .ack_timeout_ms = 10000,
       .timeout_policy = TIMEOUT_REPORT,
       .max_sessions_per_uid = 4096,
@@ -124,6 +128,8 @@ int main(int argc, char **argv) {
       {"host-device-size", required_argument, 0, 'z'},
       {"host-granularity", required_argument, 0, 'G'},
       {"chunk-size", required_argument, 0, 'c'},
+      {"backup-limit", required_argument, 0, 'k'},
+      {"verify-backups", no_argument, 0, 'v'},
       {"ack-timeout", required_argument, 0, 't'},
       {"timeout-policy", required_argument, 0, 'p'},
       {"controller-uid", required_argument, 0, 'u'},
@@ -149,6 +155,10 @@ int main(int argc, char **argv) {
     case 'z':
       if (size_parse(optarg, &cfg.host_device_size)) return die_usage(name, optarg);
       break;
+    case 'k':
+      if (size_parse(optarg, &cfg.backup_limit)) return die_usage(name, optarg);
+      break;
+    case 'v': cfg.verify_backups = true; break;
     case 'G':
       if (size_parse(optarg, &cfg.host_granularity)) return die_usage(name, optarg);
       break;

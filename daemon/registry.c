@@ -4,29 +4,35 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/frame.h"
+#include "common/hash.h"
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
 
 struct registry {
   gpu *gpu;
-  uint64_t chunk_size;
+  struct registry_options opt;
   uint64_t next_id;
   idmap *buffers;
   struct list tags;
   uint64_t managed[REGISTRY_MAX_DEVICES];
-  uint64_t backup_bytes;
+  unsigned backup_buffers[REGISTRY_MAX_DEVICES]; /* BACKUP buffers per device */
+  uint64_t backup_bytes;    /* valid backups */
+  uint64_t backup_reserved; /* sizes of all BACKUP buffers */
+  uint64_t copied[2], copy_us[2]; /* [to_host]: backup copy totals */
+  uint64_t last_bytes[2], last_us[2]; /* [to_host]: the last operation's */
 };
 
 /* Create an empty registry over a backend. */
-registry *registry_create(gpu *g, uint64_t chunk_size) {
+registry *registry_create(gpu *g, const struct registry_options *opt) {
   registry *r = calloc(1, sizeof *r);
   if (!r) return NULL;
   r->gpu = g;
-  r->chunk_size = chunk_size;
+  r->opt = *opt;
   r->next_id = 1;
   list_init(&r->tags);
   if (!(r->buffers = idmap_create())) {
@@ -113,46 +119,99 @@ void registry_memory_release(registry *r, struct buffer *b) {
   r->managed[b->device] -= b->size;
 }
 
-/* Copy a buffer's contents to host memory. */
-wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
-  if (!b->backup && !(b->backup = malloc(b->size)))
-    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
-                     "no host memory for a %llu-byte backup",
-                     (unsigned long long)b->size);
-  uint64_t off = 0;
-  for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
-    if (gpu_chunk_read(r->gpu, b->device, b->handles[i], (char *)b->backup + off,
-                       b->chunk_sizes[i]) < 0) {
-      free(b->backup);
-      b->backup = NULL;
-      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
-                       "backup of buffer %llu: %s", (unsigned long long)b->id,
-                       gpu_error());
-    }
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Copy all chunks of a buffer one way, counting bytes and time. */
+static int copy(registry *r, struct buffer *b, void *host, bool to_host) {
+  uint64_t t0 = now_us();
+  int rc = gpu_chunks_copy(r->gpu, b->device, b->handles, b->chunk_sizes, b->nchunks, host, to_host);
+  if (rc == 0) {
+    r->copied[to_host] += b->size;
+    r->copy_us[to_host] += now_us() - t0;
   }
+  return rc;
+}
+
+/* Copy a buffer's contents to its backup, made on first use and kept. */
+wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
+  if (!b->backup && gpu_backup_alloc(r->gpu, b->device, b->size, &b->backup) < 0) {
+    b->backup = NULL;
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
+                     "no host memory for the backup of buffer %llu: %s",
+                     (unsigned long long)b->id, gpu_error());
+  }
+  if (copy(r, b, b->backup, true) < 0)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "backup of buffer %llu: %s",
+                     (unsigned long long)b->id, gpu_error());
+  if (r->opt.verify_backups) b->backup_hash = hash64(b->backup, b->size, 0);
+  b->backup_valid = true;
   r->backup_bytes += b->size;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
 static void drop_backup(registry *r, struct buffer *b) {
-  if (!b->backup) return;
-  free(b->backup);
+  if (b->backup_valid) r->backup_bytes -= b->size;
+  b->backup_valid = false;
+  if (b->backup) gpu_backup_free(r->gpu, b->device, b->backup, b->size);
   b->backup = NULL;
-  r->backup_bytes -= b->size;
 }
 
-/* Copy a buffer's backup into its memory and drop the backup. */
+/* Copy a buffer's backup into its memory, checking it when asked. */
 wire_code registry_restore(registry *r, struct buffer *b, struct fault *f) {
-  if (!b->backup) return GPUMEM__WIRE__ERROR_CODE__OK;
-  uint64_t off = 0;
-  for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++])
-    if (gpu_chunk_write(r->gpu, b->device, b->handles[i], (char *)b->backup + off,
-                        b->chunk_sizes[i]) < 0)
+  if (!b->backup_valid) return GPUMEM__WIRE__ERROR_CODE__OK;
+  unsigned long long id = (unsigned long long)b->id;
+  if (r->opt.verify_backups && hash64(b->backup, b->size, 0) != b->backup_hash)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                     "backup of buffer %llu changed while paused", id);
+  if (copy(r, b, b->backup, false) < 0)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "restore of buffer %llu: %s",
+                     id, gpu_error());
+  b->backup_valid = false;
+  r->backup_bytes -= b->size;
+  if (r->opt.verify_backups) {
+    void *back = malloc(b->size);
+    if (!back)
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL,
+                       "no host memory to verify buffer %llu", id);
+    int rc = gpu_chunks_copy(r->gpu, b->device, b->handles, b->chunk_sizes, b->nchunks, back, true);
+    uint64_t h = rc == 0 ? hash64(back, b->size, 0) : 0;
+    free(back);
+    if (rc < 0 || h != b->backup_hash) {
+      log_error("restore of buffer %llu does not match its backup (hash %016llx, backup %016llx)",
+                id, (unsigned long long)h, (unsigned long long)b->backup_hash);
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
-                       "restore of buffer %llu: %s", (unsigned long long)b->id,
-                       gpu_error());
-  drop_backup(r, b);
+                       "restore of buffer %llu does not match its backup", id);
+    }
+  }
   return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Bytes and microseconds of backup copies so far, one way. */
+void registry_copy_totals(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us) {
+  *bytes = r->copied[to_host];
+  *us = r->copy_us[to_host];
+}
+
+/* Remember the copy figures of the last operation that copied. */
+void registry_note_last(registry *r, bool to_host, uint64_t bytes, uint64_t us) {
+  r->last_bytes[to_host] = bytes;
+  r->last_us[to_host] = us;
+}
+
+/* The copy figures of the last operation that copied. */
+void registry_last(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us) {
+  *bytes = r->last_bytes[to_host];
+  *us = r->last_us[to_host];
+}
+
+/* Host memory reserved by BACKUP buffers, and the limit. */
+void registry_backup_budget(const registry *r, uint64_t *reserved, uint64_t *limit) {
+  *reserved = r->backup_reserved;
+  *limit = r->opt.backup_limit;
 }
 
 /* Check the request against the backend, round it, and cut it into chunks. */
@@ -173,7 +232,7 @@ static wire_code plan_chunks(registry *r, struct buffer *b, uint64_t size,
   /* Legacy IPC memory is one plain allocation; on the host backend it is
    * shared memory like any other and simply never pauses. */
   b->ipc = (b->flags & BUF_FLAG_IPC_LEGACY) && gpu_has_ipc(r->gpu);
-  uint64_t n = b->ipc ? 1 : (rounded + r->chunk_size - 1) / r->chunk_size;
+  uint64_t n = b->ipc ? 1 : (rounded + r->opt.chunk_size - 1) / r->opt.chunk_size;
   if (n > FRAME_MAX_FDS)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "size %llu needs %llu chunks, at most %d: raise --chunk-size",
@@ -184,8 +243,9 @@ static wire_code plan_chunks(registry *r, struct buffer *b, uint64_t size,
   b->handles = calloc(n, sizeof *b->handles);
   if (!b->chunk_sizes || !b->handles)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-  for (uint64_t i = 0, left = rounded; i < n; i++, left -= r->chunk_size)
-    b->chunk_sizes[i] = left < r->chunk_size || b->ipc ? left : r->chunk_size;
+  uint64_t cs = r->opt.chunk_size;
+  for (uint64_t i = 0, left = rounded; i < n; i++, left -= cs)
+    b->chunk_sizes[i] = left < cs || b->ipc ? left : cs;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
@@ -193,6 +253,31 @@ static void buffer_destroy(struct buffer *b) {
   free(b->chunk_sizes);
   free(b->handles);
   free(b);
+}
+
+/* Reserve backup room for a BACKUP buffer, holding what its device's
+ * backups need while any exist. */
+static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) {
+  if (!(b->flags & BUF_FLAG_BACKUP)) return GPUMEM__WIRE__ERROR_CODE__OK;
+  if (b->size > r->opt.backup_limit - r->backup_reserved)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+                     "backup limit: %llu bytes of backups reserved, %llu more would pass "
+                     "--backup-limit %llu",
+                     (unsigned long long)r->backup_reserved, (unsigned long long)b->size,
+                     (unsigned long long)r->opt.backup_limit);
+  if (r->backup_buffers[b->device] == 0 && gpu_hold(r->gpu, b->device) < 0)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "device %u: %s", b->device,
+                     gpu_error());
+  r->backup_buffers[b->device]++;
+  r->backup_reserved += b->size;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Give back what reserve_backup took. */
+static void unreserve_backup(registry *r, struct buffer *b) {
+  if (!(b->flags & BUF_FLAG_BACKUP)) return;
+  r->backup_reserved -= b->size;
+  if (--r->backup_buffers[b->device] == 0) gpu_unhold(r->gpu, b->device);
 }
 
 /* Allocate a buffer for owner. */
@@ -217,15 +302,16 @@ wire_code registry_alloc(registry *r, struct session *owner,
                    "tag '%s' is paused on device %u", tagname, device);
     goto fail;
   }
-  if (paused) {
-    b->state = BUF_PAUSED;
-  } else {
-    b->state = BUF_ACTIVE;
-    if ((rc = registry_memory_create(r, b, f))) goto fail;
+  if ((rc = reserve_backup(r, b, f))) goto fail;
+  b->state = paused ? BUF_PAUSED : BUF_ACTIVE;
+  if (!paused && (rc = registry_memory_create(r, b, f))) {
+    unreserve_backup(r, b);
+    goto fail;
   }
   b->id = r->next_id++;
   if (idmap_put(r->buffers, b->id, b) < 0) {
     registry_memory_release(r, b);
+    unreserve_backup(r, b);
     rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto fail;
   }
@@ -244,6 +330,7 @@ fail:
 void registry_free(registry *r, struct buffer *b) {
   registry_memory_release(r, b);
   drop_backup(r, b);
+  unreserve_backup(r, b);
   idmap_del(r->buffers, b->id);
   list_remove(&b->tag_link);
   list_remove(&b->owner_link);

@@ -49,15 +49,23 @@ struct buffer {
   bool has_memory;
   bool ipc;      /* legacy IPC memory (handles[0] is its device pointer) */
   uint8_t ipc_handle[GPU_IPC_HANDLE_SIZE];
-  void *backup; /* host copy of the contents while paused (BACKUP) */
+  void *backup;      /* host memory for its contents (BACKUP), kept once made */
+  bool backup_valid; /* the backup holds the contents (paused) */
+  uint64_t backup_hash; /* with --verify-backups */
   struct list tag_link, owner_link;
 };
 
 typedef struct registry registry;
 
-/* Create an empty registry over a backend, cutting buffers into chunks of
- * at most chunk_size bytes. */
-registry *registry_create(gpu *g, uint64_t chunk_size);
+/* How the registry cuts buffers and keeps backups. */
+struct registry_options {
+  uint64_t chunk_size;   /* largest physical chunk */
+  uint64_t backup_limit; /* host memory BACKUP buffers may reserve */
+  bool verify_backups;   /* hash backups and check them after restore */
+};
+
+/* Create an empty registry over a backend. */
+registry *registry_create(gpu *g, const struct registry_options *opt);
 
 /* Free every buffer and the registry. */
 void registry_destroy(registry *r);
@@ -92,16 +100,30 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
 /* Release a buffer's physical memory. */
 void registry_memory_release(registry *r, struct buffer *b);
 
-/* Copy a buffer's contents to host memory. Returns OK or an error. */
+/* Copy a buffer's contents to its backup in host memory. Returns OK or an
+ * error (then nothing changed). */
 wire_code registry_backup(registry *r, struct buffer *b, struct fault *f);
 
-/* Copy a buffer's backup into its (new) memory and drop the backup. */
+/* Copy a buffer's backup into its (new) memory; with verification, read it
+ * back and compare. The backup's memory is kept for the next pause. */
 wire_code registry_restore(registry *r, struct buffer *b, struct fault *f);
+
+/* Bytes and microseconds of backup copies so far, one way. */
+void registry_copy_totals(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us);
+
+/* Remember the copy figures of the last operation that copied, one way. */
+void registry_note_last(registry *r, bool to_host, uint64_t bytes, uint64_t us);
+
+/* The copy figures of the last operation that copied, one way. */
+void registry_last(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us);
+
+/* Host memory reserved by BACKUP buffers, and the limit. */
+void registry_backup_budget(const registry *r, uint64_t *reserved, uint64_t *limit);
 
 /* Bytes of physical memory the daemon holds on a device. */
 uint64_t registry_managed(const registry *r, unsigned device);
 
-/* Bytes of backups held in host memory. */
+/* Bytes of backups that hold contents (paused BACKUP buffers). */
 uint64_t registry_backup_bytes(const registry *r);
 
 /* Number of buffers. */

@@ -25,6 +25,7 @@ Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n) {
     char *bus = (char *)(d + ndev + 1) + (size_t)i * REPORT_BUS_ID_LEN;
     if (gpu_bus_id(g, i, bus, REPORT_BUS_ID_LEN) < 0) bus[0] = '\0';
     d[i].bus_id = bus;
+    d[i].daemon_context = gpu_holding(g, i);
     v[i] = &d[i];
   }
   *n = ndev;
@@ -52,7 +53,7 @@ static buffer_state tag_state(const struct tag *t, uint64_t *paused_buffers,
       (*paused_buffers)++;
       if (!b->has_memory) *paused_bytes += b->size;
     }
-    if (b->backup) *backup_bytes += b->size;
+    if (b->backup_valid) *backup_bytes += b->size;
     if (b->state == BUF_PAUSING || b->state == BUF_RESUMING) st = b->state;
   }
   return st;
@@ -109,6 +110,9 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
   }
   r.sessions = sesp;
   r.n_sessions = nsessions;
+  registry_backup_budget(reg, &r.backup_reserved, &r.backup_limit);
+  registry_last(reg, true, &r.last_backup_bytes, &r.last_backup_us);
+  registry_last(reg, false, &r.last_restore_bytes, &r.last_restore_us);
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = req_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;

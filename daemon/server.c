@@ -53,7 +53,10 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
     free(srv);
     return NULL;
   }
-  srv->reg = registry_create(g, cfg->chunk_size);
+  struct registry_options ro = {.chunk_size = cfg->chunk_size,
+                                .backup_limit = cfg->backup_limit,
+                                .verify_backups = cfg->verify_backups};
+  srv->reg = registry_create(g, &ro);
   srv->eng = srv->reg ? engine_create(loop, srv->reg, g, cfg) : NULL;
   if (!srv->eng) {
     snprintf(err, errlen, "out of memory");

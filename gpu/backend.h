@@ -19,8 +19,13 @@ struct gpu_ops {
   int (*chunk_export)(void *state, uint64_t handle, int *fd);
   void (*chunk_release)(void *state, unsigned dev, uint64_t handle,
                         uint64_t size);
-  int (*chunk_read)(void *state, unsigned dev, uint64_t handle, void *dst, size_t len);
-  int (*chunk_write)(void *state, unsigned dev, uint64_t handle, const void *src, size_t len);
+  int (*chunks_copy)(void *state, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
+                     size_t n, void *host, bool to_host);
+  int (*backup_alloc)(void *state, unsigned dev, uint64_t size, void **host);
+  void (*backup_free)(void *state, unsigned dev, void *host, uint64_t size);
+  int (*hold)(void *state, unsigned dev);
+  void (*unhold)(void *state, unsigned dev);
+  bool (*holding)(void *state, unsigned dev);
   int (*bus_id)(void *state, unsigned dev, char *buf, size_t len);
   int (*device_by_bus_id)(void *state, const char *bus_id);
   int (*va_reserve)(void *state, unsigned dev, uint64_t size, void **va);

@@ -21,7 +21,8 @@
   X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent)            \
   X(cuCtxSynchronize) X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuMemsetD32) X(cuMemGetInfo)     \
   X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)                  \
-  X(cuIpcCloseMemHandle)
+  X(cuIpcCloseMemHandle) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)     \
+  X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)
 
 #define DECLARE(fn) static __typeof__(&fn) p_##fn;
 CUDA_CALLS(DECLARE)
@@ -192,6 +193,31 @@ static int cuda_htod(uint64_t dst, const void *src, uint64_t n) {
   return p_cuMemcpyHtoD(dst, src, n);
 }
 
+static int cuda_stream_create(void **stream) {
+  CUstream s;
+  CUresult rc = p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  *stream = s;
+  return (int)rc;
+}
+
+static int cuda_stream_destroy(void *stream) { return p_cuStreamDestroy((CUstream)stream); }
+
+static int cuda_stream_sync(void *stream) { return p_cuStreamSynchronize((CUstream)stream); }
+
+static int cuda_dtoh_async(void *dst, uint64_t src, uint64_t n, void *stream) {
+  return p_cuMemcpyDtoHAsync(dst, src, n, (CUstream)stream);
+}
+
+static int cuda_htod_async(uint64_t dst, const void *src, uint64_t n, void *stream) {
+  return p_cuMemcpyHtoDAsync(dst, src, n, (CUstream)stream);
+}
+
+static int cuda_host_alloc(void **p, uint64_t size) {
+  return p_cuMemHostAlloc(p, size, CU_MEMHOSTALLOC_PORTABLE);
+}
+
+static int cuda_host_free(void *p) { return p_cuMemFreeHost(p); }
+
 static int cuda_memset32(uint64_t dst, uint32_t value, uint64_t count) {
   return p_cuMemsetD32(dst, value, count);
 }
@@ -271,6 +297,13 @@ const struct vmm_vendor vmm_cuda = {
     .sync = cuda_sync,
     .dtoh = cuda_dtoh,
     .htod = cuda_htod,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .dtoh_async = cuda_dtoh_async,
+    .htod_async = cuda_htod_async,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .memset32 = cuda_memset32,
     .mem_info = cuda_mem_info,
     .ipc_alloc = cuda_ipc_alloc,

@@ -94,15 +94,30 @@ void gpu_chunk_release(gpu *g, unsigned dev, uint64_t handle, uint64_t size) {
   g->ops->chunk_release(g->state, dev, handle, size);
 }
 
-/* Copy a chunk's bytes to host memory. */
-int gpu_chunk_read(gpu *g, unsigned dev, uint64_t handle, void *dst, size_t len) {
-  return g->ops->chunk_read(g->state, dev, handle, dst, len);
+/* Copy whole chunks to or from host memory. */
+int gpu_chunks_copy(gpu *g, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
+                    size_t n, void *host, bool to_host) {
+  return g->ops->chunks_copy(g->state, dev, handles, sizes, n, host, to_host);
 }
 
-/* Copy host memory into a chunk. */
-int gpu_chunk_write(gpu *g, unsigned dev, uint64_t handle, const void *src, size_t len) {
-  return g->ops->chunk_write(g->state, dev, handle, src, len);
+/* Host memory for backups. */
+int gpu_backup_alloc(gpu *g, unsigned dev, uint64_t size, void **host) {
+  return g->ops->backup_alloc(g->state, dev, size, host);
 }
+
+/* Free backup memory. */
+void gpu_backup_free(gpu *g, unsigned dev, void *host, uint64_t size) {
+  g->ops->backup_free(g->state, dev, host, size);
+}
+
+/* Hold what backups need. */
+int gpu_hold(gpu *g, unsigned dev) { return g->ops->hold(g->state, dev); }
+
+/* Let go of a hold. */
+void gpu_unhold(gpu *g, unsigned dev) { g->ops->unhold(g->state, dev); }
+
+/* True while this process holds a context on dev. */
+bool gpu_holding(gpu *g, unsigned dev) { return g->ops->holding(g->state, dev); }
 
 /* The device's PCI bus id. */
 int gpu_bus_id(gpu *g, unsigned dev, char *buf, size_t len) {

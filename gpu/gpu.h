@@ -51,11 +51,27 @@ int gpu_chunk_export(gpu *g, uint64_t handle, int *fd);
 /* Daemon side: release a chunk (memory returns once importers let go). */
 void gpu_chunk_release(gpu *g, unsigned dev, uint64_t handle, uint64_t size);
 
-/* Daemon side: copy a whole chunk of len bytes on dev to host memory. */
-int gpu_chunk_read(gpu *g, unsigned dev, uint64_t handle, void *dst, size_t len);
+/* Daemon side: copy whole chunks of dev, in order, to host memory at host
+ * (to_host) or from it; on GPUs in pieces overlapped on several streams. */
+int gpu_chunks_copy(gpu *g, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
+                    size_t n, void *host, bool to_host);
 
-/* Daemon side: copy len bytes of host memory into a whole chunk on dev. */
-int gpu_chunk_write(gpu *g, unsigned dev, uint64_t handle, const void *src, size_t len);
+/* Daemon side: host memory for backups of dev, kept across pauses (pinned
+ * on GPUs, so that copies run at the link's speed). */
+int gpu_backup_alloc(gpu *g, unsigned dev, uint64_t size, void **host);
+
+/* Daemon side: free memory from gpu_backup_alloc. */
+void gpu_backup_free(gpu *g, unsigned dev, void *host, uint64_t size);
+
+/* Daemon side: hold what backups on dev need (a device context on GPUs),
+ * counted; gpu_unhold lets go. */
+int gpu_hold(gpu *g, unsigned dev);
+
+/* Daemon side: let go of one gpu_hold. */
+void gpu_unhold(gpu *g, unsigned dev);
+
+/* Daemon side: true while this process holds a context on dev. */
+bool gpu_holding(gpu *g, unsigned dev);
 
 /* Daemon side: the device's PCI bus id ("0000:17:00.0"), which names the
  * same GPU in every process whatever its device numbering. */

@@ -26,7 +26,9 @@
   X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap) X(hipMemUnmap)                \
   X(hipMemSetAccess) X(hipSetDevice) X(hipDeviceSynchronize) X(hipMemcpyDtoH)             \
   X(hipMemcpyHtoD) X(hipMemsetD32) X(hipMemGetInfo) X(hipMalloc) X(hipFree)               \
-  X(hipIpcGetMemHandle) X(hipIpcOpenMemHandle) X(hipIpcCloseMemHandle)
+  X(hipIpcGetMemHandle) X(hipIpcOpenMemHandle) X(hipIpcCloseMemHandle)                   \
+  X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize)                 \
+  X(hipMemcpyDtoHAsync) X(hipMemcpyHtoDAsync) X(hipHostMalloc) X(hipHostFree)
 
 #define DECLARE(fn) static __typeof__(&fn) p_##fn;
 HIP_CALLS(DECLARE)
@@ -183,6 +185,31 @@ static int hip_htod(uint64_t dst, const void *src, uint64_t n) {
   return p_hipMemcpyHtoD(ptr(dst), (void *)src, n);
 }
 
+static int hip_stream_create(void **stream) {
+  hipStream_t s = NULL;
+  hipError_t rc = p_hipStreamCreateWithFlags(&s, hipStreamNonBlocking);
+  *stream = s;
+  return (int)rc;
+}
+
+static int hip_stream_destroy(void *stream) { return p_hipStreamDestroy((hipStream_t)stream); }
+
+static int hip_stream_sync(void *stream) { return p_hipStreamSynchronize((hipStream_t)stream); }
+
+static int hip_dtoh_async(void *dst, uint64_t src, uint64_t n, void *stream) {
+  return p_hipMemcpyDtoHAsync(dst, ptr(src), n, (hipStream_t)stream);
+}
+
+static int hip_htod_async(uint64_t dst, const void *src, uint64_t n, void *stream) {
+  return p_hipMemcpyHtoDAsync(ptr(dst), (void *)src, n, (hipStream_t)stream);
+}
+
+static int hip_host_alloc(void **p, uint64_t size) {
+  return p_hipHostMalloc(p, size, hipHostMallocPortable);
+}
+
+static int hip_host_free(void *p) { return p_hipHostFree(p); }
+
 static int hip_memset32(uint64_t dst, uint32_t value, uint64_t count) {
   return p_hipMemsetD32(ptr(dst), (int)value, count);
 }
@@ -253,6 +280,13 @@ const struct vmm_vendor vmm_hip = {
     .sync = hip_sync,
     .dtoh = hip_dtoh,
     .htod = hip_htod,
+    .stream_create = hip_stream_create,
+    .stream_destroy = hip_stream_destroy,
+    .stream_sync = hip_stream_sync,
+    .dtoh_async = hip_dtoh_async,
+    .htod_async = hip_htod_async,
+    .host_alloc = hip_host_alloc,
+    .host_free = hip_host_free,
     .memset32 = hip_memset32,
     .mem_info = hip_mem_info,
     .ipc_alloc = hip_ipc_alloc,

@@ -111,33 +111,60 @@ static void host_chunk_release(void *state, unsigned dev, uint64_t handle,
   h->committed[dev] -= size;
 }
 
-static int host_chunk_read(void *state, unsigned dev, uint64_t handle, void *dst, size_t len) {
+/* The kernel copies between the memfd's pages and ours: no mapping, no
+ * page faults on the chunk. */
+static int host_chunks_copy(void *state, unsigned dev, const uint64_t *handles,
+                            const uint64_t *sizes, size_t n, void *host, bool to_host) {
   (void)state;
   (void)dev;
-  const uint64_t off = 0;
-  for (size_t done = 0; done < len;) {
-    ssize_t n = pread((int)handle, (char *)dst + done, len - done,
-                      (off_t)(off + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return gpu_fail(n < 0 ? -errno : -EIO, "reading chunk failed");
-    done += (size_t)n;
+  char *p = host;
+  for (size_t i = 0; i < n; p += sizes[i++]) {
+    for (size_t done = 0; done < sizes[i];) {
+      ssize_t k = to_host ? pread((int)handles[i], p + done, sizes[i] - done, (off_t)done)
+                          : pwrite((int)handles[i], p + done, sizes[i] - done, (off_t)done);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return gpu_fail(k < 0 ? -errno : -EIO, "%s chunk: %s",
+                                  to_host ? "reading" : "writing", strerror(k < 0 ? errno : EIO));
+      done += (size_t)k;
+    }
   }
   return 0;
 }
 
-static int host_chunk_write(void *state, unsigned dev, uint64_t handle, const void *src,
-                            size_t len) {
+/* Backups live in anonymous memory, faulted in once and then reused. */
+static int host_backup_alloc(void *state, unsigned dev, uint64_t size, void **host) {
   (void)state;
   (void)dev;
-  const uint64_t off = 0;
-  for (size_t done = 0; done < len;) {
-    ssize_t n = pwrite((int)handle, (const char *)src + done, len - done,
-                       (off_t)(off + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return gpu_fail(n < 0 ? -errno : -EIO, "writing chunk failed");
-    done += (size_t)n;
-  }
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) return gpu_fail(-ENOMEM, "backup of %llu bytes: %s",
+                                       (unsigned long long)size, strerror(errno));
+  *host = p;
   return 0;
+}
+
+static void host_backup_free(void *state, unsigned dev, void *host, uint64_t size) {
+  (void)state;
+  (void)dev;
+  munmap(host, size);
+}
+
+/* Host memory needs no context. */
+static int host_hold(void *state, unsigned dev) {
+  (void)state;
+  (void)dev;
+  return 0;
+}
+
+static void host_unhold(void *state, unsigned dev) {
+  (void)state;
+  (void)dev;
+}
+
+static bool host_holding(void *state, unsigned dev) {
+  (void)state;
+  (void)dev;
+  return false;
 }
 
 /* Host devices have made-up bus ids, the same in every process. */
@@ -171,6 +198,8 @@ static void host_va_free(void *state, unsigned dev, void *va, uint64_t size) {
   munmap(va, size);
 }
 
+/* The fd is the handle until it is mapped; the mapping then keeps the
+ * memory alive and the fd is closed, so clients hold no fd per chunk. */
 static int host_import(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
   (void)state;
   (void)dev;
@@ -179,12 +208,15 @@ static int host_import(void *state, unsigned dev, int fd, uint64_t size, uint64_
   return 0;
 }
 
-/* Map without access, as cuMemMap does; gpu_set_access grants it. */
+/* Map without access, as cuMemMap does; gpu_set_access grants it. The
+ * handle (fd) is consumed either way. */
 static int host_map(void *state, unsigned dev, void *va, uint64_t size, uint64_t handle) {
   (void)state;
   (void)dev;
   void *p = mmap(va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)handle, 0);
-  if (p == MAP_FAILED) return gpu_fail(-errno, "map: %s", strerror(errno));
+  int e = errno;
+  close((int)handle);
+  if (p == MAP_FAILED) return gpu_fail(-e, "map: %s", strerror(e));
   return 0;
 }
 
@@ -206,10 +238,11 @@ static int host_unmap(void *state, unsigned dev, void *va, uint64_t size) {
   return 0;
 }
 
+/* Nothing left to release: host_map closed the fd. */
 static void host_release(void *state, unsigned dev, uint64_t handle) {
   (void)state;
   (void)dev;
-  close((int)handle);
+  (void)handle;
 }
 
 /* Host memory is coherent: nothing to wait for. */
@@ -251,8 +284,12 @@ const struct gpu_ops gpu_host_ops = {
     .chunk_create = host_chunk_create,
     .chunk_export = host_chunk_export,
     .chunk_release = host_chunk_release,
-    .chunk_read = host_chunk_read,
-    .chunk_write = host_chunk_write,
+    .chunks_copy = host_chunks_copy,
+    .backup_alloc = host_backup_alloc,
+    .backup_free = host_backup_free,
+    .hold = host_hold,
+    .unhold = host_unhold,
+    .holding = host_holding,
     .bus_id = host_bus_id,
     .device_by_bus_id = host_device_by_bus_id,
     .va_reserve = host_va_reserve,

@@ -141,51 +141,105 @@ static void vmm_chunk_release(void *state, unsigned dev, uint64_t handle, uint64
   m->v->release(handle);
 }
 
-/* Map a chunk into this process for a copy, with a context held. */
-static int map_for_copy(struct vmm *m, unsigned dev, uint64_t handle, uint64_t size,
-                        uint64_t *va) {
+/* Copies go in pieces of this size, round-robin over the streams, so that
+ * both directions of the link and the copy engines stay busy. */
+#define COPY_PIECE (64ull << 20)
+#define COPY_STREAMS 4
+
+/* Map whole chunks at one fresh range of this process. */
+static int map_chunks(struct vmm *m, unsigned dev, const uint64_t *handles,
+                      const uint64_t *sizes, size_t n, uint64_t total, uint64_t *va) {
+  TRY(m, m->v->reserve(total, m->granularity, va), "MemAddressReserve");
+  uint64_t off = 0;
+  size_t i = 0;
+  int st = 0;
+  for (; i < n && st == 0; off += sizes[i++]) st = m->v->map(*va + off, sizes[i], handles[i]);
+  if (st == 0 && (st = m->v->set_access(*va, total, (int)dev)) == 0) return 0;
+  for (off = 0; i-- > 0;) {
+    m->v->unmap(*va + off, sizes[i]);
+    off += sizes[i];
+  }
+  m->v->address_free(*va, total);
+  return fail(m, st, "MemMap/MemSetAccess");
+}
+
+static void unmap_chunks(struct vmm *m, const uint64_t *sizes, size_t n, uint64_t total,
+                         uint64_t va) {
+  uint64_t off = 0;
+  for (size_t i = 0; i < n; off += sizes[i++]) m->v->unmap(va + off, sizes[i]);
+  m->v->address_free(va, total);
+}
+
+/* Copy whole chunks through a temporary mapping, overlapped on streams. */
+static int vmm_chunks_copy(void *state, unsigned dev, const uint64_t *handles,
+                           const uint64_t *sizes, size_t n, void *host, bool to_host) {
+  struct vmm *m = state;
   int rc = ctx_get(m, (int)dev);
   if (rc < 0) return rc;
-  int st = m->v->reserve(size, m->granularity, va);
-  const char *call = "MemAddressReserve";
-  if (st == 0) {
-    call = "MemMap";
-    if ((st = m->v->map(*va, size, handle)) == 0) {
-      call = "MemSetAccess";
-      if ((st = m->v->set_access(*va, size, (int)dev)) == 0) return 0;
-      m->v->unmap(*va, size);
-    }
-    m->v->address_free(*va, size);
+  uint64_t total = 0, va = 0;
+  for (size_t i = 0; i < n; i++) total += sizes[i];
+  void *streams[COPY_STREAMS] = {NULL};
+  int st = 0, k = 0;
+  const char *call = "StreamCreate";
+  if ((rc = map_chunks(m, dev, handles, sizes, n, total, &va)) < 0) goto out;
+  for (; k < COPY_STREAMS && st == 0; k++) st = m->v->stream_create(&streams[k]);
+  if (st != 0) {
+    k--;
+    goto done;
   }
+  call = to_host ? "MemcpyDtoHAsync" : "MemcpyHtoDAsync";
+  for (uint64_t off = 0, i = 0; off < total && st == 0; off += COPY_PIECE, i++) {
+    uint64_t len = total - off < COPY_PIECE ? total - off : COPY_PIECE;
+    void *s = streams[i % COPY_STREAMS];
+    st = to_host ? m->v->dtoh_async((char *)host + off, va + off, len, s)
+                 : m->v->htod_async(va + off, (char *)host + off, len, s);
+  }
+  for (int j = 0; j < k; j++) {
+    int sync = m->v->stream_sync(streams[j]);
+    if (st == 0 && sync != 0) {
+      st = sync;
+      call = "StreamSynchronize";
+    }
+  }
+done:
+  for (int j = 0; j < k; j++) m->v->stream_destroy(streams[j]);
+  unmap_chunks(m, sizes, n, total, va);
+  if (st != 0) rc = fail(m, st, call);
+out:
   ctx_put(m, (int)dev);
-  return fail(m, st, call);
+  return rc;
 }
 
-static void unmap_after_copy(struct vmm *m, unsigned dev, uint64_t va, uint64_t size) {
-  m->v->unmap(va, size);
-  m->v->address_free(va, size);
-  ctx_put(m, (int)dev);
-}
-
-/* Copy a whole chunk through a temporary mapping. */
-static int chunk_copy(struct vmm *m, unsigned dev, uint64_t handle, void *host, size_t len,
-                      bool to_host) {
-  uint64_t va;
-  int rc = map_for_copy(m, dev, handle, len, &va);
+/* Pinned backups live in the device's context, held while they exist. */
+static int vmm_backup_alloc(void *state, unsigned dev, uint64_t size, void **host) {
+  struct vmm *m = state;
+  int rc = ctx_get(m, (int)dev);
   if (rc < 0) return rc;
-  int st = to_host ? m->v->dtoh(host, va, len) : m->v->htod(va, host, len);
-  unmap_after_copy(m, dev, va, len);
-  if (st != 0) return fail(m, st, to_host ? "MemcpyDtoH" : "MemcpyHtoD");
+  int st = m->v->host_alloc(host, size);
+  if (st != 0) {
+    ctx_put(m, (int)dev);
+    return fail(m, st, "MemHostAlloc");
+  }
   return 0;
 }
 
-static int vmm_chunk_read(void *state, unsigned dev, uint64_t handle, void *dst, size_t len) {
-  return chunk_copy(state, dev, handle, dst, len, true);
+static void vmm_backup_free(void *state, unsigned dev, void *host, uint64_t size) {
+  struct vmm *m = state;
+  (void)size;
+  if (m->v->ctx_use((int)dev) == 0) m->v->host_free(host);
+  ctx_put(m, (int)dev);
 }
 
-static int vmm_chunk_write(void *state, unsigned dev, uint64_t handle, const void *src,
-                           size_t len) {
-  return chunk_copy(state, dev, handle, (void *)src, len, false);
+static int vmm_hold(void *state, unsigned dev) { return ctx_get(state, (int)dev); }
+
+static void vmm_unhold(void *state, unsigned dev) { ctx_put(state, (int)dev); }
+
+static bool vmm_holding(void *state, unsigned dev) {
+  struct vmm *m = state;
+  pthread_mutex_lock(&m->mu);
+  bool held = dev < VMM_MAX_DEVICES && m->ctx_refs[dev] > 0;
+  pthread_mutex_unlock(&m->mu);
+  return held;
 }
 
 static int vmm_bus_id(void *state, unsigned dev, char *buf, size_t len) {
@@ -333,7 +387,9 @@ static void vmm_ipc_close(void *state, unsigned dev, void *va) {
     .device_count = vmm_device_count, .granularity = vmm_granularity,                \
     .mem_info = vmm_mem_info, .chunk_create = vmm_chunk_create,                      \
     .chunk_export = vmm_chunk_export, .chunk_release = vmm_chunk_release,            \
-    .chunk_read = vmm_chunk_read, .chunk_write = vmm_chunk_write,                    \
+    .chunks_copy = vmm_chunks_copy, .backup_alloc = vmm_backup_alloc,                \
+    .backup_free = vmm_backup_free, .hold = vmm_hold, .unhold = vmm_unhold,          \
+    .holding = vmm_holding,                                                          \
     .bus_id = vmm_bus_id, .device_by_bus_id = vmm_device_by_bus_id,                  \
     .va_reserve = vmm_va_reserve, .va_free = vmm_va_free, .import = vmm_import,      \
     .map = vmm_map, .set_access = vmm_set_access, .unmap = vmm_unmap,                \

@@ -38,6 +38,14 @@ struct vmm_vendor {
   int (*sync)(void);
   int (*dtoh)(void *dst, uint64_t src, uint64_t n);
   int (*htod)(uint64_t dst, const void *src, uint64_t n);
+  int (*stream_create)(void **stream);
+  int (*stream_destroy)(void *stream);
+  int (*stream_sync)(void *stream);
+  int (*dtoh_async)(void *dst, uint64_t src, uint64_t n, void *stream);
+  int (*htod_async)(uint64_t dst, const void *src, uint64_t n, void *stream);
+  /* Pinned host memory, usable from every context. */
+  int (*host_alloc)(void **p, uint64_t size);
+  int (*host_free)(void *p);
   int (*memset32)(uint64_t dst, uint32_t value, uint64_t count);
   /* Free and total device memory, without a context where possible. */
   int (*mem_info)(int dev, uint64_t *free_bytes, uint64_t *total);

@@ -178,6 +178,7 @@ struct gpumem_op_result {
   uint64_t backup_bytes; /* bytes backed up or restored */
   uint64_t skipped;      /* buffers that never pause */
   uint64_t elapsed_us;
+  uint64_t backup_us;    /* of which copying contents to or from host memory */
   uint64_t bytes_needed, bytes_free; /* GPUMEM_E_OUT_OF_MEMORY */
   unsigned npids;                    /* GPUMEM_E_CLIENT_TIMEOUT */
   uint32_t pids[64];
@@ -202,6 +203,8 @@ GPUMEM_EXPORT int gpumem_resume(gpumem_client *c, const char *const *tags,
 struct gpumem_device_status {
   unsigned index;
   uint64_t total, free, managed, unmanaged;
+  int daemon_context; /* 1 while gpumemd holds a context here (backups, IPC) */
+  char bus_id[32];
 };
 
 /* One tag in a status. */
@@ -228,6 +231,9 @@ struct gpumem_status {
   struct gpumem_device_status *devices;
   struct gpumem_tag_status *tags;
   struct gpumem_session_status *sessions;
+  uint64_t backup_reserved, backup_limit; /* host memory for BACKUP buffers */
+  uint64_t last_backup_bytes, last_backup_us;   /* the last pause that copied */
+  uint64_t last_restore_bytes, last_restore_us; /* the last resume that copied */
 };
 
 /* Ask for the status; free it with gpumem_status_free. */

@@ -19,7 +19,9 @@ static void setup(void) {
   struct gpu_options o = {.backend = "host", .host_devices = 2, .host_device_size = 64 * MiB};
   char err[128];
   ck_assert_int_eq(gpu_open(&o, &g, err, sizeof err), 0);
-  reg = registry_create(g, 16 * MiB);
+  struct registry_options ro = {.chunk_size = 16 * MiB, .backup_limit = 32 * MiB,
+                                .verify_backups = true};
+  reg = registry_create(g, &ro);
   list_init(&owner);
   memset(&f, 0, sizeof f);
 }
@@ -96,20 +98,26 @@ START_TEST(backup_and_restore_keep_contents) {
   struct buffer *b;
   ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(OK));
-  uint64_t chunk0 = b->chunk_sizes[0];
-  char *pattern = malloc(chunk0);
-  for (size_t i = 0; i < chunk0; i++) pattern[i] = (char)(i * 13);
-  ck_assert_int_eq(gpu_chunk_write(g, 0, b->handles[0], pattern, chunk0), 0);
+  char *pattern = malloc(b->size);
+  for (size_t i = 0; i < b->size; i++) pattern[i] = (char)(i * 13);
+  ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, pattern, false), 0);
   ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
   ck_assert_uint_eq(registry_backup_bytes(reg), b->size);
+  void *store = b->backup;
   registry_memory_release(reg, b);
   ck_assert_uint_eq(registry_managed(reg, 0), 0);
   ck_assert_int_eq(registry_memory_create(reg, b, &f), CODE(OK));
   ck_assert_int_eq(registry_restore(reg, b, &f), CODE(OK));
   ck_assert_uint_eq(registry_backup_bytes(reg), 0);
-  char *back = malloc(chunk0);
-  ck_assert_int_eq(gpu_chunk_read(g, 0, b->handles[0], back, chunk0), 0);
-  ck_assert(memcmp(back, pattern, chunk0) == 0);
+  char *back = malloc(b->size);
+  ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, back, true), 0);
+  ck_assert(memcmp(back, pattern, b->size) == 0);
+  /* The next pause reuses the same host memory. */
+  ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
+  ck_assert_ptr_eq(b->backup, store);
+  uint64_t bytes, us;
+  registry_copy_totals(reg, true, &bytes, &us);
+  ck_assert_uint_eq(bytes, 2 * b->size);
   free(pattern);
   free(back);
 }

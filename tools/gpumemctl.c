@@ -2,6 +2,7 @@
  * operation failed (the daemon's words on stderr), 2 usage error. */
 #include <errno.h>
 #include <getopt.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@ static void usage(FILE *out) {
           "commands:\n"
           "  status                    devices, tags and sessions\n"
           "  list                      every buffer\n"
+          "  metrics                   the status in Prometheus text format\n"
           "  pause TAG...              unmap and free the tags' memory on the node\n"
           "  resume TAG...             take it again (all or nothing)\n"
           "options:\n"
@@ -52,9 +54,13 @@ static void print_status_json(const struct gpumem_status *s) {
   printf(",\"granularity\":%llu,\"devices\":[", (unsigned long long)s->granularity);
   for (size_t i = 0; i < s->ndevices; i++) {
     const struct gpumem_device_status *d = &s->devices[i];
-    printf("%s{\"index\":%u,\"total\":%llu,\"free\":%llu,\"managed\":%llu,\"unmanaged\":%llu}",
+    printf("%s{\"index\":%u,\"total\":%llu,\"free\":%llu,\"managed\":%llu,\"unmanaged\":%llu,"
+           "\"daemon_context\":%s,\"bus_id\":",
            i ? "," : "", d->index, (unsigned long long)d->total, (unsigned long long)d->free,
-           (unsigned long long)d->managed, (unsigned long long)d->unmanaged);
+           (unsigned long long)d->managed, (unsigned long long)d->unmanaged,
+           d->daemon_context ? "true" : "false");
+    json_str(d->bus_id);
+    printf("}");
   }
   printf("],\"tags\":[");
   for (size_t i = 0; i < s->ntags; i++) {
@@ -76,7 +82,11 @@ static void print_status_json(const struct gpumem_status *s) {
     printf(",\"role\":\"%s\",\"buffers\":%llu,\"bytes\":%llu}", role_name(x->role),
            (unsigned long long)x->buffers, (unsigned long long)x->bytes);
   }
-  printf("]}\n");
+  printf("],\"backups\":{\"reserved\":%llu,\"limit\":%llu,\"last_backup_bytes\":%llu,"
+         "\"last_backup_us\":%llu,\"last_restore_bytes\":%llu,\"last_restore_us\":%llu}}\n",
+         (unsigned long long)s->backup_reserved, (unsigned long long)s->backup_limit,
+         (unsigned long long)s->last_backup_bytes, (unsigned long long)s->last_backup_us,
+         (unsigned long long)s->last_restore_bytes, (unsigned long long)s->last_restore_us);
 }
 
 /* Memory in use on a device that gpumemd does not manage is what leaks
@@ -100,7 +110,20 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
            size_format(x->free, b, sizeof b), size_format(x->managed, c, sizeof c),
            size_format(x->unmanaged, d, sizeof d));
   }
+  for (size_t i = 0; i < s->ndevices; i++)
+    if (s->devices[i].daemon_context)
+      printf("gpumemd holds a context on device %u (for backups or IPC memory)\n",
+             s->devices[i].index);
   warn_unmanaged(s, threshold);
+  printf("\nbackups: %s reserved of %s", size_format(s->backup_reserved, a, sizeof a),
+         size_format(s->backup_limit, b, sizeof b));
+  if (s->last_backup_us)
+    printf("; last pause copied %s at %.1f GB/s", size_format(s->last_backup_bytes, c, sizeof c),
+           (double)s->last_backup_bytes / (double)s->last_backup_us / 1e3);
+  if (s->last_restore_us)
+    printf("; last resume copied %s at %.1f GB/s", size_format(s->last_restore_bytes, d, sizeof d),
+           (double)s->last_restore_bytes / (double)s->last_restore_us / 1e3);
+  printf("\n");
   printf("\n%-20s %-9s %7s %11s %11s %11s\n", "TAG", "STATE", "BUFFERS", "BYTES", "RELEASED",
          "BACKUP");
   for (size_t i = 0; i < s->ntags; i++) {
@@ -117,6 +140,58 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
            role_name(x->role), x->name[0] ? x->name : "-", (unsigned long long)x->buffers,
            size_format(x->bytes, a, sizeof a));
   }
+}
+
+/* One Prometheus metric family's header. */
+static void metric(const char *name, const char *type, const char *help) {
+  printf("# HELP gpumem_%s %s\n# TYPE gpumem_%s %s\n", name, help, name, type);
+}
+
+/* The status in the Prometheus text format, for node_exporter's textfile
+ * collector. */
+static void print_metrics(const struct gpumem_status *s) {
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } dev[] = {
+      {"device_total_bytes", "Device memory in total.", offsetof(struct gpumem_device_status, total)},
+      {"device_free_bytes", "Device memory free, as the driver says.", offsetof(struct gpumem_device_status, free)},
+      {"device_managed_bytes", "Device memory gpumemd holds for its buffers.", offsetof(struct gpumem_device_status, managed)},
+      {"device_unmanaged_bytes", "Device memory in use that gpumemd does not manage.", offsetof(struct gpumem_device_status, unmanaged)},
+  };
+  for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
+    metric(dev[k].name, "gauge", dev[k].help);
+    for (size_t i = 0; i < s->ndevices; i++)
+      printf("gpumem_%s{device=\"%u\"} %llu\n", dev[k].name, s->devices[i].index,
+             *(const unsigned long long *)((const char *)&s->devices[i] + dev[k].off));
+  }
+  metric("tag_bytes", "gauge", "Bytes of a tag's buffers.");
+  for (size_t i = 0; i < s->ntags; i++)
+    printf("gpumem_tag_bytes{tag=\"%s\",state=\"%s\"} %llu\n", s->tags[i].name,
+           gpumem_state_name(s->tags[i].state), (unsigned long long)s->tags[i].bytes);
+  metric("tag_buffers", "gauge", "Buffers of a tag.");
+  for (size_t i = 0; i < s->ntags; i++)
+    printf("gpumem_tag_buffers{tag=\"%s\"} %llu\n", s->tags[i].name,
+           (unsigned long long)s->tags[i].buffers);
+  metric("tag_released_bytes", "gauge", "Bytes of a tag given back to the devices while paused.");
+  for (size_t i = 0; i < s->ntags; i++)
+    printf("gpumem_tag_released_bytes{tag=\"%s\"} %llu\n", s->tags[i].name,
+           (unsigned long long)s->tags[i].paused_bytes);
+  metric("tag_backup_bytes", "gauge", "Bytes of a tag held as backups in host memory.");
+  for (size_t i = 0; i < s->ntags; i++)
+    printf("gpumem_tag_backup_bytes{tag=\"%s\"} %llu\n", s->tags[i].name,
+           (unsigned long long)s->tags[i].backup_bytes);
+  metric("sessions", "gauge", "Connected sessions.");
+  printf("gpumem_sessions %zu\n", s->nsessions);
+  metric("backup_reserved_bytes", "gauge", "Host memory reserved by BACKUP buffers.");
+  printf("gpumem_backup_reserved_bytes %llu\n", (unsigned long long)s->backup_reserved);
+  metric("backup_limit_bytes", "gauge", "The --backup-limit.");
+  printf("gpumem_backup_limit_bytes %llu\n", (unsigned long long)s->backup_limit);
+  metric("last_copy_bytes_per_second", "gauge", "Bandwidth of the last backup and restore.");
+  printf("gpumem_last_copy_bytes_per_second{direction=\"backup\"} %.0f\n",
+         s->last_backup_us ? (double)s->last_backup_bytes * 1e6 / (double)s->last_backup_us : 0.0);
+  printf("gpumem_last_copy_bytes_per_second{direction=\"restore\"} %.0f\n",
+         s->last_restore_us ? (double)s->last_restore_bytes * 1e6 / (double)s->last_restore_us : 0.0);
 }
 
 static void print_list(const struct gpumem_buffer_info *v, int n, bool json) {
@@ -156,10 +231,10 @@ static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
   char a[32], b[32];
   if (json)
     printf("{\"buffers\":%llu,\"bytes\":%llu,\"backup_bytes\":%llu,\"skipped\":%llu,"
-           "\"elapsed_us\":%llu}\n",
+           "\"elapsed_us\":%llu,\"backup_us\":%llu}\n",
            (unsigned long long)r.buffers, (unsigned long long)r.bytes,
            (unsigned long long)r.backup_bytes, (unsigned long long)r.skipped,
-           (unsigned long long)r.elapsed_us);
+           (unsigned long long)r.elapsed_us, (unsigned long long)r.backup_us);
   else
     printf("%s %llu buffers, %s (%s backed up), %llu skipped, in %.3f ms\n",
            resume ? "resumed" : "paused", (unsigned long long)r.buffers,
@@ -223,7 +298,8 @@ int main(int argc, char **argv) {
   char **args = argv + optind;
   size_t nargs = (size_t)(argc - optind);
   bool is_op = strcmp(cmd, "pause") == 0 || strcmp(cmd, "resume") == 0;
-  bool is_view = strcmp(cmd, "status") == 0 || strcmp(cmd, "list") == 0;
+  bool is_view = strcmp(cmd, "status") == 0 || strcmp(cmd, "list") == 0 ||
+                 strcmp(cmd, "metrics") == 0;
   if (!is_op && !is_view) {
     fprintf(stderr, "gpumemctl: unknown command '%s'\n", cmd);
     usage(stderr);
@@ -246,13 +322,14 @@ int main(int argc, char **argv) {
   int rc = 0;
   if (is_op) {
     rc = run_op(c, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, (unsigned)timeout, json);
-  } else if (strcmp(cmd, "status") == 0) {
+  } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
     struct gpumem_status *s;
     if (gpumem_status(c, &s) < 0) {
-      fprintf(stderr, "gpumemctl: status failed: %s\n", gpumem_last_error());
+      fprintf(stderr, "gpumemctl: %s failed: %s\n", cmd, gpumem_last_error());
       rc = 1;
     } else {
-      if (json) print_status_json(s);
+      if (strcmp(cmd, "metrics") == 0) print_metrics(s);
+      else if (json) print_status_json(s);
       else print_status(s, threshold);
       gpumem_status_free(s);
     }
