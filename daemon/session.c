@@ -187,6 +187,9 @@ static void on_readable(struct session *s) {
 static void on_poll(uv_poll_t *h, int status, int events) {
   struct session *s = h->data;
   if (status < 0) {
+    /* A peer that closed with our reply unread leaves an error on the
+     * socket; the requests it sent before are still there to carry out. */
+    on_readable(s);
     session_close(s);
     return;
   }

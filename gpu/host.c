@@ -6,10 +6,15 @@
  * simulated: each has a fixed capacity that chunk creation enforces. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 #include <unistd.h>
 
 #include "backend.h"
@@ -111,22 +116,69 @@ static void host_chunk_release(void *state, unsigned dev, uint64_t handle,
   h->committed[dev] -= size;
 }
 
-/* The kernel copies between the memfd's pages and ours: no mapping, no
- * page faults on the chunk. */
+/* One piece of a copy between a chunk and host memory. */
+struct piece {
+  int fd;
+  char *host;
+  uint64_t off, len;
+  bool to_host;
+  int err;
+};
+
+/* Map the piece with its page tables filled in one go and memcpy: about
+ * twice as fast as pread's page-by-page copy. */
+static void *copy_piece(void *arg) {
+  struct piece *p = arg;
+  if (p->len == 0) return NULL;
+  /* Writes need writable page tables: MAP_POPULATE maps shared pages
+   * read-only, and every first write would fault. */
+  void *m = mmap(NULL, p->len, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | (p->to_host ? MAP_POPULATE : 0), p->fd, (off_t)p->off);
+  if (m == MAP_FAILED) {
+    p->err = errno;
+    return NULL;
+  }
+  if (!p->to_host) madvise(m, p->len, MADV_POPULATE_WRITE);
+  if (p->to_host)
+    memcpy(p->host, m, p->len);
+  else
+    memcpy(m, p->host, p->len);
+  munmap(m, p->len);
+  return NULL;
+}
+
+#define COPY_THREADS 8
+#define COPY_MIN_PIECE (16ull << 20)
+
+/* Copy chunks in pieces on as many threads as there are CPUs (up to 8),
+ * so that mapping and copying the pieces overlap. */
 static int host_chunks_copy(void *state, unsigned dev, const uint64_t *handles,
                             const uint64_t *sizes, size_t n, void *host, bool to_host) {
   (void)state;
   (void)dev;
-  char *p = host;
-  for (size_t i = 0; i < n; p += sizes[i++]) {
-    for (size_t done = 0; done < sizes[i];) {
-      ssize_t k = to_host ? pread((int)handles[i], p + done, sizes[i] - done, (off_t)done)
-                          : pwrite((int)handles[i], p + done, sizes[i] - done, (off_t)done);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) return gpu_fail(k < 0 ? -errno : -EIO, "%s chunk: %s",
-                                  to_host ? "reading" : "writing", strerror(k < 0 ? errno : EIO));
-      done += (size_t)k;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int threads = cpus < 1 ? 1 : cpus > COPY_THREADS ? COPY_THREADS : (int)cpus;
+  char *at = host;
+  for (size_t i = 0; i < n; at += sizes[i++]) {
+    struct piece pieces[COPY_THREADS];
+    pthread_t tids[COPY_THREADS];
+    bool threaded[COPY_THREADS] = {false};
+    int k = sizes[i] / (uint64_t)threads < COPY_MIN_PIECE ? 1 : threads;
+    uint64_t per = (sizes[i] / (uint64_t)k + 4095) & ~4095ull;
+    for (int t = 0; t < k; t++) {
+      uint64_t off = (uint64_t)t * per;
+      uint64_t len = off >= sizes[i] ? 0 : sizes[i] - off < per ? sizes[i] - off : per;
+      pieces[t] = (struct piece){(int)handles[i], at + off, off, len, to_host, 0};
+      /* The last piece runs here, as does any a thread could not take. */
+      threaded[t] = t < k - 1 && pthread_create(&tids[t], NULL, copy_piece, &pieces[t]) == 0;
+      if (!threaded[t]) copy_piece(&pieces[t]);
     }
+    int err = 0;
+    for (int t = 0; t < k; t++) {
+      if (threaded[t]) pthread_join(tids[t], NULL);
+      if (pieces[t].err) err = pieces[t].err;
+    }
+    if (err) return gpu_fail(-err, "%s chunk: %s", to_host ? "reading" : "writing", strerror(err));
   }
   return 0;
 }

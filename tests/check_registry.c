@@ -45,8 +45,9 @@ START_TEST(sizes_round_up_and_split_into_chunks) {
   ck_assert_uint_eq(registry_managed(reg, 0), 36 * MiB);
   ck_assert_uint_ne(b->id, c->id);
   ck_assert_ptr_eq(registry_find(reg, c->id), c);
+  uint64_t id = b->id;
   registry_free(reg, b);
-  ck_assert_ptr_null(registry_find(reg, b == c ? 0 : 1));
+  ck_assert_ptr_null(registry_find(reg, id));
   ck_assert_uint_eq(registry_managed(reg, 0), 34 * MiB);
 }
 END_TEST
@@ -138,6 +139,41 @@ START_TEST(memory_create_is_all_or_nothing) {
 }
 END_TEST
 
+/* A backup that changes while paused fails the restore loudly. */
+START_TEST(verification_catches_a_changed_backup) {
+  struct buffer *b;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 4 * MiB, BUF_FLAG_BACKUP, &b, &f),
+                   CODE(OK));
+  ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
+  registry_memory_release(reg, b);
+  ((char *)b->backup)[12345] ^= 1;
+  ck_assert_int_eq(registry_memory_create(reg, b, &f), CODE(OK));
+  ck_assert_int_eq(registry_restore(reg, b, &f), CODE(BACKEND_ERROR));
+  ck_assert_ptr_nonnull(strstr(f.text, "changed while paused"));
+}
+END_TEST
+
+/* BACKUP buffers reserve host memory at allocation, within the limit. */
+START_TEST(backup_limit_is_enforced_at_allocation) {
+  struct buffer *a, *b, *c;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &a, &f),
+                   CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 14 * MiB, BUF_FLAG_BACKUP, &b, &f),
+                   CODE(LIMIT_EXCEEDED));
+  ck_assert_ptr_nonnull(strstr(f.text, "backup limit"));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 14 * MiB, 0, &c, &f), CODE(OK));
+  uint64_t reserved, limit;
+  registry_backup_budget(reg, &reserved, &limit);
+  ck_assert_uint_eq(reserved, 20 * MiB);
+  ck_assert_uint_eq(limit, 32 * MiB);
+  registry_free(reg, a);
+  registry_backup_budget(reg, &reserved, &limit);
+  ck_assert_uint_eq(reserved, 0);
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 1, 32 * MiB, BUF_FLAG_BACKUP, &b, &f),
+                   CODE(OK));
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("registry");
   TCase *tc = tcase_create("registry");
@@ -149,6 +185,8 @@ int main(void) {
   tcase_add_test(tc, paused_tag_refuses_unless_asked);
   tcase_add_test(tc, backup_and_restore_keep_contents);
   tcase_add_test(tc, memory_create_is_all_or_nothing);
+  tcase_add_test(tc, verification_catches_a_changed_backup);
+  tcase_add_test(tc, backup_limit_is_enforced_at_allocation);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
