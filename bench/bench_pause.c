@@ -16,9 +16,10 @@
 #define MAX_WORKERS 64
 
 struct params {
-  const char *bin, *backend;
+  const char *bin, *backend, *plot;
   uint64_t total, chunk;
   unsigned workers, rounds;
+  bool backup;
 };
 
 static double median(double *v, unsigned n) {
@@ -101,7 +102,7 @@ static pid_t worker(const struct params *p, const char *sock, uint64_t bytes) {
     snprintf(size, sizeof size, "%llu", (unsigned long long)p->chunk);
     snprintf(count, sizeof count, "%llu", (unsigned long long)(bytes / p->chunk));
     execl(path, path, "--socket", sock, "--tag", "bench", "--size", size, "--count", count,
-          "--no-verify", (char *)NULL);
+          "--no-verify", p->backup ? "--backup" : (char *)NULL, (char *)NULL);
     _exit(127);
   }
   close(fds[1]);
@@ -164,11 +165,12 @@ static void measure(const struct params *p, double out[4]) {
 }
 
 int main(int argc, char **argv) {
-  struct params p = {"build/bin", "host", 1ull << 30, 64ull << 20, 4, 3};
+  struct params p = {"build/bin", "host", NULL, 1ull << 30, 64ull << 20, 4, 3, false};
   static const struct option opts[] = {
       {"backend", required_argument, 0, 'b'}, {"total", required_argument, 0, 't'},
       {"chunk", required_argument, 0, 'c'},   {"workers", required_argument, 0, 'w'},
-      {"rounds", required_argument, 0, 'r'},  {0, 0, 0, 0},
+      {"rounds", required_argument, 0, 'r'},  {"backup", no_argument, 0, 'B'},
+      {"plot", required_argument, 0, 'P'},    {0, 0, 0, 0},
   };
   int ch;
   while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -178,6 +180,8 @@ int main(int argc, char **argv) {
     case 'c': if (size_parse(optarg, &p.chunk)) die("--chunk", optarg); break;
     case 'w': p.workers = (unsigned)atoi(optarg); break;
     case 'r': p.rounds = (unsigned)atoi(optarg); break;
+    case 'B': p.backup = true; break;
+    case 'P': p.plot = optarg; break;
     default: return 2;
     }
   }
@@ -190,9 +194,17 @@ int main(int argc, char **argv) {
   double dp = m[0], dr = m[1], bp = m[2], br = m[3];
   char name[128], sz[32];
   size_format(p.total, sz, sizeof sz);
-  snprintf(name, sizeof name, "pause %s, %u workers (%s)", sz, p.workers, p.backend);
+  const char *kind = p.backup ? ", backup" : "";
+  snprintf(name, sizeof name, "pause %s, %u workers (%s%s)", sz, p.workers, p.backend, kind);
   bench_report(name, dp, "ms", bp);
-  snprintf(name, sizeof name, "resume %s, %u workers (%s)", sz, p.workers, p.backend);
+  snprintf(name, sizeof name, "resume %s, %u workers (%s%s)", sz, p.workers, p.backend, kind);
   bench_report(name, dr, "ms", br);
+  if (p.plot) {
+    /* GiB, then pause and resume through gpumemd and in one process */
+    FILE *f = fopen(p.plot, "a");
+    if (!f) die("--plot", p.plot);
+    fprintf(f, "%.3f %.3f %.3f %.3f %.3f\n", (double)p.total / (1 << 30), dp, dr, bp, br);
+    fclose(f);
+  }
   return 0;
 }

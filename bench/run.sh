@@ -12,3 +12,4 @@ for b in "$build"/bench/bench_*; do
   "$b" "$build/bin" 3>>"$out"
 done
 echo "results: $out"
+"$(dirname "$0")/plot.sh" "$build" host

@@ -26,7 +26,7 @@ struct group {
   uint64_t first_event;
   size_t nevents, acked;
   uint64_t *ids;
-  size_t nids;
+  size_t nids, cap;
   struct list link; /* op's groups, or engine's stragglers */
 };
 
@@ -279,9 +279,13 @@ static struct group *group_for(struct op *op, idmap *by_session, struct buffer *
     g->resume = op->resume;
     list_append(&op->groups, &g->link);
   }
-  uint64_t *ids = realloc(g->ids, (g->nids + 1) * sizeof *ids);
-  if (!ids) return NULL;
-  g->ids = ids;
+  if (g->nids == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 16;
+    uint64_t *ids = realloc(g->ids, cap * sizeof *ids);
+    if (!ids) return NULL;
+    g->ids = ids;
+    g->cap = cap;
+  }
   g->ids[g->nids++] = b->id;
   return g;
 }
