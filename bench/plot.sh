@@ -7,6 +7,7 @@ build=$1
 backend=${2:-host}
 shift $(( $# > 1 ? 2 : 1 ))
 sizes=${*:-256M 512M 1G 2G}
+chunk=${CHUNK:-64M}
 out=$build/bench
 mkdir -p "$out"
 plain=$out/plot-$backend.dat
@@ -14,9 +15,9 @@ backup=$out/plot-$backend-backup.dat
 : > "$plain"
 : > "$backup"
 for s in $sizes; do
-  "$build/bench/bench_pause" --backend "$backend" --total "$s" --chunk 64M --rounds 3 \
+  "$build/bench/bench_pause" --backend "$backend" --total "$s" --chunk "$chunk" --rounds 3 \
     --plot "$plain" "$build/bin" 3>/dev/null 2>/dev/null
-  "$build/bench/bench_pause" --backend "$backend" --total "$s" --chunk 64M --rounds 3 --backup \
+  "$build/bench/bench_pause" --backend "$backend" --total "$s" --chunk "$chunk" --rounds 3 --backup \
     --plot "$backup" "$build/bin" 3>/dev/null 2>/dev/null
 done
 command -v gnuplot >/dev/null 2>&1 || { echo "plot: no gnuplot (apt-get install gnuplot-nox)"; exit 0; }

@@ -187,6 +187,22 @@ static void backup_contents(gpumem_client *w) {
         "hash %016llx before, %016llx after; %.2f GiB backed up in %.1f ms, restored in %.1f ms",
         (unsigned long long)h0, (unsigned long long)h1, gib(rp.backup_bytes), rp.elapsed_us / 1e3,
         rr.elapsed_us / 1e3);
+  /* The second time the pinned memory is there already: link speed. */
+  memset(host, 0x5a, size);
+  gpumem_buffer_write(w, b, 0, host, size);
+  rc = pause_tag("t_backup", &rp) | resume_tag("t_backup", &rr);
+  rd = gpumem_buffer_read(w, b, 0, host, size);
+  bool same = rd == 0;
+  for (uint64_t i = 0; same && i < size; i++) same = host[i] == 0x5a;
+  check(rc == 0 && same, "second backup at link speed",
+        "backup %.1f GB/s, restore %.1f GB/s (verified by the daemon and here)",
+        (double)rp.backup_bytes / (double)rp.backup_us / 1e3,
+        (double)rr.backup_bytes / (double)rr.backup_us / 1e3);
+  struct gpumem_status *s;
+  gpumem_status(ctl, &s);
+  check(s->devices[0].daemon_context == 1, "daemon holds a context only for backups",
+        "with a BACKUP buffer: context %d", s->devices[0].daemon_context);
+  gpumem_status_free(s);
   free(host);
   gpumem_free(w, b);
 }
@@ -295,6 +311,8 @@ static void bad_requests(gpumem_client *w) {
   gpumem_status(ctl, &s);
   check(s->devices[0].managed == 0, "nothing half-made remains", "managed %llu bytes",
         (unsigned long long)s->devices[0].managed);
+  check(s->devices[0].daemon_context == 0, "idle daemon holds no context",
+        "no BACKUP or IPC buffers: context %d", s->devices[0].daemon_context);
   gpumem_status_free(s);
 }
 

@@ -20,7 +20,8 @@ cc -std=c11 -D_GNU_SOURCE -O2 -Iinclude -I"$CUDA_HOME/include" tests/gpu/gpu_che
   -L"$CUDA_HOME/lib64/stubs" -lcuda || exit 1
 sock=/tmp/gpumemd-gpu.sock
 status=0
-build/bin/gpumemd --backend cuda --socket "$sock" --log-level info 2>/tmp/gpumemd-gpu.log &
+build/bin/gpumemd --backend cuda --socket "$sock" --log-level info --verify-backups \
+  2>/tmp/gpumemd-gpu.log &
 daemon=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
@@ -29,13 +30,18 @@ build/tests/gpu_check build/bin "$sock" || status=1
 build/bin/gpumemctl --socket "$sock" status
 kill "$daemon"; wait "$daemon" || status=1
 cat /tmp/gpumemd-gpu.log
-make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt >/dev/null
+make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt \
+  build/bench/bench_backup build/bench/bench_scale >/dev/null
 mkdir -p build/bench
-build/bench/bench_pause --backend cuda --total 64G --chunk 1G --workers 4 --rounds 9 build/bin \
-  3>>build/bench/results-gpu.jsonl || status=1
-build/bench/bench_pause --backend cuda --total 8G --chunk 2M --workers 4 --rounds 1 build/bin \
-  3>>build/bench/results-gpu.jsonl || status=1
-build/bench/bench_rtt build/bin 3>>build/bench/results-gpu.jsonl || status=1
+: > build/bench/results-gpu.jsonl
+bench() { "$@" 3>>build/bench/results-gpu.jsonl 2>/dev/null || status=1; }
+bench build/bench/bench_pause --backend cuda --total 64G --chunk 1G --workers 4 --rounds 9 build/bin
+bench build/bench/bench_pause --backend cuda --total 16G --chunk 1G --workers 4 --backup build/bin
+bench build/bench/bench_pause --backend cuda --total 8G --chunk 2M --workers 4 --rounds 1 build/bin
+bench build/bench/bench_backup --backend cuda --size 8G build/bin
+bench build/bench/bench_rtt build/bin
+bench build/bench/bench_scale build/bin
+CHUNK=1G bench/plot.sh build cuda 4G 8G 16G 32G > /dev/null 2>&1 || status=1
 cat build/bench/results-gpu.jsonl
 GPUMEM_BUILD=$PWD/build make CUDA_HOME="$CUDA_HOME" WERROR= test || status=1
 echo "gpu run status $status"
