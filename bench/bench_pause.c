@@ -38,12 +38,15 @@ static void die(const char *what, const char *why) {
 }
 
 /* The baseline: the same chunks created, mapped and released by one
- * process, with no daemon. */
+ * process, with no daemon; with --backup, each range also copied to host
+ * memory (pinned on GPUs) before it is released and back after it is
+ * mapped, one plain copy each. */
 struct baseline {
   gpu *g;
   uint64_t per, nper;
   uint64_t handles[MAX_CHUNKS];
   void *va[MAX_WORKERS];
+  void *store; /* --backup: host memory for every range */
 };
 
 static void baseline_open(const struct params *p, struct baseline *b) {
@@ -55,6 +58,7 @@ static void baseline_open(const struct params *p, struct baseline *b) {
   b->nper = b->per / p->chunk;
   for (unsigned w = 0; w < p->workers; w++)
     if (gpu_va_reserve(b->g, 0, b->per, &b->va[w]) < 0) die("reserve", gpu_error());
+  if (p->backup && gpu_backup_alloc(b->g, 0, p->total, &b->store) < 0) die("store", gpu_error());
 }
 
 /* Create and map every chunk, access set once per range; milliseconds. */
@@ -68,6 +72,8 @@ static double baseline_resume(const struct params *p, struct baseline *b) {
         die("map", gpu_error());
     }
     if (gpu_set_access(b->g, 0, b->va[w], b->per) < 0) die("access", gpu_error());
+    if (b->store && gpu_copy_to(b->g, 0, b->va[w], (char *)b->store + w * b->per, b->per) < 0)
+      die("copy", gpu_error());
   }
   return (double)(bench_ns() - t0) / 1e6;
 }
@@ -76,16 +82,20 @@ static double baseline_resume(const struct params *p, struct baseline *b) {
 static double baseline_pause(const struct params *p, struct baseline *b) {
   uint64_t t0 = bench_ns();
   gpu_sync(b->g, 0);
-  for (unsigned w = 0; w < p->workers; w++)
+  for (unsigned w = 0; w < p->workers; w++) {
+    if (b->store && gpu_copy_from(b->g, 0, (char *)b->store + w * b->per, b->va[w], b->per) < 0)
+      die("copy", gpu_error());
     for (uint64_t i = 0; i < b->nper; i++) {
       gpu_unmap(b->g, 0, (char *)b->va[w] + i * p->chunk, p->chunk);
       gpu_chunk_release(b->g, 0, b->handles[w * b->nper + i], p->chunk);
     }
+  }
   return (double)(bench_ns() - t0) / 1e6;
 }
 
 static void baseline_close(const struct params *p, struct baseline *b) {
   for (unsigned w = 0; w < p->workers; w++) gpu_va_free(b->g, 0, b->va[w], b->per);
+  if (b->store) gpu_backup_free(b->g, 0, b->store, p->total);
   gpu_close(b->g);
 }
 

@@ -34,6 +34,8 @@ plot "$plain" using 1:2 with linespoints lw 2 title "pause", \
      "$backup" using 1:2 with linespoints lw 2 title "pause with backup", \
      "$backup" using 1:3 with linespoints lw 2 title "resume with backup", \
      "$plain" using 1:4 with linespoints dt 2 title "baseline pause (one process)", \
-     "$plain" using 1:5 with linespoints dt 2 title "baseline resume (one process)"
+     "$plain" using 1:5 with linespoints dt 2 title "baseline resume (one process)", \
+     "$backup" using 1:4 with linespoints dt 3 title "baseline pause + plain copy", \
+     "$backup" using 1:5 with linespoints dt 3 title "baseline resume + plain copy"
 GP
 echo "plot: $out/pause_resume-$backend.png"
