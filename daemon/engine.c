@@ -462,6 +462,10 @@ nomem:
   fault_set(&op->fault, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   restore_paused(e, op, restore_mask);
 out:
+  for (size_t t = 0; t < op->ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->tags[t]);
+    if (tag) registry_prune(e->reg, tag);
+  }
   free(bufs);
   free(made);
 }

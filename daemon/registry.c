@@ -25,6 +25,7 @@ struct registry {
   uint64_t backup_reserved; /* sizes of all BACKUP buffers */
   uint64_t copied[2], copy_us[2]; /* [to_host]: backup copy totals */
   uint64_t last_bytes[2], last_us[2]; /* [to_host]: the last operation's */
+  bool destroying; /* tags go all at once, not one by one */
 };
 
 /* Create an empty registry over a backend. */
@@ -45,6 +46,7 @@ registry *registry_create(gpu *g, const struct registry_options *opt) {
 /* Free every buffer, every tag and the registry. */
 void registry_destroy(registry *r) {
   if (!r) return;
+  r->destroying = true;
   struct list *p, *t, *q, *u;
   list_for_each_safe(p, t, &r->tags) {
     struct tag *tag = list_entry(p, struct tag, link);
@@ -289,9 +291,10 @@ wire_code registry_alloc(registry *r, struct session *owner,
   if (!b) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   b->device = device;
   b->flags = flags;
+  struct tag *tag = NULL;
   wire_code rc = plan_chunks(r, b, size, f);
   if (rc) goto fail;
-  struct tag *tag = registry_tag_get(r, tagname);
+  tag = registry_tag_get(r, tagname);
   if (!tag) {
     rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto fail;
@@ -322,6 +325,7 @@ wire_code registry_alloc(registry *r, struct session *owner,
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 fail:
+  if (tag) registry_prune(r, tag);
   buffer_destroy(b);
   return rc;
 }
@@ -334,7 +338,17 @@ void registry_free(registry *r, struct buffer *b) {
   idmap_del(r->buffers, b->id);
   list_remove(&b->tag_link);
   list_remove(&b->owner_link);
+  if (!r->destroying) registry_prune(r, b->tag);
   buffer_destroy(b);
+}
+
+/* Forget a tag that has no buffers and is not paused anywhere, so that
+ * names used once do not pile up. */
+void registry_prune(registry *r, struct tag *tag) {
+  (void)r;
+  if (!list_empty(&tag->buffers) || tag->paused_devices) return;
+  list_remove(&tag->link);
+  free(tag);
 }
 
 /* The buffer with this id, or NULL. */

@@ -90,6 +90,9 @@ struct tag *registry_tag(registry *r, const char *name);
 /* The tag with this name, created if new; NULL when out of memory. */
 struct tag *registry_tag_get(registry *r, const char *name);
 
+/* Forget a tag with no buffers that is not paused (it is freed). */
+void registry_prune(registry *r, struct tag *tag);
+
 /* The list of tags (struct tag.link), for walking. */
 struct list *registry_tags(registry *r);
 

@@ -174,6 +174,25 @@ START_TEST(backup_limit_is_enforced_at_allocation) {
 }
 END_TEST
 
+/* A tag lives while it has buffers or is paused: names used once do not
+ * pile up in a long-running daemon. */
+START_TEST(unused_tags_are_forgotten) {
+  struct buffer *b;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "once", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_ptr_nonnull(registry_tag(reg, "once"));
+  registry_free(reg, b);
+  ck_assert_ptr_null(registry_tag(reg, "once"));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "huge", 0, 40 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "nope", 0, 40 * MiB, 0, &b, &f),
+                   CODE(OUT_OF_MEMORY));
+  ck_assert_ptr_null(registry_tag(reg, "nope"));
+  struct tag *t = registry_tag_get(reg, "paused");
+  t->paused_devices = 1;
+  registry_prune(reg, t);
+  ck_assert_ptr_eq(registry_tag(reg, "paused"), t);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("registry");
   TCase *tc = tcase_create("registry");
@@ -187,6 +206,7 @@ int main(void) {
   tcase_add_test(tc, memory_create_is_all_or_nothing);
   tcase_add_test(tc, verification_catches_a_changed_backup);
   tcase_add_test(tc, backup_limit_is_enforced_at_allocation);
+  tcase_add_test(tc, unused_tags_are_forgotten);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

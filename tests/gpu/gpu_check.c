@@ -261,6 +261,10 @@ static void scenario(void) {
   }
   uint64_t managed = s->devices[0].managed, unmanaged = s->devices[0].unmanaged;
   gpumem_status_free(s);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "%s/gpumemctl --socket %s status", bin, sock);
+  fflush(stdout);
+  if (system(cmd) != 0) check(false, "gpumemctl status", "failed");
   uint64_t expect = 20 * (((uint64_t)(1.87 * GiB) + 2 * MiB - 1) / (2 * MiB) * (2 * MiB));
   check(managed == expect && unmanaged >= 2 * GiB, "scenario status",
         "managed %.2f GiB (20 x 1.87 GiB = %.2f), unmanaged %.2f GiB (>= 2 GiB allocated outside)",
