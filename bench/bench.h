@@ -33,6 +33,17 @@ static inline double bench_percentile(uint64_t *v, size_t n, double p) {
   return (double)v[i];
 }
 
+static int bench_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The median of n figures; sorts them. */
+static inline double bench_median(double *v, size_t n) {
+  qsort(v, n, sizeof *v, bench_cmp_double);
+  return v[n / 2];
+}
+
 /* Print one figure as a table row and as a JSON line on fd 3 if open. */
 static inline void bench_report(const char *name, double value, const char *unit,
                                 double baseline) {

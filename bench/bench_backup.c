@@ -14,16 +14,6 @@ static void die(const char *what, const char *why) {
   exit(1);
 }
 
-static double median3(double *v, unsigned n) {
-  for (unsigned i = 1; i < n; i++)
-    for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
-      double t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
-  return v[n / 2];
-}
-
 /* GB/s of one plain copy each way, through the backend's client calls:
  * one synchronous copy between device memory and pinned host memory. */
 static void plain_copy(const char *backend, uint64_t size, unsigned rounds, double *d2h,
@@ -54,8 +44,8 @@ static void plain_copy(const char *backend, uint64_t size, unsigned rounds, doub
   gpu_va_free(g, 0, va, size);
   gpu_chunk_release(g, 0, h, size);
   gpu_close(g);
-  *d2h = median3(a, rounds);
-  *h2d = median3(b, rounds);
+  *d2h = bench_median(a, rounds);
+  *h2d = bench_median(b, rounds);
 }
 
 /* GB/s of the daemon's backups and restores of a BACKUP buffer. */
@@ -88,8 +78,8 @@ static void daemon_copy(const char *bin, const char *backend, uint64_t size, uns
   gpumem_disconnect(w);
   gpumem_disconnect(c);
   bench_daemon_stop(d);
-  *d2h = median3(a, rounds);
-  *h2d = median3(r2, rounds);
+  *d2h = bench_median(a, rounds);
+  *h2d = bench_median(r2, rounds);
 }
 
 int main(int argc, char **argv) {

@@ -22,16 +22,6 @@ struct params {
   bool backup;
 };
 
-static double median(double *v, unsigned n) {
-  for (unsigned i = 1; i < n; i++)
-    for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
-      double t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
-  return v[n / 2];
-}
-
 static void die(const char *what, const char *why) {
   fprintf(stderr, "bench_pause: %s: %s\n", what, why);
   exit(1);
@@ -171,7 +161,7 @@ static void measure(const struct params *p, double out[4]) {
   }
   bench_daemon_stop(d);
   baseline_close(p, &b);
-  for (int k = 0; k < 4; k++) out[k] = median(v[k], n);
+  for (int k = 0; k < 4; k++) out[k] = bench_median(v[k], n);
 }
 
 int main(int argc, char **argv) {

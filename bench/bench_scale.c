@@ -42,11 +42,8 @@ static void measure(const char *sock, const char *tag, unsigned sessions, unsign
   gpumem_disconnect(c);
   for (unsigned s = 0; s < sessions; s++) gpumem_disconnect(w[s]);
   free(w);
-  /* the median of three */
-  *pause_ms = p[0] > p[1] ? (p[1] > p[2] ? p[1] : p[0] > p[2] ? p[2] : p[0])
-                          : (p[0] > p[2] ? p[0] : p[1] > p[2] ? p[2] : p[1]);
-  *resume_ms = r[0] > r[1] ? (r[1] > r[2] ? r[1] : r[0] > r[2] ? r[2] : r[0])
-                           : (r[0] > r[2] ? r[0] : r[1] > r[2] ? r[2] : r[1]);
+  *pause_ms = bench_median(p, 3);
+  *resume_ms = bench_median(r, 3);
 }
 
 int main(int argc, char **argv) {

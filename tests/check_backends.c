@@ -60,17 +60,8 @@ START_TEST(no_binary_links_a_vendor_runtime) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("backends");
-  TCase *tc = tcase_create("backends");
-  tcase_add_checked_fixture(tc, harness_fd_setup, harness_fd_teardown);
-  tcase_set_timeout(tc, 30);
-  tcase_add_test(tc, hip_backend_without_a_device_fails_cleanly);
-  tcase_add_test(tc, cuda_backend_without_a_driver_fails_cleanly);
-  tcase_add_test(tc, no_binary_links_a_vendor_runtime);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return HARNESS_RUN("backends", 30, NULL, NULL,
+                     hip_backend_without_a_device_fails_cleanly,
+                     cuda_backend_without_a_driver_fails_cleanly,
+                     no_binary_links_a_vendor_runtime);
 }

@@ -143,18 +143,9 @@ START_TEST(gpumemctl_exit_codes) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("backup");
-  TCase *tc = tcase_create("backup");
-  tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, verified_backups_survive_and_are_reported);
-  tcase_add_test(tc, backup_limit_refuses_at_allocation);
-  tcase_add_test(tc, pause_without_room_for_a_backup_releases_nothing_of_it);
-  tcase_add_test(tc, gpumemctl_exit_codes);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return HARNESS_RUN("backup", 60, setup, teardown,
+                     verified_backups_survive_and_are_reported,
+                     backup_limit_refuses_at_allocation,
+                     pause_without_room_for_a_backup_releases_nothing_of_it,
+                     gpumemctl_exit_codes);
 }

@@ -677,29 +677,20 @@ START_TEST(applications_can_dispatch_events_themselves) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("daemon");
-  TCase *tc = tcase_create("daemon");
-  tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_set_timeout(tc, 60);
-  tcase_add_test(tc, pause_releases_memory_and_resume_takes_it_again);
-  tcase_add_test(tc, backup_buffers_keep_their_contents);
-  tcase_add_test(tc, killed_worker_gives_its_memory_back);
-  tcase_add_test(tc, unresponsive_worker_is_reported_and_finishes_late);
-  tcase_add_test(tc, kill_policy_ends_unresponsive_workers);
-  tcase_add_test(tc, resume_beyond_capacity_changes_nothing);
-  tcase_add_test(tc, controller_operations_are_serialized);
-  tcase_add_test(tc, garbage_client_is_dropped_and_others_carry_on);
-  tcase_add_test(tc, bad_requests_get_clear_errors);
-  tcase_add_test(tc, one_daemon_per_socket_and_stale_sockets_replaced);
-  tcase_add_test(tc, touching_a_paused_buffer_faults);
-  tcase_add_test(tc, allocations_in_a_paused_tag);
-  tcase_add_test(tc, pause_and_resume_are_idempotent);
-  tcase_add_test(tc, controller_disconnect_does_not_stop_a_pause);
-  tcase_add_test(tc, applications_can_dispatch_events_themselves);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return HARNESS_RUN("daemon", 60, setup, teardown,
+                     pause_releases_memory_and_resume_takes_it_again,
+                     backup_buffers_keep_their_contents,
+                     killed_worker_gives_its_memory_back,
+                     unresponsive_worker_is_reported_and_finishes_late,
+                     kill_policy_ends_unresponsive_workers,
+                     resume_beyond_capacity_changes_nothing,
+                     controller_operations_are_serialized,
+                     garbage_client_is_dropped_and_others_carry_on,
+                     bad_requests_get_clear_errors,
+                     one_daemon_per_socket_and_stale_sockets_replaced,
+                     touching_a_paused_buffer_faults,
+                     allocations_in_a_paused_tag,
+                     pause_and_resume_are_idempotent,
+                     controller_disconnect_does_not_stop_a_pause,
+                     applications_can_dispatch_events_themselves);
 }

@@ -201,21 +201,12 @@ START_TEST(unsent_and_untaken_fds_are_closed) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("frame");
-  TCase *tc = tcase_create("frame");
-  tcase_add_checked_fixture(tc, pair_setup, pair_teardown);
-  tcase_set_timeout(tc, 20);
-  tcase_add_test(tc, frames_arrive_whole_and_in_order);
-  tcase_add_test(tc, partial_writes_and_reads_reassemble);
-  tcase_add_test(tc, fds_stay_with_their_frames);
-  tcase_add_test(tc, oversized_frame_is_refused);
-  tcase_add_test(tc, truncated_frame_never_completes);
-  tcase_add_test(tc, too_many_fds_refused_and_closed);
-  tcase_add_test(tc, unsent_and_untaken_fds_are_closed);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return HARNESS_RUN("frame", 20, pair_setup, pair_teardown,
+                     frames_arrive_whole_and_in_order,
+                     partial_writes_and_reads_reassemble,
+                     fds_stay_with_their_frames,
+                     oversized_frame_is_refused,
+                     truncated_frame_never_completes,
+                     too_many_fds_refused_and_closed,
+                     unsent_and_untaken_fds_are_closed);
 }

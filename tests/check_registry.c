@@ -194,23 +194,14 @@ START_TEST(unused_tags_are_forgotten) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("registry");
-  TCase *tc = tcase_create("registry");
-  tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_set_timeout(tc, 20);
-  tcase_add_test(tc, sizes_round_up_and_split_into_chunks);
-  tcase_add_test(tc, bad_requests_change_nothing);
-  tcase_add_test(tc, capacity_is_enforced_per_device);
-  tcase_add_test(tc, paused_tag_refuses_unless_asked);
-  tcase_add_test(tc, backup_and_restore_keep_contents);
-  tcase_add_test(tc, memory_create_is_all_or_nothing);
-  tcase_add_test(tc, verification_catches_a_changed_backup);
-  tcase_add_test(tc, backup_limit_is_enforced_at_allocation);
-  tcase_add_test(tc, unused_tags_are_forgotten);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return HARNESS_RUN("registry", 20, setup, teardown,
+                     sizes_round_up_and_split_into_chunks,
+                     bad_requests_change_nothing,
+                     capacity_is_enforced_per_device,
+                     paused_tag_refuses_unless_asked,
+                     backup_and_restore_keep_contents,
+                     memory_create_is_all_or_nothing,
+                     verification_catches_a_changed_backup,
+                     backup_limit_is_enforced_at_allocation,
+                     unused_tags_are_forgotten);
 }

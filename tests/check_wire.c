@@ -208,24 +208,15 @@ START_TEST(idmap_survives_many_puts_and_deletes) {
 END_TEST
 
 int main(void) {
-  Suite *s = suite_create("wire");
-  TCase *tc = tcase_create("wire");
-  tcase_add_checked_fixture(tc, harness_fd_setup, harness_fd_teardown);
-  tcase_set_timeout(tc, 20);
-  tcase_add_test(tc, tags_are_short_names_of_a_safe_charset);
-  tcase_add_test(tc, alloc_requests_are_checked);
-  tcase_add_test(tc, pause_needs_valid_tags);
-  tcase_add_test(tc, clients_send_requests_without_fds);
-  tcase_add_test(tc, hello_needs_a_known_role);
-  tcase_add_test(tc, replies_bring_the_fds_they_declare);
-  tcase_add_test(tc, garbage_does_not_parse_or_is_refused);
-  tcase_add_test(tc, envelopes_round_trip);
-  tcase_add_test(tc, sizes_parse_with_binary_suffixes);
-  tcase_add_test(tc, idmap_survives_many_puts_and_deletes);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return HARNESS_RUN("wire", 20, NULL, NULL,
+                     tags_are_short_names_of_a_safe_charset,
+                     alloc_requests_are_checked,
+                     pause_needs_valid_tags,
+                     clients_send_requests_without_fds,
+                     hello_needs_a_known_role,
+                     replies_bring_the_fds_they_declare,
+                     garbage_does_not_parse_or_is_refused,
+                     envelopes_round_trip,
+                     sizes_parse_with_binary_suffixes,
+                     idmap_survives_many_puts_and_deletes);
 }

@@ -27,6 +27,24 @@ int harness_fd_count(void) {
   return n - 1; /* the directory's own fd */
 }
 
+/* Run one suite with Check: every test forks, has a timeout and the
+ * fixture, which by default fails tests that leak fds. */
+int harness_run(const char *name, const TTest *const *tests, size_t n, double timeout,
+                void (*setup)(void), void (*teardown)(void)) {
+  Suite *s = suite_create(name);
+  TCase *tc = tcase_create(name);
+  tcase_add_checked_fixture(tc, setup ? setup : harness_fd_setup,
+                            teardown ? teardown : harness_fd_teardown);
+  tcase_set_timeout(tc, timeout);
+  for (size_t i = 0; i < n; i++) tcase_add_test(tc, tests[i]);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
+
 /* Record the fds open before a test. */
 void harness_fd_setup(void) { fds_at_setup = harness_fd_count(); }
 

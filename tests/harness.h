@@ -7,6 +7,17 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* Run one suite: each test in its own process, with a timeout (seconds)
+ * and the fixture (NULLs for harness_fd_setup/teardown); the exit status
+ * for main. */
+int harness_run(const char *name, const TTest *const *tests, size_t n, double timeout,
+                void (*setup)(void), void (*teardown)(void));
+
+#define HARNESS_RUN(name, timeout, setup, teardown, ...)                                  \
+  harness_run(name, (const TTest *const[]){__VA_ARGS__},                                  \
+              sizeof((const TTest *const[]){__VA_ARGS__}) / sizeof(const TTest *), timeout, \
+              setup, teardown)
+
 /* Open fds of this process. */
 int harness_fd_count(void);
 
