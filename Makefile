@@ -140,6 +140,7 @@ demo: all
 	@./tools/demo.sh $(abspath $(O))
 
 bench: all $(BENCHES)
+	@./tools/install-deps.sh bench
 	@./bench/run.sh $(abspath $(O))
 
 install: $(BINS) $(LIBS)

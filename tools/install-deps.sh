@@ -1,7 +1,11 @@
 #!/bin/sh
 # Install the Debian packages gpumemd builds and tests with, if missing.
+#   install-deps.sh [bench]   (bench: also gnuplot, for make bench's plot)
 set -e
 need=""
+if [ "${1:-}" = bench ]; then
+  command -v gnuplot >/dev/null 2>&1 || need="$need gnuplot-nox"
+fi
 have_pkg() { pkg-config --exists "$1" 2>/dev/null; }
 command -v cc >/dev/null 2>&1 || need="$need build-essential"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
