@@ -17,6 +17,10 @@ ifeq ($(SAN),1)
 CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
 endif
+ifeq ($(SAN),thread)
+CFLAGS += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=thread
+endif
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
@@ -56,7 +60,7 @@ LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc
 TESTS := $(patsubst tests/%.c,$(O)/tests/%,$(wildcard tests/check_*.c))
 BENCHES := $(patsubst bench/%.c,$(O)/bench/%,$(wildcard bench/*.c))
 
-.PHONY: all deps check test test-asan demo bench install clean
+.PHONY: all deps check test test-asan test-tsan demo bench install clean
 all: deps $(BINS) $(LIBS) $(EXAMPLES)
 
 deps:
@@ -131,6 +135,10 @@ test: all $(TESTS)
 
 test-asan:
 	@$(MAKE) --no-print-directory O=build/asan SAN=1 test
+
+# Data races: not part of check (ThreadSanitizer is slow), run by hand.
+test-tsan:
+	@$(MAKE) --no-print-directory O=build/tsan SAN=thread test
 
 check: deps
 	@$(MAKE) --no-print-directory test

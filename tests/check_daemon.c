@@ -676,6 +676,58 @@ START_TEST(applications_can_dispatch_events_themselves) {
 }
 END_TEST
 
+struct churn {
+  gpumem_client *c;
+  int failures;
+};
+
+/* Allocate, write, check and free, over and over. */
+static void *churn(void *arg) {
+  struct churn *t = arg;
+  for (int i = 0; i < 200; i++) {
+    gpumem_buffer *b;
+    if (gpumem_alloc(t->c, "churn", 0, 64 * 1024, 0, &b) < 0) {
+      t->failures++;
+      continue;
+    }
+    unsigned char *p = gpumem_buffer_ptr(b);
+    memset(p, i, 64 * 1024);
+    t->failures += p[4095] != (unsigned char)i;
+    t->failures += gpumem_free(t->c, b) < 0;
+  }
+  return NULL;
+}
+
+/* One client used from several threads at once, while its events (a
+ * pause and resume of another of its tags) arrive in between. */
+START_TEST(one_client_from_many_threads) {
+  daemon_start(&d, "--host-granularity", "64K", NULL);
+  gpumem_client *w;
+  ck_assert_int_eq(gpumem_connect(d.socket, "threads", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  gpumem_buffer *kv;
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, 4 * MiB, 0, &kv), 0);
+  struct churn t[4] = {{w, 0}, {w, 0}, {w, 0}, {w, 0}};
+  pthread_t tid[4];
+  for (int i = 0; i < 4; i++) pthread_create(&tid[i], NULL, churn, &t[i]);
+  gpumem_client *c = controller();
+  for (int i = 0; i < 10; i++) {
+    ck_assert_int_eq(pause_tag(c, "kv", NULL), 0);
+    ck_assert_int_eq(gpumem_buffer_mapped(kv), 0);
+    ck_assert_int_eq(resume_tag(c, "kv", NULL), 0);
+    ck_assert_int_eq(gpumem_buffer_mapped(kv), 1);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(tid[i], NULL);
+    ck_assert_int_eq(t[i].failures, 0);
+  }
+  struct gpumem_buffer_info *list;
+  ck_assert_int_eq(gpumem_list(w, &list), 1);
+  gpumem_list_free(list);
+  gpumem_disconnect(c);
+  gpumem_disconnect(w);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("daemon", 60, setup, teardown,
                      pause_releases_memory_and_resume_takes_it_again,
@@ -692,5 +744,6 @@ int main(void) {
                      allocations_in_a_paused_tag,
                      pause_and_resume_are_idempotent,
                      controller_disconnect_does_not_stop_a_pause,
-                     applications_can_dispatch_events_themselves);
+                     applications_can_dispatch_events_themselves,
+                     one_client_from_many_threads);
 }
