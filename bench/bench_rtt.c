@@ -30,13 +30,19 @@ static void pingpong(uint64_t *samples) {
 }
 
 int main(int argc, char **argv) {
-  const char *bin = argc > 1 ? argv[1] : "build/bin";
+  const char *bin = "build/bin", *backend = "host";
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+      backend = argv[++i];
+    else
+      bin = argv[i];
+  }
   char sock[] = "/tmp/gpumemd-bench-rtt.sock";
   static uint64_t raw[N], full[N];
   pingpong(raw);
   /* Page granularity: this measures the control plane, not the kernel
    * zeroing 2 MiB of pages for every allocation. */
-  const char *extra[] = {"--backend", "host", "--host-devices", "1", "--host-device-size", "1G",
+  const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size", "1G",
                          "--host-granularity", "4K", NULL};
   pid_t d = bench_daemon(bin, sock, extra);
   gpumem_client *c;
@@ -47,7 +53,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < N; i++) {
     gpumem_buffer *b;
     uint64_t t0 = bench_ns();
-    if (gpumem_alloc(c, "bench", 0, 4096, 0, &b) < 0 || gpumem_free(c, b) < 0) {
+    if (gpumem_alloc(c, "bench", 0, 1, 0, &b) < 0 || gpumem_free(c, b) < 0) {
       fprintf(stderr, "bench: %s\n", gpumem_last_error());
       return 1;
     }
@@ -57,7 +63,10 @@ int main(int argc, char **argv) {
   bench_daemon_stop(d);
   double r50 = bench_percentile(raw, N, 50) / 1000, r99 = bench_percentile(raw, N, 99) / 1000;
   double f50 = bench_percentile(full, N, 50) / 1000, f99 = bench_percentile(full, N, 99) / 1000;
-  bench_report("alloc+free round trip p50 (vs ping-pong)", f50, "us", r50);
-  bench_report("alloc+free round trip p99 (vs ping-pong)", f99, "us", r99);
+  char name[96];
+  snprintf(name, sizeof name, "alloc+free round trip p50 (%s, vs ping-pong)", backend);
+  bench_report(name, f50, "us", r50);
+  snprintf(name, sizeof name, "alloc+free round trip p99 (%s, vs ping-pong)", backend);
+  bench_report(name, f99, "us", r99);
   return 0;
 }

@@ -21,7 +21,7 @@ static void measure(const char *sock, const char *tag, unsigned sessions, unsign
       die("connect", gpumem_last_error());
     for (unsigned i = 0; i < per; i++) {
       gpumem_buffer *b;
-      if (gpumem_alloc(w[s], tag, 0, 4096, 0, &b) < 0) die("alloc", gpumem_last_error());
+      if (gpumem_alloc(w[s], tag, 0, 1, 0, &b) < 0) die("alloc", gpumem_last_error());
     }
   }
   gpumem_client *c;
@@ -47,8 +47,21 @@ static void measure(const char *sock, const char *tag, unsigned sessions, unsign
 }
 
 int main(int argc, char **argv) {
-  const char *bin = argc > 1 ? argv[1] : "build/bin";
+  const char *bin = "build/bin", *backend = "host";
   unsigned sessions = 1000, buffers = 100000;
+  static const struct option opts[] = {{"backend", required_argument, 0, 'b'},
+                                       {"sessions", required_argument, 0, 's'},
+                                       {"buffers", required_argument, 0, 'n'},
+                                       {0, 0, 0, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    if (ch == 'b') backend = optarg;
+    else if (ch == 's') sessions = (unsigned)atoi(optarg);
+    else if (ch == 'n') buffers = (unsigned)atoi(optarg);
+    else return 2;
+  }
+  if (optind < argc) bin = argv[optind];
+  if (!sessions || buffers < sessions) die("parameters", "buffers must be at least sessions");
   /* The host backend keeps an fd per chunk in the daemon: raise the
    * limit where we may, or measure fewer buffers. */
   struct rlimit rl;
@@ -72,7 +85,7 @@ int main(int argc, char **argv) {
   char sock[] = "/tmp/gpumemd-bench-scale.sock", devsize[32], maxbuf[32];
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)buffers * 4096 + (64ull << 20));
   snprintf(maxbuf, sizeof maxbuf, "%u", buffers + 1);
-  const char *extra[] = {"--backend", "host", "--host-devices", "1", "--host-device-size", devsize,
+  const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size", devsize,
                          "--host-granularity", "4K", "--max-buffers-per-session", maxbuf,
                          "--ack-timeout", "120s", NULL};
   pid_t d = bench_daemon(bin, sock, extra);
@@ -81,11 +94,11 @@ int main(int argc, char **argv) {
   measure(sock, "many", sessions, buffers / sessions, &pn, &rn);
   bench_daemon_stop(d);
   char name[128];
-  snprintf(name, sizeof name, "pause %u sessions x %u buffers (vs 1 x %u)", sessions,
-           buffers / sessions, buffers);
+  snprintf(name, sizeof name, "pause %u sessions x %u buffers (vs 1 x %u, %s)", sessions,
+           buffers / sessions, buffers, backend);
   bench_report(name, pn, "ms", p1);
-  snprintf(name, sizeof name, "resume %u sessions x %u buffers (vs 1 x %u)", sessions,
-           buffers / sessions, buffers);
+  snprintf(name, sizeof name, "resume %u sessions x %u buffers (vs 1 x %u, %s)", sessions,
+           buffers / sessions, buffers, backend);
   bench_report(name, rn, "ms", r1);
   return 0;
 }
