@@ -42,7 +42,7 @@ bench build/bench/bench_backup --backend cuda --size 8G build/bin
 bench build/bench/bench_rtt build/bin
 bench build/bench/bench_rtt --backend cuda build/bin
 bench build/bench/bench_scale build/bin
-bench build/bench/bench_scale --backend cuda --sessions 1000 --buffers 40000 build/bin
+bench build/bench/bench_scale --backend cuda --sessions 1000 --buffers 20000 build/bin
 CHUNK=1G bench/plot.sh build cuda 4G 8G 16G 32G > /dev/null 2>&1 || status=1
 cat build/bench/results-gpu.jsonl
 GPUMEM_BUILD=$PWD/build make CUDA_HOME="$CUDA_HOME" WERROR= test || status=1
