@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -142,10 +143,50 @@ START_TEST(gpumemctl_exit_codes) {
 }
 END_TEST
 
+/* Run gpumemctl as user nobody; its exit status and output. */
+static int ctl_as_nobody(char *out, size_t len, const char *cmd, const char *tag) {
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    if (setgid(65534) < 0 || setuid(65534) < 0) _exit(99);
+    execl(harness_bin("gpumemctl"), "gpumemctl", "--socket", d.socket, cmd, tag, (char *)NULL);
+    _exit(98);
+  }
+  close(fds[1]);
+  size_t n = 0;
+  ssize_t k;
+  while (n < len - 1 && (k = read(fds[0], out + n, len - 1 - n)) > 0) n += (size_t)k;
+  out[n] = '\0';
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Anyone who may reach the socket may look; only controllers may pause. */
+START_TEST(only_controllers_pause_but_anyone_may_look) {
+  if (geteuid() != 0) return; /* needs another uid to test with */
+  daemon_start(&d, NULL);
+  ck_assert_int_eq(chmod(d.dir, 0755), 0);
+  ck_assert_int_eq(chmod(d.socket, 0666), 0);
+  char out[4096];
+  ck_assert_int_eq(ctl_as_nobody(out, sizeof out, "pause", "kv"), 1);
+  ck_assert_msg(strstr(out, "PERMISSION_DENIED") && strstr(out, "may not pause"), "%s", out);
+  ck_assert_int_eq(ctl_as_nobody(out, sizeof out, "status", NULL), 0);
+  ck_assert_msg(strstr(out, "backend host"), "%s", out);
+  ck_assert_int_eq(ctl_as_nobody(out, sizeof out, "metrics", NULL), 0);
+  ck_assert_msg(strstr(out, "gpumem_sessions 1"), "%s", out);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("backup", 60, setup, teardown,
                      verified_backups_survive_and_are_reported,
                      backup_limit_refuses_at_allocation,
                      pause_without_room_for_a_backup_releases_nothing_of_it,
-                     gpumemctl_exit_codes);
+                     gpumemctl_exit_codes,
+                     only_controllers_pause_but_anyone_may_look);
 }

@@ -313,13 +313,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gpumemctl: %s takes no arguments\n", cmd);
     return 2;
   }
+  /* Looking needs no permission: without a controller's rights, status
+   * comes through a plain session (list then shows only its own buffers:
+   * none). */
   gpumem_client *c;
-  if (gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_CONTROLLER,
-                     GPUMEM_CONNECT_NO_THREAD, &c) < 0) {
+  int rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_CONTROLLER,
+                          GPUMEM_CONNECT_NO_THREAD, &c);
+  if (rc == GPUMEM_E_PERMISSION && is_view)
+    rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD, &c);
+  if (rc < 0) {
     fprintf(stderr, "gpumemctl: %s\n", gpumem_last_error());
     return 1;
   }
-  int rc = 0;
+  rc = 0;
   if (is_op) {
     rc = run_op(c, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, (unsigned)timeout, json);
   } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
