@@ -60,7 +60,7 @@ LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc
 TESTS := $(patsubst tests/%.c,$(O)/tests/%,$(wildcard tests/check_*.c))
 BENCHES := $(patsubst bench/%.c,$(O)/bench/%,$(wildcard bench/*.c))
 
-.PHONY: all deps check test test-asan test-tsan demo bench install clean
+.PHONY: all deps check test test-asan test-tsan fuzz demo bench install clean
 all: deps $(BINS) $(LIBS) $(EXAMPLES)
 
 deps:
@@ -135,6 +135,22 @@ test: all $(TESTS)
 
 test-asan:
 	@$(MAKE) --no-print-directory O=build/asan SAN=1 test
+
+# Fuzzers (clang's libFuzzer, with ASan): `make fuzz` runs each for
+# FUZZ_SECONDS (default 60) on a corpus in build/fuzz/.
+FUZZ_SECONDS ?= 60
+FUZZERS := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(wildcard tests/fuzz/*.c))
+FUZZ_SRC := common/frame.c common/wire.c
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC) $(GEN)
+	@./tools/install-deps.sh fuzz
+	@mkdir -p $(@D)
+	@echo "  FUZZ    $@"
+	@clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. -I$(O)/gen \
+	  -o $@ $< $(FUZZ_SRC) $(GEN) $(shell pkg-config --libs libprotobuf-c)
+
+fuzz: $(FUZZERS)
+	@for f in $(FUZZERS); do mkdir -p $$f.corpus; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$f.corpus 2>&1 | tail -4 || exit 1; done
 
 # Data races: not part of check (ThreadSanitizer is slow), run by hand.
 test-tsan:

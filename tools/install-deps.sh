@@ -1,10 +1,16 @@
 #!/bin/sh
 # Install the Debian packages gpumemd builds and tests with, if missing.
-#   install-deps.sh [bench]   (bench: also gnuplot, for make bench's plot)
+#   install-deps.sh [bench|fuzz]   (also gnuplot for make bench's plot, or
+#                                   clang and its sanitizer runtimes for make fuzz)
 set -e
 need=""
 if [ "${1:-}" = bench ]; then
   command -v gnuplot >/dev/null 2>&1 || need="$need gnuplot-nox"
+fi
+if [ "${1:-}" = fuzz ]; then
+  command -v clang >/dev/null 2>&1 || need="$need clang"
+  ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 ||
+    need="$need libclang-rt-dev"
 fi
 have_pkg() { pkg-config --exists "$1" 2>/dev/null; }
 command -v cc >/dev/null 2>&1 || need="$need build-essential"
