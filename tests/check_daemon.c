@@ -43,6 +43,20 @@ static const struct gpumem_tag_status *find_tag(const struct gpumem_status *s, c
   return NULL;
 }
 
+/* Wait up to 2 s until a tag has this many buffers and bytes paused. */
+static bool wait_paused(gpumem_client *c, const char *tag, uint64_t buffers, uint64_t bytes) {
+  for (int i = 0; i < 200; i++) {
+    struct gpumem_status *s;
+    ck_assert_int_eq(gpumem_status(c, &s), 0);
+    const struct gpumem_tag_status *t = find_tag(s, tag);
+    bool done = t && t->paused_buffers == buffers && t->paused_bytes == bytes;
+    gpumem_status_free(s);
+    if (done) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
 /* The pointer printed on the first line that starts with prefix and id. */
 static void ptr_of(const struct worker *w, const char *what, unsigned long long id, char *out) {
   char key[64];
@@ -233,15 +247,7 @@ START_TEST(unresponsive_worker_is_reported_and_finishes_late) {
   ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "CLIENT_TIMEOUT"));
   kill(b.pid, SIGCONT);
   /* The late ack completes the pause of b's buffer. */
-  bool paused = false;
-  for (int i = 0; i < 200 && !paused; i++) {
-    struct gpumem_status *s;
-    ck_assert_int_eq(gpumem_status(c, &s), 0);
-    paused = find_tag(s, "kv")->paused_buffers == 2;
-    gpumem_status_free(s);
-    if (!paused) usleep(10000);
-  }
-  ck_assert(paused);
+  ck_assert(wait_paused(c, "kv", 2, 16 * MiB));
   ck_assert_int_eq(resume_tag(c, "kv", &r), 0);
   ck_assert_uint_eq(r.buffers, 2);
   ck_assert(worker_wait_for(&a, "verified", 1, 3000));
@@ -632,15 +638,7 @@ START_TEST(controller_disconnect_does_not_stop_a_pause) {
   close(fd);
   ck_assert(worker_wait_for(&w, "paused buffer", 1, 3000));
   gpumem_client *c = controller();
-  bool paused = false;
-  for (int i = 0; i < 200 && !paused; i++) {
-    struct gpumem_status *s;
-    ck_assert_int_eq(gpumem_status(c, &s), 0);
-    paused = find_tag(s, "kv")->paused_bytes == 8 * MiB;
-    gpumem_status_free(s);
-    if (!paused) usleep(10000);
-  }
-  ck_assert(paused);
+  ck_assert(wait_paused(c, "kv", 1, 8 * MiB));
   gpumem_disconnect(c);
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
