@@ -14,6 +14,12 @@ struct gpu_ops {
   uint64_t (*granularity)(void *state);
   int (*mem_info)(void *state, unsigned dev, uint64_t *free_bytes,
                   uint64_t *total);
+  /* Optional (NULL: -ENOTSUP, or mem_info's figures with no reserve). */
+  int (*mem_detail)(void *state, unsigned dev, struct gpu_mem *m);
+  int (*processes)(void *state, unsigned dev, struct gpu_process *out, size_t max, size_t *n);
+  int (*chunk_held_by)(void *state, uint64_t handle, int pid);
+  int (*chunk_adopt)(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle);
+  int (*export_handle)(void *state, unsigned dev, uint64_t handle, int *fd);
   int (*chunk_create)(void *state, unsigned dev, uint64_t size,
                       uint64_t *handle);
   int (*chunk_export)(void *state, uint64_t handle, int *fd);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 
@@ -73,6 +74,41 @@ unsigned gpu_device_count(const gpu *g) { return g->ops->device_count(g->state);
 
 /* Allocation granularity. */
 uint64_t gpu_granularity(const gpu *g) { return g->ops->granularity(g->state); }
+
+/* A device's memory with the driver's reserve. */
+int gpu_mem_detail(gpu *g, unsigned dev, struct gpu_mem *m) {
+  memset(m, 0, sizeof *m);
+  if (g->ops->mem_detail) return g->ops->mem_detail(g->state, dev, m);
+  return g->ops->mem_info(g->state, dev, &m->free, &m->total);
+}
+
+/* The processes using a device. */
+int gpu_processes(gpu *g, unsigned dev, struct gpu_process *out, size_t max, size_t *n) {
+  *n = 0;
+  if (!g->ops->processes) return gpu_fail(-ENOTSUP, "%s: no per-process figures", g->ops->name);
+  return g->ops->processes(g->state, dev, out, max, n);
+}
+
+/* Whether a process still holds a chunk. */
+int gpu_chunk_held_by(gpu *g, uint64_t handle, int pid) {
+  if (!g->ops->chunk_held_by) return -ENOTSUP;
+  return g->ops->chunk_held_by(g->state, handle, pid);
+}
+
+/* Own a chunk handed over by another process. */
+int gpu_chunk_adopt(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
+  if (!g->ops->chunk_adopt) {
+    close(fd);
+    return gpu_fail(-ENOTSUP, "%s: cannot adopt memory", g->ops->name);
+  }
+  return g->ops->chunk_adopt(g->state, dev, fd, size, handle);
+}
+
+/* Export an imported handle again. */
+int gpu_export(gpu *g, unsigned dev, uint64_t handle, int *fd) {
+  if (!g->ops->export_handle) return gpu_fail(-ENOTSUP, "%s: cannot export again", g->ops->name);
+  return g->ops->export_handle(g->state, dev, handle, fd);
+}
 
 /* Total and free bytes of a device. */
 int gpu_mem_info(gpu *g, unsigned dev, uint64_t *free_bytes, uint64_t *total) {

@@ -42,6 +42,38 @@ uint64_t gpu_granularity(const gpu *g);
 /* Total and free bytes of a device, as the driver (or model) says. */
 int gpu_mem_info(gpu *g, unsigned dev, uint64_t *free_bytes, uint64_t *total);
 
+/* A device's memory as the driver reports it: reserved is what the driver
+ * keeps for itself (0 where it does not say), so that used by processes is
+ * total - free - reserved. */
+struct gpu_mem {
+  uint64_t total, free, reserved;
+};
+
+/* Daemon side: a device's memory, read without creating a context. */
+int gpu_mem_detail(gpu *g, unsigned dev, struct gpu_mem *m);
+
+/* A process using a device, and the device memory it holds that this
+ * backend did not create for the daemon (the driver's own figure). */
+struct gpu_process {
+  int pid;
+  uint64_t used;
+};
+
+/* Daemon side: the processes using dev. Writes at most max to out and the
+ * number that exist to *n; -ENOTSUP where the driver gives no per-process
+ * figures. */
+int gpu_processes(gpu *g, unsigned dev, struct gpu_process *out, size_t max, size_t *n);
+
+/* Daemon side: 1 if process pid still maps or holds the chunk, 0 if not,
+ * -ENOTSUP where the backend cannot tell (the driver's free memory is the
+ * check there). */
+int gpu_chunk_held_by(gpu *g, uint64_t handle, int pid);
+
+/* Daemon side: own a chunk that another process hands over (re-registration
+ * after a daemon restart). Checks that the fd is this backend's memory of
+ * size bytes on dev; the fd is consumed either way. */
+int gpu_chunk_adopt(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *handle);
+
 /* Daemon side: create a physical chunk of size bytes on dev. */
 int gpu_chunk_create(gpu *g, unsigned dev, uint64_t size, uint64_t *handle);
 
@@ -97,6 +129,10 @@ int gpu_set_access(gpu *g, unsigned dev, void *va, uint64_t size);
 
 /* Client side: unmap one mapping, keeping the address range reserved. */
 int gpu_unmap(gpu *g, unsigned dev, void *va, uint64_t size);
+
+/* Client side: export an imported handle again as a new fd, for a daemon
+ * that restarted and adopts the memory. */
+int gpu_export(gpu *g, unsigned dev, uint64_t handle, int *fd);
 
 /* Client side: release an imported handle. */
 void gpu_release(gpu *g, unsigned dev, uint64_t handle);
