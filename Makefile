@@ -25,24 +25,27 @@ PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 
-# Vendor backends build where their headers are; their runtimes are loaded
-# with dlopen, so no binary needs them.
-CUDA_HOME ?= $(firstword $(wildcard /usr/local/cuda))
-HIP_HEADER := $(wildcard /usr/include/hip/hip_runtime_api.h $(ROCM_PATH)/include/hip/hip_runtime_api.h)
+# Vendor backends: built where their headers are, unless asked
+# (make HIP=0 CUDA=1). Their runtimes are loaded with dlopen, so no binary
+# needs them.
+CUDA_HOME ?= /usr/local/cuda
+ROCM_PATH ?= /opt/rocm
+HIP_INCLUDE := $(patsubst %/hip/hip_runtime_api.h,%,$(firstword $(wildcard \
+  $(ROCM_PATH)/include/hip/hip_runtime_api.h /usr/include/hip/hip_runtime_api.h)))
+CUDA ?= $(if $(wildcard $(CUDA_HOME)/include/cuda.h),1,0)
+HIP ?= $(if $(HIP_INCLUDE),1,0)
 GPU_SRC := gpu/gpu.c gpu/host.c
-ifneq ($(wildcard $(CUDA_HOME)/include/cuda.h),)
-GPU_SRC += gpu/cuda.c
+ifeq ($(CUDA),1)
+GPU_SRC += gpu/cuda.c gpu/vmm.c
 CFLAGS += -DHAVE_CUDA
 $(O)/obj/gpu/cuda.o: CFLAGS += -isystem $(CUDA_HOME)/include
 endif
-ifneq ($(HIP_HEADER),)
-GPU_SRC += gpu/hip.c
+ifeq ($(HIP),1)
+GPU_SRC += gpu/hip.c gpu/vmm.c
 CFLAGS += -DHAVE_HIP
-$(O)/obj/gpu/hip.o: CFLAGS += -isystem $(dir $(firstword $(HIP_HEADER))).. -Wno-strict-prototypes
+$(O)/obj/gpu/hip.o: CFLAGS += -isystem $(HIP_INCLUDE) -Wno-strict-prototypes
 endif
-ifneq ($(filter gpu/cuda.c gpu/hip.c,$(GPU_SRC)),)
-GPU_SRC += gpu/vmm.c
-endif
+GPU_SRC := $(sort $(GPU_SRC))
 
 GEN := $(O)/gen/proto/gpumemd.pb-c.c
 COMMON_SRC := common/frame.c common/hash.c common/idmap.c common/log.c common/size.c common/wire.c $(GPU_SRC)
@@ -60,29 +63,44 @@ LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc
 TESTS := $(patsubst tests/%.c,$(O)/tests/%,$(wildcard tests/check_*.c))
 BENCHES := $(patsubst bench/%.c,$(O)/bench/%,$(wildcard bench/*.c))
 
-.PHONY: all deps check test test-asan test-tsan fuzz demo bench install clean
-all: deps $(BINS) $(LIBS) $(EXAMPLES)
+.PHONY: all deps check test test-asan test-tsan fuzz demo bench install clean FORCE
+all: $(BINS) $(LIBS) $(EXAMPLES)
 
+# Install missing packages: only demo and check do it, never plain make.
 deps:
 	@./tools/install-deps.sh
+
+# The backends and flags every object was built with: rewritten only when
+# they change, so that a change rebuilds everything. HIP=1 without the
+# headers stops here.
+BUILD_CONFIG := $(O)/build-config
+sq = '$(subst ','\'',$(1))'
+$(BUILD_CONFIG): FORCE
+	$(if $(filter 1,$(HIP)),$(if $(HIP_INCLUDE),,$(error HIP=1 but no hip/hip_runtime_api.h in $(ROCM_PATH)/include or /usr/include)))
+	@mkdir -p $(@D)
+	@printf '%s\n' $(call sq,CC=$(CC)) $(call sq,CUDA=$(CUDA) $(CUDA_HOME)) \
+	  $(call sq,HIP=$(HIP) $(HIP_INCLUDE)) $(call sq,CFLAGS=$(CFLAGS) $(PKG_CFLAGS)) \
+	  $(call sq,LDFLAGS=$(LDFLAGS)) > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 $(GEN): proto/gpumemd.proto
 	@mkdir -p $(O)/gen
 	@echo "  PROTOC  $<"
 	@protoc-c --c_out=$(O)/gen $<
 
-$(O)/obj/gen/gpumemd.pb-c.o: $(GEN)
+$(O)/obj/gen/gpumemd.pb-c.o: $(GEN) $(BUILD_CONFIG)
 	@mkdir -p $(@D)
 	@echo "  CC      $<"
 	@$(CC) $(CFLAGS) $(PKG_CFLAGS) -Wno-missing-prototypes -c $< -o $@
 
-$(O)/obj/%.o: %.c $(GEN)
+$(O)/obj/%.o: %.c $(GEN) $(BUILD_CONFIG)
 	@mkdir -p $(@D)
 	@echo "  CC      $<"
 	@$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
 
 $(O)/lib/libcommon.a: $(COMMON_OBJ)
 	@mkdir -p $(@D)
+	@rm -f $@
 	@$(AR) rcs $@ $^
 
 $(O)/bin/gpumemd: $(DAEMON_OBJ) $(O)/lib/libcommon.a
@@ -156,11 +174,15 @@ fuzz: $(FUZZERS)
 test-tsan:
 	@$(MAKE) --no-print-directory O=build/tsan SAN=thread test
 
+# demo and check install what is missing, then build in a new make that
+# sees what was installed.
 check: deps
 	@$(MAKE) --no-print-directory test
+	@./tests/build/check_rebuild.sh
 	@$(MAKE) --no-print-directory test-asan
 
-demo: all
+demo: deps
+	@$(MAKE) --no-print-directory all
 	@./tools/demo.sh $(abspath $(O))
 
 bench: all $(BENCHES)

@@ -1,5 +1,7 @@
 #include "wire.h"
 
+#include "frame.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,15 +85,59 @@ static wire_code check_selection(size_t ntags, char **tags, size_t ndevs,
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
+/* Flags a client may ask for. */
+static bool flags_ok(uint32_t flags) {
+  return !(flags & ~(uint32_t)(GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
+                               GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY |
+                               GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED));
+}
+
+/* Chunk sizes: none zero, adding up to size without overflow. */
+static bool chunks_ok(const uint64_t *sizes, size_t n, uint64_t size) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sizes[i] == 0 || sum + sizes[i] < sum) return false;
+    sum += sizes[i];
+  }
+  return n > 0 && sum == size;
+}
+
+/* A re-registration: every buffer well formed, one fd per chunk of each
+ * buffer that is not paused. */
+static wire_code check_adopt(const Gpumem__Wire__AdoptRequest *a, size_t nfds, char *why,
+                             size_t whylen) {
+  const wire_code bad = GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT;
+  size_t want = 0;
+  if (a->n_buffers == 0) return refuse(bad, why, whylen, "adopt names no buffers");
+  for (size_t i = 0; i < a->n_buffers; i++) {
+    const Gpumem__Wire__AdoptBuffer *b = a->buffers[i];
+    if (!wire_tag_valid(b->tag))
+      return refuse(bad, why, whylen, "adopt buffer %zu: invalid tag", i);
+    if (!flags_ok(b->flags))
+      return refuse(bad, why, whylen, "adopt buffer %zu: unknown flags 0x%x", i, b->flags);
+    if (b->n_chunk_sizes > FRAME_MAX_FDS || !chunks_ok(b->chunk_sizes, b->n_chunk_sizes, b->size))
+      return refuse(bad, why, whylen, "adopt buffer %zu: chunks do not add up to its size", i);
+    if (!b->paused) want += b->n_chunk_sizes;
+  }
+  if (want != nfds)
+    return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,
+                  "adopt needs %zu fds, %zu arrived", want, nfds);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
 /* Check a message that a client sent the daemon. */
 wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
                              size_t whylen) {
   const wire_code bad = GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT;
-  if (env->fd_count != nfds || nfds != 0)
+  if (env->fd_count != nfds)
     return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,
-                  "clients send no fds (got %zu, declared %u)", nfds,
-                  env->fd_count);
+                  "frame declared %u fds, %zu arrived", env->fd_count, nfds);
+  if (nfds && env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ADOPT)
+    return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,
+                  "only adopt carries fds (got %zu)", nfds);
   switch (env->body_case) {
+  case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT:
+    return check_adopt(env->adopt, nfds, why, whylen);
   case GPUMEM__WIRE__ENVELOPE__BODY_HELLO:
     if (env->hello->role != GPUMEM__WIRE__ROLE__ROLE_WORKER &&
         env->hello->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER)
@@ -105,9 +151,7 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
                     "invalid tag '%.*s': 1-%d characters of [A-Za-z0-9_.-]",
                     WIRE_TAG_MAX + 1, env->alloc->tag, WIRE_TAG_MAX);
     if (env->alloc->size == 0) return refuse(bad, why, whylen, "size is zero");
-    if (env->alloc->flags & ~(uint32_t)(GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
-                                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY |
-                                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED))
+    if (!flags_ok(env->alloc->flags))
       return refuse(bad, why, whylen, "unknown flags 0x%x", env->alloc->flags);
     if ((env->alloc->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY) &&
         (env->alloc->flags & (GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
@@ -146,13 +190,7 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
   switch (env->body_case) {
   case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY: {
     const Gpumem__Wire__AllocReply *a = env->alloc_reply;
-    uint64_t sum = 0;
-    for (size_t i = 0; i < a->n_chunk_sizes; i++) {
-      if (a->chunk_sizes[i] == 0 || sum + a->chunk_sizes[i] < sum)
-        return refuse(bad, why, whylen, "bad chunk sizes");
-      sum += a->chunk_sizes[i];
-    }
-    if (sum != a->size || a->size == 0)
+    if (!chunks_ok(a->chunk_sizes, a->n_chunk_sizes, a->size))
       return refuse(bad, why, whylen, "chunks do not add up to the size");
     if (a->ipc_handle.len != 0 && a->ipc_handle.len != 64)
       return refuse(bad, why, whylen, "IPC handle of %zu bytes", a->ipc_handle.len);
@@ -171,6 +209,7 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
   case GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_UNMAP:
+  case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY:
     break;
   default:
     return refuse(bad, why, whylen, "message type %d is not a reply or event",

@@ -1,13 +1,24 @@
 /* Pause: every matching ACTIVE buffer becomes PAUSING and its owner gets
- * one Unmap event; as each owner acks, its buffers are backed up (BACKUP)
- * and released and become PAUSED. Resume: memory for every matching
- * PAUSED buffer is created first, all or nothing; backups are restored;
- * owners get Remap events with the new fds; as each acks, its buffers
- * become ACTIVE. An owner that does not ack in time is reported with its
- * pid; its buffers finish when its ack comes late, or go with its session. */
+ * one Unmap event; as each owner acks, the buffers it unmapped are backed
+ * up (BACKUP) and released and become PAUSED, and those it could not
+ * unmap are ACTIVE again and reported.
+ *
+ * Resume, all or nothing: memory for every matching PAUSED buffer is
+ * created, backups restored and fds exported before anything is sent;
+ * owners get Remap events and the buffers stay RESUMING until every owner
+ * has acked. Only then do they become ACTIVE. If any owner failed or did
+ * not answer, the owners that did map are told to unmap again, the memory
+ * is released and every buffer is PAUSED, as before the resume.
+ *
+ * An owner that does not ack in time is reported with its pid; its buffers
+ * stay in transition (counted as held) until its late ack settles them, or
+ * its session ends. At the end of each operation the driver's figures for
+ * the devices it touched are compared with what the daemon did. */
 #include "engine.h"
 
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -15,19 +26,38 @@
 #include "common/frame.h"
 #include "common/idmap.h"
 #include "common/log.h"
+#include "common/size.h"
 #include "report.h"
 #include "session.h"
 
-/* The buffers of one owner in one operation, and the events sent for them. */
+/* The longest a controller may ask the engine to wait for owners. */
+#define ENGINE_MAX_TIMEOUT_MS (10u * 60u * 1000u)
+/* What the driver's free memory may miss beyond one granularity a buffer. */
+#define ENGINE_CHECK_SLACK (16ull << 20)
+
+enum kind {
+  K_UNMAP,    /* a pause's Unmap */
+  K_REMAP,    /* a resume's Remap */
+  K_ROLLBACK, /* Unmap of what a failed resume had mapped */
+};
+
+/* The buffers of one owner in one step, and the events sent for them. */
 struct group {
   struct session *s;
-  struct op *op; /* NULL once the operation gave up waiting */
-  bool resume;
+  struct op *op; /* NULL once the operation stopped waiting (a straggler) */
+  enum kind kind;
+  bool done;
   uint64_t first_event;
   size_t nevents, acked;
+  size_t *ends;   /* event k carried ids[ends[k-1] .. ends[k]) */
   uint64_t *ids;
+  bool *failed;   /* the owner could not unmap or map it */
+  bool *made;     /* this resume created its memory */
+  int *fds;       /* remap: exported chunk fds, in id and chunk order */
+  size_t nfds;
   size_t nids, cap;
-  struct list link; /* op's groups, or engine's stragglers */
+  char why[WIRE_MAX_MESSAGE + 1]; /* the owner's words for its first failure */
+  struct list link; /* op's groups, or the engine's stragglers */
 };
 
 struct detail {
@@ -36,22 +66,38 @@ struct detail {
   uint64_t buffers, bytes;
 };
 
+/* One device during an operation: what the daemon did there, and the
+ * driver's figures to compare it with. */
+struct devfig {
+  bool touched;
+  uint64_t released, nbuf; /* released (pause) or taken (resume) */
+  uint64_t free_before, managed_before;
+};
+
 struct op {
   struct list link;
   bool resume;
+  bool rolling_back;
   struct session *ctl;
   uint64_t req_id;
   char **tags;
   size_t ntags;
   uint64_t devmask;
   uint32_t timeout_ms;
+  uint64_t max_residual;
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
   struct list groups;
+  size_t pending; /* groups not done */
   uint64_t buffers, bytes, backup_bytes, skipped;
+  uint64_t held_buffers, held_bytes; /* still holding memory they should not */
+  uint32_t *pids;                    /* owners involved in a failure */
+  size_t npids;
   uint64_t copied0, copy_us0; /* the registry's copy totals at the start */
   struct detail *detail;
   size_t ndetail;
-  struct fault fault; /* first failure, reported instead of the figures */
+  struct devfig *dev;
+  unsigned ndev;
+  struct fault fault; /* first failure, reported instead of success */
 };
 
 struct engine {
@@ -69,6 +115,7 @@ struct engine {
 };
 
 static void run_queue(engine *e);
+static void check_done(engine *e);
 
 /* Create an engine over the registry. */
 engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g,
@@ -90,10 +137,18 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g,
   return e;
 }
 
+/* Forget a group's events that were not acked, close unsent fds, free it. */
 static void group_free(engine *e, struct group *g) {
-  for (size_t i = 0; i < g->nevents; i++) idmap_del(e->events, g->first_event + i);
+  for (size_t i = 0; i < g->nevents; i++)
+    if (idmap_get(e->events, g->first_event + i) == g) idmap_del(e->events, g->first_event + i);
+  for (size_t i = 0; i < g->nfds; i++)
+    if (g->fds[i] >= 0) close(g->fds[i]);
   list_remove(&g->link);
+  free(g->ends);
   free(g->ids);
+  free(g->failed);
+  free(g->made);
+  free(g->fds);
   free(g);
 }
 
@@ -103,17 +158,37 @@ static void op_free(engine *e, struct op *op) {
   for (size_t i = 0; i < op->ntags; i++) free(op->tags[i]);
   free(op->tags);
   free(op->detail);
+  free(op->pids);
+  free(op->dev);
   free(op);
+}
+
+/* Answer a controller's request with a fault and nothing else. */
+static void answer_fault(struct session *ctl, uint64_t req_id, wire_code code, const char *text) {
+  struct fault f = {0};
+  fault_set(&f, code, "%s", text);
+  session_send_error(ctl, req_id, &f);
 }
 
 static void on_timer_closed(uv_handle_t *h) { free(h->data); }
 
-/* Drop queued operations and free the engine. */
+/* Answer every operation with SHUTTING_DOWN and free the engine. */
 void engine_destroy(engine *e) {
   if (!e) return;
   struct list *p, *t;
-  list_for_each_safe(p, t, &e->queue) op_free(e, list_entry(p, struct op, link));
-  if (e->current) op_free(e, e->current);
+  const char *why = "gpumemd is shutting down; the operation did not complete";
+  list_for_each_safe(p, t, &e->queue) {
+    struct op *op = list_entry(p, struct op, link);
+    if (op->ctl) answer_fault(op->ctl, op->req_id, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, why);
+    list_remove(&op->link);
+    op_free(e, op);
+  }
+  if (e->current) {
+    if (e->current->ctl)
+      answer_fault(e->current->ctl, e->current->req_id,
+                   GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, why);
+    op_free(e, e->current);
+  }
   list_for_each_safe(p, t, &e->stragglers)
       group_free(e, list_entry(p, struct group, link));
   idmap_destroy(e->events);
@@ -123,32 +198,76 @@ void engine_destroy(engine *e) {
 /* Queue an operation and start it if nothing runs. */
 void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
-                   uint32_t timeout_ms) {
+                   uint32_t timeout_ms, uint64_t max_residual) {
   struct op *op = calloc(1, sizeof *op);
-  if (op) op->tags = calloc(ntags, sizeof *op->tags);
+  unsigned ndev = gpu_device_count(e->gpu);
+  if (op) {
+    op->tags = calloc(ntags, sizeof *op->tags);
+    op->dev = calloc(ndev + 1, sizeof *op->dev);
+  }
   for (size_t i = 0; op && op->tags && i < ntags; i++, op->ntags++)
     if (!(op->tags[op->ntags] = strdup(tags[i]))) break;
-  if (!op || !op->tags || op->ntags != ntags) {
+  if (!op || !op->tags || !op->dev || op->ntags != ntags) {
     if (op) op_free(e, op);
-    struct fault f = {.code = GPUMEM__WIRE__ERROR_CODE__INTERNAL};
-    snprintf(f.text, sizeof f.text, "out of host memory");
-    session_send_error(ctl, req_id, &f);
+    answer_fault(ctl, req_id, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     return;
   }
   list_init(&op->groups);
   op->resume = resume;
   op->ctl = ctl;
   op->req_id = req_id;
-  op->devmask = devmask ? devmask : ~0ull;
+  op->ndev = ndev;
+  uint64_t all = ndev >= 64 ? ~0ull : (1ull << ndev) - 1;
+  op->devmask = (devmask ? devmask : ~0ull) & all;
   op->timeout_ms = timeout_ms ? timeout_ms : e->cfg->ack_timeout_ms;
+  if (op->timeout_ms > ENGINE_MAX_TIMEOUT_MS) {
+    log_info("timeout of %u ms capped at %u ms", op->timeout_ms, ENGINE_MAX_TIMEOUT_MS);
+    op->timeout_ms = ENGINE_MAX_TIMEOUT_MS;
+  }
+  op->max_residual = max_residual;
   list_append(&e->queue, &op->link);
   run_queue(e);
 }
 
+/* Record the first failure of an operation. */
+__attribute__((format(printf, 3, 4))) static void fail(struct op *op, wire_code code,
+                                                       const char *fmt, ...) {
+  if (!op || op->fault.code) return;
+  op->fault.code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(op->fault.text, sizeof op->fault.text, fmt, ap);
+  va_end(ap);
+}
+
+/* Name an owner among those a failure involves (once). */
+static void note_pid(struct op *op, pid_t pid) {
+  for (size_t i = 0; i < op->npids; i++)
+    if (op->pids[i] == (uint32_t)pid) return;
+  uint32_t *np = realloc(op->pids, (op->npids + 1) * sizeof *np);
+  if (!np) return;
+  op->pids = np;
+  op->pids[op->npids++] = (uint32_t)pid;
+}
+
+/* Count a buffer that still holds memory the operation should have freed
+ * (or, for a resume, memory it could not take back). */
+static void hold(struct op *op, const struct buffer *b) {
+  if (!op) return;
+  op->held_buffers++;
+  if (b->has_memory) op->held_bytes += b->size;
+  note_pid(op, b->owner->pid);
+}
+
 /* Count a buffer that finished into the operation's figures. */
 static void count(struct op *op, const struct buffer *b) {
+  if (!op) return;
   op->buffers++;
   op->bytes += b->size;
+  if (b->device < op->ndev) {
+    op->dev[b->device].released += b->size;
+    op->dev[b->device].nbuf++;
+  }
   struct detail *d = NULL;
   for (size_t i = 0; i < op->ndetail && !d; i++)
     if (op->detail[i].device == b->device && strcmp(op->detail[i].tag, b->tag->name) == 0)
@@ -166,41 +285,529 @@ static void count(struct op *op, const struct buffer *b) {
   d->bytes += b->size;
 }
 
-/* An owner unmapped: back up and release its buffers. A buffer whose
- * backup fails keeps its memory (and contents) and is reported. */
-static void finish_pause(engine *e, struct group *g) {
+/* True if any chunk of b is still mapped or held by its owner's process,
+ * as the kernel or driver can tell (never, where it cannot). */
+static bool owner_still_holds(engine *e, const struct buffer *b) {
+  for (size_t i = 0; i < b->nchunks && !b->ipc; i++)
+    if (gpu_chunk_held_by(e->gpu, b->handles[i], (int)b->owner->pid) == 1) return true;
+  return false;
+}
+
+/* A PAUSED buffer that still has memory: back it up and release it, unless
+ * its owner still maps it or its backup fails (then it keeps its memory,
+ * is counted as held, and the operation fails). */
+static void release(engine *e, struct op *op, struct buffer *b) {
+  unsigned long long id = (unsigned long long)b->id;
+  if (owner_still_holds(e, b)) {
+    log_error("pid %d acknowledged the unmap of buffer %llu but still maps it", (int)b->owner->pid,
+              id);
+    hold(op, b);
+    fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+         "pid %d acknowledged the unmap of buffer %llu but still maps it", (int)b->owner->pid, id);
+    return;
+  }
+  if ((b->flags & BUF_FLAG_BACKUP) && !b->backup_valid) {
+    struct fault f = {0};
+    if (registry_backup(e->reg, b, &f)) {
+      log_error("pause: %s; buffer %llu keeps its memory", f.text, id);
+      hold(op, b);
+      fail(op, f.code, "%s; buffer %llu keeps its memory", f.text, id);
+      return;
+    }
+    if (op) op->backup_bytes += b->size;
+  }
+  registry_memory_release(e->reg, b);
+  count(op, b);
+}
+
+/* An owner answered its Unmap: what it unmapped is released, what it could
+ * not unmap is ACTIVE again. */
+static void finish_unmap(engine *e, struct group *g) {
   for (size_t i = 0; i < g->nids; i++) {
     struct buffer *b = registry_find(e->reg, g->ids[i]);
     if (!b || b->state != BUF_PAUSING) continue;
-    b->state = BUF_PAUSED;
-    if (b->flags & BUF_FLAG_BACKUP) {
-      struct fault f = {0};
-      if (registry_backup(e->reg, b, &f)) {
-        log_error("pause: %s; buffer %llu keeps its memory", f.text,
-                  (unsigned long long)b->id);
-        if (g->op && !g->op->fault.code) g->op->fault = f;
-        continue;
-      }
-      if (g->op) g->op->backup_bytes += b->size;
+    if (g->failed[i]) {
+      registry_set_state(e->reg, b, BUF_ACTIVE);
+      hold(g->op, b);
+      fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d could not unmap buffer %llu: %s",
+           (int)g->s->pid, (unsigned long long)b->id, g->why);
+      continue;
     }
-    registry_memory_release(e->reg, b);
-    if (g->op) count(g->op, b);
+    registry_set_state(e->reg, b, BUF_PAUSED);
+    release(e, g->op, b);
   }
 }
 
-/* An owner remapped: its buffers are usable again. */
-static void finish_resume(engine *e, struct group *g) {
+/* A buffer a failed resume had mapped is unmapped again: release what the
+ * resume made, and it is PAUSED as before. */
+static void undo_resume(engine *e, struct buffer *b, bool made) {
+  if (made) registry_memory_release(e->reg, b);
+  registry_set_state(e->reg, b, BUF_PAUSED);
+}
+
+/* An owner answered a rollback Unmap. */
+static void finish_rollback(engine *e, struct group *g) {
   for (size_t i = 0; i < g->nids; i++) {
     struct buffer *b = registry_find(e->reg, g->ids[i]);
     if (!b || b->state != BUF_RESUMING) continue;
-    b->state = BUF_ACTIVE;
-    if (g->op) count(g->op, b);
+    if (g->failed[i]) {
+      /* The owner keeps it mapped: it is in use, whatever the resume said. */
+      registry_set_state(e->reg, b, BUF_ACTIVE);
+      hold(g->op, b);
+      log_error("pid %d could not unmap buffer %llu after a failed resume: %s", (int)g->s->pid,
+                (unsigned long long)b->id, g->why);
+      fail(g->op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+           "pid %d could not unmap buffer %llu after a failed resume: %s", (int)g->s->pid,
+           (unsigned long long)b->id, g->why);
+      continue;
+    }
+    undo_resume(e, b, g->made[i]);
   }
 }
 
-/* Answer the controller (if still there) with the operation's figures. */
+/* Give a group its events' ids. */
+static void number_events(engine *e, struct group *g, size_t nevents) {
+  g->first_event = e->next_event;
+  g->nevents = nevents;
+  e->next_event += nevents;
+  for (size_t i = 0; i < nevents; i++) idmap_put(e->events, g->first_event + i, g);
+}
+
+/* A new group of one owner's buffers. */
+static struct group *group_new(struct op *op, struct session *s, enum kind kind) {
+  struct group *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->s = s;
+  g->op = op;
+  g->kind = kind;
+  list_init(&g->link);
+  return g;
+}
+
+/* Add a buffer id to a group. */
+static int group_add(struct group *g, uint64_t id, bool made) {
+  if (g->nids == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 16;
+    uint64_t *ids = realloc(g->ids, cap * sizeof *ids);
+    if (ids) g->ids = ids;
+    bool *failed = ids ? realloc(g->failed, cap * sizeof *failed) : NULL;
+    if (failed) g->failed = failed;
+    bool *m = failed ? realloc(g->made, cap * sizeof *m) : NULL;
+    if (!m) return -1;
+    g->made = m;
+    g->cap = cap;
+  }
+  g->failed[g->nids] = false;
+  g->made[g->nids] = made;
+  g->ids[g->nids++] = id;
+  return 0;
+}
+
+/* Send a group its Unmap event (one for all its buffers). */
+static void send_unmap(engine *e, struct group *g) {
+  if (!(g->ends = calloc(1, sizeof *g->ends))) return;
+  g->ends[0] = g->nids;
+  number_events(e, g, 1);
+  Gpumem__Wire__UnmapEvent ev = GPUMEM__WIRE__UNMAP_EVENT__INIT;
+  ev.buffer_ids = g->ids;
+  ev.n_buffer_ids = g->nids;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = g->first_event;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
+  env.unmap = &ev;
+  session_send(g->s, &env, NULL, 0);
+}
+
+/* Send one owner its Remap events with the fds exported for them, at most
+ * FRAME_MAX_FDS fds per frame. Returns -1 if the session ended (g is gone). */
+static int send_remap(engine *e, struct group *g) {
+  size_t nevents = 0;
+  for (size_t i = 0, fds = 0; i < g->nids; i++) {
+    size_t k = registry_find(e->reg, g->ids[i])->nchunks;
+    if (i == 0 || fds + k > FRAME_MAX_FDS) {
+      nevents++;
+      fds = 0;
+    }
+    fds += k;
+  }
+  if (!(g->ends = calloc(nevents + 1, sizeof *g->ends))) return 0;
+  number_events(e, g, nevents);
+  Gpumem__Wire__RemapEntry ent[FRAME_MAX_FDS], *entp[FRAME_MAX_FDS];
+  size_t i = 0, fd_at = 0;
+  for (size_t ev_i = 0; ev_i < nevents; ev_i++) {
+    size_t nent = 0, nfds = 0, first_fd = fd_at;
+    while (i < g->nids) {
+      struct buffer *b = registry_find(e->reg, g->ids[i]);
+      size_t k = b->ipc ? 0 : b->nchunks;
+      if (nent > 0 && nfds + k > FRAME_MAX_FDS) break;
+      gpumem__wire__remap_entry__init(&ent[nent]);
+      ent[nent].buffer_id = b->id;
+      ent[nent].chunk_sizes = b->chunk_sizes;
+      ent[nent].n_chunk_sizes = b->nchunks;
+      entp[nent] = &ent[nent];
+      nent++;
+      nfds += k;
+      i++;
+    }
+    g->ends[ev_i] = i;
+    fd_at += nfds;
+    Gpumem__Wire__RemapEvent rm = GPUMEM__WIRE__REMAP_EVENT__INIT;
+    rm.entries = entp;
+    rm.n_entries = nent;
+    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+    env.id = g->first_event + ev_i;
+    env.fd_count = (uint32_t)nfds;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
+    env.remap = &rm;
+    int fds[FRAME_MAX_FDS];
+    memcpy(fds, g->fds + first_fd, nfds * sizeof *fds);
+    for (size_t k = first_fd; k < fd_at; k++) g->fds[k] = -1; /* session_send owns them */
+    if (session_send(g->s, &env, fds, nfds) < 0) return -1;
+  }
+  return 0;
+}
+
+static bool selected(const struct op *op, const struct buffer *b) {
+  return op->devmask & (1ull << b->device);
+}
+
+/* Every tag the operation names must exist: a typo is NOT_FOUND. */
+static bool tags_exist(engine *e, struct op *op) {
+  for (size_t t = 0; t < op->ntags; t++)
+    if (!registry_tag(e->reg, op->tags[t])) {
+      fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag '%s'", op->tags[t]);
+      return false;
+    }
+  return true;
+}
+
+/* Read the driver's free memory and the daemon's own figure for every
+ * selected device, to compare with at the end. */
+static void snapshot(engine *e, struct op *op) {
+  for (unsigned d = 0; d < op->ndev; d++) {
+    if (!(op->devmask & (1ull << d))) continue;
+    struct gpu_mem m;
+    if (gpu_mem_detail(e->gpu, d, &m) == 0) op->dev[d].free_before = m.free;
+    op->dev[d].managed_before = registry_managed(e->reg, d);
+  }
+}
+
+/* A buffer that an earlier operation still waits on: it holds its memory
+ * until its owner's late ack. */
+static void held_in_transit(struct op *op, const struct buffer *b) {
+  hold(op, b);
+  op->dev[b->device].touched = true;
+}
+
+/* Say which owners missed an earlier ack, and what they still hold. */
+static void fail_in_transit(struct op *op, const char *what) {
+  char bytes[32], pids[96] = "";
+  int len = 0;
+  for (size_t i = 0; i < op->npids && len < (int)sizeof pids; i++)
+    len += snprintf(pids + len, sizeof pids - (size_t)len, " %u", op->pids[i]);
+  fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
+       "%s: pid%s has not acknowledged an earlier pause or resume; %llu buffers (%s) are "
+       "still held",
+       what, pids, (unsigned long long)op->held_buffers,
+       size_format(op->held_bytes, bytes, sizeof bytes));
+}
+
+/* Phase one of a pause: mark buffers and ask their owners to unmap. */
+static void start_pause(engine *e, struct op *op) {
+  if (!tags_exist(e, op)) return;
+  snapshot(e, op);
+  idmap *by_session = idmap_create();
+  for (size_t t = 0; t < op->ntags && by_session; t++) {
+    struct tag *tag = registry_tag(e->reg, op->tags[t]);
+    tag->paused_devices |= op->devmask;
+    struct list *p, *n;
+    list_for_each_safe(p, n, &tag->buffers) {
+      struct buffer *b = list_entry(p, struct buffer, tag_link);
+      if (!selected(op, b)) continue;
+      if (b->flags & BUF_FLAG_IPC_LEGACY) {
+        op->skipped++;
+        continue;
+      }
+      op->dev[b->device].touched = true;
+      if (b->state == BUF_PAUSING || b->state == BUF_RESUMING) {
+        held_in_transit(op, b);
+        continue;
+      }
+      if (b->state == BUF_PAUSED) {
+        if (b->has_memory) release(e, op, b); /* kept by an earlier failure: try again */
+        continue;
+      }
+      struct group *g = idmap_get(by_session, b->owner->id);
+      if (!g && (g = group_new(op, b->owner, K_UNMAP))) {
+        if (idmap_put(by_session, b->owner->id, g) < 0) {
+          free(g);
+          g = NULL;
+        } else {
+          list_append(&op->groups, &g->link);
+          op->pending++;
+        }
+      }
+      if (!g || group_add(g, b->id, false) < 0) {
+        fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+        continue;
+      }
+      registry_set_state(e->reg, b, BUF_PAUSING);
+    }
+  }
+  if (!by_session) fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  idmap_destroy(by_session);
+  if (op->held_buffers && !op->fault.code) fail_in_transit(op, "pause");
+  struct list *p, *n;
+  list_for_each_safe(p, n, &op->groups) send_unmap(e, list_entry(p, struct group, link));
+}
+
+/* Release what a resume made before it sent anything. */
+static void undo_made(engine *e, struct buffer **bufs, const bool *made, size_t n) {
+  for (size_t j = 0; j < n; j++)
+    if (made[j]) registry_memory_release(e->reg, bufs[j]);
+}
+
+/* Export every chunk of the group's buffers into g->fds. */
+static wire_code export_group(engine *e, struct group *g, struct fault *f) {
+  size_t total = 0;
+  for (size_t i = 0; i < g->nids; i++) {
+    struct buffer *b = registry_find(e->reg, g->ids[i]);
+    total += b->ipc ? 0 : b->nchunks;
+  }
+  if (!(g->fds = malloc((total + 1) * sizeof *g->fds)))
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  for (size_t i = 0; i < g->nids; i++) {
+    struct buffer *b = registry_find(e->reg, g->ids[i]);
+    wire_code rc = registry_export(e->reg, b, g->fds + g->nfds, f);
+    if (rc) return rc;
+    g->nfds += b->ipc ? 0 : b->nchunks;
+  }
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Collect the PAUSED buffers a resume selects; false (with the failure
+ * recorded) if any is still in an earlier operation's transition. */
+static bool collect_paused(engine *e, struct op *op, struct buffer ***out, size_t *n) {
+  size_t cap = 0;
+  for (size_t t = 0; t < op->ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->tags[t]);
+    struct list *p;
+    for (p = tag->buffers.next; p != &tag->buffers; p = p->next) {
+      struct buffer *b = list_entry(p, struct buffer, tag_link);
+      if (!selected(op, b)) continue;
+      if (b->state == BUF_PAUSING || b->state == BUF_RESUMING) held_in_transit(op, b);
+      if (b->state != BUF_PAUSED) continue;
+      if (*n == cap) {
+        cap = cap ? cap * 2 : 64;
+        struct buffer **nb = realloc(*out, cap * sizeof *nb);
+        if (!nb) {
+          fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+          return false;
+        }
+        *out = nb;
+      }
+      (*out)[(*n)++] = b;
+    }
+  }
+  if (op->held_buffers) {
+    fail_in_transit(op, "resume refused, nothing changed");
+    return false;
+  }
+  return true;
+}
+
+/* Create memory for every buffer that has none, or for none of them. */
+static bool make_memory(engine *e, struct op *op, struct buffer **bufs, bool *made, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (bufs[i]->has_memory) continue;
+    if (!registry_memory_create(e->reg, bufs[i], &op->fault)) {
+      made[i] = true;
+      continue;
+    }
+    uint64_t needed = 0;
+    for (size_t j = 0; j < n; j++)
+      if (bufs[j]->device == bufs[i]->device && (!bufs[j]->has_memory || made[j]))
+        needed += bufs[j]->size;
+    undo_made(e, bufs, made, n);
+    size_t len = strlen(op->fault.text);
+    snprintf(op->fault.text + len, sizeof op->fault.text - len, "; nothing resumed");
+    if (op->fault.code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
+      struct gpu_mem m = {0};
+      gpu_mem_detail(e->gpu, bufs[i]->device, &m);
+      op->fault.bytes_free = m.free;
+      op->fault.bytes_needed = needed;
+      snprintf(op->fault.text, sizeof op->fault.text,
+               "device %u: resume needs %llu bytes, %llu free; nothing resumed", bufs[i]->device,
+               (unsigned long long)needed, (unsigned long long)m.free);
+    }
+    return false;
+  }
+  return true;
+}
+
+/* Resume: memory, contents and fds for every selected buffer, or none. */
+static void start_resume(engine *e, struct op *op) {
+  size_t n = 0;
+  struct buffer **bufs = NULL;
+  bool *made = NULL;
+  idmap *by_session = NULL;
+  if (!tags_exist(e, op) || !collect_paused(e, op, &bufs, &n)) goto out;
+  snapshot(e, op);
+  if (!(made = calloc(n + 1, sizeof *made)) || !(by_session = idmap_create())) {
+    fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    goto out;
+  }
+  if (!make_memory(e, op, bufs, made, n)) goto out;
+  struct fault f = {0};
+  for (size_t i = 0; i < n && !f.code; i++) {
+    op->dev[bufs[i]->device].touched = true;
+    if (bufs[i]->backup_valid && !registry_restore(e->reg, bufs[i], &f))
+      op->backup_bytes += bufs[i]->size;
+  }
+  for (size_t i = 0; i < n && !f.code; i++) {
+    struct group *g = idmap_get(by_session, bufs[i]->owner->id);
+    if (!g && (g = group_new(op, bufs[i]->owner, K_REMAP))) {
+      list_append(&op->groups, &g->link);
+      op->pending++;
+      if (idmap_put(by_session, bufs[i]->owner->id, g) < 0) g = NULL;
+    }
+    if (!g || group_add(g, bufs[i]->id, made[i]) < 0)
+      fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  }
+  struct list *p, *x;
+  list_for_each_safe(p, x, &op->groups) {
+    if (f.code) break;
+    export_group(e, list_entry(p, struct group, link), &f);
+  }
+  if (f.code) {
+    /* Nothing was sent: free the groups and what was made. */
+    list_for_each_safe(p, x, &op->groups) group_free(e, list_entry(p, struct group, link));
+    op->pending = 0;
+    undo_made(e, bufs, made, n);
+    op->backup_bytes = 0;
+    fail(op, f.code, "%s; nothing resumed", f.text);
+    goto out;
+  }
+  for (size_t t = 0; t < op->ntags; t++)
+    registry_tag(e->reg, op->tags[t])->paused_devices &= ~op->devmask;
+  for (size_t i = 0; i < n; i++) registry_set_state(e->reg, bufs[i], BUF_RESUMING);
+  list_for_each_safe(p, x, &op->groups) send_remap(e, list_entry(p, struct group, link));
+out:
+  idmap_destroy(by_session);
+  free(bufs);
+  free(made);
+}
+
+/* A resume that every owner acknowledged: its buffers are ACTIVE. */
+static void commit_resume(engine *e, struct op *op) {
+  struct list *p;
+  for (p = op->groups.next; p != &op->groups; p = p->next) {
+    struct group *g = list_entry(p, struct group, link);
+    for (size_t i = 0; i < g->nids; i++) {
+      struct buffer *b = registry_find(e->reg, g->ids[i]);
+      if (!b || b->state != BUF_RESUMING) continue;
+      registry_set_state(e->reg, b, BUF_ACTIVE);
+      count(op, b);
+    }
+  }
+}
+
+/* Undo a remap group whose owner answered: buffers it could not map are
+ * PAUSED again at once; those it mapped go into a rollback Unmap. Returns
+ * the rollback group (already sent), or NULL if none was needed. */
+static struct group *roll_back(engine *e, struct op *op, struct group *g) {
+  struct group *rb = group_new(op, g->s, K_ROLLBACK);
+  for (size_t i = 0; i < g->nids; i++) {
+    struct buffer *b = registry_find(e->reg, g->ids[i]);
+    if (!b || b->state != BUF_RESUMING) continue;
+    if (g->failed[i] || !rb || group_add(rb, b->id, g->made[i]) < 0) undo_resume(e, b, g->made[i]);
+  }
+  if (!rb || rb->nids == 0) {
+    free(rb ? rb->ids : NULL);
+    free(rb ? rb->failed : NULL);
+    free(rb ? rb->made : NULL);
+    free(rb);
+    return NULL;
+  }
+  list_append(op ? &op->groups : &e->stragglers, &rb->link);
+  send_unmap(e, rb);
+  return rb;
+}
+
+/* A failed resume: have every owner that mapped unmap again. Returns true
+ * if the operation now waits for those acks. */
+static bool start_rollback(engine *e, struct op *op) {
+  op->rolling_back = true;
+  struct list *p, *x;
+  list_for_each_safe(p, x, &op->groups) {
+    struct group *g = list_entry(p, struct group, link);
+    if (g->kind == K_REMAP && roll_back(e, op, g)) op->pending++;
+  }
+  return op->pending > 0;
+}
+
+/* Compare what the operation did on each device it touched with the
+ * driver's figures; fill checks (ndev entries) and fail on a shortfall or
+ * on more residual memory than the controller allows. */
+static size_t check_devices(engine *e, struct op *op, Gpumem__Wire__DeviceCheck *checks) {
+  size_t n = 0;
+  uint64_t gran = gpu_granularity(e->gpu);
+  for (unsigned d = 0; d < op->ndev; d++) {
+    struct devfig *df = &op->dev[d];
+    if (!df->touched) continue;
+    Gpumem__Wire__DeviceCheck *c = &checks[n++];
+    gpumem__wire__device_check__init(c);
+    c->device = d;
+    c->released = df->released;
+    c->free_before = df->free_before;
+    struct gpu_mem m = {0};
+    gpu_mem_detail(e->gpu, d, &m);
+    c->free_after = m.free;
+    /* The driver's free memory should move by what the daemon's own
+     * holdings moved (other requests may run during the operation). */
+    uint64_t managed = registry_managed(e->reg, d);
+    if (!op->resume && df->managed_before > managed) {
+      uint64_t expect = df->managed_before - managed;
+      uint64_t rise = m.free > df->free_before ? m.free - df->free_before : 0;
+      uint64_t slack = df->nbuf * gran + ENGINE_CHECK_SLACK;
+      if (expect > rise + slack) {
+        c->shortfall = expect - rise;
+        char a[32], b[32], s[32];
+        log_error("device %u: released %s, the driver shows %s more free", d,
+                  size_format(expect, a, sizeof a), size_format(rise, b, sizeof b));
+        fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+             "device %u: released %s, but the driver shows only %s more free: %s not returned",
+             d, size_format(expect, a, sizeof a), size_format(rise, b, sizeof b),
+             size_format(c->shortfall, s, sizeof s));
+      }
+    }
+    struct report_residual r;
+    c->residual_known = report_residual(e->gpu, d, &r) == 0;
+    c->residual = r.bytes;
+    if (op->resume || !op->max_residual) continue;
+    char a[32], b[32];
+    if (!c->residual_known)
+      fail(op, GPUMEM__WIRE__ERROR_CODE__RESIDUAL_EXCEEDED,
+           "device %u: the driver gives no per-process figures, so --max-residual cannot be "
+           "checked",
+           d);
+    else if (r.bytes > op->max_residual)
+      fail(op, GPUMEM__WIRE__ERROR_CODE__RESIDUAL_EXCEEDED,
+           "device %u still holds %s outside gpumemd, more than %s (largest: pid %d (%s) "
+           "holds %s)",
+           d, size_format(r.bytes, a, sizeof a), size_format(op->max_residual, b, sizeof b),
+           r.top_pid, r.top_name, size_format(r.top_bytes, b, sizeof b));
+  }
+  return n;
+}
+
+/* Answer the controller (if still there) with the figures or the fault. */
 static void reply(engine *e, struct op *op) {
   uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000, copied, copy_us;
+  Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
+  Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
+  size_t nchecks = checks && checkp ? check_devices(e, op, checks) : 0;
+  for (size_t i = 0; i < nchecks; i++) checkp[i] = &checks[i];
   registry_copy_totals(e->reg, !op->resume, &copied, &copy_us);
   copied -= op->copied0;
   copy_us -= op->copy_us0;
@@ -218,47 +825,72 @@ static void reply(engine *e, struct op *op) {
            (unsigned long long)us, (unsigned long long)(op->t_sent - op->t0) / 1000,
            (unsigned long long)(now - op->t_sent) / 1000, op->fault.code ? ": " : "",
            op->fault.text);
-  if (!op->ctl) return;
-  if (op->fault.code) {
-    session_send_error(op->ctl, op->req_id, &op->fault);
-    return;
-  }
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = op->req_id;
+  Gpumem__Wire__Error err = GPUMEM__WIRE__ERROR__INIT;
   Gpumem__Wire__OpReply r = GPUMEM__WIRE__OP_REPLY__INIT;
-  r.buffers = op->buffers;
-  r.bytes = op->bytes;
-  r.backup_bytes = op->backup_bytes;
-  r.skipped = op->skipped;
-  r.elapsed_us = us;
-  r.backup_us = copy_us;
   Gpumem__Wire__TagDeviceBytes *td = calloc(op->ndetail + 1, sizeof *td);
   Gpumem__Wire__TagDeviceBytes **tdp = calloc(op->ndetail + 1, sizeof *tdp);
-  if (td && tdp) {
-    for (size_t i = 0; i < op->ndetail; i++) {
+  if (op->fault.code) {
+    err.code = op->fault.code;
+    err.message = op->fault.text;
+    err.bytes_needed = op->fault.bytes_needed;
+    err.bytes_free = op->fault.bytes_free;
+    err.pids = op->pids;
+    err.n_pids = op->npids;
+    err.buffers_held = op->held_buffers;
+    err.bytes_held = op->held_bytes;
+    err.checks = checkp;
+    err.n_checks = nchecks;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+    env.error = &err;
+  } else {
+    r.buffers = op->buffers;
+    r.bytes = op->bytes;
+    r.backup_bytes = op->backup_bytes;
+    r.skipped = op->skipped;
+    r.elapsed_us = us;
+    r.backup_us = copy_us;
+    for (size_t i = 0; td && tdp && i < op->ndetail; i++) {
       gpumem__wire__tag_device_bytes__init(&td[i]);
       td[i].tag = op->detail[i].tag;
       td[i].device = op->detail[i].device;
       td[i].buffers = op->detail[i].buffers;
       td[i].bytes = op->detail[i].bytes;
       tdp[i] = &td[i];
+      r.n_detail = i + 1;
     }
     r.detail = tdp;
-    r.n_detail = op->ndetail;
+    r.checks = checkp;
+    r.n_checks = nchecks;
+    r.devices = report_devices(e->reg, e->gpu, &r.n_devices);
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+    env.op_reply = &r;
   }
-  r.devices = report_devices(e->reg, e->gpu, &r.n_devices);
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = op->req_id;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
-  env.op_reply = &r;
-  session_send(op->ctl, &env, NULL, 0);
+  if (op->ctl) session_send(op->ctl, &env, NULL, 0);
   report_devices_free(r.devices);
   free(td);
   free(tdp);
+  free(checks);
+  free(checkp);
 }
 
-/* Finish the current operation if nobody is left to wait for. */
+/* Finish the current operation if nobody is left to wait for; a failed
+ * resume first rolls back what owners mapped. */
 static void check_done(engine *e) {
   struct op *op = e->current;
-  if (e->busy || !op || !list_empty(&op->groups)) return;
+  if (e->busy || !op || op->pending) return;
+  if (op->resume && !op->rolling_back) {
+    if (op->fault.code) {
+      if (start_rollback(e, op)) {
+        uv_timer_stop(&e->timer);
+        run_queue(e); /* restarts the timer for the rollback */
+        return;
+      }
+    } else {
+      commit_resume(e, op);
+    }
+  }
   uv_timer_stop(&e->timer);
   e->current = NULL;
   reply(e, op);
@@ -266,261 +898,58 @@ static void check_done(engine *e) {
   run_queue(e);
 }
 
-/* Find or make the group of a buffer's owner. */
-static struct group *group_for(struct op *op, idmap *by_session, struct buffer *b) {
-  struct group *g = idmap_get(by_session, b->owner->id);
-  if (!g) {
-    if (!(g = calloc(1, sizeof *g)) || idmap_put(by_session, b->owner->id, g) < 0) {
-      free(g);
-      return NULL;
-    }
-    g->s = b->owner;
-    g->op = op;
-    g->resume = op->resume;
-    list_append(&op->groups, &g->link);
-  }
-  if (g->nids == g->cap) {
-    size_t cap = g->cap ? 2 * g->cap : 16;
-    uint64_t *ids = realloc(g->ids, cap * sizeof *ids);
-    if (!ids) return NULL;
-    g->ids = ids;
-    g->cap = cap;
-  }
-  g->ids[g->nids++] = b->id;
-  return g;
-}
-
-static bool selected(const struct op *op, const struct buffer *b) {
-  return op->devmask & (1ull << b->device);
-}
-
-/* Give a group its events' ids. */
-static void number_events(engine *e, struct group *g, size_t nevents) {
-  g->first_event = e->next_event;
-  g->nevents = nevents;
-  e->next_event += nevents;
-  for (size_t i = 0; i < nevents; i++) idmap_put(e->events, g->first_event + i, g);
-}
-
-/* Phase one of a pause: mark buffers and ask their owners to unmap. */
-static void start_pause(engine *e, struct op *op) {
-  idmap *by_session = idmap_create();
-  for (size_t t = 0; t < op->ntags && by_session; t++) {
-    struct tag *tag = registry_tag_get(e->reg, op->tags[t]);
-    if (!tag) continue;
-    tag->paused_devices |= op->devmask;
-    struct list *p, *n;
-    list_for_each_safe(p, n, &tag->buffers) {
-      struct buffer *b = list_entry(p, struct buffer, tag_link);
-      if (!selected(op, b)) continue;
-      if (b->flags & BUF_FLAG_IPC_LEGACY) {
-        op->skipped++;
-        continue;
-      }
-      if (b->state != BUF_ACTIVE) continue;
-      if (!group_for(op, by_session, b)) continue;
-      b->state = BUF_PAUSING;
-    }
-  }
-  idmap_destroy(by_session);
-  struct list *p, *n;
-  list_for_each_safe(p, n, &op->groups) {
-    struct group *g = list_entry(p, struct group, link);
-    number_events(e, g, 1);
-    Gpumem__Wire__UnmapEvent ev = GPUMEM__WIRE__UNMAP_EVENT__INIT;
-    ev.buffer_ids = g->ids;
-    ev.n_buffer_ids = g->nids;
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-    env.id = g->first_event;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
-    env.unmap = &ev;
-    session_send(g->s, &env, NULL, 0);
-  }
-}
-
-/* Send one owner its Remap events, at most FRAME_MAX_FDS fds per frame. */
-static void send_remap(engine *e, struct group *g) {
-  size_t nevents = 0;
-  for (size_t i = 0, fds = 0; i < g->nids; i++) {
-    size_t k = registry_find(e->reg, g->ids[i])->nchunks;
-    if (i == 0 || fds + k > FRAME_MAX_FDS) {
-      nevents++;
-      fds = 0;
-    }
-    fds += k;
-  }
-  number_events(e, g, nevents);
-  int fds[FRAME_MAX_FDS];
-  Gpumem__Wire__RemapEntry ent[FRAME_MAX_FDS], *entp[FRAME_MAX_FDS];
-  size_t i = 0;
-  for (size_t ev_i = 0; ev_i < nevents; ev_i++) {
-    size_t nent = 0, nfds = 0;
-    while (i < g->nids) {
-      struct buffer *b = registry_find(e->reg, g->ids[i]);
-      if (nfds + b->nchunks > FRAME_MAX_FDS) break;
-      struct fault f;
-      if (registry_export(e->reg, b, fds + nfds, &f)) {
-        /* The owner will fail to map this buffer and say so in its ack. */
-        log_error("resume: %s", f.text);
-        i++;
-        continue;
-      }
-      gpumem__wire__remap_entry__init(&ent[nent]);
-      ent[nent].buffer_id = b->id;
-      ent[nent].chunk_sizes = b->chunk_sizes;
-      ent[nent].n_chunk_sizes = b->nchunks;
-      entp[nent] = &ent[nent];
-      nent++;
-      nfds += b->nchunks;
-      i++;
-    }
-    Gpumem__Wire__RemapEvent rm = GPUMEM__WIRE__REMAP_EVENT__INIT;
-    rm.entries = entp;
-    rm.n_entries = nent;
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-    env.id = g->first_event + ev_i;
-    env.fd_count = (uint32_t)nfds;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
-    env.remap = &rm;
-    if (session_send(g->s, &env, fds, nfds) < 0) return;
-  }
-}
-
-/* Undo a failed resume's marks: its tags stay paused where they were. */
-static void restore_paused(engine *e, struct op *op, const uint64_t *masks) {
-  for (size_t t = 0; t < op->ntags; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    if (tag) tag->paused_devices = masks[t];
-  }
-}
-
-/* Resume: memory for every selected buffer, or for none of them. */
-static void start_resume(engine *e, struct op *op) {
-  size_t n = 0, cap = 0;
-  struct buffer **bufs = NULL;
-  bool *made = NULL;
-  uint64_t restore_mask[WIRE_MAX_TAGS];
-  for (size_t t = 0; t < op->ntags; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    restore_mask[t] = tag ? tag->paused_devices : 0;
-  }
-  for (size_t t = 0; t < op->ntags; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    if (!tag) continue;
-    tag->paused_devices &= ~op->devmask;
-    struct list *p, *x;
-    list_for_each_safe(p, x, &tag->buffers) {
-      struct buffer *b = list_entry(p, struct buffer, tag_link);
-      if (!selected(op, b) || b->state != BUF_PAUSED) continue;
-      if (n == cap) {
-        cap = cap ? cap * 2 : 64;
-        struct buffer **nb = realloc(bufs, cap * sizeof *nb);
-        if (!nb) goto nomem;
-        bufs = nb;
-      }
-      bufs[n++] = b;
-    }
-  }
-  if (!(made = calloc(n + 1, sizeof *made))) goto nomem;
-  for (size_t i = 0; i < n; i++) {
-    if (bufs[i]->has_memory) continue;
-    if (registry_memory_create(e->reg, bufs[i], &op->fault)) {
-      /* All or nothing: give back what this resume made. */
-      uint64_t needed = 0;
-      for (size_t j = 0; j < n; j++)
-        if (bufs[j]->device == bufs[i]->device && (!bufs[j]->has_memory || made[j]))
-          needed += bufs[j]->size;
-      for (size_t j = 0; j < i; j++)
-        if (made[j]) registry_memory_release(e->reg, bufs[j]);
-      restore_paused(e, op, restore_mask);
-      if (op->fault.code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
-        gpu_mem_info(e->gpu, bufs[i]->device, &op->fault.bytes_free, &(uint64_t){0});
-        op->fault.bytes_needed = needed;
-        snprintf(op->fault.text, sizeof op->fault.text,
-                 "device %u: resume needs %llu bytes, %llu free; nothing resumed",
-                 bufs[i]->device, (unsigned long long)needed,
-                 (unsigned long long)op->fault.bytes_free);
-      }
-      goto out;
-    }
-    made[i] = true;
-  }
-  idmap *by_session = idmap_create();
-  for (size_t i = 0; i < n && by_session; i++) {
-    struct fault f = {0};
-    if (bufs[i]->backup_valid) {
-      if (registry_restore(e->reg, bufs[i], &f) && !op->fault.code) op->fault = f;
-      else op->backup_bytes += bufs[i]->size;
-    }
-    if (group_for(op, by_session, bufs[i])) bufs[i]->state = BUF_RESUMING;
-  }
-  idmap_destroy(by_session);
-  struct list *p, *x;
-  list_for_each_safe(p, x, &op->groups) send_remap(e, list_entry(p, struct group, link));
-  goto out;
-nomem:
-  fault_set(&op->fault, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-  restore_paused(e, op, restore_mask);
-out:
-  for (size_t t = 0; t < op->ntags; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    if (tag) registry_prune(e->reg, tag);
-  }
-  free(bufs);
-  free(made);
-}
-
-/* Owners that did not ack in time: report their pids and stop waiting. */
+/* Owners that did not ack in time: report their pids, keep their buffers
+ * in transition (held) for their late acks, and stop waiting. */
 static void on_timeout(uv_timer_t *t) {
   engine *e = t->data;
   struct op *op = e->current;
   if (!op) return;
-  struct fault *f = &op->fault;
-  f->code = GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT;
-  int len = snprintf(f->text, sizeof f->text, "no ack within %u ms from pid",
-                     op->timeout_ms);
-  uint32_t pids[64];
-  size_t npids = 0;
+  size_t nstraggle = 0;
   struct list *p, *n;
   list_for_each_safe(p, n, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
-    if (npids < 64) pids[npids++] = (uint32_t)g->s->pid;
-    if (len < (int)sizeof f->text)
-      len += snprintf(f->text + len, sizeof f->text - (size_t)len, " %d", (int)g->s->pid);
+    if (g->done) continue;
+    for (size_t i = 0; i < g->nids; i++) {
+      struct buffer *b = registry_find(e->reg, g->ids[i]);
+      if (b) hold(op, b);
+    }
+    note_pid(op, g->s->pid);
     g->op = NULL;
     list_remove(&g->link);
     list_append(&e->stragglers, &g->link);
+    nstraggle++;
   }
-  if (e->cfg->timeout_policy == TIMEOUT_KILL) {
-    for (size_t i = 0; i < npids; i++) {
-      log_warn("killing pid %u: no ack in time", pids[i]);
-      kill((pid_t)pids[i], SIGKILL);
+  op->pending = 0;
+  char pids[128] = "", bytes[32];
+  int len = 0;
+  for (size_t i = 0; i < op->npids && len < (int)sizeof pids; i++)
+    len += snprintf(pids + len, sizeof pids - (size_t)len, " %u", op->pids[i]);
+  bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
+  op->fault.code = 0; /* a timeout says more than an earlier failure */
+  fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
+       "no ack within %u ms from pid%s%s; %llu buffers (%s) held until they answer%s",
+       op->timeout_ms, pids, kill_them ? " (killed)" : "", (unsigned long long)op->held_buffers,
+       size_format(op->held_bytes, bytes, sizeof bytes),
+       op->resume && !op->rolling_back ? "; nothing resumed" : "");
+  if (kill_them)
+    for (size_t i = 0; i < op->npids; i++) {
+      log_warn("killing pid %u: no ack in time", op->pids[i]);
+      kill((pid_t)op->pids[i], SIGKILL);
     }
-    if (len < (int)sizeof f->text)
-      snprintf(f->text + len, sizeof f->text - (size_t)len, " (killed)");
-  }
-  e->current = NULL;
-  if (op->ctl) {
-    Gpumem__Wire__Error err = GPUMEM__WIRE__ERROR__INIT;
-    err.code = f->code;
-    err.message = f->text;
-    err.pids = pids;
-    err.n_pids = npids;
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-    env.id = op->req_id;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
-    env.error = &err;
-    session_send(op->ctl, &env, NULL, 0);
-  }
-  log_warn("%s: %s", op->resume ? "resume" : "pause", f->text);
-  op_free(e, op);
-  run_queue(e);
+  log_warn("%s: %zu owners did not answer in time", op->resume ? "resume" : "pause", nstraggle);
+  check_done(e);
 }
 
 /* Start queued operations until one has to wait for owners. */
 static void run_queue(engine *e) {
+  struct op *op = e->current;
+  if (op && op->pending) {
+    /* A rollback just started: wait for it as long again. */
+    uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
+    return;
+  }
   while (!e->current && !list_empty(&e->queue)) {
-    struct op *op = list_entry(e->queue.next, struct op, link);
+    op = list_entry(e->queue.next, struct op, link);
     list_remove(&op->link);
     e->current = op;
     op->t0 = uv_hrtime();
@@ -532,10 +961,32 @@ static void run_queue(engine *e) {
       start_pause(e, op);
     e->busy = false;
     op->t_sent = uv_hrtime();
-    if (!list_empty(&op->groups))
-      uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
+    if (op->pending) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
     check_done(e);
   }
+}
+
+/* Tell a session that its ack was wrong, without ending it. */
+static void refuse_ack(struct session *s, const char *fmt, ...) {
+  struct fault f = {.code = GPUMEM__WIRE__ERROR_CODE__NOT_FOUND};
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(f.text, sizeof f.text, fmt, ap);
+  va_end(ap);
+  log_warn("session %llu (pid %d): %s", (unsigned long long)s->id, (int)s->pid, f.text);
+  session_send_error(s, 0, &f);
+}
+
+/* A late ack of a group whose operation stopped waiting. */
+static void settle_straggler(engine *e, struct group *g) {
+  log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
+  if (g->kind == K_UNMAP)
+    finish_unmap(e, g);
+  else if (g->kind == K_ROLLBACK)
+    finish_rollback(e, g);
+  else
+    roll_back(e, NULL, g); /* its resume failed: undo what it mapped */
+  group_free(e, g);
 }
 
 /* A worker acknowledged an event. */
@@ -543,21 +994,50 @@ void engine_ack(engine *e, struct session *s, uint64_t event_id,
                 const Gpumem__Wire__EventAck *ack) {
   struct group *g = idmap_get(e->events, event_id);
   if (!g || g->s != s) {
-    log_debug("session %llu: ack for unknown event %llu", (unsigned long long)s->id,
-              (unsigned long long)event_id);
+    refuse_ack(s, "ack for event %llu, which this session has not been sent or has acked",
+               (unsigned long long)event_id);
     return;
   }
   idmap_del(e->events, event_id);
-  if (ack->code)
-    log_warn("pid %d: %s failed: %s", (int)s->pid, g->resume ? "remap" : "unmap",
-             ack->message);
+  size_t k = (size_t)(event_id - g->first_event);
+  size_t from = k ? g->ends[k - 1] : 0, to = g->ends[k];
+  bool bad = ack->code != GPUMEM__WIRE__ERROR_CODE__OK || ack->n_failed_ids;
+  for (size_t i = from; bad && ack->n_failed_ids == 0 && i < to; i++) g->failed[i] = true;
+  for (size_t j = 0; j < ack->n_failed_ids; j++) {
+    size_t i = from;
+    while (i < to && g->ids[i] != ack->failed_ids[j]) i++;
+    if (i < to)
+      g->failed[i] = true;
+    else
+      refuse_ack(s, "ack of event %llu names buffer %llu, which the event did not carry",
+                 (unsigned long long)event_id, (unsigned long long)ack->failed_ids[j]);
+  }
+  if (bad && !g->why[0])
+    snprintf(g->why, sizeof g->why, "%s", ack->message[0] ? ack->message : wire_code_name(ack->code));
+  if (bad)
+    log_warn("pid %d: %s failed: %s", (int)s->pid, g->kind == K_REMAP ? "remap" : "unmap",
+             g->why);
   if (++g->acked < g->nevents) return;
-  if (g->resume)
-    finish_resume(e, g);
-  else
-    finish_pause(e, g);
-  if (!g->op) log_info("late ack from pid %d: its buffers are done", (int)s->pid);
-  group_free(e, g);
+  if (!g->op) {
+    settle_straggler(e, g);
+    return;
+  }
+  struct op *op = g->op;
+  g->done = true;
+  op->pending--;
+  if (g->kind == K_UNMAP) {
+    finish_unmap(e, g);
+  } else if (g->kind == K_ROLLBACK) {
+    finish_rollback(e, g);
+  } else {
+    for (size_t i = 0; i < g->nids; i++)
+      if (g->failed[i]) {
+        note_pid(op, s->pid);
+        fail(op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+             "pid %d could not map buffer %llu: %s; nothing resumed", (int)s->pid,
+             (unsigned long long)g->ids[i], g->why);
+      }
+  }
   check_done(e);
 }
 
@@ -577,7 +1057,9 @@ void engine_forget(engine *e, struct session *s) {
   if (op->ctl == s) op->ctl = NULL;
   list_for_each_safe(p, n, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
-    if (g->s == s) group_free(e, g);
+    if (g->s != s) continue;
+    if (!g->done) op->pending--;
+    group_free(e, g);
   }
   check_done(e);
 }

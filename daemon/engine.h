@@ -17,15 +17,18 @@ typedef struct engine engine;
 engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g,
                       const struct config *cfg);
 
-/* Drop queued operations and free the engine; closes its timer, so the
- * loop must run once more before the memory is gone. */
+/* Answer queued and running operations with SHUTTING_DOWN and free the
+ * engine; closes its timer, so the loop must run once more before the
+ * memory is gone. */
 void engine_destroy(engine *e);
 
 /* Queue a pause (or resume) of tags on the devices in devmask (0: all),
- * answering request req_id of controller ctl when done. */
+ * answering request req_id of controller ctl when done. timeout_ms (0: the
+ * configured one) is capped; a pause with max_residual (0: none) fails when
+ * a device it touched still holds more than that outside the daemon. */
 void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
-                   uint32_t timeout_ms);
+                   uint32_t timeout_ms, uint64_t max_residual);
 
 /* A worker acknowledged event event_id. */
 void engine_ack(engine *e, struct session *s, uint64_t event_id,

@@ -172,8 +172,6 @@ wire_code registry_restore(registry *r, struct buffer *b, struct fault *f) {
   if (copy(r, b, b->backup, false) < 0)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "restore of buffer %llu: %s",
                      id, gpu_error());
-  b->backup_valid = false;
-  r->backup_bytes -= b->size;
   if (r->opt.verify_backups) {
     void *back = malloc(b->size);
     if (!back)
@@ -282,6 +280,19 @@ static void unreserve_backup(registry *r, struct buffer *b) {
   if (--r->backup_buffers[b->device] == 0) gpu_unhold(r->gpu, b->device);
 }
 
+static void tally(struct buffer *b, int sign);
+
+/* Link a new buffer to its owner and tag in its first state. */
+static void attach(struct buffer *b, struct session *owner, struct list *owner_list,
+                   struct tag *tag, buffer_state st) {
+  b->owner = owner;
+  b->tag = tag;
+  b->state = st;
+  tally(b, +1);
+  list_append(&tag->buffers, &b->tag_link);
+  list_append(owner_list, &b->owner_link);
+}
+
 /* Allocate a buffer for owner. */
 wire_code registry_alloc(registry *r, struct session *owner,
                          struct list *owner_list, const char *tagname,
@@ -306,7 +317,6 @@ wire_code registry_alloc(registry *r, struct session *owner,
     goto fail;
   }
   if ((rc = reserve_backup(r, b, f))) goto fail;
-  b->state = paused ? BUF_PAUSED : BUF_ACTIVE;
   if (!paused && (rc = registry_memory_create(r, b, f))) {
     unreserve_backup(r, b);
     goto fail;
@@ -318,10 +328,7 @@ wire_code registry_alloc(registry *r, struct session *owner,
     rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto fail;
   }
-  b->owner = owner;
-  b->tag = tag;
-  list_append(&tag->buffers, &b->tag_link);
-  list_append(owner_list, &b->owner_link);
+  attach(b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE);
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 fail:
@@ -330,8 +337,107 @@ fail:
   return rc;
 }
 
+/* Re-register a buffer a worker kept across a daemon restart. */
+wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_list,
+                         const char *tagname, unsigned device, uint64_t size, uint32_t flags,
+                         bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
+                         struct buffer **out, struct fault *f) {
+  size_t nfds = paused ? 0 : nchunks, took = 0;
+  struct buffer *b = calloc(1, sizeof *b);
+  struct tag *tag = NULL;
+  wire_code rc;
+  if (!b || !(b->chunk_sizes = calloc(nchunks + 1, sizeof *b->chunk_sizes)) ||
+      !(b->handles = calloc(nchunks + 1, sizeof *b->handles))) {
+    rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    goto fail;
+  }
+  b->device = device;
+  b->flags = flags & ~(uint32_t)BUF_FLAG_ALLOW_PAUSED;
+  b->size = size;
+  b->nchunks = nchunks;
+  memcpy(b->chunk_sizes, chunk_sizes, nchunks * sizeof *chunk_sizes);
+  if ((rc = reserve_backup(r, b, f))) goto fail;
+  for (; took < nfds; took++) {
+    int fd = fds[took];
+    fds[took] = -1;
+    if (gpu_chunk_adopt(r->gpu, device, fd, chunk_sizes[took], &b->handles[took]) < 0) {
+      rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "chunk %zu of a '%s' buffer: %s", took, tagname, gpu_error());
+      while (took-- > 0)
+        gpu_chunk_release(r->gpu, device, b->handles[took], chunk_sizes[took]);
+      unreserve_backup(r, b);
+      goto fail;
+    }
+  }
+  if (!paused) {
+    b->has_memory = true;
+    r->managed[device] += size;
+  }
+  tag = registry_tag_get(r, tagname);
+  if (tag) b->id = r->next_id++;
+  if (!tag || idmap_put(r->buffers, b->id, b) < 0) {
+    registry_memory_release(r, b);
+    unreserve_backup(r, b);
+    rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    goto fail;
+  }
+  if (paused) tag->paused_devices |= 1ull << device;
+  attach(b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE);
+  *out = b;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+fail:
+  for (size_t i = took; i < nfds; i++)
+    if (fds[i] >= 0) {
+      close(fds[i]);
+      fds[i] = -1;
+    }
+  if (tag) registry_prune(r, tag);
+  if (b) buffer_destroy(b);
+  return rc;
+}
+
+/* Count a buffer in or out of its tag's per-state figures. */
+static void tally(struct buffer *b, int sign) {
+  struct tag *t = b->tag;
+  if (b->flags & BUF_FLAG_IPC_LEGACY) {
+    t->ipc_buffers += (uint64_t)(int64_t)sign;
+    return;
+  }
+  t->count[b->state] += (uint64_t)(int64_t)sign;
+  t->bytes[b->state] += (uint64_t)((int64_t)sign * (int64_t)b->size);
+}
+
+/* Move a buffer to a state, keeping the tag's counts. */
+void registry_set_state(registry *r, struct buffer *b, buffer_state st) {
+  tally(b, -1);
+  b->state = st;
+  tally(b, +1);
+  if (st == BUF_ACTIVE && b->backup_valid) {
+    b->backup_valid = false;
+    r->backup_bytes -= b->size;
+  }
+}
+
+/* A tag's state derived from its buffers. */
+struct tag_view registry_tag_state(const struct tag *t) {
+  struct tag_view v = {0};
+  v.transit_buffers = t->count[BUF_PAUSING] + t->count[BUF_RESUMING];
+  v.transit_bytes = t->bytes[BUF_PAUSING] + t->bytes[BUF_RESUMING];
+  v.mixed = t->count[BUF_ACTIVE] && t->count[BUF_PAUSED];
+  if (t->count[BUF_PAUSING])
+    v.state = BUF_PAUSING;
+  else if (t->count[BUF_RESUMING])
+    v.state = BUF_RESUMING;
+  else if (t->count[BUF_PAUSED] || (!t->count[BUF_ACTIVE] && t->paused_devices))
+    v.state = BUF_PAUSED;
+  else
+    v.state = BUF_ACTIVE;
+  return v;
+}
+
 /* Free a buffer in any state. */
 void registry_free(registry *r, struct buffer *b) {
+  tally(b, -1);
   registry_memory_release(r, b);
   drop_backup(r, b);
   unreserve_backup(r, b);

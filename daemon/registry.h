@@ -25,12 +25,25 @@ typedef Gpumem__Wire__BufferState buffer_state;
 
 struct session;
 
-/* A tag: a name and its buffers. Tags live as long as the registry. */
+/* A tag: a name and its buffers, with counts per state kept by the
+ * registry. Its state is derived from them (registry_tag_state). */
 struct tag {
   char name[WIRE_TAG_MAX + 1];
   struct list buffers;     /* struct buffer.tag_link */
-  uint64_t paused_devices; /* bit d: paused on device d and not resumed */
+  uint64_t paused_devices; /* bit d: a pause of device d not yet resumed;
+                              new buffers there start PAUSED or are refused */
+  uint64_t count[4], bytes[4]; /* pausable buffers per buffer_state */
+  uint64_t ipc_buffers;        /* IPC_LEGACY buffers: never pause */
   struct list link;        /* registry's tags */
+};
+
+/* A tag's state as status shows it. */
+struct tag_view {
+  buffer_state state; /* PAUSING/RESUMING while any buffer is in transition;
+                         PAUSED when any is paused (or none exist and the
+                         tag is paused); else ACTIVE */
+  bool mixed;         /* ACTIVE and PAUSED buffers both exist */
+  uint64_t transit_buffers, transit_bytes;
 };
 
 /* A buffer: rounded size, split into chunks; the chunks' handles exist
@@ -42,7 +55,7 @@ struct buffer {
   unsigned device;
   uint64_t size;
   uint32_t flags;
-  buffer_state state;
+  buffer_state state; /* written only by registry_set_state */
   size_t nchunks;
   uint64_t *chunk_sizes;
   uint64_t *handles;
@@ -78,6 +91,21 @@ wire_code registry_alloc(registry *r, struct session *owner,
                          unsigned device, uint64_t size, uint32_t flags,
                          struct buffer **out, struct fault *f);
 
+/* Re-register a buffer that a worker kept across a daemon restart: the
+ * chunk fds (consumed either way; none when paused) become its memory.
+ * Returns OK with *out, or the error with nothing changed. */
+wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_list,
+                         const char *tag, unsigned device, uint64_t size, uint32_t flags,
+                         bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
+                         struct buffer **out, struct fault *f);
+
+/* Move a buffer to a state: the one place states change, keeping its tag's
+ * counts. A buffer that becomes ACTIVE has no valid backup any more. */
+void registry_set_state(registry *r, struct buffer *b, buffer_state st);
+
+/* A tag's state derived from its buffers. */
+struct tag_view registry_tag_state(const struct tag *t);
+
 /* Free a buffer in any state, releasing its memory and backup. */
 void registry_free(registry *r, struct buffer *b);
 
@@ -108,7 +136,8 @@ void registry_memory_release(registry *r, struct buffer *b);
 wire_code registry_backup(registry *r, struct buffer *b, struct fault *f);
 
 /* Copy a buffer's backup into its (new) memory; with verification, read it
- * back and compare. The backup's memory is kept for the next pause. */
+ * back and compare. The backup stays valid until the buffer is ACTIVE, so
+ * a resume that rolls back keeps it. */
 wire_code registry_restore(registry *r, struct buffer *b, struct fault *f);
 
 /* Bytes and microseconds of backup copies so far, one way. */

@@ -1,8 +1,13 @@
 #include "report.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #define REPORT_BUS_ID_LEN 32
+#define REPORT_MAX_PROCESSES 256
 
 /* Fill info for every device. */
 Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n) {
@@ -20,7 +25,11 @@ Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n) {
   for (unsigned i = 0; i < ndev; i++) {
     gpumem__wire__device_info__init(&d[i]);
     d[i].index = i;
-    gpu_mem_info(g, i, &d[i].free, &d[i].total);
+    struct gpu_mem m = {0};
+    gpu_mem_detail(g, i, &m);
+    d[i].total = m.total;
+    d[i].free = m.free;
+    d[i].reserved = m.reserved;
     d[i].managed = registry_managed(reg, i);
     char *bus = (char *)(d + ndev + 1) + (size_t)i * REPORT_BUS_ID_LEN;
     if (gpu_bus_id(g, i, bus, REPORT_BUS_ID_LEN) < 0) bus[0] = '\0';
@@ -39,24 +48,103 @@ void report_devices_free(Gpumem__Wire__DeviceInfo **v) {
   free(v);
 }
 
-/* A tag's state: in transition if any buffer is, else paused if marked. */
-static buffer_state tag_state(const struct tag *t, uint64_t *paused_buffers,
-                              uint64_t *paused_bytes, uint64_t *backup_bytes,
-                              uint64_t *buffers, uint64_t *bytes) {
-  buffer_state st = t->paused_devices ? BUF_PAUSED : BUF_ACTIVE;
+/* A tag's figures for status, its state derived by the registry. */
+static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t) {
+  gpumem__wire__tag_info__init(ti);
+  ti->name = (char *)t->name;
+  struct tag_view v = registry_tag_state(t);
+  ti->state = v.state;
+  ti->mixed = v.mixed;
+  ti->transit_buffers = v.transit_buffers;
+  ti->transit_bytes = v.transit_bytes;
   const struct list *p;
   for (p = t->buffers.next; p != &t->buffers; p = p->next) {
     const struct buffer *b = list_entry(p, struct buffer, tag_link);
-    (*buffers)++;
-    *bytes += b->size;
+    ti->buffers++;
+    ti->bytes += b->size;
     if (b->state == BUF_PAUSED) {
-      (*paused_buffers)++;
-      if (!b->has_memory) *paused_bytes += b->size;
+      ti->paused_buffers++;
+      if (!b->has_memory) ti->paused_bytes += b->size;
     }
-    if (b->backup_valid) *backup_bytes += b->size;
-    if (b->state == BUF_PAUSING || b->state == BUF_RESUMING) st = b->state;
+    if (b->backup_valid) ti->backup_bytes += b->size;
   }
-  return st;
+}
+
+/* A process's name as the kernel knows it ("?" if gone). */
+static void comm_of(int pid, char *buf, size_t len) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/comm", pid);
+  FILE *f = fopen(path, "re");
+  snprintf(buf, len, "?");
+  if (!f) return;
+  if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = '\0';
+  fclose(f);
+}
+
+/* Sum what processes hold on dev outside the daemon. */
+int report_residual(gpu *g, unsigned dev, struct report_residual *r) {
+  memset(r, 0, sizeof *r);
+  struct gpu_process procs[REPORT_MAX_PROCESSES];
+  size_t n = 0;
+  int rc = gpu_processes(g, dev, procs, REPORT_MAX_PROCESSES, &n);
+  if (rc < 0) return rc;
+  if (n > REPORT_MAX_PROCESSES) n = REPORT_MAX_PROCESSES;
+  for (size_t i = 0; i < n; i++) {
+    if (procs[i].pid == getpid()) continue;
+    r->bytes += procs[i].used;
+    if (procs[i].used > r->top_bytes) {
+      r->top_bytes = procs[i].used;
+      r->top_pid = procs[i].pid;
+    }
+  }
+  if (r->top_pid) comm_of(r->top_pid, r->top_name, sizeof r->top_name);
+  return 0;
+}
+
+/* The processes on every device with their memory outside the daemon;
+ * returns the count (into *out, malloc'd) or -1 where the driver gives no
+ * per-process figures. Session residuals are added up on the way. */
+static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMemory **out,
+                         char (**names)[WIRE_NAME_MAX + 1]) {
+  unsigned ndev = gpu_device_count(g);
+  size_t n = 0, cap = 0;
+  bool known = false;
+  *out = NULL;
+  *names = NULL;
+  for (unsigned d = 0; d < ndev; d++) {
+    struct gpu_process procs[REPORT_MAX_PROCESSES];
+    size_t k = 0;
+    if (gpu_processes(g, d, procs, REPORT_MAX_PROCESSES, &k) < 0) continue;
+    known = true;
+    if (k > REPORT_MAX_PROCESSES) k = REPORT_MAX_PROCESSES;
+    for (size_t i = 0; i < k; i++) {
+      if (procs[i].pid == getpid() || procs[i].used == 0) continue;
+      if (n == cap) {
+        cap = cap ? 2 * cap : 16;
+        Gpumem__Wire__ProcessMemory *np = realloc(*out, cap * sizeof *np);
+        char(*nn)[WIRE_NAME_MAX + 1] = np ? realloc(*names, cap * sizeof *nn) : NULL;
+        if (np) *out = np;
+        if (!nn) return (long)n;
+        *names = nn;
+      }
+      Gpumem__Wire__ProcessMemory *pm = &(*out)[n];
+      gpumem__wire__process_memory__init(pm);
+      pm->pid = (uint32_t)procs[i].pid;
+      pm->device = d;
+      pm->used = procs[i].used;
+      pm->residual = procs[i].used;
+      comm_of(procs[i].pid, (*names)[n], sizeof (*names)[n]);
+      for (struct list *p = sessions->next; p != sessions; p = p->next) {
+        struct session *x = list_entry(p, struct session, link);
+        if (x->pid != procs[i].pid) continue;
+        pm->session_id = x->id;
+        if (x->name[0]) snprintf((*names)[n], sizeof (*names)[n], "%s", x->name);
+        break;
+      }
+      n++;
+    }
+  }
+  return known ? (long)n : -1;
 }
 
 /* Send s the status of every device, tag and session. */
@@ -82,14 +170,20 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
   }
   size_t i = 0;
   for (p = registry_tags(reg)->next; p != registry_tags(reg); p = p->next, i++) {
-    struct tag *t = list_entry(p, struct tag, link);
-    Gpumem__Wire__TagInfo *ti = &tags[i];
-    gpumem__wire__tag_info__init(ti);
-    ti->name = t->name;
-    ti->state = tag_state(t, &ti->paused_buffers, &ti->paused_bytes,
-                          &ti->backup_bytes, &ti->buffers, &ti->bytes);
-    tagp[i] = ti;
+    tag_info(&tags[i], list_entry(p, struct tag, link));
+    tagp[i] = &tags[i];
   }
+  Gpumem__Wire__ProcessMemory *procs;
+  char(*names)[WIRE_NAME_MAX + 1];
+  long nprocs = processes_of(g, sessions, &procs, &names);
+  Gpumem__Wire__ProcessMemory **procp = calloc(nprocs > 0 ? (size_t)nprocs + 1 : 1, sizeof *procp);
+  r.processes_known = nprocs >= 0;
+  for (long k = 0; procp && k < nprocs; k++) {
+    procs[k].name = names[k];
+    procp[k] = &procs[k];
+    r.n_processes = (size_t)k + 1;
+  }
+  r.processes = procp;
   r.tags = tagp;
   r.n_tags = ntags;
   i = 0;
@@ -106,6 +200,9 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
       si->buffers++;
       si->bytes += list_entry(q, struct buffer, owner_link)->size;
     }
+    si->residual_known = r.processes_known;
+    for (size_t k = 0; k < r.n_processes; k++)
+      if (procs[k].session_id == x->id) si->residual += procs[k].residual;
     sesp[i] = si;
   }
   r.sessions = sesp;
@@ -118,6 +215,9 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
   env.status_reply = &r;
   session_send(s, &env, NULL, 0);
+  free(procs);
+  free(names);
+  free(procp);
 out:
   report_devices_free(r.devices);
   free(tags);

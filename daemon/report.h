@@ -18,6 +18,19 @@ void report_list(struct session *s, uint64_t req_id, registry *reg);
  * (free with report_devices_free), *n set to the count. */
 Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n);
 
+/* Device memory held outside the daemon on one device, by the driver's
+ * per-process figures (the daemon's own process left out). */
+struct report_residual {
+  uint64_t bytes;     /* all processes */
+  int top_pid;        /* the largest holder */
+  char top_name[64];  /* its comm */
+  uint64_t top_bytes;
+};
+
+/* Sum what processes hold on dev outside the daemon. Returns 0, or a
+ * negative errno where the driver gives no per-process figures. */
+int report_residual(gpu *g, unsigned dev, struct report_residual *r);
+
 /* Free what report_devices returned. */
 void report_devices_free(Gpumem__Wire__DeviceInfo **v);
 

@@ -30,7 +30,12 @@ struct server {
   uint64_t next_session_id;
   int reserve_fd; /* given up to accept-and-close when out of fds */
   int exit_status;
+  bool stopping;          /* told every session; waiting for them to drain */
+  uv_timer_t stop_timer;  /* closes sessions that do not drain in time */
 };
+
+/* How long sessions may take to read the shutdown notice. */
+#define SERVER_DRAIN_MS 1000
 
 static void on_accept(uv_poll_t *h, int status, int events);
 static void on_signal(uv_signal_t *h, int signum);
@@ -89,24 +94,55 @@ int server_run(server *srv) {
 /* Free everything that is left once the loop has stopped. */
 void server_destroy(server *srv) {
   if (!srv) return;
+  if (srv->stopping) {
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    uv_close((uv_handle_t *)&srv->sigterm, NULL);
+    uv_close((uv_handle_t *)&srv->sigint, NULL);
+    uv_run(srv->loop, UV_RUN_DEFAULT);
+  }
   registry_destroy(srv->reg);
   if (srv->reserve_fd >= 0) close(srv->reserve_fd);
   free(srv);
 }
 
-/* Close every session and handle so that uv_run returns. */
+/* Sessions that did not take their shutdown notice in time are closed. */
+static void on_stop_timer(uv_timer_t *t) {
+  server *srv = t->data;
+  struct list *p, *n;
+  list_for_each_safe(p, n, &srv->sessions) session_close(list_entry(p, struct session, link));
+  if (!uv_is_closing((uv_handle_t *)t)) uv_close((uv_handle_t *)t, NULL);
+}
+
+/* Tell every session the daemon is going (workers keep their mappings and
+ * re-register with the next daemon), answer operations in flight, and
+ * close every handle so that uv_run returns. */
 static void on_signal(uv_signal_t *h, int signum) {
   server *srv = h->data;
+  if (srv->stopping) return;
+  srv->stopping = true;
   log_info("%s: shutting down", strsignal(signum));
+  engine_destroy(srv->eng);
+  srv->eng = NULL;
+  uv_timer_init(srv->loop, &srv->stop_timer);
+  srv->stop_timer.data = srv;
+  uv_timer_start(&srv->stop_timer, on_stop_timer, SERVER_DRAIN_MS, 0);
+  char text[128];
+  snprintf(text, sizeof text, "gpumemd is shutting down (%s); buffers stay mapped",
+           strsignal(signum));
   struct list *p, *t;
-  list_for_each_safe(p, t, &srv->sessions) session_close(list_entry(p, struct session, link));
+  list_for_each_safe(p, t, &srv->sessions)
+      session_fail(list_entry(p, struct session, link), 0,
+                   GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, text);
+  if (list_empty(&srv->sessions) && !uv_is_closing((uv_handle_t *)&srv->stop_timer))
+    uv_close((uv_handle_t *)&srv->stop_timer, NULL);
   uv_close((uv_handle_t *)&srv->listen_poll, NULL);
   close(srv->listen_fd);
   unlink(srv->cfg->socket_path);
-  engine_destroy(srv->eng);
-  srv->eng = NULL;
-  uv_close((uv_handle_t *)&srv->sigterm, NULL);
-  uv_close((uv_handle_t *)&srv->sigint, NULL);
+  /* Still caught while sessions drain (a second SIGTERM must not kill us
+   * half-way), but no longer keeping the loop alive. */
+  uv_unref((uv_handle_t *)&srv->sigterm);
+  uv_unref((uv_handle_t *)&srv->sigint);
 }
 
 /* Root, our own uid, the configured uid, or a member of the configured
@@ -170,6 +206,9 @@ void server_session_closed(server *srv, struct session *s) {
       registry_free(srv->reg, list_entry(p, struct buffer, owner_link));
   s->nbuffers = 0;
   if (srv->eng) engine_forget(srv->eng, s);
+  if (srv->stopping && list_empty(&srv->sessions) &&
+      !uv_is_closing((uv_handle_t *)&srv->stop_timer))
+    uv_close((uv_handle_t *)&srv->stop_timer, NULL);
 }
 
 static void reply_error(struct session *s, uint64_t id, wire_code code,
@@ -292,6 +331,81 @@ static void handle_free(server *srv, struct session *s, const wire_env *env) {
   session_send(s, &out, NULL, 0);
 }
 
+/* Answer an adopt with the new ids of its buffers. */
+static void reply_adopt(struct session *s, uint64_t id, uint64_t *ids, size_t n) {
+  Gpumem__Wire__AdoptReply r = GPUMEM__WIRE__ADOPT_REPLY__INIT;
+  r.buffer_ids = ids;
+  r.n_buffer_ids = n;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = id;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY;
+  out.adopt_reply = &r;
+  session_send(s, &out, NULL, 0);
+}
+
+/* Check one buffer of an adopt against this daemon's devices. */
+static wire_code adopt_check(server *srv, const Gpumem__Wire__AdoptBuffer *a, size_t i,
+                             struct fault *f) {
+  uint64_t gran = gpu_granularity(srv->gpu);
+  unsigned ndev = gpu_device_count(srv->gpu);
+  if (a->device >= ndev)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "adopt buffer %zu: device %u out of range (%u devices)", i, a->device, ndev);
+  if ((a->flags & BUF_FLAG_IPC_LEGACY) && gpu_has_ipc(srv->gpu))
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "adopt buffer %zu: IPC_LEGACY memory belonged to the old daemon", i);
+  for (size_t k = 0; k < a->n_chunk_sizes; k++)
+    if (a->chunk_sizes[k] % gran)
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                       "adopt buffer %zu: chunk of %llu bytes is not a multiple of %llu", i,
+                       (unsigned long long)a->chunk_sizes[k], (unsigned long long)gran);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* A worker re-registers buffers it kept across a daemon restart: all of
+ * them, or none (then the fds it sent are closed and it keeps its own). */
+static void handle_adopt(server *srv, struct session *s, const wire_env *env, struct frame *fr) {
+  const Gpumem__Wire__AdoptRequest *a = env->adopt;
+  struct fault f = {0};
+  if (s->role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
+    reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                "only workers re-register buffers");
+    return;
+  }
+  if (a->n_buffers > srv->cfg->max_buffers_per_session - s->nbuffers) {
+    reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+                "too many buffers in this session");
+    return;
+  }
+  for (size_t i = 0; i < a->n_buffers; i++)
+    if (adopt_check(srv, a->buffers[i], i, &f)) {
+      session_send_error(s, env->id, &f);
+      return;
+    }
+  uint64_t *ids = calloc(a->n_buffers + 1, sizeof *ids);
+  struct buffer **bufs = calloc(a->n_buffers + 1, sizeof *bufs);
+  size_t done = 0, fd_at = 0;
+  if (!ids || !bufs) fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  for (; !f.code && done < a->n_buffers; done++) {
+    const Gpumem__Wire__AdoptBuffer *b = a->buffers[done];
+    if (registry_adopt(srv->reg, s, &s->buffers, b->tag, b->device, b->size, b->flags, b->paused,
+                       b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at, &bufs[done], &f))
+      break;
+    fd_at += b->paused ? 0 : b->n_chunk_sizes;
+    ids[done] = bufs[done]->id;
+  }
+  if (f.code) {
+    for (size_t i = 0; i < done; i++) registry_free(srv->reg, bufs[i]);
+    session_send_error(s, env->id, &f);
+  } else {
+    s->nbuffers += done;
+    log_info("pid %d re-registered %zu buffers", (int)s->pid, done);
+    reply_adopt(s, env->id, ids, done);
+  }
+  free(ids);
+  free(bufs);
+}
+
 /* Pause and resume: check role and devices, then queue for the engine. */
 static void handle_op(server *srv, struct session *s, const wire_env *env, bool resume) {
   char **tags = resume ? env->resume->tags : env->pause->tags;
@@ -299,6 +413,7 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
   uint32_t *devs = resume ? env->resume->devices : env->pause->devices;
   size_t ndevs = resume ? env->resume->n_devices : env->pause->n_devices;
   uint32_t timeout = resume ? env->resume->timeout_ms : env->pause->timeout_ms;
+  uint64_t max_residual = resume ? 0 : env->pause->max_residual;
   if (s->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER) {
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                 "pause and resume need a controller session");
@@ -315,11 +430,12 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
     }
     mask |= 1ull << devs[i];
   }
-  engine_submit(srv->eng, s, env->id, resume, tags, ntags, mask, timeout);
+  engine_submit(srv->eng, s, env->id, resume, tags, ntags, mask, timeout, max_residual);
 }
 
 /* Parse, check and route one request. */
 void server_dispatch(server *srv, struct session *s, struct frame *f) {
+  if (srv->stopping) return;
   wire_env *env = wire_unpack(f->data, f->len);
   if (!env) {
     session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
@@ -348,6 +464,7 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_LIST: report_list(s, env->id, srv->reg); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ACK: engine_ack(srv->eng, s, env->id, env->ack); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT: handle_adopt(srv, s, env, f); break;
     default: break; /* wire_check_request let only requests through */
     }
   }

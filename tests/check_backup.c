@@ -129,7 +129,8 @@ START_TEST(gpumemctl_exit_codes) {
   ck_assert_ptr_nonnull(strstr(out, "invalid tag"));
   ck_assert_int_eq(ctl(out, sizeof out, "--device 9 pause kv"), 1);
   ck_assert_ptr_nonnull(strstr(out, "out of range"));
-  ck_assert_int_eq(ctl(out, sizeof out, "pause kv"), 0);
+  ck_assert_int_eq(ctl(out, sizeof out, "pause kv"), 1); /* no such tag: not success */
+  ck_assert_ptr_nonnull(strstr(out, "no tag 'kv'"));
   ck_assert_int_eq(ctl(out, sizeof out, "list --json"), 0);
   ck_assert_str_eq(out, "[]\n");
   char cmd[256];

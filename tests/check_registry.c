@@ -109,6 +109,9 @@ START_TEST(backup_and_restore_keep_contents) {
   ck_assert_uint_eq(registry_managed(reg, 0), 0);
   ck_assert_int_eq(registry_memory_create(reg, b, &f), CODE(OK));
   ck_assert_int_eq(registry_restore(reg, b, &f), CODE(OK));
+  /* The backup stays valid until the buffer is ACTIVE (a resume may roll back). */
+  ck_assert_uint_eq(registry_backup_bytes(reg), b->size);
+  registry_set_state(reg, b, BUF_ACTIVE);
   ck_assert_uint_eq(registry_backup_bytes(reg), 0);
   char *back = malloc(b->size);
   ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, back, true), 0);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -88,6 +89,7 @@ static pid_t spawn(const char *const *argv, const char *out) {
       dup2(fd, 2);
       close(fd);
     }
+    close_range(3, ~0u, 0); /* nothing inherited: fd figures are the program's own */
     execv(argv[0], (char *const *)argv);
     _exit(127);
   }
@@ -210,24 +212,57 @@ int worker_stop(struct worker *w, int sig) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* Shmem in /proc/meminfo, in bytes. */
-uint64_t shmem_bytes(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
-  char line[256];
-  unsigned long long kb = 0;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "Shmem: %llu kB", &kb) == 1) break;
-  if (f) fclose(f);
-  return kb * 1024;
+
+/* Record an inode's bytes once, keeping the larger figure. */
+static void note_inode(unsigned long long *inos, uint64_t *bytes, size_t *n, size_t max,
+                       unsigned long long ino, uint64_t b) {
+  for (size_t i = 0; i < *n; i++)
+    if (inos[i] == ino) {
+      if (b > bytes[i]) bytes[i] = b;
+      return;
+    }
+  if (*n < max) {
+    inos[*n] = ino;
+    bytes[(*n)++] = b;
+  }
 }
 
-/* Wait until Shmem crosses a target. */
-bool shmem_wait(uint64_t target, bool at_most, int timeout_ms) {
-  double end = now_ms() + timeout_ms;
-  do {
-    uint64_t s = shmem_bytes();
-    if (at_most ? s <= target : s >= target) return true;
-    sleep_ms(5);
-  } while (now_ms() < end);
-  return false;
+/* Bytes of the backend's memfds ("gpumem-dev") that these processes hold
+ * by fd or by mapping, each memfd counted once: the kernel's own figure
+ * for memory the daemon and its workers keep, whatever else the machine
+ * runs. */
+uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
+  enum { MAX = 4096 };
+  static unsigned long long inos[MAX];
+  static uint64_t bytes[MAX];
+  size_t n = 0;
+  char path[300], link[256], line[512];
+  for (size_t p = 0; p < npids; p++) {
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pids[p]);
+    DIR *dir = opendir(path);
+    for (struct dirent *de; dir && (de = readdir(dir));) {
+      snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)pids[p], de->d_name);
+      ssize_t len = readlink(path, link, sizeof link - 1);
+      if (len <= 0) continue;
+      link[len] = '\0';
+      struct stat st;
+      if (strstr(link, "/memfd:gpumem-dev") && stat(path, &st) == 0)
+        note_inode(inos, bytes, &n, MAX, (unsigned long long)st.st_ino,
+                   (uint64_t)st.st_blocks * 512);
+    }
+    if (dir) closedir(dir);
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)pids[p]);
+    FILE *f = fopen(path, "re");
+    while (f && fgets(line, sizeof line, f)) {
+      unsigned long long lo, hi, ino;
+      if (!strstr(line, "/memfd:gpumem-dev") ||
+          sscanf(line, "%llx-%llx %*s %*s %*s %llu", &lo, &hi, &ino) != 3)
+        continue;
+      note_inode(inos, bytes, &n, MAX, ino, hi - lo);
+    }
+    if (f) fclose(f);
+  }
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; i++) sum += bytes[i];
+  return sum;
 }

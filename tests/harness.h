@@ -68,11 +68,9 @@ const char *worker_output(const struct worker *w);
 /* Send sig and reap; returns exit status, or 128+signal if killed. */
 int worker_stop(struct worker *w, int sig);
 
-/* Shmem in /proc/meminfo, in bytes. */
-uint64_t shmem_bytes(void);
-
-/* Wait until shmem_bytes() is at most (or at least) target. */
-bool shmem_wait(uint64_t target, bool at_most, int timeout_ms);
+/* Bytes of the host backend's memfds that these processes hold by fd or
+ * mapping, each counted once (the kernel's figure, not machine-wide). */
+uint64_t memfd_bytes(const pid_t *pids, size_t npids);
 
 /* Milliseconds on the monotonic clock. */
 double now_ms(void);

@@ -2,6 +2,7 @@
 # Install the Debian packages gpumemd builds and tests with, if missing.
 #   install-deps.sh [bench|fuzz]   (also gnuplot for make bench's plot, or
 #                                   clang and its sanitizer runtimes for make fuzz)
+# Run by make deps, demo and check; never by a plain make.
 set -e
 need=""
 if [ "${1:-}" = bench ]; then
@@ -19,8 +20,11 @@ have_pkg libuv || need="$need libuv1-dev"
 have_pkg libprotobuf-c || need="$need libprotobuf-c-dev"
 command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
 have_pkg check || need="$need check"
-# HIP headers and runtime: the hip backend builds against them everywhere.
-[ -f /usr/include/hip/hip_runtime_api.h ] || need="$need libamdhip64-dev"
+# HIP headers and runtime: the hip backend builds against them everywhere,
+# unless the build says HIP=0 or they are under ROCM_PATH.
+if [ "${HIP:-}" != 0 ] && [ ! -f "${ROCM_PATH:-/opt/rocm}/include/hip/hip_runtime_api.h" ]; then
+  [ -f /usr/include/hip/hip_runtime_api.h ] || need="$need libamdhip64-dev"
+fi
 [ -z "$need" ] && exit 0
 if [ -n "${GPUMEM_NO_APT:-}" ]; then
   echo "install-deps: missing$need (GPUMEM_NO_APT set: not installing)"
