@@ -1,6 +1,7 @@
 /* Buffers: allocation, mapping at a fixed address, and the unmap and
  * remap events that pause and resume them. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +12,9 @@
 /* Import and map chunk fds (consumed) at the buffer's address, then allow
  * access once for the whole range. On failure nothing stays mapped. */
 static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
-  size_t i = 0, mapped = 0;
   uint64_t off = 0;
   int rc = 0;
-  for (; i < b->nchunks; off += b->chunk_sizes[i++]) {
+  for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
     int fd = fds[i];
     fds[i] = -1;
     if ((rc = gpu_import(c->gpu, b->local, fd, b->chunk_sizes[i], &b->handles[i])) < 0) break;
@@ -23,7 +23,7 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
       gpu_release(c->gpu, b->local, b->handles[i]);
       break;
     }
-    mapped++;
+    b->held[i] = true;
   }
   if (rc == 0) rc = gpu_set_access(c->gpu, b->local, b->va, b->size);
   if (rc == 0) {
@@ -31,69 +31,164 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
     return 0;
   }
   /* fds not consumed stay in the caller's frame, which closes them. */
-  off = 0;
-  for (size_t j = 0; j < mapped; off += b->chunk_sizes[j++]) {
-    gpu_unmap(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[j]);
-    gpu_release(c->gpu, b->local, b->handles[j]);
-  }
-  return client_fail(GPUMEM_E_MAP, "mapping buffer %llu: %s", (unsigned long long)b->id,
-                     gpu_error());
+  char why[256];
+  snprintf(why, sizeof why, "%s", gpu_error());
+  client_buffer_unmap(c, b);
+  return client_fail(GPUMEM_E_MAP, "mapping buffer %llu: %s", (unsigned long long)b->id, why);
 }
 
 /* Unmap each chunk's mapping separately (one unmap across several breaks
- * address-range release on ROCm) and release the imported handles. */
-void client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
-  if (!b->mapped || b->ipc) return;
+ * address-range release on ROCm) and release the imported handles. A
+ * chunk that does not unmap keeps its handle and stays held. */
+int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
+  if (b->ipc) return 0;
   uint64_t off = 0;
+  int rc = 0;
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
-    gpu_unmap(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i]);
+    if (!b->held[i]) continue;
+    int r = gpu_unmap(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i]);
+    if (r < 0) {
+      if (rc == 0) rc = r;
+      continue;
+    }
     gpu_release(c->gpu, b->local, b->handles[i]);
+    b->held[i] = false;
   }
   b->mapped = false;
+  return rc;
 }
 
+/* Export a mapped buffer's imported handles again as fds, one per chunk. */
+int client_buffer_export(gpumem_client *c, gpumem_buffer *b, int *fds) {
+  for (size_t i = 0; i < b->nchunks; i++) {
+    int rc = gpu_export(c->gpu, b->local, b->handles[i], &fds[i]);
+    if (rc < 0) {
+      while (i > 0) close(fds[--i]);
+      return client_fail(GPUMEM_E_BACKEND, "exporting buffer %llu again: %s",
+                         (unsigned long long)b->id, gpu_error());
+    }
+  }
+  return 0;
+}
+
+/* Free the struct of a buffer (nothing mapped or reserved any more). */
 static void buffer_free_struct(gpumem_buffer *b) {
   free(b->chunk_sizes);
   free(b->handles);
+  free(b->held);
   free(b);
 }
 
 /* Forget a buffer completely. */
 void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b) {
   pthread_mutex_lock(&c->mu);
-  idmap_del(c->buffers, b->id);
+  client_buffer_forget(c, b);
   pthread_mutex_unlock(&c->mu);
-  if (b->ipc)
+  if (b->ipc) {
     gpu_ipc_close(c->gpu, b->local, b->va);
-  else {
+  } else {
     client_buffer_unmap(c, b);
-    gpu_va_free(c->gpu, b->local, b->va, b->size);
+    /* Whatever would not unmap goes with the range; let go of its handle. */
+    for (size_t i = 0; i < b->nchunks; i++)
+      if (b->held[i]) gpu_release(c->gpu, b->local, b->handles[i]);
+    if (b->va) gpu_va_free(c->gpu, b->local, b->va, b->size);
   }
   buffer_free_struct(b);
 }
 
-static int send_free(gpumem_client *c, uint64_t id) {
+/* Ask the daemon to free a buffer; with b, the reply's routing forgets it
+ * before the next frame is read. */
+static int send_free(gpumem_client *c, uint64_t id, gpumem_buffer *b) {
   Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
   fr.buffer_id = id;
   wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
   req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
   req.free = &fr;
-  struct pending reply;
-  int rc = client_call(c, &req, &reply);
+  struct pending reply = {0};
+  reply.freeing = b;
+  int rc = client_call_with(c, &req, &reply);
   client_reply_free(&reply);
   return rc;
 }
 
-/* Allocate a tagged buffer and map it. */
+/* On the routing thread: make the buffer of an AllocReply, map it and
+ * register it before the next frame is routed, so that an Unmap right
+ * behind the reply finds it. A buffer that fails to map is registered
+ * unmapped (and doomed: the caller frees it), so that events for it are
+ * still answered truthfully. */
+void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *env,
+                        struct frame *f) {
+  const Gpumem__Wire__AllocReply *r = env->alloc_reply;
+  gpumem_buffer *b = calloc(1, sizeof *b);
+  if (b) {
+    b->chunk_sizes = calloc(r->n_chunk_sizes + 1, sizeof *b->chunk_sizes);
+    b->handles = calloc(r->n_chunk_sizes + 1, sizeof *b->handles);
+    b->held = calloc(r->n_chunk_sizes + 1, sizeof *b->held);
+  }
+  if (!b || !b->chunk_sizes || !b->handles || !b->held) {
+    if (b) buffer_free_struct(b);
+    a->rc = GPUMEM_E_NOMEM;
+    snprintf(a->words, sizeof a->words, "out of memory");
+    return;
+  }
+  b->id = r->buffer_id;
+  snprintf(b->tag, sizeof b->tag, "%s", a->tag);
+  b->device = a->device;
+  b->local = a->local;
+  b->size = r->size;
+  b->flags = a->flags;
+  b->nchunks = r->n_chunk_sizes;
+  memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
+  int rc = 0;
+  if (r->ipc_handle.len) {
+    b->ipc = true;
+    if (gpu_ipc_open(c->gpu, b->local, r->ipc_handle.data, &b->va) < 0) {
+      rc = client_fail(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
+      buffer_free_struct(b);
+      b = NULL;
+    } else {
+      b->mapped = true;
+    }
+  } else if (gpu_va_reserve(c->gpu, b->local, b->size, &b->va) < 0) {
+    rc = client_fail(GPUMEM_E_MAP, "reserving %llu bytes: %s", (unsigned long long)b->size,
+                     gpu_error());
+    buffer_free_struct(b);
+    b = NULL;
+  } else if (r->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE) {
+    rc = map_chunks(c, b, f->fds);
+    b->doomed = rc < 0;
+  }
+  if (rc < 0) {
+    a->rc = rc;
+    snprintf(a->words, sizeof a->words, "%s", gpumem_last_error());
+  }
+  if (!b) return;
+  pthread_mutex_lock(&c->mu);
+  int put = client_buffer_register(c, b);
+  pthread_mutex_unlock(&c->mu);
+  if (put < 0) {
+    client_buffer_destroy(c, b);
+    a->rc = GPUMEM_E_NOMEM;
+    snprintf(a->words, sizeof a->words, "out of memory");
+    return;
+  }
+  a->buf = b;
+}
+
+/* Allocate a tagged buffer; the thread that routes the reply maps it. */
 int gpumem_alloc(gpumem_client *c, const char *tag, unsigned device, uint64_t size,
                  unsigned flags, gpumem_buffer **out) {
   if (!tag || !wire_tag_valid(tag))
     return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
+  pthread_mutex_lock(&c->mu);
   unsigned index = 0;
   while (index < c->ndevices && index < WIRE_MAX_DEVICES && c->local_of[index] != (int)device)
     index++;
-  if (index >= c->ndevices || index >= WIRE_MAX_DEVICES)
+  bool known = index < c->ndevices && index < WIRE_MAX_DEVICES;
+  bool live = c->state == CONN_LIVE;
+  pthread_mutex_unlock(&c->mu);
+  if (!known && live)
     return client_fail(GPUMEM_E_INVALID, "device %u of this process is not one gpumemd manages",
                        device);
   Gpumem__Wire__AllocRequest ar = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
@@ -104,103 +199,96 @@ int gpumem_alloc(gpumem_client *c, const char *tag, unsigned device, uint64_t si
   wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
   req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
   req.alloc = &ar;
-  struct pending reply;
-  int rc = client_call(c, &req, &reply);
-  if (rc < 0) {
+  struct alloc_ctx a = {.tag = tag, .device = index, .local = device, .flags = flags};
+  struct pending reply = {0};
+  reply.alloc = &a;
+  int rc = client_call_with(c, &req, &reply);
+  if (rc == 0 && reply.env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY)
+    rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered alloc with something else");
+  if (rc < 0 || (a.rc == 0 && a.buf)) {
     client_reply_free(&reply);
+    if (rc == 0) *out = a.buf;
     return rc;
   }
-  if (reply.env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY) {
-    client_reply_free(&reply);
-    return client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered alloc with something else");
-  }
-  const Gpumem__Wire__AllocReply *r = reply.env->alloc_reply;
-  gpumem_buffer *b = calloc(1, sizeof *b);
-  if (b) {
-    b->chunk_sizes = calloc(r->n_chunk_sizes, sizeof *b->chunk_sizes);
-    b->handles = calloc(r->n_chunk_sizes, sizeof *b->handles);
-  }
-  if (!b || !b->chunk_sizes || !b->handles) {
-    rc = client_fail(GPUMEM_E_NOMEM, "out of memory");
-    goto fail;
-  }
-  b->id = r->buffer_id;
-  snprintf(b->tag, sizeof b->tag, "%s", tag);
-  b->device = index;
-  b->local = device;
-  b->size = r->size;
-  b->flags = flags;
-  b->nchunks = r->n_chunk_sizes;
-  memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
-  if (r->ipc_handle.len) {
-    b->ipc = true;
-    if (gpu_ipc_open(c->gpu, b->local, r->ipc_handle.data, &b->va) < 0) {
-      rc = client_fail(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
-      goto fail;
-    }
-    b->mapped = true;
-  } else if (gpu_va_reserve(c->gpu, b->local, b->size, &b->va) < 0) {
-    rc = client_fail(GPUMEM_E_MAP, "reserving %llu bytes: %s",
-                     (unsigned long long)b->size, gpu_error());
-    goto fail;
-  } else if (r->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE &&
-             (rc = map_chunks(c, b, reply.frame.fds)) < 0) {
-    gpu_va_free(c->gpu, b->local, b->va, b->size);
-    goto fail;
-  }
-  pthread_mutex_lock(&c->mu);
-  rc = idmap_put(c->buffers, b->id, b);
-  pthread_mutex_unlock(&c->mu);
-  if (rc < 0) {
-    client_buffer_destroy(c, b);
-    b = NULL;
-    rc = client_fail(GPUMEM_E_NOMEM, "out of memory");
-    goto fail;
-  }
+  /* Made at the daemon but not here: give it back. */
+  uint64_t id = reply.env->alloc_reply->buffer_id;
   client_reply_free(&reply);
-  *out = b;
-  return 0;
-fail:
-  if (b) buffer_free_struct(b);
-  uint64_t id = r->buffer_id;
-  client_reply_free(&reply);
-  char words[320];
-  snprintf(words, sizeof words, "%s", gpumem_last_error());
-  send_free(c, id);
-  return client_fail(rc, "%s", words);
+  send_free(c, id, a.buf);
+  if (a.buf) client_buffer_destroy(c, a.buf);
+  return client_fail(a.rc ? a.rc : GPUMEM_E_NOMEM, "%s", a.words);
 }
 
-/* Free a buffer: the daemon first, so that a pause in flight keeps it. */
+/* Free a buffer: the daemon first, so that a pause in flight keeps it. A
+ * buffer that no daemon knows (one that was not re-registered) is only
+ * released here. */
 int gpumem_free(gpumem_client *c, gpumem_buffer *b) {
   if (!b) return client_fail(GPUMEM_E_INVALID, "no buffer");
-  int rc = send_free(c, b->id);
-  if (rc < 0) return rc;
+  pthread_mutex_lock(&c->mu);
+  bool orphan = c->state == CONN_LIVE && !b->registered;
+  if (orphan) client_buffer_forget(c, b);
+  pthread_mutex_unlock(&c->mu);
+  if (!orphan) {
+    int rc = send_free(c, b->id, b);
+    if (rc < 0) return rc;
+  }
   client_buffer_destroy(c, b);
   return 0;
 }
 
-/* Look up the buffers of an event; unknown ids are skipped. */
-static size_t find_buffers(gpumem_client *c, const uint64_t *ids, size_t n,
-                           gpumem_buffer **out) {
-  size_t k = 0;
-  pthread_mutex_lock(&c->mu);
-  for (size_t i = 0; i < n; i++) {
-    gpumem_buffer *b = idmap_get(c->buffers, ids[i]);
-    if (b) out[k++] = b;
+/* The failures of one event, for its ack. */
+struct failures {
+  uint64_t *ids;
+  size_t n;
+  wire_code code;
+  char words[320];
+};
+
+/* Note that buffer id failed with code; the worst code wins the ack
+ * (driver failures over state mismatches over unknown ids). */
+__attribute__((format(printf, 4, 5))) static void failed(struct failures *fl, uint64_t id,
+                                                         wire_code code, const char *fmt,
+                                                         ...) {
+  static const wire_code rank[] = {GPUMEM__WIRE__ERROR_CODE__OK,
+                                   GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,
+                                   GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                                   GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR};
+  int have = 0, want = 0;
+  for (int i = 0; i < 4; i++) {
+    if (rank[i] == fl->code) have = i;
+    if (rank[i] == code) want = i;
   }
-  pthread_mutex_unlock(&c->mu);
-  return k;
+  if (want > have) fl->code = code;
+  if (fl->ids) fl->ids[fl->n++] = id;
+  size_t l = strlen(fl->words);
+  if (l + 4 < sizeof fl->words) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (l) l += (size_t)snprintf(fl->words + l, sizeof fl->words - l, "; ");
+    if (l < sizeof fl->words) vsnprintf(fl->words + l, sizeof fl->words - l, fmt, ap);
+    va_end(ap);
+  }
 }
 
-static void ack(gpumem_client *c, uint64_t event_id, int failed, const char *words) {
+/* Answer an event: OK, or the code, words and ids of what failed. */
+static void ack(gpumem_client *c, uint64_t event_id, const struct failures *fl) {
   Gpumem__Wire__EventAck a = GPUMEM__WIRE__EVENT_ACK__INIT;
-  a.code = failed ? GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR : GPUMEM__WIRE__ERROR_CODE__OK;
-  a.message = (char *)(failed ? words : "");
+  a.code = fl->code;
+  a.message = (char *)(fl->code ? fl->words : "");
+  a.failed_ids = fl->ids;
+  a.n_failed_ids = fl->code ? fl->n : 0;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = event_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ACK;
   env.ack = &a;
   client_send(c, &env);
+}
+
+/* The registered buffer with this id, or NULL. */
+static gpumem_buffer *find_buffer(gpumem_client *c, uint64_t id) {
+  pthread_mutex_lock(&c->mu);
+  gpumem_buffer *b = idmap_get(c->buffers, id);
+  pthread_mutex_unlock(&c->mu);
+  return b;
 }
 
 /* The default pre-unmap hook: wait for each device the buffers are on. */
@@ -214,52 +302,90 @@ static void sync_devices(gpumem_client *c, gpumem_buffer *const *bufs, size_t n)
   }
 }
 
-/* Unmap: run the hook, unmap and release, keep the ranges, ack. */
+/* Unmap: run the hook, unmap and release, keep the ranges, ack; every
+ * id this client does not hold, and every buffer that stays mapped, is
+ * named in the ack. */
 static void on_unmap(gpumem_client *c, const wire_env *env) {
   const Gpumem__Wire__UnmapEvent *ev = env->unmap;
+  struct failures fl = {.ids = calloc(ev->n_buffer_ids + 1, sizeof *fl.ids)};
   gpumem_buffer **bufs = calloc(ev->n_buffer_ids + 1, sizeof *bufs);
-  size_t n = bufs ? find_buffers(c, ev->buffer_ids, ev->n_buffer_ids, bufs) : 0;
+  if (!bufs || !fl.ids) {
+    /* No ids listed: every buffer of the event failed. */
+    free(fl.ids);
+    fl.ids = NULL;
+    failed(&fl, 0, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "out of memory");
+    free(bufs);
+    ack(c, env->id, &fl);
+    return;
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < ev->n_buffer_ids; i++) {
+    uint64_t id = ev->buffer_ids[i];
+    gpumem_buffer *b = find_buffer(c, id);
+    if (!b)
+      failed(&fl, id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no buffer %llu in this process",
+             (unsigned long long)id);
+    else if (b->ipc)
+      failed(&fl, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+             "buffer %llu is legacy IPC memory and never pauses", (unsigned long long)id);
+    else
+      bufs[n++] = b;
+  }
   if (c->pre_unmap)
     c->pre_unmap(c, bufs, n, c->hook_user);
   else
     sync_devices(c, bufs, n);
-  for (size_t i = 0; i < n; i++) client_buffer_unmap(c, bufs[i]);
+  for (size_t i = 0; i < n; i++)
+    if (client_buffer_unmap(c, bufs[i]) < 0)
+      failed(&fl, bufs[i]->id, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+             "buffer %llu stays mapped: %s", (unsigned long long)bufs[i]->id, gpu_error());
   free(bufs);
-  ack(c, env->id, !bufs, "out of memory");
+  ack(c, env->id, &fl);
+  free(fl.ids);
 }
 
-/* Remap: import the new chunks at the old addresses, run the hook, ack. */
+/* Remap: import the new chunks at the old addresses, run the hook, ack;
+ * entries that do not map are named in the ack. */
 static void on_remap(gpumem_client *c, const wire_env *env, struct frame *f) {
   const Gpumem__Wire__RemapEvent *ev = env->remap;
+  struct failures fl = {.ids = calloc(ev->n_entries + 1, sizeof *fl.ids)};
   gpumem_buffer **bufs = calloc(ev->n_entries + 1, sizeof *bufs);
+  if (!bufs || !fl.ids) {
+    free(fl.ids);
+    fl.ids = NULL;
+    failed(&fl, 0, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "out of memory");
+    free(bufs);
+    ack(c, env->id, &fl);
+    return;
+  }
   size_t n = 0, fd_at = 0;
-  int failed = !bufs;
-  char words[320] = "out of memory";
-  for (size_t i = 0; bufs && i < ev->n_entries; i++) {
+  for (size_t i = 0; i < ev->n_entries; i++) {
     const Gpumem__Wire__RemapEntry *e = ev->entries[i];
+    unsigned long long id = (unsigned long long)e->buffer_id;
     int *fds = f->fds + fd_at;
     fd_at += e->n_chunk_sizes;
-    gpumem_buffer *b = NULL;
-    find_buffers(c, &e->buffer_id, 1, &b);
-    bool fits = b && !b->mapped && b->nchunks == e->n_chunk_sizes;
+    gpumem_buffer *b = find_buffer(c, e->buffer_id);
+    bool fits = b && !b->ipc && !b->mapped && b->nchunks == e->n_chunk_sizes;
     for (size_t k = 0; fits && k < b->nchunks; k++)
-      fits = b->chunk_sizes[k] == e->chunk_sizes[k];
-    if (!fits) {
-      snprintf(words, sizeof words, "remap of buffer %llu does not fit it",
-               (unsigned long long)e->buffer_id);
-      failed = 1;
-      continue; /* its fds are closed with the frame */
-    }
-    if (map_chunks(c, b, fds) < 0) {
-      snprintf(words, sizeof words, "%s", gpumem_last_error());
-      failed = 1;
-      continue;
-    }
-    bufs[n++] = b;
+      fits = b->chunk_sizes[k] == e->chunk_sizes[k] && !b->held[k];
+    /* Fds not taken are closed with the frame. */
+    if (!b)
+      failed(&fl, e->buffer_id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,
+             "no buffer %llu in this process", id);
+    else if (!fits)
+      failed(&fl, e->buffer_id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+             "remap of buffer %llu does not fit it (%s)", id,
+             b->mapped ? "it is mapped" : "other chunks");
+    else if (map_chunks(c, b, fds) < 0)
+      failed(&fl, e->buffer_id, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "%s",
+             gpumem_last_error());
+    else
+      bufs[n++] = b;
   }
   if (c->post_remap && n) c->post_remap(c, bufs, n, c->hook_user);
   free(bufs);
-  ack(c, env->id, failed, words);
+  ack(c, env->id, &fl);
+  free(fl.ids);
 }
 
 /* Handle an Unmap or Remap event from the daemon. */
@@ -332,3 +458,4 @@ unsigned gpumem_buffer_device(const gpumem_buffer *b) { return b->local; }
 uint64_t gpumem_buffer_id(const gpumem_buffer *b) { return b->id; }
 unsigned gpumem_buffer_flags(const gpumem_buffer *b) { return b->flags; }
 int gpumem_buffer_mapped(const gpumem_buffer *b) { return b->mapped; }
+int gpumem_buffer_registered(const gpumem_buffer *b) { return b->registered; }

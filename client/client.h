@@ -12,7 +12,9 @@
 #include "gpumem.h"
 
 struct gpumem_buffer {
-  uint64_t id;
+  uint64_t id;     /* the daemon's id; meaningful while registered */
+  bool registered; /* the daemon knows it (false while reconnecting, or
+                    * when the new daemon did not adopt it) */
   char tag[WIRE_TAG_MAX + 1];
   unsigned device; /* the daemon's device index */
   unsigned local;  /* the same device in this process's numbering */
@@ -23,21 +25,56 @@ struct gpumem_buffer {
   size_t nchunks;
   uint64_t *chunk_sizes;
   uint64_t *handles;
-  bool mapped;
+  bool *held;  /* chunk i is imported and mapped (handles[i] live) */
+  bool mapped; /* every chunk is mapped and accessible */
+  bool doomed; /* its alloc failed here: being freed, never re-registered */
+  struct gpumem_buffer *prev, *next; /* every buffer of the client */
+};
+
+/* What an alloc asked for: the routing thread builds the buffer from it
+ * when the reply arrives, before it reads the next frame. */
+struct alloc_ctx {
+  const char *tag;
+  unsigned device, local, flags;
+  gpumem_buffer *buf; /* the result, or NULL */
+  int rc;             /* the routing thread's failure */
+  char words[320];
+};
+
+/* One AdoptRequest of a reconnection: the buffers it names, in order. */
+struct adopt_ctx {
+  gpumem_buffer **bufs;
+  size_t n;
 };
 
 /* A request waiting for its reply. */
 struct pending {
   uint64_t id;
-  wire_env *env;
+  wire_env *env;      /* the reply; NULL when the connection ended first */
   struct frame frame; /* keeps the reply's fds */
   bool done;
+  int err;            /* with env NULL: why there is no reply */
+  char words[320];
+  struct alloc_ctx *alloc;
+  struct adopt_ctx *adopt;
+  gpumem_buffer *freeing; /* a FreeRequest: forgotten when the reply comes */
   struct pending *next;
 };
 
+/* Where the connection stands. */
+enum conn_state {
+  CONN_LIVE,         /* greeted; buffers registered */
+  CONN_RECONNECTING, /* the daemon went away; calls fail fast */
+  CONN_CLOSED,       /* for good: reconnection is off, or disconnecting */
+};
+
 struct gpumem_client {
-  int fd;
+  int fd; /* -1 while there is no connection */
   gpu *gpu;
+  char *path; /* the socket connected to, for reconnecting */
+  char *name;
+  int role;
+  unsigned flags;
   char backend[32];
   uint64_t granularity;
   unsigned ndevices;
@@ -45,15 +82,27 @@ struct gpumem_client {
   bool threaded;
   pthread_t thread;
   pthread_mutex_t mu; /* everything below */
-  pthread_cond_t cv;
+  pthread_cond_t cv;  /* on CLOCK_MONOTONIC */
   bool reading; /* a thread is reading the socket */
-  int dead;     /* 0, or the error that ended the connection */
+  enum conn_state state;
+  bool closing;       /* gpumem_disconnect runs */
+  uint64_t gen;       /* connection number: a send checks it is still on it */
+  int down_err;       /* while not live: the code calls fail with */
+  char down_words[320];
+  int backoff_ms;     /* the next wait before reconnecting */
+  double retry_at_ms; /* monotonic time of the next attempt */
+  int daemon_code;    /* the daemon's last error outside a request (wire code) */
+  uint64_t daemon_gen; /* the connection it came on */
+  char daemon_words[320];
   uint64_t next_id;
   struct pending *pending;
-  idmap *buffers;
+  idmap *buffers; /* registered buffers by id */
+  gpumem_buffer *all; /* every buffer, registered or not */
   gpumem_hook pre_unmap, post_remap;
   void *hook_user;
-  pthread_mutex_t send_mu;
+  gpumem_conn_hook conn_hook;
+  void *conn_user;
+  pthread_mutex_t send_mu; /* the writer, and fd/gen for sending; before mu */
   frame_writer *writer;
   frame_reader *reader; /* used by the reading thread only */
 };
@@ -65,20 +114,47 @@ int client_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 
  * its code) goes to *reply, whose fds the caller owns. */
 int client_call(gpumem_client *c, wire_env *req, struct pending *reply);
 
+/* client_call for a pending that is zeroed but for its context (alloc,
+ * freeing); the FreeRequest's id is read when it is sent. */
+int client_call_with(gpumem_client *c, wire_env *req, struct pending *reply);
+
 /* Free a reply got from client_call (closing fds not taken). */
 void client_reply_free(struct pending *reply);
 
-/* Send a message without waiting (acks). */
+/* Send a message without waiting (acks) on the current connection. */
 int client_send(gpumem_client *c, const wire_env *env);
+
+/* Send a message with fds (consumed) if the connection is still number
+ * gen. */
+int client_send_fds(gpumem_client *c, uint64_t gen, const wire_env *env, const int *fds,
+                    size_t nfds);
 
 /* Handle an Unmap or Remap event from the daemon (on the reading thread). */
 void client_handle_event(gpumem_client *c, const wire_env *env, struct frame *f);
 
-/* Unmap and release what a buffer has mapped; keeps the address range. */
-void client_buffer_unmap(gpumem_client *c, gpumem_buffer *b);
+/* On the routing thread: make, map and register the buffer of an
+ * AllocReply, so that the events after it find it. */
+void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *env,
+                        struct frame *f);
+
+/* Unmap and release what a buffer has mapped; keeps the address range.
+ * Returns 0, or a negative errno when a chunk stayed mapped. */
+int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b);
+
+/* Record a buffer as known to the daemon under its id. Called with mu
+ * held. Returns 0 or -ENOMEM. */
+int client_buffer_register(gpumem_client *c, gpumem_buffer *b);
+
+/* Take a buffer out of the id map and the client's list. Called with mu
+ * held. */
+void client_buffer_forget(gpumem_client *c, gpumem_buffer *b);
 
 /* Forget a buffer completely: unmap, free the range and the struct. */
 void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b);
+
+/* Export a mapped buffer's chunks again as fds (for adoption); on failure
+ * none stays open. */
+int client_buffer_export(gpumem_client *c, gpumem_buffer *b, int *fds);
 
 /* Turn a daemon error code into the library's. */
 int client_code(wire_code code);

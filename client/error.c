@@ -18,9 +18,12 @@ int client_fail(int err, const char *fmt, ...) {
 /* The words for the calling thread's last failure. */
 const char *gpumem_last_error(void) { return last_error; }
 
-/* Daemon codes map one to one onto the negative library codes. */
+/* Daemon codes 1..12 map onto -1..-12; the later ones onto -17 and on,
+ * after the library's own. */
 int client_code(wire_code code) {
-  return code >= 1 && code <= 12 ? -(int)code : GPUMEM_E_PROTOCOL;
+  if (code >= 1 && code <= 12) return -(int)code;
+  if (code >= 13 && code <= 15) return -(int)code - 4;
+  return GPUMEM_E_PROTOCOL;
 }
 
 /* A short description of an error code. */
@@ -43,6 +46,9 @@ const char *gpumem_strerror(int err) {
   case GPUMEM_E_DISCONNECTED: return "disconnected from gpumemd";
   case GPUMEM_E_NOMEM: return "out of memory";
   case GPUMEM_E_MAP: return "mapping memory failed";
+  case GPUMEM_E_NOT_RELEASED: return "memory was not released";
+  case GPUMEM_E_RESIDUAL: return "memory held outside gpumemd above the limit";
+  case GPUMEM_E_SHUTTING_DOWN: return "gpumemd is shutting down";
   default: return "unknown error";
   }
 }

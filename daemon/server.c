@@ -95,8 +95,13 @@ int server_run(server *srv) {
 void server_destroy(server *srv) {
   if (!srv) return;
   if (srv->stopping) {
-    signal(SIGTERM, SIG_IGN);
-    signal(SIGINT, SIG_IGN);
+    /* A second signal while the handles close stays pending, unanswered:
+     * we are leaving anyway. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_BLOCK, &set, NULL);
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
     uv_close((uv_handle_t *)&srv->sigint, NULL);
     uv_run(srv->loop, UV_RUN_DEFAULT);

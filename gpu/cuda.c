@@ -1,13 +1,15 @@
 /* The CUDA vendor table for gpu/vmm.c: the CUDA driver API, loaded with
- * dlopen at run time, so that nothing links libcuda. Free and total memory
- * come from NVML, which needs no context. */
+ * dlopen at run time, so that nothing links libcuda. Device memory figures
+ * and the per-process list come from NVML, which needs no context. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "vmm.h"
 
 #define STR(x) #x
@@ -22,25 +24,64 @@
   X(cuCtxSynchronize) X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuMemsetD32) X(cuMemGetInfo)     \
   X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)                  \
   X(cuIpcCloseMemHandle) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)     \
-  X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)
+  X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)          \
+  X(cuMemGetAllocationPropertiesFromHandle)
 
 #define DECLARE(fn) static __typeof__(&fn) p_##fn;
 CUDA_CALLS(DECLARE)
 
-/* NVML, declared here: its header is not always installed. */
+/* NVML, declared here from its documented ABI (nvml.h): its header is not
+ * always installed. */
 typedef struct nvml_device *nvml_device;
-typedef struct {
+typedef struct { /* nvmlMemory_t */
   unsigned long long total, free, used;
 } nvml_memory;
+typedef struct { /* nvmlMemory_v2_t: used leaves out the driver's reserve */
+  unsigned version;
+  unsigned long long total, reserved, free, used;
+} nvml_memory_v2;
+typedef struct { /* nvmlProcessInfo_t, as _v2 and _v3 of the process calls fill it */
+  unsigned pid;
+  unsigned long long used_gpu_memory;
+  unsigned gpu_instance_id, compute_instance_id;
+} nvml_process;
+_Static_assert(sizeof(nvml_memory_v2) == 40, "nvmlMemory_v2_t is 40 bytes");
+_Static_assert(sizeof(nvml_process) == 24, "nvmlProcessInfo_t is 24 bytes");
+#define NVML_MEMORY_V2 ((unsigned)(sizeof(nvml_memory_v2) | (2u << 24))) /* nvmlMemory_v2 */
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_VALUE_NOT_AVAILABLE (~0ull)
 static int (*p_nvmlInit)(void);
+static const char *(*p_nvmlErrorString)(int rc);
 static int (*p_nvmlDeviceGetHandleByPciBusId)(const char *bus, nvml_device *dev);
 static int (*p_nvmlDeviceGetMemoryInfo)(nvml_device dev, nvml_memory *mem);
+static int (*p_nvmlDeviceGetMemoryInfo_v2)(nvml_device dev, nvml_memory_v2 *mem); /* optional */
+static int (*p_nvmlDeviceGetComputeRunningProcesses)(nvml_device dev, unsigned *count,
+                                                     nvml_process *infos); /* optional */
 
 #define MAX_DEVICES 64
 static CUcontext contexts[MAX_DEVICES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int load_status;
 static char load_error[256];
+
+/* Load NVML if it is there; without it, memory figures take a context and
+ * there is no per-process list. The v2 memory call and the process list
+ * are looked up by the newest name the driver has. */
+static void nvml_load(void) {
+  void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!nvml) return;
+#define NVML_SYM(p, name) (p = (__typeof__(p))dlsym(nvml, name))
+  NVML_SYM(p_nvmlInit, "nvmlInit_v2");
+  NVML_SYM(p_nvmlErrorString, "nvmlErrorString");
+  NVML_SYM(p_nvmlDeviceGetHandleByPciBusId, "nvmlDeviceGetHandleByPciBusId_v2");
+  NVML_SYM(p_nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo");
+  NVML_SYM(p_nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
+  if (!NVML_SYM(p_nvmlDeviceGetComputeRunningProcesses, "nvmlDeviceGetComputeRunningProcesses_v3"))
+    NVML_SYM(p_nvmlDeviceGetComputeRunningProcesses, "nvmlDeviceGetComputeRunningProcesses_v2");
+  if (!p_nvmlInit || !p_nvmlErrorString || !p_nvmlDeviceGetHandleByPciBusId ||
+      !p_nvmlDeviceGetMemoryInfo || p_nvmlInit() != 0)
+    p_nvmlInit = NULL;
+}
 
 static void load_once(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -64,16 +105,7 @@ static void load_once(void) {
     load_status = -ENODEV;
     return;
   }
-  void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (nvml) {
-    p_nvmlInit = (int (*)(void))dlsym(nvml, "nvmlInit_v2");
-    p_nvmlDeviceGetHandleByPciBusId =
-        (int (*)(const char *, nvml_device *))dlsym(nvml, "nvmlDeviceGetHandleByPciBusId_v2");
-    p_nvmlDeviceGetMemoryInfo = (int (*)(nvml_device, nvml_memory *))dlsym(nvml, "nvmlDeviceGetMemoryInfo");
-    if (!p_nvmlInit || !p_nvmlDeviceGetHandleByPciBusId || !p_nvmlDeviceGetMemoryInfo ||
-        p_nvmlInit() != 0)
-      p_nvmlInit = NULL;
-  }
+  nvml_load();
 }
 
 static int cuda_load(char *err, size_t errlen) {
@@ -243,6 +275,102 @@ static int cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total) {
   return rc;
 }
 
+/* NVML's handle of a CUDA device, found by PCI bus id (the two number
+ * devices differently); -ENOTSUP without NVML. */
+static int nvml_device_of(int dev, nvml_device *nd) {
+  char bus[32];
+  if (!p_nvmlInit) return gpu_fail(-ENOTSUP, "no NVML (libnvidia-ml.so.1)");
+  int rc = cuda_bus_id(dev, bus, sizeof bus);
+  if (rc) return gpu_fail(-EIO, "cuDeviceGetPCIBusId: %s", cuda_error_name(rc));
+  if ((rc = p_nvmlDeviceGetHandleByPciBusId(bus, nd)) != 0)
+    return gpu_fail(-EIO, "nvmlDeviceGetHandleByPciBusId(%s): %s", bus, p_nvmlErrorString(rc));
+  return 0;
+}
+
+/* Memory figures without a context: NVML's v2 call keeps the driver's
+ * reserve out of used (v1 counts it as used: about 600 MiB on an idle
+ * H200); drivers without v2 get v1 and a reserve of 0. */
+static int cuda_mem_detail(int dev, uint64_t *total, uint64_t *free_bytes, uint64_t *reserved) {
+  nvml_device nd;
+  int rc = nvml_device_of(dev, &nd);
+  if (rc < 0) return rc;
+  nvml_memory_v2 m2 = {.version = NVML_MEMORY_V2};
+  if (p_nvmlDeviceGetMemoryInfo_v2 && p_nvmlDeviceGetMemoryInfo_v2(nd, &m2) == 0) {
+    *total = m2.total;
+    *free_bytes = m2.free;
+    *reserved = m2.reserved;
+    return 0;
+  }
+  nvml_memory m1;
+  if ((rc = p_nvmlDeviceGetMemoryInfo(nd, &m1)) != 0)
+    return gpu_fail(-EIO, "nvmlDeviceGetMemoryInfo: %s", p_nvmlErrorString(rc));
+  *total = m1.total;
+  *free_bytes = m1.free;
+  *reserved = 0;
+  return 0;
+}
+
+/* NVML's compute processes of a device, asked again while the list grows
+ * between the call that counts and the call that fills. */
+static int nvml_processes(nvml_device nd, nvml_process **out, unsigned *count) {
+  nvml_process *p = NULL;
+  unsigned n = 0;
+  int rc = p_nvmlDeviceGetComputeRunningProcesses(nd, &n, NULL);
+  for (int tries = 0; rc == NVML_ERROR_INSUFFICIENT_SIZE && tries < 8; tries++) {
+    n += 8;
+    nvml_process *q = realloc(p, n * sizeof *q);
+    if (!q) {
+      free(p);
+      return gpu_fail(-ENOMEM, "out of memory");
+    }
+    p = q;
+    rc = p_nvmlDeviceGetComputeRunningProcesses(nd, &n, p);
+  }
+  if (rc != 0) {
+    free(p);
+    return gpu_fail(-EIO, "nvmlDeviceGetComputeRunningProcesses: %s", p_nvmlErrorString(rc));
+  }
+  *out = p;
+  *count = n;
+  return 0;
+}
+
+/* The processes with a context on the device and NVML's figure for each:
+ * its context and what it allocated itself, not memory it imported (the
+ * creator's, measured on an H200). */
+static int cuda_processes(int dev, struct gpu_process **list, size_t *n) {
+  nvml_device nd;
+  int rc = nvml_device_of(dev, &nd);
+  if (rc < 0) return rc;
+  if (!p_nvmlDeviceGetComputeRunningProcesses)
+    return gpu_fail(-ENOTSUP, "NVML has no nvmlDeviceGetComputeRunningProcesses_v2/_v3");
+  nvml_process *p = NULL;
+  unsigned count = 0;
+  if ((rc = nvml_processes(nd, &p, &count)) < 0) return rc;
+  *list = malloc((count ? count : 1) * sizeof **list);
+  if (!*list) {
+    free(p);
+    return gpu_fail(-ENOMEM, "out of memory");
+  }
+  for (unsigned i = 0; i < count; i++)
+    (*list)[i] = (struct gpu_process){
+        .pid = (int)p[i].pid,
+        .used = p[i].used_gpu_memory == NVML_VALUE_NOT_AVAILABLE ? GPU_USED_UNKNOWN
+                                                                 : p[i].used_gpu_memory};
+  *n = count;
+  free(p);
+  return 0;
+}
+
+/* The device of the memory behind a handle (imported or created). */
+static int cuda_handle_device(uint64_t handle, int *dev) {
+  CUmemAllocationProp p;
+  memset(&p, 0, sizeof p);
+  CUresult rc = p_cuMemGetAllocationPropertiesFromHandle(&p, handle);
+  *dev = p.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p.location.id : -1;
+  return (int)rc;
+}
+
 static int cuda_ipc_alloc(uint64_t size, uint64_t *dptr, uint8_t *handle) {
   CUdeviceptr p;
   CUresult rc = p_cuMemAlloc(&p, size);
@@ -306,6 +434,9 @@ const struct vmm_vendor vmm_cuda = {
     .host_free = cuda_host_free,
     .memset32 = cuda_memset32,
     .mem_info = cuda_mem_info,
+    .handle_device = cuda_handle_device,
+    .mem_detail = cuda_mem_detail,
+    .processes = cuda_processes,
     .ipc_alloc = cuda_ipc_alloc,
     .ipc_free = cuda_ipc_free,
     .ipc_open = cuda_ipc_open,

@@ -91,7 +91,9 @@ int gpu_processes(gpu *g, unsigned dev, struct gpu_process *out, size_t max, siz
 
 /* Whether a process still holds a chunk. */
 int gpu_chunk_held_by(gpu *g, uint64_t handle, int pid) {
-  if (!g->ops->chunk_held_by) return -ENOTSUP;
+  if (!g->ops->chunk_held_by)
+    return gpu_fail(-ENOTSUP, "%s: cannot tell who holds a chunk (the driver's free memory can)",
+                    g->ops->name);
   return g->ops->chunk_held_by(g->state, handle, pid);
 }
 

@@ -53,15 +53,22 @@ struct gpu_mem {
 int gpu_mem_detail(gpu *g, unsigned dev, struct gpu_mem *m);
 
 /* A process using a device, and the device memory it holds that this
- * backend did not create for the daemon (the driver's own figure). */
+ * backend did not create for the daemon (the driver's own figure), or
+ * GPU_USED_UNKNOWN where the driver names the process but gives no figure
+ * (NVML in some VMs and containers). */
 struct gpu_process {
   int pid;
   uint64_t used;
 };
 
-/* Daemon side: the processes using dev. Writes at most max to out and the
- * number that exist to *n; -ENOTSUP where the driver gives no per-process
- * figures. */
+#define GPU_USED_UNKNOWN UINT64_MAX
+
+/* Daemon side: the processes using dev, the daemon's own left out (all
+ * it holds it made for itself). Writes at most max to out and the number
+ * that exist to *n; -ENOTSUP where the driver gives no per-process
+ * figures. On CUDA, memory the daemon created and a worker imported is not
+ * counted against the worker: its figure is its context and what it
+ * allocated itself. */
 int gpu_processes(gpu *g, unsigned dev, struct gpu_process *out, size_t max, size_t *n);
 
 /* Daemon side: 1 if process pid still maps or holds the chunk, 0 if not,
@@ -71,7 +78,9 @@ int gpu_chunk_held_by(gpu *g, uint64_t handle, int pid);
 
 /* Daemon side: own a chunk that another process hands over (re-registration
  * after a daemon restart). Checks that the fd is this backend's memory of
- * size bytes on dev; the fd is consumed either way. */
+ * size bytes on dev (the host backend checks all of it; VMM backends check
+ * the device, but no driver tells an imported allocation's size, so size is
+ * taken on trust there); the fd is consumed either way. */
 int gpu_chunk_adopt(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *handle);
 
 /* Daemon side: create a physical chunk of size bytes on dev. */

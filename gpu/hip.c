@@ -4,7 +4,9 @@
  * - the allocation property's handle-type field is requestedHandleType
  *   before ROCm 7.0 and requestedHandleTypes from 7.0;
  * - hipMemImportFromShareableHandle takes a pointer to the fd before 7.1
- *   and the fd itself from 7.1. */
+ *   and the fd itself from 7.1.
+ * Memory figures with no HIP context and the per-process list come from
+ * ROCm SMI (librocm_smi64), also loaded at run time where it is. */
 #define __HIP_PLATFORM_AMD__
 #include <dlfcn.h>
 #include <errno.h>
@@ -12,8 +14,10 @@
 #include <hip/hip_version.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "vmm.h"
 
 #define HIP_AT_LEAST(major, minor) \
@@ -28,14 +32,52 @@
   X(hipMemcpyHtoD) X(hipMemsetD32) X(hipMemGetInfo) X(hipMalloc) X(hipFree)               \
   X(hipIpcGetMemHandle) X(hipIpcOpenMemHandle) X(hipIpcCloseMemHandle)                   \
   X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize)                 \
-  X(hipMemcpyDtoHAsync) X(hipMemcpyHtoDAsync) X(hipHostMalloc) X(hipHostFree)
+  X(hipMemcpyDtoHAsync) X(hipMemcpyHtoDAsync) X(hipHostMalloc) X(hipHostFree)             \
+  X(hipMemGetAllocationPropertiesFromHandle)
 
 #define DECLARE(fn) static __typeof__(&fn) p_##fn;
 HIP_CALLS(DECLARE)
 
+/* ROCm SMI, declared here from its documented ABI (rocm_smi/rocm_smi.h):
+ * its header is not always installed. Calls return an rsmi_status_t. */
+typedef struct { /* rsmi_process_info_t */
+  uint32_t process_id, pasid;
+  uint64_t vram_usage, sdma_usage;
+  uint32_t cu_occupancy;
+} rsmi_process;
+#define RSMI_MEM_TYPE_VRAM 0
+#define RSMI_STATUS_INSUFFICIENT_SIZE 11
+static int (*p_rsmi_init)(uint64_t flags);
+static int (*p_rsmi_status_string)(int status, const char **text);
+static int (*p_rsmi_num_monitor_devices)(uint32_t *n);
+static int (*p_rsmi_dev_pci_id_get)(uint32_t dv, uint64_t *bdfid);
+static int (*p_rsmi_dev_memory_total_get)(uint32_t dv, int type, uint64_t *total);
+static int (*p_rsmi_dev_memory_usage_get)(uint32_t dv, int type, uint64_t *used);
+static int (*p_rsmi_compute_process_info_get)(rsmi_process *procs, uint32_t *n);
+static int (*p_rsmi_compute_process_info_by_device_get)(uint32_t pid, uint32_t dv,
+                                                         rsmi_process *proc);
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int load_status;
 static char load_error[256];
+
+/* Load ROCm SMI if it is there; without it, memory figures come from
+ * hipMemGetInfo and there is no per-process list. */
+static void smi_load(void) {
+  static const char *const names[] = {"librocm_smi64.so", "librocm_smi64.so.7",
+                                      "librocm_smi64.so.6", "librocm_smi64.so.5",
+                                      "librocm_smi64.so.1"};
+  void *smi = NULL;
+  for (size_t i = 0; !smi && i < sizeof names / sizeof names[0]; i++)
+    smi = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!smi) return;
+#define SMI_SYM(fn) (p_##fn = (__typeof__(p_##fn))dlsym(smi, #fn))
+  if (!SMI_SYM(rsmi_init) || !SMI_SYM(rsmi_status_string) || !SMI_SYM(rsmi_num_monitor_devices) ||
+      !SMI_SYM(rsmi_dev_pci_id_get) || !SMI_SYM(rsmi_dev_memory_total_get) ||
+      !SMI_SYM(rsmi_dev_memory_usage_get) || !SMI_SYM(rsmi_compute_process_info_get) ||
+      !SMI_SYM(rsmi_compute_process_info_by_device_get) || p_rsmi_init(0) != 0)
+    p_rsmi_init = NULL;
+}
 
 static void load_once(void) {
   static const char *const names[] = {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6",
@@ -60,7 +102,9 @@ static void load_once(void) {
     snprintf(load_error, sizeof load_error, "no HIP device found: hipInit: %s",
              p_hipGetErrorName(rc));
     load_status = -ENODEV;
+    return;
   }
+  smi_load();
 }
 
 static int hip_load(char *err, size_t errlen) {
@@ -225,6 +269,109 @@ static int hip_mem_info(int dev, uint64_t *free_bytes, uint64_t *total) {
   return (int)rc;
 }
 
+/* ROCm SMI's words for a status. */
+static const char *smi_error(int st) {
+  const char *text = NULL;
+  return p_rsmi_status_string(st, &text) == 0 && text ? text : "unknown ROCm SMI status";
+}
+
+/* ROCm SMI's index of a HIP device, matched by PCI address (domain, bus,
+ * device, function; the partition bits of SMI's id are left out); -ENOTSUP
+ * without SMI or a match. */
+static int smi_index(int dev, uint32_t *index) {
+  char bus[32];
+  unsigned dom, b, d, f;
+  uint32_t n = 0;
+  if (!p_rsmi_init) return gpu_fail(-ENOTSUP, "no ROCm SMI (librocm_smi64)");
+  if (p_hipDeviceGetPCIBusId(bus, sizeof bus, dev) != hipSuccess ||
+      sscanf(bus, "%x:%x:%x.%x", &dom, &b, &d, &f) != 4 || p_rsmi_num_monitor_devices(&n) != 0)
+    return gpu_fail(-ENOTSUP, "ROCm SMI: no PCI address for HIP device %d", dev);
+  uint64_t want = (uint64_t)dom << 32 | (b & 0xff) << 8 | (d & 0x1f) << 3 | (f & 7);
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t id;
+    if (p_rsmi_dev_pci_id_get(i, &id) == 0 && (id & ~0xf0000000ull) == want) {
+      *index = i;
+      return 0;
+    }
+  }
+  return gpu_fail(-ENOTSUP, "ROCm SMI does not list HIP device %d (%s)", dev, bus);
+}
+
+/* VRAM total and used from ROCm SMI, with no HIP context; it does not
+ * report a driver reserve. */
+static int hip_mem_detail(int dev, uint64_t *total, uint64_t *free_bytes, uint64_t *reserved) {
+  uint32_t i;
+  uint64_t used = 0;
+  int rc = smi_index(dev, &i);
+  if (rc < 0) return rc;
+  if ((rc = p_rsmi_dev_memory_total_get(i, RSMI_MEM_TYPE_VRAM, total)) != 0 ||
+      (rc = p_rsmi_dev_memory_usage_get(i, RSMI_MEM_TYPE_VRAM, &used)) != 0)
+    return gpu_fail(-EIO, "rsmi_dev_memory_*_get: %s", smi_error(rc));
+  *free_bytes = used < *total ? *total - used : 0;
+  *reserved = 0;
+  return 0;
+}
+
+/* Every process ROCm SMI knows (KFD's list), asked again while it grows. */
+static int smi_processes(rsmi_process **out, uint32_t *count) {
+  rsmi_process *p = NULL;
+  uint32_t n = 0;
+  int rc = p_rsmi_compute_process_info_get(NULL, &n);
+  for (int tries = 0; rc == 0 && tries < 8; tries++) {
+    uint32_t want = n + 8;
+    rsmi_process *q = realloc(p, want * sizeof *q);
+    if (!q) {
+      free(p);
+      return gpu_fail(-ENOMEM, "out of memory");
+    }
+    p = q;
+    n = want;
+    if ((rc = p_rsmi_compute_process_info_get(p, &n)) != RSMI_STATUS_INSUFFICIENT_SIZE) break;
+    rc = 0;
+  }
+  if (rc != 0) {
+    free(p);
+    return gpu_fail(-EIO, "rsmi_compute_process_info_get: %s", smi_error(rc));
+  }
+  *out = p;
+  *count = n;
+  return 0;
+}
+
+/* The processes holding VRAM on the device, by KFD's per-process figure.
+ * Not checked on AMD hardware: whether VRAM a process imported from the
+ * daemon counts against it is not known. */
+static int hip_processes(int dev, struct gpu_process **list, size_t *n) {
+  uint32_t index, count = 0;
+  rsmi_process *p = NULL;
+  int rc = smi_index(dev, &index);
+  if (rc < 0 || (rc = smi_processes(&p, &count)) < 0) return rc;
+  *list = malloc((count ? count : 1) * sizeof **list);
+  if (!*list) {
+    free(p);
+    return gpu_fail(-ENOMEM, "out of memory");
+  }
+  *n = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    rsmi_process on;
+    memset(&on, 0, sizeof on);
+    if (p_rsmi_compute_process_info_by_device_get(p[i].process_id, index, &on) == 0 &&
+        on.vram_usage > 0)
+      (*list)[(*n)++] = (struct gpu_process){.pid = (int)p[i].process_id, .used = on.vram_usage};
+  }
+  free(p);
+  return 0;
+}
+
+/* The device of the memory behind a handle (imported or created). */
+static int hip_handle_device(uint64_t handle, int *dev) {
+  hipMemAllocationProp p;
+  memset(&p, 0, sizeof p);
+  hipError_t rc = p_hipMemGetAllocationPropertiesFromHandle(&p, to_handle(handle));
+  *dev = p.location.type == hipMemLocationTypeDevice ? p.location.id : -1;
+  return (int)rc;
+}
+
 /* Legacy IPC handles only ever on hipMalloc memory, never on VMM memory. */
 static int hip_ipc_alloc(uint64_t size, uint64_t *dptr, uint8_t *handle) {
   void *p = NULL;
@@ -289,6 +436,9 @@ const struct vmm_vendor vmm_hip = {
     .host_free = hip_host_free,
     .memset32 = hip_memset32,
     .mem_info = hip_mem_info,
+    .handle_device = hip_handle_device,
+    .mem_detail = hip_mem_detail,
+    .processes = hip_processes,
     .ipc_alloc = hip_ipc_alloc,
     .ipc_free = hip_ipc_free,
     .ipc_open = hip_ipc_open,

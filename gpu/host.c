@@ -1,9 +1,14 @@
 /* The host backend: Linux shared memory behaving like GPU VMM.
  *
- * A chunk is a memfd whose pages are committed with fallocate, so that the
- * memory is really used (Shmem in /proc/meminfo) and really returned when
- * the daemon and every importer have unmapped and closed it. Devices are
- * simulated: each has a fixed capacity that chunk creation enforces. */
+ * A chunk is a memfd named gpumem-dev<d> whose pages are committed with
+ * fallocate, so that the memory is really used (Shmem in /proc/meminfo) and
+ * really returned when the daemon and every importer have unmapped and
+ * closed it. Devices are simulated: each has a fixed capacity that chunk
+ * creation enforces. Any memfd of that name is "device memory" of d; the
+ * ones this backend holds for the daemon are known by inode, so that the
+ * kernel's view of each process (/proc/PID/maps and fd) plays the part of
+ * the driver's per-process figures. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -11,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
@@ -18,6 +25,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "common/idmap.h"
 
 #define HOST_DEFAULT_GRANULARITY (2ull << 20)
 #define HOST_MAX_DEVICES 64
@@ -27,6 +35,8 @@ struct host {
   uint64_t granularity;
   uint64_t capacity;
   uint64_t committed[HOST_MAX_DEVICES];
+  idmap *live;    /* inode -> device + 1 of every chunk held (daemon side) */
+  dev_t live_dev; /* the filesystem those inodes are on (memfds share one) */
 };
 
 static int host_open(const struct gpu_ops *self, const struct gpu_options *opt, void **state,
@@ -56,11 +66,45 @@ static int host_open(const struct gpu_ops *self, const struct gpu_options *opt, 
     h->ndev = opt->host_devices;
     h->capacity = opt->host_device_size;
   }
+  if (!(h->live = idmap_create())) {
+    free(h);
+    return -ENOMEM;
+  }
   *state = h;
   return 0;
 }
 
-static void host_close(void *state) { free(state); }
+static void host_close(void *state) {
+  struct host *h = state;
+  idmap_destroy(h->live);
+  free(h);
+}
+
+/* Count a chunk as the daemon's own, by inode, so that scans of /proc can
+ * tell it from memory made outside the daemon. */
+static int live_add(struct host *h, int fd, unsigned dev) {
+  struct stat st;
+  if (fstat(fd, &st) < 0) return gpu_fail(-errno, "fstat: %s", strerror(errno));
+  if (idmap_get(h->live, (uint64_t)st.st_ino) && st.st_dev == h->live_dev)
+    return gpu_fail(-EEXIST, "chunk (inode %llu) is already held", (unsigned long long)st.st_ino);
+  if (idmap_count(h->live) == 0) h->live_dev = st.st_dev;
+  if (st.st_dev != h->live_dev)
+    return gpu_fail(-EINVAL, "chunk is on another filesystem than the others");
+  if (idmap_put(h->live, (uint64_t)st.st_ino, (void *)(uintptr_t)(dev + 1)) < 0)
+    return gpu_fail(-ENOMEM, "out of memory");
+  return 0;
+}
+
+/* Forget a chunk about to be closed. */
+static void live_del(struct host *h, int fd) {
+  struct stat st;
+  if (fstat(fd, &st) == 0) idmap_del(h->live, (uint64_t)st.st_ino);
+}
+
+/* True if the file is a chunk this backend holds. */
+static bool live_has(const struct host *h, dev_t dev, ino_t ino) {
+  return dev == h->live_dev && idmap_get(h->live, (uint64_t)ino) != NULL;
+}
 
 static unsigned host_device_count(void *state) {
   return ((struct host *)state)->ndev;
@@ -96,6 +140,11 @@ static int host_chunk_create(void *state, unsigned dev, uint64_t size,
     return gpu_fail(e == ENOSPC ? -ENOMEM : -e, "committing %llu bytes: %s",
                     (unsigned long long)size, strerror(e));
   }
+  int rc = live_add(h, fd, dev);
+  if (rc < 0) {
+    close(fd);
+    return rc;
+  }
   h->committed[dev] += size;
   *handle = (uint64_t)fd;
   return 0;
@@ -112,6 +161,7 @@ static int host_chunk_export(void *state, uint64_t handle, int *fd) {
 static void host_chunk_release(void *state, unsigned dev, uint64_t handle,
                                uint64_t size) {
   struct host *h = state;
+  live_del(h, (int)handle);
   close((int)handle);
   h->committed[dev] -= size;
 }
@@ -250,8 +300,9 @@ static void host_va_free(void *state, unsigned dev, void *va, uint64_t size) {
   munmap(va, size);
 }
 
-/* The fd is the handle until it is mapped; the mapping then keeps the
- * memory alive and the fd is closed, so clients hold no fd per chunk. */
+/* The fd is the handle, held while mapped and closed by host_release, as
+ * an imported handle holds a VMM allocation: so that it can be exported
+ * again to a daemon that restarted. */
 static int host_import(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
   (void)state;
   (void)dev;
@@ -261,14 +312,12 @@ static int host_import(void *state, unsigned dev, int fd, uint64_t size, uint64_
 }
 
 /* Map without access, as cuMemMap does; gpu_set_access grants it. The
- * handle (fd) is consumed either way. */
+ * handle (fd) stays open either way: gpu_release closes it. */
 static int host_map(void *state, unsigned dev, void *va, uint64_t size, uint64_t handle) {
   (void)state;
   (void)dev;
   void *p = mmap(va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)handle, 0);
-  int e = errno;
-  close((int)handle);
-  if (p == MAP_FAILED) return gpu_fail(-e, "map: %s", strerror(e));
+  if (p == MAP_FAILED) return gpu_fail(-errno, "map: %s", strerror(errno));
   return 0;
 }
 
@@ -290,11 +339,17 @@ static int host_unmap(void *state, unsigned dev, void *va, uint64_t size) {
   return 0;
 }
 
-/* Nothing left to release: host_map closed the fd. */
+/* Close the imported fd; the memory goes once nothing maps it either. */
 static void host_release(void *state, unsigned dev, uint64_t handle) {
   (void)state;
   (void)dev;
-  (void)handle;
+  close((int)handle);
+}
+
+/* An imported chunk again as a new fd, for a daemon that adopts it. */
+static int host_export_handle(void *state, unsigned dev, uint64_t handle, int *fd) {
+  (void)dev;
+  return host_chunk_export(state, handle, fd);
 }
 
 /* Host memory is coherent: nothing to wait for. */
@@ -326,6 +381,256 @@ static int host_fill32(void *state, unsigned dev, void *va, uint64_t len, uint32
   return 0;
 }
 
+/* What /proc says of one file a process maps or holds. */
+struct proc_file {
+  dev_t dev;
+  ino_t ino;
+  uint64_t mapped; /* bytes of its mappings */
+  uint64_t held;   /* its committed bytes, where the process holds an fd */
+  bool has_fd;
+};
+
+/* The files of one process that are device memory of a device. */
+struct proc_files {
+  struct proc_file *v;
+  size_t n, cap;
+};
+
+/* The entry for a file, added if new; NULL when out of memory. */
+static struct proc_file *files_at(struct proc_files *f, dev_t dev, ino_t ino) {
+  for (size_t i = 0; i < f->n; i++)
+    if (f->v[i].dev == dev && f->v[i].ino == ino) return &f->v[i];
+  if (f->n == f->cap) {
+    size_t cap = f->cap ? f->cap * 2 : 8;
+    struct proc_file *v = realloc(f->v, cap * sizeof *v);
+    if (!v) return NULL;
+    f->v = v;
+    f->cap = cap;
+  }
+  f->v[f->n] = (struct proc_file){.dev = dev, .ino = ino};
+  return &f->v[f->n++];
+}
+
+/* True if path names a memfd of device dev ("/memfd:gpumem-dev0 (deleted)"
+ * in maps and fd links): the name alone, so dev1 is not dev10. */
+static bool is_device_memfd(const char *path, unsigned dev) {
+  char name[48];
+  int len = snprintf(name, sizeof name, "/memfd:gpumem-dev%u", dev);
+  if (strncmp(path, name, (size_t)len) != 0) return false;
+  return path[len] == '\0' || strcmp(path + len, " (deleted)") == 0;
+}
+
+/* One line of /proc/PID/maps: its length, file and path (NULL if none). */
+static bool maps_line(char *line, uint64_t *len, dev_t *dev, ino_t *ino, char **path) {
+  unsigned long long start, end, inode;
+  unsigned maj, min;
+  int at = 0;
+  if (sscanf(line, "%llx-%llx %*s %*x %x:%x %llu %n", &start, &end, &maj, &min, &inode, &at) < 5)
+    return false;
+  line[strcspn(line, "\n")] = '\0';
+  *len = end - start;
+  *dev = makedev(maj, min);
+  *ino = (ino_t)inode;
+  *path = line[at] ? line + at : NULL;
+  return true;
+}
+
+/* Call fn for each file mapping of pid; -ENOENT if pid is gone. */
+static int maps_each(int pid, void (*fn)(void *arg, uint64_t len, dev_t dev, ino_t ino,
+                                         const char *path),
+                     void *arg) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/%d/maps", pid);
+  FILE *f = fopen(p, "re");
+  if (!f) return -errno;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    uint64_t len;
+    dev_t dev;
+    ino_t ino;
+    char *path;
+    if (maps_line(line, &len, &dev, &ino, &path) && path && ino) fn(arg, len, dev, ino, path);
+  }
+  free(line);
+  fclose(f);
+  return 0;
+}
+
+/* Call fn for each fd of pid, with its link text and what it opens;
+ * -ENOENT if pid is gone. */
+static int fds_each(int pid, void (*fn)(void *arg, const struct stat *st, const char *link),
+                    void *arg) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/%d/fd", pid);
+  DIR *d = opendir(p);
+  if (!d) return -errno;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char link[256];
+    ssize_t n = readlinkat(dirfd(d), e->d_name, link, sizeof link - 1);
+    struct stat st;
+    if (n <= 0 || fstatat(dirfd(d), e->d_name, &st, 0) < 0) continue;
+    link[n] = '\0';
+    fn(arg, &st, link);
+  }
+  closedir(d);
+  return 0;
+}
+
+/* What a scan of one process for outside memory of one device needs. */
+struct outside_scan {
+  const struct host *h;
+  unsigned dev;
+  struct proc_files files;
+  bool oom;
+};
+
+/* A mapping of outside memory of the device: count its bytes. */
+static void outside_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
+  struct outside_scan *s = arg;
+  if (!is_device_memfd(path, s->dev) || live_has(s->h, dev, ino)) return;
+  struct proc_file *f = files_at(&s->files, dev, ino);
+  if (f) f->mapped += len;
+  else s->oom = true;
+}
+
+/* An fd of outside memory of the device: count what the memfd commits. */
+static void outside_fd(void *arg, const struct stat *st, const char *link) {
+  struct outside_scan *s = arg;
+  if (!is_device_memfd(link, s->dev) || live_has(s->h, st->st_dev, st->st_ino)) return;
+  struct proc_file *f = files_at(&s->files, st->st_dev, st->st_ino);
+  if (!f) {
+    s->oom = true;
+    return;
+  }
+  f->has_fd = true;
+  f->held = (uint64_t)st->st_blocks * 512;
+}
+
+/* Bytes of device memory pid holds outside the daemon: each memfd once,
+ * by what it commits where the process holds an fd to it, else by the
+ * bytes it maps. A process that cannot be read counts 0. */
+static int outside_bytes(const struct host *h, unsigned dev, int pid, uint64_t *bytes) {
+  struct outside_scan s = {.h = h, .dev = dev};
+  *bytes = 0;
+  if (maps_each(pid, outside_mapping, &s) == 0) fds_each(pid, outside_fd, &s);
+  for (size_t i = 0; i < s.files.n; i++)
+    *bytes += s.files.v[i].has_fd ? s.files.v[i].held : s.files.v[i].mapped;
+  free(s.files.v);
+  return s.oom ? gpu_fail(-ENOMEM, "out of memory") : 0;
+}
+
+/* Every process that maps or holds memfds of dev the daemon did not make,
+ * from /proc: the model of the driver's per-process list. The daemon's own
+ * process is left out (its memfds are its chunks); processes of other users
+ * are seen only by a daemon that may read their /proc entries. */
+static int host_processes(void *state, unsigned dev, struct gpu_process *out, size_t max,
+                          size_t *n) {
+  struct host *h = state;
+  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  DIR *d = opendir("/proc");
+  if (!d) return gpu_fail(-errno, "/proc: %s", strerror(errno));
+  int self = getpid(), rc = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir(d))) {
+    char *end;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0 || pid == self) continue;
+    uint64_t bytes;
+    if ((rc = outside_bytes(h, dev, (int)pid, &bytes)) < 0 || bytes == 0) continue;
+    if (*n < max) out[*n] = (struct gpu_process){.pid = (int)pid, .used = bytes};
+    ++*n;
+  }
+  closedir(d);
+  return rc;
+}
+
+/* What a search of one process for one chunk needs. */
+struct chunk_scan {
+  dev_t dev;
+  ino_t ino;
+  bool found;
+};
+
+/* A mapping of the chunk? */
+static void chunk_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
+  struct chunk_scan *s = arg;
+  (void)len;
+  (void)path;
+  if (dev == s->dev && ino == s->ino) s->found = true;
+}
+
+/* An fd of the chunk? */
+static void chunk_fd(void *arg, const struct stat *st, const char *link) {
+  struct chunk_scan *s = arg;
+  (void)link;
+  if (st->st_dev == s->dev && st->st_ino == s->ino) s->found = true;
+}
+
+/* Whether pid maps the chunk or holds an fd to it, by the kernel's word
+ * (a worker that acknowledged an unmap but kept its mapping is caught
+ * here). A process that is gone holds nothing. Called with the daemon's
+ * own pid it answers 1: the handle is an fd of this process. */
+static int host_chunk_held_by(void *state, uint64_t handle, int pid) {
+  (void)state;
+  struct stat st;
+  if (fstat((int)handle, &st) < 0) return gpu_fail(-errno, "chunk: %s", strerror(errno));
+  struct chunk_scan s = {.dev = st.st_dev, .ino = st.st_ino};
+  int rc = maps_each(pid, chunk_mapping, &s);
+  if (rc == 0 && !s.found) rc = fds_each(pid, chunk_fd, &s);
+  if (rc == -ENOENT || rc == -ESRCH) return 0;
+  if (rc < 0) return gpu_fail(rc, "reading /proc/%d: %s", pid, strerror(-rc));
+  return s.found ? 1 : 0;
+}
+
+/* Check that fd is a chunk of dev of size bytes, as this backend makes
+ * them: a memfd named gpumem-dev<dev>, with no seals beyond the one that
+ * forbids more, of exactly size bytes, all committed. */
+static int adopt_check(const struct host *h, unsigned dev, int fd, uint64_t size) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return gpu_fail(-EINVAL, "adopting: fd %d is not a memfd", fd);
+  if (seals & ~F_SEAL_SEAL) return gpu_fail(-EINVAL, "adopting: memfd has seals %#x", seals);
+  char p[64], link[256];
+  snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(p, link, sizeof link - 1);
+  if (n < 0) return gpu_fail(-errno, "adopting: %s: %s", p, strerror(errno));
+  link[n] = '\0';
+  if (!is_device_memfd(link, dev))
+    return gpu_fail(-EINVAL, "adopting: %s is not memory of device %u", link, dev);
+  struct stat st;
+  if (fstat(fd, &st) < 0) return gpu_fail(-errno, "adopting: fstat: %s", strerror(errno));
+  if ((uint64_t)st.st_size != size || size == 0 || size % h->granularity)
+    return gpu_fail(-EINVAL, "adopting: chunk has %llu bytes, %llu claimed",
+                    (unsigned long long)st.st_size, (unsigned long long)size);
+  if ((uint64_t)st.st_blocks * 512 < size)
+    return gpu_fail(-EINVAL, "adopting: only %llu of the chunk's %llu bytes are committed",
+                    (unsigned long long)st.st_blocks * 512, (unsigned long long)size);
+  if (size > h->capacity - h->committed[dev])
+    return gpu_fail(-ENOMEM, "adopting: device %u: %llu bytes free, %llu asked", dev,
+                    (unsigned long long)(h->capacity - h->committed[dev]),
+                    (unsigned long long)size);
+  return 0;
+}
+
+/* Own a chunk a worker hands back after a daemon restart: the fd becomes
+ * the handle, counted like a chunk made here. The fd is consumed. */
+static int host_chunk_adopt(void *state, unsigned dev, int fd, uint64_t size,
+                            uint64_t *handle) {
+  struct host *h = state;
+  int rc = dev >= h->ndev ? gpu_fail(-ENODEV, "no device %u", dev) : adopt_check(h, dev, fd, size);
+  if (rc == 0 && fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) rc = gpu_fail(-errno, "adopting: %s", strerror(errno));
+  if (rc == 0) rc = live_add(h, fd, dev);
+  if (rc < 0) {
+    close(fd);
+    return rc;
+  }
+  h->committed[dev] += size;
+  *handle = (uint64_t)fd;
+  return 0;
+}
+
 const struct gpu_ops gpu_host_ops = {
     .name = "host",
     .open = host_open,
@@ -333,6 +638,10 @@ const struct gpu_ops gpu_host_ops = {
     .device_count = host_device_count,
     .granularity = host_granularity,
     .mem_info = host_mem_info,
+    .processes = host_processes,
+    .chunk_held_by = host_chunk_held_by,
+    .chunk_adopt = host_chunk_adopt,
+    .export_handle = host_export_handle,
     .chunk_create = host_chunk_create,
     .chunk_export = host_chunk_export,
     .chunk_release = host_chunk_release,

@@ -7,6 +7,7 @@
  * copies and legacy IPC memory take the device's primary context only for
  * as long as they need it. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "common/idmap.h"
 #include "vmm.h"
 
 #define VMM_MAX_DEVICES 64
@@ -25,7 +27,62 @@ struct vmm {
   uint64_t granularity;
   pthread_mutex_t mu;
   unsigned ctx_refs[VMM_MAX_DEVICES]; /* contexts this process holds */
+  idmap *kept; /* imported handle -> fd + 1 it came from, under mu */
 };
+
+/* Keep the fd an allocation was imported from, for as long as the handle:
+ * CUDA will not export an imported handle again (CUDA_ERROR_INVALID_VALUE
+ * on an H200, driver 580, also through cuMemRetainAllocationHandle), and
+ * a daemon that restarted needs an fd. Holding it changes nothing about
+ * when memory is freed: the handle holds the allocation just as long. */
+static int kept_put(struct vmm *m, uint64_t handle, int fd) {
+  pthread_mutex_lock(&m->mu);
+  int rc = idmap_put(m->kept, handle, (void *)(uintptr_t)(fd + 1));
+  pthread_mutex_unlock(&m->mu);
+  return rc;
+}
+
+/* The fd kept for a handle (-1 if none), forgotten if take. */
+static int kept_get(struct vmm *m, uint64_t handle, bool take) {
+  pthread_mutex_lock(&m->mu);
+  int fd = (int)(uintptr_t)idmap_get(m->kept, handle) - 1;
+  if (take && fd >= 0) idmap_del(m->kept, handle);
+  pthread_mutex_unlock(&m->mu);
+  return fd;
+}
+
+/* Release a handle and close the fd kept with it. */
+static void release_handle(struct vmm *m, uint64_t handle) {
+  int fd = kept_get(m, handle, true);
+  m->v->release(handle);
+  if (fd >= 0) close(fd);
+}
+
+/* Import fd and keep it with the handle; the fd is consumed either way.
+ * Returns the vendor's status, or -ENOMEM. */
+static int import_keep(struct vmm *m, int fd, uint64_t *handle) {
+  int st = m->v->import_fd(fd, handle);
+  if (st != 0) {
+    close(fd);
+    return st;
+  }
+  if (kept_put(m, *handle, fd) < 0) {
+    m->v->release(*handle);
+    close(fd);
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+/* A new fd for a handle: a copy of the kept one where the handle was
+ * imported, else the driver's export. Returns the vendor's status, or
+ * -errno. */
+static int export_any(struct vmm *m, uint64_t handle, int *fd) {
+  int kept = kept_get(m, handle, false);
+  if (kept < 0) return m->v->export_fd(handle, fd);
+  if ((*fd = fcntl(kept, F_DUPFD_CLOEXEC, 0)) < 0) return -errno;
+  return 0;
+}
 
 /* Turn a vendor status into -ENOMEM/-EIO, saying which call failed. */
 static int fail(const struct vmm *m, int rc, const char *call) {
@@ -70,13 +127,23 @@ static int ctx_client(struct vmm *m, unsigned dev) {
   return 0;
 }
 
+/* Free a backend's state (contexts already let go of). */
+static void vmm_free(struct vmm *m) {
+  idmap_destroy(m->kept);
+  pthread_mutex_destroy(&m->mu);
+  free(m);
+}
+
 static int vmm_open(const struct gpu_ops *self, const struct gpu_options *opt, void **state,
                     char *err, size_t errlen) {
   const struct vmm_vendor *v = self->impl;
   int rc = v->load(err, errlen);
   if (rc < 0) return rc;
   struct vmm *m = calloc(1, sizeof *m);
-  if (!m) return -ENOMEM;
+  if (!m || !(m->kept = idmap_create())) {
+    free(m);
+    return -ENOMEM;
+  }
   m->v = v;
   m->client = opt->client;
   pthread_mutex_init(&m->mu, NULL);
@@ -84,7 +151,7 @@ static int vmm_open(const struct gpu_ops *self, const struct gpu_options *opt, v
   if ((rc = v->device_count(&n)) != 0 || n <= 0) {
     snprintf(err, errlen, "no %s device found%s%s", v->device_word, rc ? ": " : "",
              rc ? v->error_name(rc) : "");
-    free(m);
+    vmm_free(m);
     return -ENODEV;
   }
   m->ndev = n < VMM_MAX_DEVICES ? n : VMM_MAX_DEVICES;
@@ -95,7 +162,7 @@ static int vmm_open(const struct gpu_ops *self, const struct gpu_options *opt, v
     if ((rc = v->granularity(d, &g)) != 0 || g == 0 || (g & (g - 1))) {
       snprintf(err, errlen, "%sMemGetAllocationGranularity on device %d: %s", v->prefix, d,
                rc ? v->error_name(rc) : "not a power of two");
-      free(m);
+      vmm_free(m);
       return -EIO;
     }
     if (g > m->granularity) m->granularity = g;
@@ -108,8 +175,7 @@ static void vmm_close(void *state) {
   struct vmm *m = state;
   for (int d = 0; d < VMM_MAX_DEVICES; d++)
     if (m->ctx_refs[d]) m->v->ctx_release(d);
-  pthread_mutex_destroy(&m->mu);
-  free(m);
+  vmm_free(m);
 }
 
 static unsigned vmm_device_count(void *state) { return (unsigned)((struct vmm *)state)->ndev; }
@@ -122,23 +188,86 @@ static int vmm_mem_info(void *state, unsigned dev, uint64_t *free_bytes, uint64_
   return 0;
 }
 
+/* The driver's figures with its reserve apart, from the management
+ * library without a context; where that says nothing, mem_info's figures
+ * with no reserve. */
+static int vmm_mem_detail(void *state, unsigned dev, struct gpu_mem *mem) {
+  struct vmm *m = state;
+  if ((int)dev >= m->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  int rc = m->v->mem_detail((int)dev, &mem->total, &mem->free, &mem->reserved);
+  if (rc != -ENOTSUP) return rc;
+  mem->reserved = 0;
+  return vmm_mem_info(state, dev, &mem->free, &mem->total);
+}
+
+/* The driver's per-process list, this process left out: what the daemon
+ * holds (its context, IPC memory) it made for itself. */
+static int vmm_processes(void *state, unsigned dev, struct gpu_process *out, size_t max,
+                         size_t *n) {
+  struct vmm *m = state;
+  if ((int)dev >= m->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  struct gpu_process *list = NULL;
+  size_t count = 0;
+  int rc = m->v->processes((int)dev, &list, &count);
+  if (rc < 0) return rc;
+  int self = getpid();
+  for (size_t i = 0; i < count; i++) {
+    if (list[i].pid == self) continue;
+    if (*n < max) out[*n] = list[i];
+    ++*n;
+  }
+  free(list);
+  return 0;
+}
+
+/* Import a handed-over fd and check what the driver can: that it is its
+ * memory, on dev. The driver does not say how big an imported allocation
+ * is, so size is taken on trust (a mapping past its end would fail). The
+ * fd is kept with the handle, so the chunk exports like any other (CUDA
+ * exports no imported handle). */
+static int vmm_chunk_adopt(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
+  struct vmm *m = state;
+  int rc = (int)dev >= m->ndev ? gpu_fail(-ENODEV, "no device %u", dev)
+           : size == 0 || size % m->granularity
+               ? gpu_fail(-EINVAL, "adopting: %llu bytes is not a multiple of the granularity",
+                          (unsigned long long)size)
+               : 0;
+  if (rc < 0) {
+    close(fd);
+    return rc;
+  }
+  int st = import_keep(m, fd, handle);
+  if (st == -ENOMEM) return gpu_fail(-ENOMEM, "out of memory");
+  if (st != 0)
+    return gpu_fail(st == m->v->oom ? -ENOMEM : -EINVAL,
+                    "adopting: %sMemImportFromShareableHandle: %s (not this driver's memory?)",
+                    m->v->prefix, m->v->error_name(st));
+  int on = -1;
+  if ((st = m->v->handle_device(*handle, &on)) == 0 && on == (int)dev) return 0;
+  release_handle(m, *handle);
+  return st ? fail(m, st, "MemGetAllocationPropertiesFromHandle")
+            : gpu_fail(-EINVAL, "adopting: memory of device %d, not %u", on, dev);
+}
+
 static int vmm_chunk_create(void *state, unsigned dev, uint64_t size, uint64_t *handle) {
   struct vmm *m = state;
   TRY(m, m->v->create((int)dev, size, handle), "MemCreate");
   return 0;
 }
 
+/* Export a chunk; an adopted one by a copy of the fd it came from. */
 static int vmm_chunk_export(void *state, uint64_t handle, int *fd) {
   struct vmm *m = state;
-  TRY(m, m->v->export_fd(handle, fd), "MemExportToShareableHandle");
+  int st = export_any(m, handle, fd);
+  if (st < 0) return gpu_fail(st, "exporting: %s", strerror(-st));
+  if (st > 0) return fail(m, st, "MemExportToShareableHandle");
   return 0;
 }
 
 static void vmm_chunk_release(void *state, unsigned dev, uint64_t handle, uint64_t size) {
-  struct vmm *m = state;
   (void)dev;
   (void)size;
-  m->v->release(handle);
+  release_handle(state, handle);
 }
 
 /* Copies go in pieces of this size, round-robin over the streams, so that
@@ -270,16 +399,27 @@ static void vmm_va_free(void *state, unsigned dev, void *va, uint64_t size) {
   if (ctx_client(m, dev) == 0) m->v->address_free((uint64_t)(uintptr_t)va, size);
 }
 
-/* Import consumes the fd: the imported handle keeps the memory alive. */
+/* Import consumes the fd: the imported handle keeps the memory alive, and
+ * the fd is kept with it until gpu_release, to export again. */
 static int vmm_import(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
   struct vmm *m = state;
   (void)size;
   int rc = ctx_client(m, dev);
-  int st = rc < 0 ? 0 : m->v->import_fd(fd, handle);
-  close(fd);
-  if (rc < 0) return rc;
+  if (rc < 0) {
+    close(fd);
+    return rc;
+  }
+  int st = import_keep(m, fd, handle);
+  if (st == -ENOMEM) return gpu_fail(-ENOMEM, "out of memory");
   if (st != 0) return fail(m, st, "MemImportFromShareableHandle");
   return 0;
+}
+
+/* An imported handle again as a new fd, for a daemon that restarted: a
+ * copy of the fd it was imported from (see kept_put). */
+static int vmm_export_handle(void *state, unsigned dev, uint64_t handle, int *fd) {
+  (void)dev;
+  return vmm_chunk_export(state, handle, fd);
 }
 
 static int vmm_map(void *state, unsigned dev, void *va, uint64_t size, uint64_t handle) {
@@ -306,10 +446,10 @@ static int vmm_unmap(void *state, unsigned dev, void *va, uint64_t size) {
   return 0;
 }
 
+/* Release an imported handle and close the fd kept with it. */
 static void vmm_release(void *state, unsigned dev, uint64_t handle) {
-  struct vmm *m = state;
   (void)dev;
-  m->v->release(handle);
+  release_handle(state, handle);
 }
 
 static int vmm_sync(void *state, unsigned dev) {
@@ -385,7 +525,9 @@ static void vmm_ipc_close(void *state, unsigned dev, void *va) {
   {                                                                                  \
     .name = #vendor, .impl = &vmm_##vendor, .open = vmm_open, .close = vmm_close,    \
     .device_count = vmm_device_count, .granularity = vmm_granularity,                \
-    .mem_info = vmm_mem_info, .chunk_create = vmm_chunk_create,                      \
+    .mem_info = vmm_mem_info, .mem_detail = vmm_mem_detail,                          \
+    .processes = vmm_processes, .chunk_adopt = vmm_chunk_adopt,                      \
+    .export_handle = vmm_export_handle, .chunk_create = vmm_chunk_create,            \
     .chunk_export = vmm_chunk_export, .chunk_release = vmm_chunk_release,            \
     .chunks_copy = vmm_chunks_copy, .backup_alloc = vmm_backup_alloc,                \
     .backup_free = vmm_backup_free, .hold = vmm_hold, .unhold = vmm_unhold,          \

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpu.h"
+
 struct vmm_vendor {
   const char *name;   /* "cuda", "hip" */
   const char *prefix; /* "cu", "hip": error messages name calls prefix+Name */
@@ -49,6 +51,16 @@ struct vmm_vendor {
   int (*memset32)(uint64_t dst, uint32_t value, uint64_t count);
   /* Free and total device memory, without a context where possible. */
   int (*mem_info)(int dev, uint64_t *free_bytes, uint64_t *total);
+  /* The device a handle's memory is on (to check memory handed over). */
+  int (*handle_device)(uint64_t handle, int *dev);
+  /* From the vendor's management library (NVML, ROCm SMI), which needs no
+   * context; these two return 0 or -errno, with words through gpu_fail,
+   * and -ENOTSUP where the library is missing or says nothing. */
+  /* Total, free and driver-reserved bytes of a device. */
+  int (*mem_detail)(int dev, uint64_t *total, uint64_t *free_bytes, uint64_t *reserved);
+  /* The processes using a device: a malloc'd list (the caller frees it),
+   * used GPU_USED_UNKNOWN where the library gives no figure. */
+  int (*processes)(int dev, struct gpu_process **list, size_t *n);
   int (*ipc_alloc)(uint64_t size, uint64_t *dptr, uint8_t *handle);
   int (*ipc_free)(uint64_t dptr);
   int (*ipc_open)(const uint8_t *handle, uint64_t *dptr);

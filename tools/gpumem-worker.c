@@ -24,23 +24,31 @@ static atomic_uint passed, failed;
  * synchronizes its streams before a pause). */
 static pthread_mutex_t use_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Buffers whose pattern was written (those allocated paused are not yet). */
-static struct {
-  uint64_t *ids;
-  size_t n;
-} filled;
+/* Every buffer, with the key of its pattern (its allocation number: ids
+ * change when a restarted daemon re-registers buffers) and whether the
+ * pattern was written (those allocated paused are not yet). Appended by
+ * the main thread under use_mu, read by hooks under it. */
+static struct mine {
+  gpumem_buffer *b;
+  uint64_t key;
+  bool filled;
+} *mine;
+static size_t nmine;
 
-static bool was_filled(uint64_t id) {
-  for (size_t i = 0; i < filled.n; i++)
-    if (filled.ids[i] == id) return true;
-  return false;
+/* The entry of a buffer, or NULL. */
+static struct mine *find_mine(const gpumem_buffer *b) {
+  for (size_t i = 0; i < nmine; i++)
+    if (mine[i].b == b) return &mine[i];
+  return NULL;
 }
 
-static void mark_filled(uint64_t id) {
-  uint64_t *v = realloc(filled.ids, (filled.n + 1) * sizeof *v);
-  if (!v) return;
-  filled.ids = v;
-  filled.ids[filled.n++] = id;
+/* Remember a new buffer. */
+static struct mine *add_mine(gpumem_buffer *b) {
+  struct mine *v = realloc(mine, (nmine + 1) * sizeof *v);
+  if (!v) return NULL;
+  mine = v;
+  mine[nmine] = (struct mine){b, nmine + 1, false};
+  return &mine[nmine++];
 }
 
 #define BLOCK (1u << 20)
@@ -53,9 +61,9 @@ static uint32_t pattern(uint64_t k, uint64_t blk) {
   return (uint32_t)(x >> 32) ^ 0x5A5A5A5Au;
 }
 
-/* Fill a buffer with its pattern (keyed by its id), on the device. */
-static int fill(gpumem_client *c, gpumem_buffer *b) {
-  uint64_t k = gpumem_buffer_id(b), size = gpumem_buffer_size(b);
+/* Fill a buffer with its pattern (keyed by k), on the device. */
+static int fill(gpumem_client *c, gpumem_buffer *b, uint64_t k) {
+  uint64_t size = gpumem_buffer_size(b);
   for (uint64_t off = 0; off < size; off += BLOCK) {
     uint64_t len = size - off < BLOCK ? size - off : BLOCK;
     if (gpumem_buffer_fill32(c, b, off, len, pattern(k, off / BLOCK)) < 0) return -1;
@@ -65,9 +73,9 @@ static int fill(gpumem_client *c, gpumem_buffer *b) {
 
 /* Read the buffer back; the offset of the first word that differs from
  * the pattern, or -1 when all match (-2 when it could not be read). */
-static long long check(gpumem_client *c, gpumem_buffer *b) {
+static long long check(gpumem_client *c, gpumem_buffer *b, uint64_t k) {
   static uint32_t piece[READ_PIECE / 4];
-  uint64_t k = gpumem_buffer_id(b), size = gpumem_buffer_size(b);
+  uint64_t size = gpumem_buffer_size(b);
   for (uint64_t off = 0; off < size; off += READ_PIECE) {
     uint64_t len = size - off < READ_PIECE ? size - off : READ_PIECE;
     if (gpumem_buffer_read(c, b, off, piece, len) < 0) return -2;
@@ -77,6 +85,7 @@ static long long check(gpumem_client *c, gpumem_buffer *b) {
   return -1;
 }
 
+/* Before a pause: wait for any fill in progress, then say so. */
 static void on_unmap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, void *user) {
   (void)c;
   (void)user;
@@ -95,13 +104,15 @@ static void on_remap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, voi
     gpumem_buffer *b = bufs[i];
     unsigned long long id = (unsigned long long)gpumem_buffer_id(b);
     printf("resumed buffer %llu tag=%s ptr=%p\n", id, gpumem_buffer_tag(b), gpumem_buffer_ptr(b));
+    struct mine *m = find_mine(b);
+    if (!m) continue; /* allocated and paused before alloc returned */
     bool backup = gpumem_buffer_flags(b) & GPUMEM_BACKUP;
-    if (!backup || !was_filled(id)) {
-      fill(c, b);
-      if (!was_filled(id)) mark_filled(id);
+    if (!backup || !m->filled) {
+      fill(c, b, m->key);
+      m->filled = true;
       backup = false;
     }
-    long long bad = check(c, b);
+    long long bad = check(c, b, m->key);
     if (bad != -1) {
       atomic_fetch_add(&failed, 1);
       if (bad == -2)
@@ -111,6 +122,38 @@ static void on_remap(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, voi
     } else {
       atomic_fetch_add(&passed, 1);
       printf("verified buffer %llu: %s\n", id, backup ? "contents kept" : "writable and readable");
+    }
+  }
+  pthread_mutex_unlock(&use_mu);
+}
+
+/* The daemon went away or came back: say so, and after a re-registration
+ * check that every mapped buffer kept its contents (the memory never left
+ * this process). */
+static void on_conn(gpumem_client *c, int event, int code, const char *words, size_t count,
+                    void *user) {
+  bool verify = *(bool *)user;
+  (void)code;
+  if (event == GPUMEM_CONN_LOST) {
+    printf("gpumemd went away: %s\n", words);
+    return;
+  }
+  printf("re-registered %zu buffers with gpumemd%s%s\n", count, code ? "; " : "",
+         code ? words : "");
+  if (!verify) return;
+  pthread_mutex_lock(&use_mu);
+  for (size_t i = 0; i < nmine; i++) {
+    gpumem_buffer *b = mine[i].b;
+    if (!mine[i].filled || !gpumem_buffer_mapped(b)) continue;
+    unsigned long long id = (unsigned long long)gpumem_buffer_id(b);
+    long long bad = check(c, b, mine[i].key);
+    if (bad != -1) {
+      atomic_fetch_add(&failed, 1);
+      printf("FAILED buffer %llu: %s after the restart\n", id,
+             bad == -2 ? "cannot read it" : "contents differ");
+    } else {
+      atomic_fetch_add(&passed, 1);
+      printf("verified buffer %llu: contents kept across the restart\n", id);
     }
   }
   pthread_mutex_unlock(&use_mu);
@@ -187,6 +230,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (verify) gpumem_set_hooks(c, on_unmap, on_remap, NULL);
+  gpumem_set_connection_hook(c, on_conn, &verify);
   int status = 0;
   for (unsigned long i = 0; i < count; i++) {
     gpumem_buffer *b;
@@ -197,14 +241,13 @@ int main(int argc, char **argv) {
       break;
     }
     pthread_mutex_lock(&use_mu);
+    struct mine *m = add_mine(b);
     bool mapped = gpumem_buffer_mapped(b);
-    if (mapped && verify && fill(c, b) < 0) {
+    if (mapped && verify && m && fill(c, b, m->key) < 0) {
       fprintf(stderr, "gpumem-worker: fill: %s\n", gpumem_last_error());
       status = 1;
     }
-    if (mapped && verify) {
-      mark_filled(gpumem_buffer_id(b));
-    }
+    if (mapped && verify && m) m->filled = true;
     pthread_mutex_unlock(&use_mu);
     char s[32];
     printf("allocated buffer %llu tag=%s device=%lu size=%s ptr=%p%s%s\n",
@@ -218,7 +261,7 @@ int main(int argc, char **argv) {
     sigwait(&stop, &sig);
   }
   gpumem_disconnect(c);
-  free(filled.ids);
+  free(mine);
   unsigned p = atomic_load(&passed), f = atomic_load(&failed);
   printf("exiting: %u verifications passed, %u failed\n", p, f);
   return status ? status : f ? 1 : 0;

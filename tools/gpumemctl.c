@@ -13,11 +13,12 @@
 
 #define MAX_DEVICES 64
 
+/* Print the usage text. */
 static void usage(FILE *out) {
   fprintf(out,
           "usage: gpumemctl [--socket PATH] [--json] COMMAND [ARGS]\n"
           "commands:\n"
-          "  status                    devices, tags and sessions\n"
+          "  status                    devices, tags, sessions and memory held outside gpumemd\n"
           "  list                      every buffer\n"
           "  metrics                   the status in Prometheus text format\n"
           "  pause TAG...              unmap and free the tags' memory on the node\n"
@@ -27,27 +28,62 @@ static void usage(FILE *out) {
           "  --json                    machine-readable output\n"
           "  --device N                pause/resume: only device N (repeatable)\n"
           "  --timeout MS              pause/resume: ack timeout per worker\n"
+          "  --max-residual SIZE       pause: fail when a device still holds more than\n"
+          "                            SIZE outside gpumemd after the release\n"
           "  --unmanaged-warn SIZE     status: flag devices with more unmanaged memory\n"
           "                            than this (default 1G)\n",
           GPUMEM_DEFAULT_SOCKET);
 }
 
-/* Print s as a JSON string. */
+/* Length of the UTF-8 sequence at s, or 0 if it is not one. */
+static size_t utf8_len(const unsigned char *s) {
+  size_t n = s[0] < 0x80 ? 1 : (s[0] & 0xe0) == 0xc0 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3
+           : (s[0] & 0xf8) == 0xf0 ? 4 : 0;
+  if (n == 2 && s[0] < 0xc2) return 0;
+  for (size_t i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  return n;
+}
+
+/* Print s as a JSON string; bytes that are not UTF-8 become U+00XX, so
+ * that the output always parses. */
 static void json_str(const char *s) {
   putchar('"');
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\') printf("\\%c", ch);
-    else if (ch < 0x20) printf("\\u%04x", ch);
-    else putchar(ch);
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    size_t n = utf8_len(p);
+    if (*p == '"' || *p == '\\') printf("\\%c", *p);
+    else if (*p < 0x20 || *p == 0x7f || n == 0) printf("\\u%04x", *p);
+    else fwrite(p, 1, n, stdout);
+    p += n ? n : 1;
   }
   putchar('"');
 }
 
+/* A name fit for a terminal: control characters become '?'. */
+static const char *printable(const char *s, char *buf, size_t len) {
+  size_t i = 0;
+  for (; s[i] && i + 1 < len; i++)
+    buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+  buf[i] = '\0';
+  return buf;
+}
+
+/* The word for a session role. */
 static const char *role_name(int role) {
   return role == GPUMEM_ROLE_WORKER ? "worker" : role == GPUMEM_ROLE_CONTROLLER ? "controller" : "none";
 }
 
+/* A tag's state as people read it: mixed when neither ACTIVE nor PAUSED
+ * covers its buffers and none is in transit. */
+static const char *tag_state(const struct gpumem_tag_status *t) {
+  if (!t->transit_buffers && t->mixed) return "mixed";
+  return gpumem_state_name(t->state);
+}
+
+/* Print a bool for JSON. */
+static const char *json_bool(int v) { return v ? "true" : "false"; }
+
+/* The status as one JSON object; keys are only ever added. */
 static void print_status_json(const struct gpumem_status *s) {
   printf("{\"backend\":");
   json_str(s->backend);
@@ -55,10 +91,10 @@ static void print_status_json(const struct gpumem_status *s) {
   for (size_t i = 0; i < s->ndevices; i++) {
     const struct gpumem_device_status *d = &s->devices[i];
     printf("%s{\"index\":%u,\"total\":%llu,\"free\":%llu,\"managed\":%llu,\"unmanaged\":%llu,"
-           "\"daemon_context\":%s,\"bus_id\":",
+           "\"reserved\":%llu,\"daemon_context\":%s,\"bus_id\":",
            i ? "," : "", d->index, (unsigned long long)d->total, (unsigned long long)d->free,
            (unsigned long long)d->managed, (unsigned long long)d->unmanaged,
-           d->daemon_context ? "true" : "false");
+           (unsigned long long)d->reserved, json_bool(d->daemon_context));
     json_str(d->bus_id);
     printf("}");
   }
@@ -68,10 +104,13 @@ static void print_status_json(const struct gpumem_status *s) {
     printf("%s{\"name\":", i ? "," : "");
     json_str(t->name);
     printf(",\"state\":\"%s\",\"buffers\":%llu,\"bytes\":%llu,\"paused_buffers\":%llu,"
-           "\"paused_bytes\":%llu,\"backup_bytes\":%llu}",
+           "\"paused_bytes\":%llu,\"backup_bytes\":%llu,\"mixed\":%s,\"transit_buffers\":%llu,"
+           "\"transit_bytes\":%llu}",
            gpumem_state_name(t->state), (unsigned long long)t->buffers,
            (unsigned long long)t->bytes, (unsigned long long)t->paused_buffers,
-           (unsigned long long)t->paused_bytes, (unsigned long long)t->backup_bytes);
+           (unsigned long long)t->paused_bytes, (unsigned long long)t->backup_bytes,
+           json_bool(t->mixed), (unsigned long long)t->transit_buffers,
+           (unsigned long long)t->transit_bytes);
   }
   printf("],\"sessions\":[");
   for (size_t i = 0; i < s->nsessions; i++) {
@@ -79,8 +118,21 @@ static void print_status_json(const struct gpumem_status *s) {
     printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"name\":", i ? "," : "",
            (unsigned long long)x->id, x->pid, x->uid);
     json_str(x->name);
-    printf(",\"role\":\"%s\",\"buffers\":%llu,\"bytes\":%llu}", role_name(x->role),
-           (unsigned long long)x->buffers, (unsigned long long)x->bytes);
+    printf(",\"role\":\"%s\",\"buffers\":%llu,\"bytes\":%llu,\"residual\":%llu,"
+           "\"residual_known\":%s}",
+           role_name(x->role), (unsigned long long)x->buffers, (unsigned long long)x->bytes,
+           (unsigned long long)x->residual, json_bool(x->residual_known));
+  }
+  printf("],\"processes_known\":%s,\"processes\":[", json_bool(s->processes_known));
+  for (size_t i = 0; i < s->nprocesses; i++) {
+    const struct gpumem_process_status *p = &s->processes[i];
+    printf("%s{\"pid\":%u,\"device\":%u,\"used\":%llu,\"managed\":%llu,\"residual\":%llu,"
+           "\"session_id\":%llu,\"name\":",
+           i ? "," : "", p->pid, p->device, (unsigned long long)p->used,
+           (unsigned long long)p->managed, (unsigned long long)p->residual,
+           (unsigned long long)p->session_id);
+    json_str(p->name ? p->name : "");
+    printf("}");
   }
   printf("],\"backups\":{\"reserved\":%llu,\"limit\":%llu,\"last_backup_bytes\":%llu,"
          "\"last_backup_us\":%llu,\"last_restore_bytes\":%llu,\"last_restore_us\":%llu}}\n",
@@ -90,7 +142,8 @@ static void print_status_json(const struct gpumem_status *s) {
 }
 
 /* Memory in use on a device that gpumemd does not manage is what leaks
- * look like (an allocation made outside the daemon): say so loudly. */
+ * look like (an allocation made outside the daemon): say so loudly. The
+ * figure leaves out the driver's own reserve. */
 static void warn_unmanaged(const struct gpumem_status *s, uint64_t threshold) {
   char a[32], b[32];
   for (size_t i = 0; i < s->ndevices; i++)
@@ -100,21 +153,76 @@ static void warn_unmanaged(const struct gpumem_status *s, uint64_t threshold) {
              size_format(threshold, b, sizeof b));
 }
 
+/* Order processes by the memory they hold outside gpumemd, largest first. */
+static int by_residual(const void *x, const void *y) {
+  const struct gpumem_process_status *a = *(const struct gpumem_process_status *const *)x;
+  const struct gpumem_process_status *b = *(const struct gpumem_process_status *const *)y;
+  return a->residual < b->residual ? 1 : a->residual > b->residual ? -1 : 0;
+}
+
+#define HOLDERS_SHOWN 5
+
+/* Name the processes holding the most device memory outside gpumemd (the
+ * leak an operator hunts), or say that the driver gives no figures. */
+static void print_holders(const struct gpumem_status *s, uint64_t threshold) {
+  if (!s->processes_known) {
+    printf("\nthe driver gives no per-process figures: memory held outside gpumemd "
+           "cannot be put to a process\n");
+    return;
+  }
+  const struct gpumem_process_status **v = calloc(s->nprocesses + 1, sizeof *v);
+  if (!v) return;
+  size_t n = 0;
+  for (size_t i = 0; i < s->nprocesses; i++)
+    if (s->processes[i].residual) v[n++] = &s->processes[i];
+  qsort(v, n, sizeof *v, by_residual);
+  printf("\n");
+  if (n == 0) printf("no process holds device memory outside gpumemd\n");
+  char a[32], name[64];
+  for (size_t i = 0; i < n && i < HOLDERS_SHOWN; i++)
+    printf("%spid %u (%s) holds %s on device %u outside gpumemd\n",
+           v[i]->residual > threshold ? "! " : "", v[i]->pid,
+           v[i]->name && v[i]->name[0] ? printable(v[i]->name, name, sizeof name) : "?",
+           size_format(v[i]->residual, a, sizeof a), v[i]->device);
+  if (n > HOLDERS_SHOWN)
+    printf("and %zu more (gpumemctl status --json lists them all)\n", n - HOLDERS_SHOWN);
+  free(v);
+}
+
+/* Tags with buffers in transit or in both states, in words. */
+static void print_tag_notes(const struct gpumem_status *s) {
+  char a[32];
+  for (size_t i = 0; i < s->ntags; i++) {
+    const struct gpumem_tag_status *t = &s->tags[i];
+    if (t->transit_buffers)
+      printf("! %s: %llu buffers (%s) %s: an owner has not answered; their memory is "
+             "still held\n",
+             t->name, (unsigned long long)t->transit_buffers,
+             size_format(t->transit_bytes, a, sizeof a), gpumem_state_name(t->state));
+    if (t->mixed)
+      printf("%s: mixed, %llu of %llu buffers paused\n", t->name,
+             (unsigned long long)t->paused_buffers, (unsigned long long)t->buffers);
+  }
+}
+
+/* The status for people. */
 static void print_status(const struct gpumem_status *s, uint64_t threshold) {
-  char a[32], b[32], c[32], d[32], e[32];
+  char a[32], b[32], c[32], d[32], e[32], name[64];
   printf("backend %s, granularity %s\n\n", s->backend, size_format(s->granularity, a, sizeof a));
-  printf("%-6s %11s %11s %11s %11s\n", "DEVICE", "TOTAL", "FREE", "MANAGED", "UNMANAGED");
+  printf("%-6s %11s %11s %11s %11s %11s\n", "DEVICE", "TOTAL", "FREE", "RESERVED", "MANAGED",
+         "UNMANAGED");
   for (size_t i = 0; i < s->ndevices; i++) {
     const struct gpumem_device_status *x = &s->devices[i];
-    printf("%-6u %11s %11s %11s %11s\n", x->index, size_format(x->total, a, sizeof a),
-           size_format(x->free, b, sizeof b), size_format(x->managed, c, sizeof c),
-           size_format(x->unmanaged, d, sizeof d));
+    printf("%-6u %11s %11s %11s %11s %11s\n", x->index, size_format(x->total, a, sizeof a),
+           size_format(x->free, b, sizeof b), size_format(x->reserved, c, sizeof c),
+           size_format(x->managed, d, sizeof d), size_format(x->unmanaged, e, sizeof e));
   }
   for (size_t i = 0; i < s->ndevices; i++)
     if (s->devices[i].daemon_context)
       printf("gpumemd holds a context on device %u (for backups or IPC memory)\n",
              s->devices[i].index);
   warn_unmanaged(s, threshold);
+  print_holders(s, threshold);
   printf("\nbackups: %s reserved of %s", size_format(s->backup_reserved, a, sizeof a),
          size_format(s->backup_limit, b, sizeof b));
   if (s->last_backup_us)
@@ -124,21 +232,33 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
     printf("; last resume copied %s at %.1f GB/s", size_format(s->last_restore_bytes, d, sizeof d),
            (double)s->last_restore_bytes / (double)s->last_restore_us / 1e3);
   printf("\n");
-  printf("\n%-20s %-9s %7s %11s %11s %11s\n", "TAG", "STATE", "BUFFERS", "BYTES", "RELEASED",
-         "BACKUP");
+  printf("\n%-20s %-9s %7s %11s %11s %11s %11s\n", "TAG", "STATE", "BUFFERS", "BYTES",
+         "RELEASED", "BACKUP", "IN TRANSIT");
   for (size_t i = 0; i < s->ntags; i++) {
     const struct gpumem_tag_status *t = &s->tags[i];
-    printf("%-20s %-9s %7llu %11s %11s %11s\n", t->name, gpumem_state_name(t->state),
+    printf("%-20s %-9s %7llu %11s %11s %11s %11s\n", t->name, tag_state(t),
            (unsigned long long)t->buffers, size_format(t->bytes, a, sizeof a),
-           size_format(t->paused_bytes, b, sizeof b), size_format(t->backup_bytes, e, sizeof e));
+           size_format(t->paused_bytes, b, sizeof b), size_format(t->backup_bytes, e, sizeof e),
+           size_format(t->transit_bytes, c, sizeof c));
   }
-  printf("\n%-7s %-8s %-10s %-20s %7s %11s\n", "SESSION", "PID", "ROLE", "NAME", "BUFFERS",
-         "BYTES");
+  print_tag_notes(s);
+  printf("\n%-7s %-8s %-10s %-20s %7s %11s %11s\n", "SESSION", "PID", "ROLE", "NAME", "BUFFERS",
+         "BYTES", "OUTSIDE");
   for (size_t i = 0; i < s->nsessions; i++) {
     const struct gpumem_session_status *x = &s->sessions[i];
-    printf("%-7llu %-8u %-10s %-20s %7llu %11s\n", (unsigned long long)x->id, x->pid,
-           role_name(x->role), x->name[0] ? x->name : "-", (unsigned long long)x->buffers,
-           size_format(x->bytes, a, sizeof a));
+    printf("%-7llu %-8u %-10s %-20s %7llu %11s %11s\n", (unsigned long long)x->id, x->pid,
+           role_name(x->role), x->name[0] ? printable(x->name, name, sizeof name) : "-",
+           (unsigned long long)x->buffers, size_format(x->bytes, a, sizeof a),
+           x->residual_known ? size_format(x->residual, b, sizeof b) : "unknown");
+  }
+}
+
+/* A Prometheus label value, escaped as the text format wants. */
+static void label_value(const char *s) {
+  for (; *s; s++) {
+    if (*s == '\\' || *s == '"') printf("\\%c", *s);
+    else if (*s == '\n') printf("\\n");
+    else putchar(*s);
   }
 }
 
@@ -157,7 +277,8 @@ static void print_metrics(const struct gpumem_status *s) {
       {"device_total_bytes", "Device memory in total.", offsetof(struct gpumem_device_status, total)},
       {"device_free_bytes", "Device memory free, as the driver says.", offsetof(struct gpumem_device_status, free)},
       {"device_managed_bytes", "Device memory gpumemd holds for its buffers.", offsetof(struct gpumem_device_status, managed)},
-      {"device_unmanaged_bytes", "Device memory in use that gpumemd does not manage.", offsetof(struct gpumem_device_status, unmanaged)},
+      {"device_unmanaged_bytes", "Device memory in use that gpumemd does not manage (the driver's reserve left out).", offsetof(struct gpumem_device_status, unmanaged)},
+      {"device_reserved_bytes", "Device memory the driver keeps for itself.", offsetof(struct gpumem_device_status, reserved)},
   };
   for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
     metric(dev[k].name, "gauge", dev[k].help);
@@ -181,8 +302,21 @@ static void print_metrics(const struct gpumem_status *s) {
   for (size_t i = 0; i < s->ntags; i++)
     printf("gpumem_tag_backup_bytes{tag=\"%s\"} %llu\n", s->tags[i].name,
            (unsigned long long)s->tags[i].backup_bytes);
+  metric("tag_transit_bytes", "gauge", "Bytes of a tag's buffers in transit (an owner's ack missing).");
+  for (size_t i = 0; i < s->ntags; i++)
+    printf("gpumem_tag_transit_bytes{tag=\"%s\"} %llu\n", s->tags[i].name,
+           (unsigned long long)s->tags[i].transit_bytes);
   metric("sessions", "gauge", "Connected sessions.");
   printf("gpumem_sessions %zu\n", s->nsessions);
+  metric("processes_known", "gauge", "1 where the driver gives per-process figures.");
+  printf("gpumem_processes_known %d\n", s->processes_known ? 1 : 0);
+  metric("process_residual_bytes", "gauge", "Device memory a process holds outside gpumemd.");
+  for (size_t i = 0; i < s->nprocesses; i++) {
+    const struct gpumem_process_status *p = &s->processes[i];
+    printf("gpumem_process_residual_bytes{pid=\"%u\",device=\"%u\",name=\"", p->pid, p->device);
+    label_value(p->name ? p->name : "");
+    printf("\"} %llu\n", (unsigned long long)p->residual);
+  }
   metric("backup_reserved_bytes", "gauge", "Host memory reserved by BACKUP buffers.");
   printf("gpumem_backup_reserved_bytes %llu\n", (unsigned long long)s->backup_reserved);
   metric("backup_limit_bytes", "gauge", "The --backup-limit.");
@@ -194,6 +328,7 @@ static void print_metrics(const struct gpumem_status *s) {
          s->last_restore_us ? (double)s->last_restore_bytes * 1e6 / (double)s->last_restore_us : 0.0);
 }
 
+/* The buffers, as a table or JSON. */
 static void print_list(const struct gpumem_buffer_info *v, int n, bool json) {
   char a[32];
   if (json) printf("[");
@@ -218,31 +353,107 @@ static void print_list(const struct gpumem_buffer_info *v, int n, bool json) {
   if (json) printf("]\n");
 }
 
+/* A pause's or resume's answer as one JSON object on stdout ("error" is
+ * null on success); keys are only ever added. */
+static void print_op_json(const struct gpumem_op_report *r) {
+  printf("{\"buffers\":%llu,\"bytes\":%llu,\"backup_bytes\":%llu,\"skipped\":%llu,"
+         "\"elapsed_us\":%llu,\"backup_us\":%llu,\"checks\":[",
+         (unsigned long long)r->buffers, (unsigned long long)r->bytes,
+         (unsigned long long)r->backup_bytes, (unsigned long long)r->skipped,
+         (unsigned long long)r->elapsed_us, (unsigned long long)r->backup_us);
+  for (size_t i = 0; i < r->nchecks; i++) {
+    const struct gpumem_device_check *k = &r->checks[i];
+    printf("%s{\"device\":%u,\"released\":%llu,\"free_before\":%llu,\"free_after\":%llu,"
+           "\"shortfall\":%llu,\"residual\":%llu,\"residual_known\":%s}",
+           i ? "," : "", k->device, (unsigned long long)k->released,
+           (unsigned long long)k->free_before, (unsigned long long)k->free_after,
+           (unsigned long long)k->shortfall, (unsigned long long)k->residual,
+           json_bool(k->residual_known));
+  }
+  printf("],\"details\":[");
+  for (size_t i = 0; i < r->ndetails; i++) {
+    const struct gpumem_op_detail *t = &r->details[i];
+    printf("%s{\"tag\":", i ? "," : "");
+    json_str(t->tag);
+    printf(",\"device\":%u,\"buffers\":%llu,\"bytes\":%llu}", t->device,
+           (unsigned long long)t->buffers, (unsigned long long)t->bytes);
+  }
+  printf("],\"error\":");
+  if (r->error == 0) {
+    printf("null}\n");
+    return;
+  }
+  printf("{\"code\":");
+  json_str(r->code);
+  printf(",\"message\":");
+  json_str(r->message);
+  printf(",\"pids\":[");
+  for (size_t i = 0; i < r->npids; i++) printf("%s%u", i ? "," : "", r->pids[i]);
+  printf("],\"buffers_held\":%llu,\"bytes_held\":%llu,\"bytes_needed\":%llu,\"bytes_free\":%llu}}\n",
+         (unsigned long long)r->buffers_held, (unsigned long long)r->bytes_held,
+         (unsigned long long)r->bytes_needed, (unsigned long long)r->bytes_free);
+}
+
+/* What the driver shows of each device the operation touched: the bytes
+ * released (or taken) next to the change in free memory, the shortfall
+ * and what is held outside gpumemd. */
+static void print_checks(FILE *out, const struct gpumem_op_report *r, bool resume) {
+  char a[32], b[32], c[32];
+  for (size_t i = 0; i < r->nchecks; i++) {
+    const struct gpumem_device_check *k = &r->checks[i];
+    bool rose = k->free_after >= k->free_before;
+    uint64_t delta = rose ? k->free_after - k->free_before : k->free_before - k->free_after;
+    fprintf(out, "device %u: %s %s, driver shows %s %s free", k->device,
+            resume ? "took" : "released", size_format(k->released, a, sizeof a),
+            size_format(delta, b, sizeof b), rose ? "more" : "less");
+    if (k->residual_known && k->residual)
+      fprintf(out, "; %s held outside gpumemd", size_format(k->residual, c, sizeof c));
+    fprintf(out, "\n");
+    if (k->shortfall)
+      fprintf(out, "! device %u: %s released that the driver does not show as free\n",
+              k->device, size_format(k->shortfall, a, sizeof a));
+  }
+}
+
+/* Pause or resume; 0 done, 1 failed (with the daemon's code, words, the
+ * pids and bytes held on stderr). */
 static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
-                  const unsigned *devs, size_t ndevs, unsigned timeout, bool json) {
-  struct gpumem_op_result r;
-  int rc = resume ? gpumem_resume(c, (const char *const *)tags, ntags, devs, ndevs, timeout, &r)
-                  : gpumem_pause(c, (const char *const *)tags, ntags, devs, ndevs, timeout, &r);
+                  const unsigned *devs, size_t ndevs, const struct gpumem_op_options *opts,
+                  bool json) {
+  const char *verb = resume ? "resume" : "pause";
+  struct gpumem_op_report *r = NULL;
+  int rc = resume ? gpumem_resume_ex(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r)
+                  : gpumem_pause_ex(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r);
+  char a[32], b[32];
+  if (r && json) print_op_json(r);
   if (rc < 0) {
-    fprintf(stderr, "gpumemctl: %s failed: %s\n", resume ? "resume" : "pause",
-            gpumem_last_error());
+    if (r)
+      fprintf(stderr, "gpumemctl: %s failed: %s: %s\n", verb, r->code, r->message);
+    else
+      fprintf(stderr, "gpumemctl: %s failed: %s\n", verb, gpumem_last_error());
+    if (r && (r->buffers_held || r->bytes_held || r->npids)) {
+      fprintf(stderr, "gpumemctl: %llu buffers, %s still held", (unsigned long long)r->buffers_held,
+              size_format(r->bytes_held, a, sizeof a));
+      for (size_t i = 0; i < r->npids; i++)
+        fprintf(stderr, "%s%u", i ? ", " : (r->npids > 1 ? " by pids " : " by pid "), r->pids[i]);
+      fprintf(stderr, "\n");
+    }
+    if (r && !json) print_checks(stderr, r, resume);
+    gpumem_op_report_free(r);
     return 1;
   }
-  char a[32], b[32];
-  if (json)
-    printf("{\"buffers\":%llu,\"bytes\":%llu,\"backup_bytes\":%llu,\"skipped\":%llu,"
-           "\"elapsed_us\":%llu,\"backup_us\":%llu}\n",
-           (unsigned long long)r.buffers, (unsigned long long)r.bytes,
-           (unsigned long long)r.backup_bytes, (unsigned long long)r.skipped,
-           (unsigned long long)r.elapsed_us, (unsigned long long)r.backup_us);
-  else
+  if (!json) {
     printf("%s %llu buffers, %s (%s backed up), %llu skipped, in %.3f ms\n",
-           resume ? "resumed" : "paused", (unsigned long long)r.buffers,
-           size_format(r.bytes, a, sizeof a), size_format(r.backup_bytes, b, sizeof b),
-           (unsigned long long)r.skipped, (double)r.elapsed_us / 1000);
+           resume ? "resumed" : "paused", (unsigned long long)r->buffers,
+           size_format(r->bytes, a, sizeof a), size_format(r->backup_bytes, b, sizeof b),
+           (unsigned long long)r->skipped, (double)r->elapsed_us / 1000);
+    print_checks(stdout, r, resume);
+  }
+  gpumem_op_report_free(r);
   return 0;
 }
 
+/* Parse the command line, connect, run one command. */
 int main(int argc, char **argv) {
   const char *socket_path = NULL;
   bool json = false;
@@ -250,10 +461,13 @@ int main(int argc, char **argv) {
   size_t ndevs = 0;
   unsigned long timeout = 0;
   uint64_t threshold = 1ull << 30;
+  uint64_t max_residual = 0;
+  bool has_max_residual = false;
   static const struct option opts[] = {
       {"socket", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'},
       {"device", required_argument, 0, 'd'}, {"timeout", required_argument, 0, 't'},
       {"unmanaged-warn", required_argument, 0, 'u'},
+      {"max-residual", required_argument, 0, 'r'},
       {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
   };
   int ch;
@@ -286,6 +500,13 @@ int main(int argc, char **argv) {
         return 2;
       }
       break;
+    case 'r':
+      if (size_parse(optarg, &max_residual)) {
+        fprintf(stderr, "gpumemctl: invalid size '%s'\n", optarg);
+        return 2;
+      }
+      has_max_residual = true;
+      break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -309,6 +530,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gpumemctl: %s needs at least one tag\n", cmd);
     return 2;
   }
+  if (has_max_residual && strcmp(cmd, "pause") != 0) {
+    fprintf(stderr, "gpumemctl: --max-residual applies to pause only\n");
+    return 2;
+  }
   if (is_view && nargs) {
     fprintf(stderr, "gpumemctl: %s takes no arguments\n", cmd);
     return 2;
@@ -316,18 +541,25 @@ int main(int argc, char **argv) {
   /* Looking needs no permission: without a controller's rights, status
    * comes through a plain session (list then shows only its own buffers:
    * none). */
+  /* One command, one connection: if the daemon goes away, say so and
+   * stop rather than reconnect. */
+  const unsigned flags = GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT;
   gpumem_client *c;
-  int rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_CONTROLLER,
-                          GPUMEM_CONNECT_NO_THREAD, &c);
+  int rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_CONTROLLER, flags, &c);
   if (rc == GPUMEM_E_PERMISSION && is_view)
-    rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD, &c);
+    rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_WORKER, flags, &c);
   if (rc < 0) {
     fprintf(stderr, "gpumemctl: %s\n", gpumem_last_error());
     return 1;
   }
   rc = 0;
   if (is_op) {
-    rc = run_op(c, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, (unsigned)timeout, json);
+    struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+    o.timeout_ms = (unsigned)timeout;
+    /* On the wire 0 means no limit; "--max-residual 0" means nothing may
+     * remain, and one byte is the nearest the wire can say to that. */
+    o.max_residual = has_max_residual && max_residual == 0 ? 1 : max_residual;
+    rc = run_op(c, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
   } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
     struct gpumem_status *s;
     if (gpumem_status(c, &s) < 0) {

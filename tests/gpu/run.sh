@@ -18,8 +18,13 @@ mkdir -p build/tests
 cc -std=c11 -D_GNU_SOURCE -O2 -Iinclude -I"$CUDA_HOME/include" tests/gpu/gpu_check.c \
   -o build/tests/gpu_check -Lbuild/lib -lgpumem -Wl,-rpath,"$PWD/build/lib" \
   -L"$CUDA_HOME/lib64/stubs" -lcuda || exit 1
-sock=/tmp/gpumemd-gpu.sock
 status=0
+# The backend's driver-facing calls, from the gpu/ sources alone.
+cc -std=c11 -D_GNU_SOURCE -DHAVE_CUDA -O2 -Wall -Wextra -Werror -I. -I"$CUDA_HOME/include" \
+  tests/gpu/backend_probe.c gpu/gpu.c gpu/host.c gpu/vmm.c gpu/cuda.c common/idmap.c \
+  -ldl -lpthread -o build/tests/backend_probe || exit 1
+build/tests/backend_probe || status=1
+sock=/tmp/gpumemd-gpu.sock
 build/bin/gpumemd --backend cuda --socket "$sock" --log-level info --verify-backups \
   2>/tmp/gpumemd-gpu.log &
 daemon=$!

@@ -1,0 +1,838 @@
+/* libgpumem against a scripted fake daemon (deterministic interleavings:
+ * a reply and an event in one write, errors outside requests, a daemon
+ * that goes away and comes back) and against the real one. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/frame.h"
+#include "common/wire.h"
+#include "gpumem.h"
+#include "harness.h"
+
+#define MIB (1ull << 20)
+
+/* The fake daemon: one listening socket and the connection it accepted. */
+struct fake {
+  char dir[64], path[96];
+  int lfd, fd;
+  frame_reader *r;
+  frame_writer *w;
+};
+
+/* Listen on a fresh socket path. */
+static void fake_listen(struct fake *f) {
+  memset(f, 0, sizeof *f);
+  f->fd = -1;
+  snprintf(f->dir, sizeof f->dir, "/tmp/gpumem-client.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(f->dir));
+  snprintf(f->path, sizeof f->path, "%s/sock", f->dir);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", f->path);
+  f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(f->lfd, 0);
+  ck_assert_int_eq(bind(f->lfd, (struct sockaddr *)&addr, sizeof addr), 0);
+  ck_assert_int_eq(listen(f->lfd, 8), 0);
+}
+
+/* Accept the next connection (the previous one is closed first). */
+static void fake_accept(struct fake *f) {
+  if (f->fd >= 0) close(f->fd);
+  frame_reader_destroy(f->r);
+  frame_writer_destroy(f->w);
+  f->fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+  f->r = frame_reader_create(WIRE_MAX_REQUEST);
+  f->w = frame_writer_create();
+}
+
+/* Close the connection (not the listening socket). */
+static void fake_hangup(struct fake *f) {
+  if (f->fd >= 0) close(f->fd);
+  f->fd = -1;
+  frame_reader_destroy(f->r);
+  frame_writer_destroy(f->w);
+  f->r = NULL;
+  f->w = NULL;
+}
+
+/* Close everything and remove the directory. */
+static void fake_close(struct fake *f) {
+  fake_hangup(f);
+  if (f->lfd >= 0) close(f->lfd);
+  f->lfd = -1;
+  unlink(f->path);
+  rmdir(f->dir);
+}
+
+/* The next message from the client (NULL at end of stream); its fds go
+ * to fr, which the caller releases. */
+static wire_env *fake_recv(struct fake *f, struct frame *fr) {
+  for (;;) {
+    if (frame_reader_next(f->r, fr) > 0) return wire_unpack(fr->data, fr->len);
+    struct pollfd p = {f->fd, POLLIN, 0};
+    poll(&p, 1, -1);
+    ssize_t n = frame_reader_fill(f->r, f->fd);
+    if (n == 0 || (n < 0 && n != -EAGAIN)) return NULL;
+  }
+}
+
+/* Queue a message with fds (consumed); sent by fake_flush. */
+static void fake_push(struct fake *f, wire_env *env, const int *fds, size_t nfds) {
+  env->fd_count = (uint32_t)nfds;
+  size_t len;
+  uint8_t *b = wire_pack(env, &len);
+  frame_writer_push(f->w, b, len, fds, nfds);
+  free(b);
+}
+
+/* Send everything queued. */
+static void fake_flush(struct fake *f) {
+  int rc;
+  while ((rc = frame_writer_flush(f->w, f->fd)) == -EAGAIN) {
+    struct pollfd p = {f->fd, POLLOUT, 0};
+    poll(&p, 1, -1);
+  }
+}
+
+/* Send one message now. */
+static void fake_send(struct fake *f, wire_env *env, const int *fds, size_t nfds) {
+  fake_push(f, env, fds, nfds);
+  fake_flush(f);
+}
+
+/* Read the Hello and answer it: host backend, one device, 2 MiB. */
+static bool fake_hello(struct fake *f) {
+  struct frame fr;
+  wire_env *in = fake_recv(f, &fr);
+  bool ok = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  if (ok) {
+    Gpumem__Wire__DeviceInfo d = GPUMEM__WIRE__DEVICE_INFO__INIT, *dp = &d;
+    d.bus_id = "host:0";
+    d.total = 64 * MIB;
+    Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
+    r.version_major = WIRE_VERSION_MAJOR;
+    r.version_minor = WIRE_VERSION_MINOR;
+    r.backend = "host";
+    r.granularity = 2 * MIB;
+    r.devices = &dp;
+    r.n_devices = 1;
+    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+    out.id = in->id;
+    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
+    out.hello_reply = &r;
+    fake_send(f, &out, NULL, 0);
+  }
+  wire_env_free(in);
+  if (in) frame_release(&fr);
+  return ok;
+}
+
+/* A chunk of "device memory" as the host backend makes it. */
+static int chunk(uint64_t size) {
+  int fd = memfd_create("gpumem-dev0", MFD_CLOEXEC);
+  if (fd >= 0 && ftruncate(fd, (off_t)size) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Queue an AllocReply for request id: buffer bid of one 2 MiB chunk,
+ * active (with its fd) or paused. */
+static void push_alloc_reply(struct fake *f, uint64_t id, uint64_t bid, bool paused) {
+  uint64_t size = 2 * MIB;
+  Gpumem__Wire__AllocReply r = GPUMEM__WIRE__ALLOC_REPLY__INIT;
+  r.buffer_id = bid;
+  r.size = size;
+  r.state = paused ? GPUMEM__WIRE__BUFFER_STATE__PAUSED : GPUMEM__WIRE__BUFFER_STATE__ACTIVE;
+  r.chunk_sizes = &size;
+  r.n_chunk_sizes = 1;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = id;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY;
+  out.alloc_reply = &r;
+  int fd = paused ? -1 : chunk(size);
+  fake_push(f, &out, &fd, paused ? 0 : 1);
+}
+
+/* Queue an UnmapEvent with event id eid. */
+static void push_unmap(struct fake *f, uint64_t eid, uint64_t *ids, size_t n) {
+  Gpumem__Wire__UnmapEvent u = GPUMEM__WIRE__UNMAP_EVENT__INIT;
+  u.buffer_ids = ids;
+  u.n_buffer_ids = n;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = eid;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
+  out.unmap = &u;
+  fake_push(f, &out, NULL, 0);
+}
+
+/* Send a RemapEvent of n one-chunk (2 MiB) entries with the given fds. */
+static void send_remap(struct fake *f, uint64_t eid, uint64_t *ids, size_t n, int *fds) {
+  uint64_t size = 2 * MIB;
+  Gpumem__Wire__RemapEntry e[4], *ep[4];
+  for (size_t i = 0; i < n; i++) {
+    gpumem__wire__remap_entry__init(&e[i]);
+    e[i].buffer_id = ids[i];
+    e[i].chunk_sizes = &size;
+    e[i].n_chunk_sizes = 1;
+    ep[i] = &e[i];
+  }
+  Gpumem__Wire__RemapEvent r = GPUMEM__WIRE__REMAP_EVENT__INIT;
+  r.entries = ep;
+  r.n_entries = n;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = eid;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
+  out.remap = &r;
+  fake_send(f, &out, fds, n);
+}
+
+/* Send an Error outside any request. */
+static void send_error0(struct fake *f, wire_code code, const char *text) {
+  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
+  e.code = code;
+  e.message = (char *)text;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  out.error = &e;
+  fake_send(f, &out, NULL, 0);
+}
+
+/* Answer a FreeRequest. */
+static uint64_t answer_free(struct fake *f) {
+  struct frame fr;
+  wire_env *in = fake_recv(f, &fr);
+  uint64_t id = 0;
+  if (in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE) {
+    id = in->free->buffer_id;
+    Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
+    r.bytes = 2 * MIB;
+    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+    out.id = in->id;
+    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
+    out.free_reply = &r;
+    fake_send(f, &out, NULL, 0);
+  }
+  wire_env_free(in);
+  if (in) frame_release(&fr);
+  return id;
+}
+
+/* An ack as the fake daemon received it. */
+struct got_ack {
+  uint64_t id;
+  int code;
+  size_t nfailed;
+  uint64_t failed[8];
+  char message[512];
+};
+
+/* Read the next message, which must be an ack. */
+static bool recv_ack(struct fake *f, struct got_ack *a) {
+  struct frame fr;
+  wire_env *in = fake_recv(f, &fr);
+  bool ok = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ACK;
+  if (ok) {
+    a->id = in->id;
+    a->code = in->ack->code;
+    a->nfailed = in->ack->n_failed_ids;
+    for (size_t i = 0; i < a->nfailed && i < 8; i++) a->failed[i] = in->ack->failed_ids[i];
+    snprintf(a->message, sizeof a->message, "%s", in->ack->message);
+  }
+  wire_env_free(in);
+  if (in) frame_release(&fr);
+  return ok;
+}
+
+/* Read the next message, which must be an AllocRequest; returns its id. */
+static uint64_t recv_alloc(struct fake *f) {
+  struct frame fr;
+  wire_env *in = fake_recv(f, &fr);
+  uint64_t id = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ALLOC ? in->id : 0;
+  wire_env_free(in);
+  if (in) frame_release(&fr);
+  return id;
+}
+
+/* The script a fake daemon thread runs, and what it saw. */
+struct script {
+  struct fake f;
+  void (*run)(struct script *s);
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stage;      /* how far the script got */
+  int want;       /* how far the test let it go */
+  bool ok;        /* every step went as expected */
+  struct got_ack acks[4];
+  uint64_t ids[4];
+  char note[256];
+};
+
+/* Mark a step of the script done. */
+static void reach(struct script *s, int stage) {
+  pthread_mutex_lock(&s->mu);
+  s->stage = stage;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Wait (in the script) until the test lets it go on to stage. */
+static void hold(struct script *s, int stage) {
+  pthread_mutex_lock(&s->mu);
+  while (s->want < stage) pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Wait (in the test) until the script reached stage. */
+static void await(struct script *s, int stage) {
+  pthread_mutex_lock(&s->mu);
+  while (s->stage < stage) pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Let the script go on to stage. */
+static void release(struct script *s, int stage) {
+  pthread_mutex_lock(&s->mu);
+  s->want = stage;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void *script_main(void *arg) {
+  struct script *s = arg;
+  s->run(s);
+  return NULL;
+}
+
+/* Start a fake daemon running run. */
+static void script_start(struct script *s, void (*run)(struct script *)) {
+  memset(s, 0, sizeof *s);
+  fake_listen(&s->f);
+  s->run = run;
+  s->ok = true;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  pthread_create(&s->thread, NULL, script_main, s);
+}
+
+/* Wait for the script to end and close the fake daemon. */
+static void script_end(struct script *s) {
+  release(s, 1000);
+  pthread_join(s->thread, NULL);
+  fake_close(&s->f);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+}
+
+/* Fail the script's check unless cond holds. */
+#define EXPECT(s, cond)                                                         \
+  do {                                                                          \
+    if (!(cond) && (s)->ok) {                                                   \
+      (s)->ok = false;                                                          \
+      snprintf((s)->note, sizeof (s)->note, "line %d: %s", __LINE__, #cond);    \
+    }                                                                           \
+  } while (0)
+
+/* True if this process maps a memfd of the host backend at va. */
+static bool maps_memfd_at(const void *va) {
+  FILE *m = fopen("/proc/self/maps", "r");
+  char line[512];
+  bool found = false;
+  unsigned long lo, hi;
+  while (m && fgets(line, sizeof line, m))
+    if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (unsigned long)va >= lo &&
+        (unsigned long)va < hi && strstr(line, "memfd:gpumem-dev"))
+      found = true;
+  if (m) fclose(m);
+  return found;
+}
+
+/* Script: the AllocReply and an Unmap of that buffer in one write. */
+static void run_race(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  uint64_t id = recv_alloc(&s->f), bid = 7;
+  EXPECT(s, id != 0);
+  push_alloc_reply(&s->f, id, bid, false);
+  push_unmap(&s->f, 100, &bid, 1);
+  fake_flush(&s->f);
+  EXPECT(s, recv_ack(&s->f, &s->acks[0]));
+  reach(s, 1);
+  s->ids[0] = answer_free(&s->f);
+  reach(s, 2);
+  struct frame fr;
+  wire_env *end = fake_recv(&s->f, &fr);
+  EXPECT(s, end == NULL);
+}
+
+/* An Unmap that arrives right behind the AllocReply finds the buffer:
+ * the ack says done and the memory really is unmapped. */
+START_TEST(test_unmap_right_after_alloc_reply_unmaps) {
+  struct script s;
+  script_start(&s, run_race);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "race", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
+  await(&s, 1);
+  ck_assert_msg(s.ok, "%s", s.note);
+  ck_assert_int_eq(s.acks[0].id, 100);
+  ck_assert_msg(s.acks[0].code == 0, "ack %d: %s", s.acks[0].code, s.acks[0].message);
+  ck_assert_int_eq(s.acks[0].nfailed, 0);
+  ck_assert_int_eq(gpumem_buffer_mapped(b), 0);
+  ck_assert_msg(!maps_memfd_at(gpumem_buffer_ptr(b)), "the chunk is still mapped");
+  ck_assert_int_eq(gpumem_free(c, b), 0);
+  await(&s, 2);
+  ck_assert_int_eq(s.ids[0], 7);
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* Script: unknown ids, a remap that cannot map, a remap half unknown. */
+static void run_truth(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  uint64_t unknown[2] = {42, 43};
+  push_unmap(&s->f, 101, unknown, 2);
+  fake_flush(&s->f);
+  EXPECT(s, recv_ack(&s->f, &s->acks[0]));
+  reach(s, 1); /* only now does the test allocate: the order is fixed */
+  uint64_t id = recv_alloc(&s->f), bid = 7;
+  push_alloc_reply(&s->f, id, bid, true);
+  fake_flush(&s->f);
+  reach(s, 2);
+  hold(s, 3);
+  /* A pipe is no memory to map. */
+  int p[2];
+  EXPECT(s, pipe2(p, O_CLOEXEC) == 0);
+  close(p[1]);
+  send_remap(&s->f, 102, &bid, 1, &p[0]);
+  EXPECT(s, recv_ack(&s->f, &s->acks[1]));
+  uint64_t two[2] = {7, 99};
+  int fds[2] = {chunk(2 * MIB), chunk(2 * MIB)};
+  send_remap(&s->f, 103, two, 2, fds);
+  EXPECT(s, recv_ack(&s->f, &s->acks[2]));
+  reach(s, 4);
+  s->ids[0] = answer_free(&s->f);
+  struct frame fr;
+  wire_env *end = fake_recv(&s->f, &fr);
+  EXPECT(s, end == NULL);
+}
+
+/* Every event is answered truthfully: unknown ids are NOT_FOUND and named,
+ * a buffer that does not map is BACKEND_ERROR and named, the buffers that
+ * did map are not named. */
+START_TEST(test_event_acks_name_what_failed) {
+  struct script s;
+  script_start(&s, run_truth);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "truth", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  await(&s, 1);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, GPUMEM_ALLOW_PAUSED, &b), 0);
+  ck_assert_int_eq(gpumem_buffer_mapped(b), 0);
+  await(&s, 2);
+  release(&s, 3);
+  await(&s, 4);
+  ck_assert_msg(s.ok, "%s", s.note);
+  ck_assert_int_eq(s.acks[0].code, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND);
+  ck_assert_int_eq(s.acks[0].nfailed, 2);
+  ck_assert_int_eq(s.acks[0].failed[0], 42);
+  ck_assert_int_eq(s.acks[0].failed[1], 43);
+  ck_assert_ptr_nonnull(strstr(s.acks[0].message, "no buffer 42"));
+  ck_assert_int_eq(s.acks[1].code, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR);
+  ck_assert_int_eq(s.acks[1].nfailed, 1);
+  ck_assert_int_eq(s.acks[1].failed[0], 7);
+  ck_assert_msg(strstr(s.acks[1].message, "mapping buffer 7"), "%s", s.acks[1].message);
+  ck_assert_int_eq(s.acks[2].code, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND);
+  ck_assert_int_eq(s.acks[2].nfailed, 1);
+  ck_assert_int_eq(s.acks[2].failed[0], 99);
+  ck_assert_int_eq(gpumem_buffer_mapped(b), 1);
+  ck_assert(maps_memfd_at(gpumem_buffer_ptr(b)));
+  memset(gpumem_buffer_ptr(b), 0x5a, 2 * MIB);
+  ck_assert_int_eq(gpumem_free(c, b), 0);
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+  ck_assert_int_eq(s.ids[0], 7);
+}
+END_TEST
+
+/* What the connection hook saw. */
+struct conn_log {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int lost, restored, code;
+  size_t count;
+  char words[512];
+};
+
+static void on_conn(gpumem_client *c, int event, int code, const char *words, size_t count,
+                    void *user) {
+  (void)c;
+  struct conn_log *l = user;
+  pthread_mutex_lock(&l->mu);
+  if (event == GPUMEM_CONN_LOST) l->lost++;
+  if (event == GPUMEM_CONN_RESTORED) l->restored++;
+  l->code = code;
+  l->count = count;
+  snprintf(l->words, sizeof l->words, "%s", words);
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* Wait until the hook saw lost and restored events. */
+static void conn_wait(struct conn_log *l, int lost, int restored) {
+  pthread_mutex_lock(&l->mu);
+  while (l->lost < lost || l->restored < restored) pthread_cond_wait(&l->cv, &l->mu);
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* Script: an error outside any request, then the connection ends and the
+ * socket stays silent (no daemon comes back). */
+static void run_error0(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  hold(s, 1);
+  send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "too many buffers for uid 0");
+  fake_hangup(&s->f);
+  close(s->f.lfd);
+  s->f.lfd = -1;
+  unlink(s->f.path);
+}
+
+/* An error the daemon sends outside a request (id 0) reaches the next
+ * failing call and gpumem_daemon_error; calls fail fast while the
+ * library tries to reconnect. */
+START_TEST(test_error_outside_request_is_reported) {
+  struct script s;
+  struct conn_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  script_start(&s, run_error0);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "err0", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_set_connection_hook(c, on_conn, &l);
+  release(&s, 1);
+  conn_wait(&l, 1, 0);
+  ck_assert_int_eq(l.code, GPUMEM_E_DISCONNECTED);
+  ck_assert_msg(strstr(l.words, "LIMIT_EXCEEDED: too many buffers for uid 0"), "%s", l.words);
+  gpumem_buffer *b;
+  double t0 = now_ms();
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_DISCONNECTED);
+  ck_assert_msg(now_ms() - t0 < 1000, "a call while reconnecting waited");
+  const char *e = gpumem_last_error();
+  ck_assert_msg(strstr(e, "reconnecting to gpumemd") && strstr(e, "LIMIT_EXCEEDED") &&
+                    strstr(e, "too many buffers for uid 0"),
+                "%s", e);
+  char buf[256];
+  ck_assert_int_eq(gpumem_daemon_error(c, buf, sizeof buf), GPUMEM_E_LIMIT);
+  ck_assert_str_eq(buf, "LIMIT_EXCEEDED: too many buffers for uid 0");
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* Script: refuse the session before Hello is answered. */
+static void run_refuse(struct script *s) {
+  fake_accept(&s->f);
+  send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "too many sessions for this uid");
+  struct frame fr;
+  wire_env *in = fake_recv(&s->f, &fr);
+  if (in) frame_release(&fr);
+  wire_env_free(in);
+  fake_hangup(&s->f);
+}
+
+/* A daemon that refuses the session makes gpumem_connect fail with its
+ * code and words, not "connection gone". */
+START_TEST(test_refused_session_says_why) {
+  struct script s;
+  script_start(&s, run_refuse);
+  gpumem_client *c = NULL;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_WORKER, 0, &c),
+                   GPUMEM_E_LIMIT);
+  ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: too many sessions for this uid"),
+                "%s", gpumem_last_error());
+  script_end(&s);
+}
+END_TEST
+
+/* Script: take an alloc, never answer, go away. */
+static void run_vanish(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  EXPECT(s, recv_alloc(&s->f) != 0);
+  fake_hangup(&s->f);
+  close(s->f.lfd);
+  s->f.lfd = -1;
+  unlink(s->f.path);
+}
+
+/* A request in flight when the connection ends fails with
+ * GPUMEM_E_DISCONNECTED instead of waiting for ever. */
+START_TEST(test_request_in_flight_fails_on_loss) {
+  struct script s;
+  script_start(&s, run_vanish);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "vanish", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_DISCONNECTED);
+  ck_assert_msg(strstr(gpumem_last_error(), "gpumemd closed the connection"), "%s",
+                gpumem_last_error());
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* With GPUMEM_CONNECT_NO_RECONNECT the end is final and says so. */
+START_TEST(test_no_reconnect_flag) {
+  struct script s;
+  script_start(&s, run_error0);
+  gpumem_client *c;
+  ck_assert_int_eq(
+      gpumem_connect(s.f.path, "once", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD |
+                     GPUMEM_CONNECT_NO_RECONNECT, &c), 0);
+  release(&s, 1);
+  int rc;
+  while ((rc = gpumem_dispatch(c, -1)) >= 0) {
+  }
+  ck_assert_int_eq(rc, GPUMEM_E_DISCONNECTED);
+  ck_assert_int_eq(gpumem_fd(c), -1);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_DISCONNECTED);
+  ck_assert_msg(strstr(gpumem_last_error(), "gone") &&
+                    strstr(gpumem_last_error(), "LIMIT_EXCEEDED"),
+                "%s", gpumem_last_error());
+  gpumem_disconnect(c);
+  script_end(&s);
+}
+END_TEST
+
+/* Script: two buffers (one mapped, one paused), SHUTTING_DOWN, then a new
+ * daemon on the same socket that adopts them with new ids. */
+static void run_restart(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  uint64_t id = recv_alloc(&s->f);
+  push_alloc_reply(&s->f, id, 7, false);
+  fake_flush(&s->f);
+  id = recv_alloc(&s->f);
+  push_alloc_reply(&s->f, id, 8, true);
+  fake_flush(&s->f);
+  reach(s, 1);
+  hold(s, 2);
+  send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, "gpumemd is stopping");
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  struct frame fr;
+  wire_env *in = fake_recv(&s->f, &fr);
+  EXPECT(s, in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
+  if (in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ADOPT) {
+    const Gpumem__Wire__AdoptRequest *a = in->adopt;
+    EXPECT(s, a->n_buffers == 2);
+    EXPECT(s, in->fd_count == 1 && fr.nfds == 1);
+    uint64_t ids[2];
+    for (size_t i = 0; i < a->n_buffers && i < 2; i++) {
+      const Gpumem__Wire__AdoptBuffer *b = a->buffers[i];
+      EXPECT(s, strcmp(b->tag, "kv") == 0 && b->device == 0 && b->size == 2 * MIB &&
+                    b->n_chunk_sizes == 1);
+      ids[i] = b->paused ? 80 : 70;
+      if (!b->paused && fr.nfds == 1) {
+        /* The fd is the worker's memory: it holds what the worker wrote. */
+        struct stat st;
+        EXPECT(s, fstat(fr.fds[0], &st) == 0 && st.st_size == (off_t)(2 * MIB));
+        unsigned char *p = mmap(NULL, 2 * MIB, PROT_READ, MAP_SHARED, fr.fds[0], 0);
+        EXPECT(s, p != MAP_FAILED);
+        if (p != MAP_FAILED) {
+          EXPECT(s, p[0] == 0xab && p[2 * MIB - 1] == 0xab);
+          munmap(p, 2 * MIB);
+        }
+      }
+    }
+    Gpumem__Wire__AdoptReply r = GPUMEM__WIRE__ADOPT_REPLY__INIT;
+    r.buffer_ids = ids;
+    r.n_buffer_ids = a->n_buffers;
+    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+    out.id = in->id;
+    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY;
+    out.adopt_reply = &r;
+    fake_push(&s->f, &out, NULL, 0);
+    /* The new daemon pauses the mapped buffer by its new id at once. */
+    uint64_t seventy = 70;
+    push_unmap(&s->f, 200, &seventy, 1);
+    fake_flush(&s->f);
+  }
+  wire_env_free(in);
+  if (in) frame_release(&fr);
+  EXPECT(s, recv_ack(&s->f, &s->acks[0]));
+  reach(s, 3);
+  s->ids[0] = answer_free(&s->f);
+  s->ids[1] = answer_free(&s->f);
+  reach(s, 4);
+  in = fake_recv(&s->f, &fr);
+  EXPECT(s, in == NULL);
+}
+
+/* When the daemon says SHUTTING_DOWN and another comes up on the socket,
+ * the library reconnects and re-registers both buffers (the mapped one
+ * with its memory), takes the new ids, and answers events by them. */
+START_TEST(test_restart_re_registers_buffers) {
+  struct script s;
+  struct conn_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  script_start(&s, run_restart);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "restart", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_set_connection_hook(c, on_conn, &l);
+  gpumem_buffer *a, *p;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &a), 0);
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, GPUMEM_ALLOW_PAUSED, &p), 0);
+  memset(gpumem_buffer_ptr(a), 0xab, 2 * MIB);
+  await(&s, 1);
+  release(&s, 2);
+  conn_wait(&l, 1, 0);
+  ck_assert_int_eq(l.code, GPUMEM_E_SHUTTING_DOWN);
+  ck_assert_msg(strstr(l.words, "SHUTTING_DOWN: gpumemd is stopping; reconnecting"), "%s",
+                l.words);
+  conn_wait(&l, 1, 1);
+  ck_assert_msg(l.code == 0, "%s", l.words);
+  ck_assert_int_eq(l.count, 2);
+  await(&s, 3);
+  ck_assert_msg(s.ok, "%s", s.note);
+  ck_assert_int_eq(gpumem_buffer_id(a), 70);
+  ck_assert_int_eq(gpumem_buffer_id(p), 80);
+  ck_assert(gpumem_buffer_registered(a));
+  ck_assert_int_eq(s.acks[0].code, 0);
+  ck_assert_int_eq(gpumem_buffer_mapped(a), 0);
+  ck_assert_int_eq(gpumem_free(c, a), 0);
+  ck_assert_int_eq(gpumem_free(c, p), 0);
+  await(&s, 4);
+  ck_assert_int_eq(s.ids[0], 70);
+  ck_assert_int_eq(s.ids[1], 80);
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* Script: go away, then come back (no buffers to adopt). */
+static void run_bounce(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  hold(s, 1);
+  fake_hangup(&s->f);
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  reach(s, 2);
+  struct frame fr;
+  wire_env *in = fake_recv(&s->f, &fr);
+  EXPECT(s, in == NULL);
+}
+
+/* Applications with their own loop reconnect through gpumem_dispatch,
+ * and gpumem_fd gives the new connection. */
+START_TEST(test_dispatch_reconnects_without_thread) {
+  struct script s;
+  script_start(&s, run_bounce);
+  gpumem_client *c;
+  ck_assert_int_eq(
+      gpumem_connect(s.f.path, "loop", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c), 0);
+  release(&s, 1);
+  ck_assert_int_eq(gpumem_dispatch(c, -1), GPUMEM_E_DISCONNECTED);
+  ck_assert_int_eq(gpumem_fd(c), -1);
+  int rc;
+  while ((rc = gpumem_dispatch(c, 100)) != 0) ck_assert_int_eq(rc, GPUMEM_E_DISCONNECTED);
+  ck_assert_int_ge(gpumem_fd(c), 0);
+  await(&s, 2);
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* gpumemd is killed with SIGKILL while a worker holds two buffers; a new
+ * one on the same socket adopts them, a pause frees them, a resume brings
+ * them back, and the worker's checks pass throughout. */
+START_TEST(test_daemon_killed_and_restarted_adopts_worker) {
+  struct daemon d;
+  daemon_start(&d, "--host-devices", "1", "--host-device-size", "256M", NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--count", "2", "--backup", NULL);
+  kill(d.pid, SIGKILL);
+  waitpid(d.pid, NULL, 0);
+  ck_assert(worker_wait_for(&w, "gpumemd went away", 1, 10000));
+  d.pid = daemon_spawn(d.socket, d.log, (const char *const[]){"--host-devices", "1",
+                                                             "--host-device-size", "256M",
+                                                             NULL});
+  ck_assert_msg(worker_wait_for(&w, "re-registered 2 buffers with gpumemd", 1, 20000), "%s",
+                worker_output(&w));
+  ck_assert_msg(worker_wait_for(&w, "contents kept across the restart", 2, 20000), "%s",
+                worker_output(&w));
+  gpumem_client *ctl;
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  struct gpumem_buffer_info *list;
+  ck_assert_int_eq(gpumem_list(ctl, &list), 2);
+  ck_assert_str_eq(list[0].tag, "kv");
+  gpumem_list_free(list);
+  const char *tags[] = {"kv"};
+  struct gpumem_op_result r;
+  ck_assert_msg(gpumem_pause(ctl, tags, 1, NULL, 0, 0, &r) == 0, "%s", gpumem_last_error());
+  ck_assert_int_eq(r.buffers, 2);
+  ck_assert_int_eq(r.bytes, 16 * MIB);
+  ck_assert_int_eq(memfd_bytes(&w.pid, 1), 0);
+  ck_assert_msg(gpumem_resume(ctl, tags, 1, NULL, 0, 0, &r) == 0, "%s", gpumem_last_error());
+  ck_assert(worker_wait_for(&w, "verified buffer", 2, 10000));
+  gpumem_disconnect(ctl);
+  ck_assert_msg(worker_stop(&w, SIGTERM) == 0, "%s", worker_output(&w));
+  ck_assert_int_eq(worker_count(&w, "FAILED"), 0);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* SIGTERM of the daemon: the worker is told, keeps its memory, and the
+ * next daemon adopts it. */
+START_TEST(test_daemon_sigterm_worker_told_and_adopted) {
+  struct daemon d;
+  daemon_start(&d, "--host-devices", "1", "--host-device-size", "256M", NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", "--backup", NULL);
+  kill(d.pid, SIGTERM);
+  waitpid(d.pid, NULL, 0);
+  ck_assert_msg(worker_wait_for(&w, "gpumemd went away: SHUTTING_DOWN", 1, 10000), "%s",
+                worker_output(&w));
+  ck_assert_int_eq(memfd_bytes(&w.pid, 1), 4 * MIB);
+  d.pid = daemon_spawn(d.socket, d.log, (const char *const[]){"--host-devices", "1",
+                                                             "--host-device-size", "256M",
+                                                             NULL});
+  ck_assert_msg(worker_wait_for(&w, "re-registered 1 buffers with gpumemd", 1, 20000), "%s",
+                worker_output(&w));
+  ck_assert_msg(worker_stop(&w, SIGTERM) == 0, "%s", worker_output(&w));
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  return HARNESS_RUN("client", 60, NULL, NULL, test_unmap_right_after_alloc_reply_unmaps,
+                     test_event_acks_name_what_failed, test_error_outside_request_is_reported,
+                     test_refused_session_says_why, test_request_in_flight_fails_on_loss,
+                     test_no_reconnect_flag, test_restart_re_registers_buffers,
+                     test_dispatch_reconnects_without_thread,
+                     test_daemon_killed_and_restarted_adopts_worker,
+                     test_daemon_sigterm_worker_told_and_adopted);
+}

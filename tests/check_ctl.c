@@ -1,0 +1,582 @@
+/* gpumemctl as an operator and an orchestrator see it: the real program
+ * against a real daemon and real workers (exit codes, the driver's checks
+ * after a pause, status --json), and against a scripted daemon that gives
+ * the answers a real one gives only when things go wrong (NOT_RELEASED with
+ * pids and bytes held, a shortfall, a process holding memory outside). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/wire.h"
+#include "gpumem.h"
+#include "harness.h"
+
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+static struct daemon d;
+
+/* A scripted daemon: a child process that greets every client and answers
+ * each request with a canned reply, writing what it was asked to a file. */
+struct fake {
+  pid_t pid;
+  char dir[64];
+  char socket[96];
+  char asked[128];
+};
+
+static struct fake fk;
+
+/* What gpumemctl printed, and where the files go. */
+static char out_buf[1 << 16], err_buf[1 << 16];
+
+static void setup(void) { harness_fd_setup(); }
+
+/* Stop the scripted daemon and remove its directory. */
+static void fake_stop(struct fake *f) {
+  if (f->pid > 0) {
+    kill(f->pid, SIGKILL);
+    waitpid(f->pid, NULL, 0);
+    f->pid = 0;
+  }
+  if (f->dir[0]) {
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", f->dir);
+    f->dir[0] = '\0';
+  }
+}
+
+static void teardown(void) {
+  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
+  fake_stop(&fk);
+  harness_fd_teardown();
+}
+
+/* Read a file into buf (empty if it is missing). */
+static void slurp(const char *path, char *buf, size_t len) {
+  buf[0] = '\0';
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  size_t n = fread(buf, 1, len - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+}
+
+/* Run gpumemctl against socket with shell-quoted args, in dir; its stdout
+ * and stderr go to out_buf and err_buf, and its exit status comes back. */
+static int ctl(const char *dir, const char *socket, const char *args) {
+  char cmd[1024], out[128], err[128];
+  snprintf(out, sizeof out, "%s/ctl.out", dir);
+  snprintf(err, sizeof err, "%s/ctl.err", dir);
+  snprintf(cmd, sizeof cmd, "%s --socket %s %s >%s 2>%s", harness_bin("gpumemctl"), socket, args,
+           out, err);
+  int status = system(cmd);
+  slurp(out, out_buf, sizeof out_buf);
+  slurp(err, err_buf, sizeof err_buf);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Check the last stdout with a Python expression over `j`, its JSON; the
+ * exit status of python3 (0: parsed and true). */
+static int json_check(const char *dir, const char *expr) {
+  char cmd[512], script[128], path[128], msg[128];
+  snprintf(script, sizeof script, "%s/check.py", dir);
+  snprintf(path, sizeof path, "%s/ctl.out", dir);
+  snprintf(msg, sizeof msg, "%s/py.err", dir);
+  FILE *f = fopen(script, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "import json, sys\nj = json.load(open(sys.argv[1]))\nsys.exit(0 if (%s) else 1)\n",
+          expr);
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "python3 %s %s 2>%s", script, path, msg);
+  int status = system(cmd);
+  if (status != 0) {
+    char why[4096];
+    slurp(msg, why, sizeof why);
+    fprintf(stderr, "json check failed: %s\n%s\non: %s\n", expr, why, out_buf);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* --- against a real daemon and real workers --- */
+
+/* A typo is not a success: an unknown tag is NOT_FOUND, exit status 1,
+ * for pause and resume, in words and in JSON. */
+START_TEST(unknown_tag_is_not_found_and_fails) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv_cahce"), 1);
+  ck_assert_msg(strstr(err_buf, "pause failed: NOT_FOUND"), "%s", err_buf);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv_cahce"), 1);
+  ck_assert_msg(strstr(err_buf, "resume failed: NOT_FOUND"), "%s", err_buf);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "--json pause kv_cahce"), 1);
+  ck_assert_int_eq(json_check(d.dir, "j['error']['code']=='NOT_FOUND' and j['buffers']==0"), 0);
+  /* The real tag is untouched. */
+  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
+  ck_assert_int_eq(json_check(d.dir, "[t['state'] for t in j['tags'] if t['name']=='kv']==['ACTIVE']"), 0);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* Pause and resume say per device what the daemon released or took and
+ * what the driver shows; on the host backend the two agree exactly. */
+START_TEST(pause_and_resume_print_the_driver_checks) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--count", "2", NULL);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 0);
+  ck_assert_msg(strstr(out_buf, "paused 2 buffers, 16.0 MiB"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "device 0: released 16.0 MiB, driver shows 16.0 MiB more free"),
+                "%s", out_buf);
+  ck_assert_msg(!strstr(out_buf, "does not show as free"), "%s", out_buf);
+  ck_assert(worker_wait_for(&w, "paused buffer", 2, 5000));
+  ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv"), 0);
+  ck_assert_msg(strstr(out_buf, "resumed 2 buffers, 16.0 MiB"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "device 0: took 16.0 MiB, driver shows 16.0 MiB less free"),
+                "%s", out_buf);
+  ck_assert(worker_wait_for(&w, "resumed buffer", 2, 5000));
+  ck_assert_int_eq(ctl(d.dir, d.socket, "--json pause kv"), 0);
+  ck_assert_int_eq(json_check(d.dir,
+                              "j['error'] is None and j['buffers']==2 and j['bytes']==16777216"
+                              " and [(c['device'],c['released'],c['shortfall'])"
+                              " for c in j['checks']]==[(0,16777216,0)]"
+                              " and j['checks'][0]['free_after']-j['checks'][0]['free_before']"
+                              "==16777216 and 'residual_known' in j['checks'][0]"
+                              " and sum(x['bytes'] for x in j['details'])==16777216"),
+                   0);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* status --json parses and carries the new figures next to the old keys. */
+START_TEST(status_json_carries_every_figure) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--name", "rank0", NULL);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
+  ck_assert_int_eq(json_check(d.dir,
+                              "j['backend']=='host' and j['granularity']>0"
+                              " and all(set(x)>={'index','total','free','managed','unmanaged',"
+                              "'reserved','daemon_context','bus_id'} for x in j['devices'])"
+                              " and j['devices'][0]['managed']==8388608"
+                              " and all(set(t)>={'name','state','buffers','bytes','paused_buffers',"
+                              "'paused_bytes','backup_bytes','mixed','transit_buffers',"
+                              "'transit_bytes'} for t in j['tags'])"
+                              " and [(t['state'],t['mixed'],t['transit_buffers']) for t in j['tags']"
+                              " if t['name']=='kv']==[('ACTIVE',False,0)]"
+                              " and all(set(s)>={'id','pid','uid','name','role','buffers','bytes',"
+                              "'residual','residual_known'} for s in j['sessions'])"
+                              " and any(s['name']=='rank0' for s in j['sessions'])"
+                              " and isinstance(j['processes'],list)"
+                              " and isinstance(j['processes_known'],bool)"
+                              " and 'reserved' in j['backups']"),
+                   0);
+  /* The words say who holds memory outside gpumemd, or that nobody can tell. */
+  ck_assert_int_eq(ctl(d.dir, d.socket, "status"), 0);
+  ck_assert_msg(strstr(out_buf, "RESERVED") && strstr(out_buf, "OUTSIDE"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "outside gpumemd") || strstr(out_buf, "no per-process figures"),
+                "%s", out_buf);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* --max-residual takes a size and belongs to pause alone; a limit no
+ * device is near lets the pause through. */
+START_TEST(max_residual_is_a_pause_option) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "pause --max-residual lots kv"), 2);
+  ck_assert_msg(strstr(err_buf, "invalid size"), "%s", err_buf);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "resume --max-residual 1G kv"), 2);
+  ck_assert_msg(strstr(err_buf, "pause only"), "%s", err_buf);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "pause --max-residual 1T kv"), 0);
+  ck_assert_msg(strstr(out_buf, "paused 1 buffers"), "%s", out_buf);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* --- against a scripted daemon --- */
+
+/* Read exactly len bytes; false at end of file or on error. */
+static bool read_full(int fd, void *buf, size_t len) {
+  for (size_t n = 0; n < len;) {
+    ssize_t k = read(fd, (char *)buf + n, len - n);
+    if (k <= 0) return false;
+    n += (size_t)k;
+  }
+  return true;
+}
+
+/* Send one envelope as a frame (no fds). */
+static void fake_send(int fd, uint64_t id, wire_env *env) {
+  env->id = id;
+  env->fd_count = 0;
+  size_t len;
+  uint8_t *bytes = wire_pack(env, &len);
+  uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+  if (write(fd, hdr, 4) != 4 || write(fd, bytes, len) != (ssize_t)len) _exit(3);
+  free(bytes);
+}
+
+/* Record what a pause or resume asked for, for the test to read. */
+static void fake_record(const char *path, const wire_env *req) {
+  FILE *f = fopen(path, "a");
+  if (!f) return;
+  if (req->body_case == GPUMEM__WIRE__ENVELOPE__BODY_PAUSE)
+    fprintf(f, "pause max_residual=%llu timeout=%u tags=%s\n",
+            (unsigned long long)req->pause->max_residual, req->pause->timeout_ms,
+            req->pause->n_tags ? req->pause->tags[0] : "");
+  else
+    fprintf(f, "resume tags=%s\n", req->resume->n_tags ? req->resume->tags[0] : "");
+  fclose(f);
+}
+
+/* Serve one client: greet it, then answer each request until it goes. */
+static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status) {
+  Gpumem__Wire__DeviceInfo dev0 = GPUMEM__WIRE__DEVICE_INFO__INIT;
+  dev0.index = 0;
+  dev0.total = 80 * GiB;
+  dev0.bus_id = "host:0";
+  Gpumem__Wire__DeviceInfo *devs[] = {&dev0};
+  Gpumem__Wire__HelloReply hr = GPUMEM__WIRE__HELLO_REPLY__INIT;
+  hr.version_major = WIRE_VERSION_MAJOR;
+  hr.version_minor = WIRE_VERSION_MINOR;
+  hr.backend = "host";
+  hr.granularity = 2 * MiB;
+  hr.devices = devs;
+  hr.n_devices = 1;
+  hr.session_id = 1;
+  for (;;) {
+    uint8_t hdr[4];
+    if (!read_full(fd, hdr, 4)) return;
+    size_t len = (size_t)hdr[0] | (size_t)hdr[1] << 8 | (size_t)hdr[2] << 16 | (size_t)hdr[3] << 24;
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf || !read_full(fd, buf, len)) _exit(4);
+    wire_env *req = wire_unpack(buf, len);
+    free(buf);
+    if (!req) _exit(5);
+    wire_env hello = GPUMEM__WIRE__ENVELOPE__INIT;
+    switch (req->body_case) {
+    case GPUMEM__WIRE__ENVELOPE__BODY_HELLO:
+      hello.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
+      hello.hello_reply = &hr;
+      fake_send(fd, req->id, &hello);
+      break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE:
+    case GPUMEM__WIRE__ENVELOPE__BODY_RESUME:
+      fake_record(asked, req);
+      fake_send(fd, req->id, op);
+      break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
+      fake_send(fd, req->id, status);
+      break;
+    default:
+      _exit(6);
+    }
+    wire_env_free(req);
+  }
+}
+
+/* Start the scripted daemon: it answers pauses and resumes with op and
+ * status requests with status (either may be NULL when not asked). */
+static void fake_start(struct fake *f, wire_env *op, wire_env *status) {
+  snprintf(f->dir, sizeof f->dir, "/tmp/gpumemctl-test.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(f->dir));
+  snprintf(f->socket, sizeof f->socket, "%s/sock", f->dir);
+  snprintf(f->asked, sizeof f->asked, "%s/asked", f->dir);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", f->socket);
+  int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(lfd, 0);
+  ck_assert_int_eq(bind(lfd, (struct sockaddr *)&addr, sizeof addr), 0);
+  ck_assert_int_eq(listen(lfd, 8), 0);
+  f->pid = fork();
+  ck_assert_int_ge(f->pid, 0);
+  if (f->pid == 0) {
+    for (;;) {
+      int fd = accept(lfd, NULL, NULL);
+      if (fd < 0) _exit(2);
+      fake_serve(fd, f->asked, op, status);
+      close(fd);
+    }
+  }
+  close(lfd);
+}
+
+/* Canned answers: a device check with a shortfall and residual. */
+static Gpumem__Wire__DeviceCheck check0 = GPUMEM__WIRE__DEVICE_CHECK__INIT;
+static Gpumem__Wire__DeviceCheck *checks[] = {&check0};
+
+/* Fill the canned device check. */
+static void canned_check(void) {
+  check0.device = 0;
+  check0.released = 8 * GiB;
+  check0.free_before = 10 * GiB;
+  check0.free_after = 14 * GiB;
+  check0.shortfall = 4 * GiB;
+  check0.residual = 1 * GiB;
+  check0.residual_known = true;
+}
+
+/* A pause that could not release everything: exit status 1, and stderr
+ * gives the code, the daemon's words, the pids and bytes still held, and
+ * what the driver shows; the request carried --max-residual. */
+START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
+  canned_check();
+  uint32_t pids[] = {4121, 4122};
+  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
+  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED;
+  e.message = "2 buffers of tag kv were not released";
+  e.pids = pids;
+  e.n_pids = 2;
+  e.buffers_held = 2;
+  e.bytes_held = 8 * GiB;
+  e.checks = checks;
+  e.n_checks = 1;
+  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
+  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  op.error = &e;
+  fake_start(&fk, &op, NULL);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --max-residual 1G --timeout 500 kv"), 1);
+  ck_assert_msg(strstr(err_buf, "pause failed: NOT_RELEASED: 2 buffers of tag kv were not released"),
+                "%s", err_buf);
+  ck_assert_msg(strstr(err_buf, "2 buffers, 8.00 GiB still held by pids 4121, 4122"), "%s", err_buf);
+  ck_assert_msg(strstr(err_buf, "device 0: released 8.00 GiB, driver shows 4.00 GiB more free; "
+                                "1.00 GiB held outside gpumemd"),
+                "%s", err_buf);
+  ck_assert_msg(strstr(err_buf, "! device 0: 4.00 GiB released that the driver does not show as free"),
+                "%s", err_buf);
+  char asked[512];
+  slurp(fk.asked, asked, sizeof asked);
+  ck_assert_str_eq(asked, "pause max_residual=1073741824 timeout=500 tags=kv\n");
+  /* --max-residual 0: nothing may remain (0 on the wire would mean no limit). */
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --max-residual 0 kv"), 1);
+  slurp(fk.asked, asked, sizeof asked);
+  ck_assert_msg(strstr(asked, "pause max_residual=1 timeout=0 tags=kv\n"), "%s", asked);
+  /* The same in JSON, on stdout, for scripts. */
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json pause kv"), 1);
+  ck_assert_int_eq(json_check(fk.dir,
+                              "j['error']=={'code':'NOT_RELEASED','message':'2 buffers of tag kv "
+                              "were not released','pids':[4121,4122],'buffers_held':2,"
+                              "'bytes_held':8589934592,'bytes_needed':0,'bytes_free':0}"
+                              " and j['checks']==[{'device':0,'released':8589934592,"
+                              "'free_before':10737418240,'free_after':15032385536,"
+                              "'shortfall':4294967296,'residual':1073741824,"
+                              "'residual_known':True}]"),
+                   0);
+}
+END_TEST
+
+/* The library hands a controller the whole answer of a failure: the code,
+ * every pid, the bytes held and the checks (and the old summary still
+ * gets the pids). */
+START_TEST(the_library_reports_failures_whole) {
+  canned_check();
+  uint32_t pids[70];
+  for (unsigned i = 0; i < 70; i++) pids[i] = 1000 + i;
+  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
+  e.code = GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT;
+  e.message = "70 workers did not answer";
+  e.pids = pids;
+  e.n_pids = 70;
+  e.buffers_held = 70;
+  e.bytes_held = 70 * MiB;
+  e.checks = checks;
+  e.n_checks = 1;
+  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
+  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  op.error = &e;
+  fake_start(&fk, &op, NULL);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(fk.socket, "t", GPUMEM_ROLE_CONTROLLER,
+                                  GPUMEM_CONNECT_NO_THREAD, &c), 0);
+  const char *tag = "kv";
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.max_residual = 5 * GiB;
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(gpumem_pause_ex(c, &tag, 1, NULL, 0, &o, &r), GPUMEM_E_CLIENT_TIMEOUT);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->error, GPUMEM_E_CLIENT_TIMEOUT);
+  ck_assert_str_eq(r->code, "CLIENT_TIMEOUT");
+  ck_assert_str_eq(r->message, "70 workers did not answer");
+  ck_assert_uint_eq(r->npids, 70);
+  ck_assert_uint_eq(r->pids[69], 1069);
+  ck_assert_uint_eq(r->buffers_held, 70);
+  ck_assert_uint_eq(r->bytes_held, 70 * MiB);
+  ck_assert_uint_eq(r->nchecks, 1);
+  ck_assert_uint_eq(r->checks[0].shortfall, 4 * GiB);
+  ck_assert_int_eq(r->checks[0].residual_known, 1);
+  gpumem_op_report_free(r);
+  /* max_residual belongs to pause; the library says so before asking. */
+  static struct gpumem_op_report sentinel;
+  r = &sentinel;
+  ck_assert_int_eq(gpumem_resume_ex(c, &tag, 1, NULL, 0, &o, &r), GPUMEM_E_INVALID);
+  ck_assert_ptr_null(r);
+  struct gpumem_op_result old;
+  ck_assert_int_eq(gpumem_pause(c, &tag, 1, NULL, 0, 0, &old), GPUMEM_E_CLIENT_TIMEOUT);
+  ck_assert_uint_eq(old.npids, 64);
+  ck_assert_uint_eq(old.pids[0], 1000);
+  gpumem_disconnect(c);
+  char asked[512];
+  slurp(fk.asked, asked, sizeof asked);
+  ck_assert_str_eq(asked, "pause max_residual=5368709120 timeout=0 tags=kv\n"
+                          "pause max_residual=0 timeout=0 tags=kv\n");
+}
+END_TEST
+
+/* A status with every new figure: the driver's reserve, tags in transit
+ * and mixed, residual per session, and processes holding memory outside
+ * gpumemd, named largest first. */
+START_TEST(status_names_the_largest_holders_outside_gpumemd) {
+  Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
+  Gpumem__Wire__DeviceInfo dv = GPUMEM__WIRE__DEVICE_INFO__INIT;
+  dv.index = 3;
+  dv.total = 80 * GiB;
+  dv.free = 20 * GiB;
+  dv.reserved = 1 * GiB;
+  dv.managed = 40 * GiB;
+  dv.bus_id = "host:3";
+  Gpumem__Wire__DeviceInfo *dvs[] = {&dv};
+  Gpumem__Wire__TagInfo kv = GPUMEM__WIRE__TAG_INFO__INIT, wt = GPUMEM__WIRE__TAG_INFO__INIT;
+  kv.name = "kv_cache";
+  kv.state = GPUMEM__WIRE__BUFFER_STATE__PAUSING;
+  kv.buffers = 16;
+  kv.bytes = 16 * GiB;
+  kv.paused_buffers = 8;
+  kv.paused_bytes = 8 * GiB;
+  kv.transit_buffers = 8;
+  kv.transit_bytes = 8 * GiB;
+  wt.name = "weights";
+  wt.state = GPUMEM__WIRE__BUFFER_STATE__ACTIVE;
+  wt.buffers = 2;
+  wt.bytes = 2 * GiB;
+  wt.paused_buffers = 1;
+  wt.paused_bytes = 1 * GiB;
+  wt.mixed = true;
+  Gpumem__Wire__TagInfo *tags[] = {&kv, &wt};
+  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
+  s1.id = 7;
+  s1.pid = 4121;
+  s1.name = "sglang-tp3";
+  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  s1.residual = 55942366003ull; /* 52.1 GiB */
+  s1.residual_known = true;
+  Gpumem__Wire__SessionInfo *sessions[] = {&s1};
+  Gpumem__Wire__ProcessMemory p1 = GPUMEM__WIRE__PROCESS_MEMORY__INIT,
+                              p2 = GPUMEM__WIRE__PROCESS_MEMORY__INIT,
+                              p3 = GPUMEM__WIRE__PROCESS_MEMORY__INIT;
+  p1.pid = 77;
+  p1.device = 3;
+  p1.used = p1.residual = 2 * GiB;
+  p1.name = "python3";
+  p2.pid = 4121;
+  p2.device = 3;
+  p2.used = p2.residual = 55942366003ull;
+  p2.session_id = 7;
+  p2.name = "sglang-tp3";
+  p3.pid = 99;
+  p3.device = 3;
+  p3.used = p3.managed = 1 * GiB;
+  p3.name = "quiet";
+  Gpumem__Wire__ProcessMemory *procs[] = {&p1, &p2, &p3};
+  sr.backend = "host";
+  sr.granularity = 2 * MiB;
+  sr.devices = dvs;
+  sr.n_devices = 1;
+  sr.tags = tags;
+  sr.n_tags = 2;
+  sr.sessions = sessions;
+  sr.n_sessions = 1;
+  sr.processes = procs;
+  sr.n_processes = 3;
+  sr.processes_known = true;
+  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
+  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  st.status_reply = &sr;
+  fake_start(&fk, NULL, &st);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
+  /* unmanaged = 80 - 20 free - 1 reserved - 40 managed */
+  ck_assert_msg(strstr(out_buf, "3         80.0 GiB    20.0 GiB    1.00 GiB    40.0 GiB    19.0 GiB"),
+                "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "! device 3: 19.0 GiB in use that gpumemd does not manage"), "%s",
+                out_buf);
+  const char *big = strstr(out_buf, "pid 4121 (sglang-tp3) holds 52.1 GiB on device 3 outside gpumemd");
+  const char *small = strstr(out_buf, "pid 77 (python3) holds 2.00 GiB on device 3 outside gpumemd");
+  ck_assert_msg(big && small && big < small, "%s", out_buf);
+  ck_assert_msg(!strstr(out_buf, "pid 99"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "kv_cache             PAUSING"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "! kv_cache: 8 buffers (8.00 GiB) PAUSING: an owner has not answered"),
+                "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "weights              mixed"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "weights: mixed, 1 of 2 buffers paused"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "sglang-tp3                 0         0 B    52.1 GiB"), "%s",
+                out_buf);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
+  ck_assert_int_eq(json_check(fk.dir,
+                              "j['devices'][0]['reserved']==1073741824"
+                              " and j['devices'][0]['unmanaged']==19*1073741824"
+                              " and j['processes_known'] is True and len(j['processes'])==3"
+                              " and j['processes'][1]=={'pid':4121,'device':3,'used':55942366003,"
+                              "'managed':0,'residual':55942366003,'session_id':7,"
+                              "'name':'sglang-tp3'}"
+                              " and j['tags'][0]['transit_bytes']==8*1073741824"
+                              " and j['tags'][1]['mixed'] is True"
+                              " and j['sessions'][0]['residual']==55942366003"),
+                   0);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "metrics"), 0);
+  ck_assert_msg(strstr(out_buf, "gpumem_process_residual_bytes{pid=\"4121\",device=\"3\","
+                                "name=\"sglang-tp3\"} 55942366003"),
+                "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "gpumem_device_reserved_bytes{device=\"3\"} 1073741824"), "%s",
+                out_buf);
+}
+END_TEST
+
+/* Where the driver gives no per-process figures, status says so instead
+ * of naming nobody, and residuals read "unknown". */
+START_TEST(status_says_when_the_driver_gives_no_per_process_figures) {
+  Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
+  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
+  s1.id = 1;
+  s1.pid = 10;
+  s1.name = "w";
+  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  Gpumem__Wire__SessionInfo *sessions[] = {&s1};
+  sr.backend = "host";
+  sr.granularity = 2 * MiB;
+  sr.sessions = sessions;
+  sr.n_sessions = 1;
+  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
+  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  st.status_reply = &sr;
+  fake_start(&fk, NULL, &st);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
+  ck_assert_msg(strstr(out_buf, "the driver gives no per-process figures"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "unknown"), "%s", out_buf);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
+  ck_assert_int_eq(json_check(fk.dir, "j['processes_known'] is False and j['processes']==[]"
+                                      " and j['sessions'][0]['residual_known'] is False"),
+                   0);
+}
+END_TEST
+
+int main(void) {
+  return HARNESS_RUN("ctl", 60, setup, teardown,
+                     unknown_tag_is_not_found_and_fails,
+                     pause_and_resume_print_the_driver_checks,
+                     status_json_carries_every_figure,
+                     max_residual_is_a_pause_option,
+                     a_failed_pause_says_what_is_held_and_by_whom,
+                     the_library_reports_failures_whole,
+                     status_names_the_largest_holders_outside_gpumemd,
+                     status_says_when_the_driver_gives_no_per_process_figures);
+}
