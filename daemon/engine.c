@@ -285,20 +285,34 @@ static void count(struct op *op, const struct buffer *b) {
   d->bytes += b->size;
 }
 
-/* True if any chunk of b is still mapped or held by its owner's process,
- * as the kernel or driver can tell (never, where it cannot). */
-static bool owner_still_holds(engine *e, const struct buffer *b) {
-  for (size_t i = 0; i < b->nchunks && !b->ipc; i++)
-    if (gpu_chunk_held_by(e->gpu, b->handles[i], (int)b->owner->pid) == 1) return true;
-  return false;
+/* Which of bufs (PAUSED, with memory, of one owner) the owner's process
+ * still maps or holds, as the kernel or driver can tell (none, where it
+ * cannot): one look at the process for all of them. */
+static void owner_holds(engine *e, struct buffer **bufs, size_t n, bool *held) {
+  memset(held, 0, n * sizeof *held);
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += bufs[i]->ipc ? 0 : bufs[i]->nchunks;
+  uint64_t *handles = malloc((total + 1) * sizeof *handles);
+  bool *chunk_held = calloc(total + 1, sizeof *chunk_held);
+  size_t k = 0;
+  for (size_t i = 0; handles && i < n; i++)
+    for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) handles[k++] = bufs[i]->handles[c];
+  if (handles && chunk_held && total &&
+      gpu_chunks_held_by(e->gpu, (int)bufs[0]->owner->pid, handles, total, chunk_held) > 0) {
+    k = 0;
+    for (size_t i = 0; i < n; i++)
+      for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) held[i] |= chunk_held[k++];
+  }
+  free(handles);
+  free(chunk_held);
 }
 
 /* A PAUSED buffer that still has memory: back it up and release it, unless
  * its owner still maps it or its backup fails (then it keeps its memory,
  * is counted as held, and the operation fails). */
-static void release(engine *e, struct op *op, struct buffer *b) {
+static void release(engine *e, struct op *op, struct buffer *b, bool still_held) {
   unsigned long long id = (unsigned long long)b->id;
-  if (owner_still_holds(e, b)) {
+  if (still_held) {
     log_error("pid %d acknowledged the unmap of buffer %llu but still maps it", (int)b->owner->pid,
               id);
     hold(op, b);
@@ -323,6 +337,9 @@ static void release(engine *e, struct op *op, struct buffer *b) {
 /* An owner answered its Unmap: what it unmapped is released, what it could
  * not unmap is ACTIVE again. */
 static void finish_unmap(engine *e, struct group *g) {
+  struct buffer **bufs = calloc(g->nids + 1, sizeof *bufs);
+  bool *held = calloc(g->nids + 1, sizeof *held);
+  size_t n = 0;
   for (size_t i = 0; i < g->nids; i++) {
     struct buffer *b = registry_find(e->reg, g->ids[i]);
     if (!b || b->state != BUF_PAUSING) continue;
@@ -334,8 +351,13 @@ static void finish_unmap(engine *e, struct group *g) {
       continue;
     }
     registry_set_state(e->reg, b, BUF_PAUSED);
-    release(e, g->op, b);
+    if (bufs) bufs[n++] = b;
   }
+  if (!bufs || !held) fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  if (bufs && held) owner_holds(e, bufs, n, held);
+  for (size_t i = 0; i < n; i++) release(e, g->op, bufs[i], held && held[i]);
+  free(bufs);
+  free(held);
 }
 
 /* A buffer a failed resume had mapped is unmapped again: release what the
@@ -534,7 +556,11 @@ static void start_pause(engine *e, struct op *op) {
         continue;
       }
       if (b->state == BUF_PAUSED) {
-        if (b->has_memory) release(e, op, b); /* kept by an earlier failure: try again */
+        if (b->has_memory) { /* kept by an earlier failure: try again */
+          bool held;
+          owner_holds(e, &b, 1, &held);
+          release(e, op, b, held);
+        }
         continue;
       }
       struct group *g = idmap_get(by_session, b->owner->id);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/size.h"
 #include "common/wire.h"
@@ -78,10 +79,16 @@ static void raise_fd_limit(void) {
 /* Open the configured backend; "auto" takes the vendor whose GPU is
  * present, else host, and says why. */
 static int open_backend(struct config *cfg, gpu **g) {
+  /* The host backend's devices belong to this socket: a daemon restarted
+   * on it finds its memory again, one on another socket has its own. */
+  char node[17];
+  snprintf(node, sizeof node, "%016llx",
+           (unsigned long long)hash64(cfg->socket_path, strlen(cfg->socket_path), 0));
   struct gpu_options o = {.backend = cfg->backend,
                           .host_devices = cfg->host_devices,
                           .host_device_size = cfg->host_device_size,
-                          .host_granularity = cfg->host_granularity};
+                          .host_granularity = cfg->host_granularity,
+                          .host_node = node};
   char err[256] = "", why[600] = "";
   if (strcmp(cfg->backend, "auto") == 0) {
     static const char *const vendors[] = {"cuda", "hip"};

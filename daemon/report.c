@@ -91,6 +91,7 @@ int report_residual(gpu *g, unsigned dev, struct report_residual *r) {
   if (n > REPORT_MAX_PROCESSES) n = REPORT_MAX_PROCESSES;
   for (size_t i = 0; i < n; i++) {
     if (procs[i].pid == getpid()) continue;
+    if (procs[i].used == GPU_USED_UNKNOWN) return -ENODATA; /* named, not measured */
     r->bytes += procs[i].used;
     if (procs[i].used > r->top_bytes) {
       r->top_bytes = procs[i].used;
@@ -102,13 +103,13 @@ int report_residual(gpu *g, unsigned dev, struct report_residual *r) {
 }
 
 /* The processes on every device with their memory outside the daemon;
- * returns the count (into *out, malloc'd) or -1 where the driver gives no
- * per-process figures. Session residuals are added up on the way. */
+ * returns the count (into *out, malloc'd), or -1 where the driver gives no
+ * per-process figures (then *out may still hold what was found). */
 static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMemory **out,
                          char (**names)[WIRE_NAME_MAX + 1]) {
   unsigned ndev = gpu_device_count(g);
   size_t n = 0, cap = 0;
-  bool known = false;
+  bool known = false, unmeasured = false;
   *out = NULL;
   *names = NULL;
   for (unsigned d = 0; d < ndev; d++) {
@@ -116,9 +117,12 @@ static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMem
     size_t k = 0;
     if (gpu_processes(g, d, procs, REPORT_MAX_PROCESSES, &k) < 0) continue;
     known = true;
+    for (size_t i = 0; i < k && i < REPORT_MAX_PROCESSES; i++)
+      if (procs[i].used == GPU_USED_UNKNOWN) unmeasured = true;
     if (k > REPORT_MAX_PROCESSES) k = REPORT_MAX_PROCESSES;
     for (size_t i = 0; i < k; i++) {
-      if (procs[i].pid == getpid() || procs[i].used == 0) continue;
+      if (procs[i].pid == getpid() || procs[i].used == 0 || procs[i].used == GPU_USED_UNKNOWN)
+        continue;
       if (n == cap) {
         cap = cap ? 2 * cap : 16;
         Gpumem__Wire__ProcessMemory *np = realloc(*out, cap * sizeof *np);
@@ -144,7 +148,8 @@ static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMem
       n++;
     }
   }
-  return known ? (long)n : -1;
+  /* A driver that names processes without figures gives no residual. */
+  return known && !unmeasured ? (long)n : -1;
 }
 
 /* Send s the status of every device, tag and session. */

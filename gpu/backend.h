@@ -17,7 +17,7 @@ struct gpu_ops {
   /* Optional (NULL: -ENOTSUP, or mem_info's figures with no reserve). */
   int (*mem_detail)(void *state, unsigned dev, struct gpu_mem *m);
   int (*processes)(void *state, unsigned dev, struct gpu_process *out, size_t max, size_t *n);
-  int (*chunk_held_by)(void *state, uint64_t handle, int pid);
+  int (*chunks_held_by)(void *state, int pid, const uint64_t *handles, size_t n, bool *held);
   int (*chunk_adopt)(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle);
   int (*export_handle)(void *state, unsigned dev, uint64_t handle, int *fd);
   int (*chunk_create)(void *state, unsigned dev, uint64_t size,

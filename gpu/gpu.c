@@ -89,12 +89,10 @@ int gpu_processes(gpu *g, unsigned dev, struct gpu_process *out, size_t max, siz
   return g->ops->processes(g->state, dev, out, max, n);
 }
 
-/* Whether a process still holds a chunk. */
-int gpu_chunk_held_by(gpu *g, uint64_t handle, int pid) {
-  if (!g->ops->chunk_held_by)
-    return gpu_fail(-ENOTSUP, "%s: cannot tell who holds a chunk (the driver's free memory can)",
-                    g->ops->name);
-  return g->ops->chunk_held_by(g->state, handle, pid);
+/* Which chunks a process still holds. */
+int gpu_chunks_held_by(gpu *g, int pid, const uint64_t *handles, size_t n, bool *held) {
+  if (!g->ops->chunks_held_by) return -ENOTSUP;
+  return g->ops->chunks_held_by(g->state, pid, handles, n, held);
 }
 
 /* Own a chunk handed over by another process. */

@@ -22,6 +22,9 @@ struct gpu_options {
   unsigned host_devices;     /* host backend: simulated devices */
   uint64_t host_device_size; /* host backend: bytes per device */
   uint64_t host_granularity; /* host backend: 0 for the default, 2 MiB */
+  const char *host_node;     /* host backend: names this daemon's simulated
+                                devices (bus ids "host-<node>:<d>", memfds
+                                "gpumem-host-<node>:<d>"); NULL: "local" */
 };
 
 /* Open a backend. On failure returns a negative errno and writes why. */
@@ -71,10 +74,11 @@ struct gpu_process {
  * allocated itself. */
 int gpu_processes(gpu *g, unsigned dev, struct gpu_process *out, size_t max, size_t *n);
 
-/* Daemon side: 1 if process pid still maps or holds the chunk, 0 if not,
+/* Daemon side: which of n chunks process pid still maps or holds
+ * (held[i]), reading the process once. Returns how many it holds, or
  * -ENOTSUP where the backend cannot tell (the driver's free memory is the
  * check there). */
-int gpu_chunk_held_by(gpu *g, uint64_t handle, int pid);
+int gpu_chunks_held_by(gpu *g, int pid, const uint64_t *handles, size_t n, bool *held);
 
 /* Daemon side: own a chunk that another process hands over (re-registration
  * after a daemon restart). Checks that the fd is this backend's memory of

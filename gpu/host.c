@@ -4,10 +4,13 @@
  * fallocate, so that the memory is really used (Shmem in /proc/meminfo) and
  * really returned when the daemon and every importer have unmapped and
  * closed it. Devices are simulated: each has a fixed capacity that chunk
- * creation enforces. Any memfd of that name is "device memory" of d; the
+ * creation enforces; <node> names this daemon's devices (from its socket),
+ * so that two daemons on one machine do not see each other's memory as
+ * their own. Any memfd of that name is "device memory" of d; the
  * ones this backend holds for the daemon are known by inode, so that the
  * kernel's view of each process (/proc/PID/maps and fd) plays the part of
  * the driver's per-process figures. */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +38,7 @@ struct host {
   uint64_t granularity;
   uint64_t capacity;
   uint64_t committed[HOST_MAX_DEVICES];
+  char node[40];  /* names the simulated devices: bus id "host-<node>:<d>" */
   idmap *live;    /* inode -> device + 1 of every chunk held (daemon side) */
   dev_t live_dev; /* the filesystem those inodes are on (memfds share one) */
 };
@@ -66,6 +70,17 @@ static int host_open(const struct gpu_ops *self, const struct gpu_options *opt, 
     h->ndev = opt->host_devices;
     h->capacity = opt->host_device_size;
   }
+  const char *node = opt->host_node ? opt->host_node : "local";
+  bool node_ok = *node && strlen(node) < sizeof h->node;
+  for (const char *c = node; *c; c++)
+    node_ok = node_ok && (isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == '-');
+  if (!node_ok) {
+    snprintf(err, errlen, "host node name must be 1-%zu characters of [A-Za-z0-9_.-]",
+             sizeof h->node - 1);
+    free(h);
+    return -EINVAL;
+  }
+  snprintf(h->node, sizeof h->node, "%s", node);
   if (!(h->live = idmap_create())) {
     free(h);
     return -ENOMEM;
@@ -130,8 +145,8 @@ static int host_chunk_create(void *state, unsigned dev, uint64_t size,
     return gpu_fail(-ENOMEM, "device %u: %llu bytes free, %llu asked", dev,
                     (unsigned long long)(h->capacity - h->committed[dev]),
                     (unsigned long long)size);
-  char name[32];
-  snprintf(name, sizeof name, "gpumem-dev%u", dev);
+  char name[96];
+  snprintf(name, sizeof name, "gpumem-host-%s:%u", h->node, dev);
   int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) return gpu_fail(-errno, "memfd_create: %s", strerror(errno));
   if (ftruncate(fd, (off_t)size) < 0 || fallocate(fd, 0, 0, (off_t)size) < 0) {
@@ -270,16 +285,20 @@ static bool host_holding(void *state, unsigned dev) {
 }
 
 /* Host devices have made-up bus ids, the same in every process. */
+/* The device's name: the same in every process of this daemon's node. */
 static int host_bus_id(void *state, unsigned dev, char *buf, size_t len) {
-  (void)state;
-  snprintf(buf, len, "host:%u", dev);
+  snprintf(buf, len, "host-%s:%u", ((struct host *)state)->node, dev);
   return 0;
 }
 
+/* A client's device for the daemon's bus id "host-<node>:<d>": d. */
 static int host_device_by_bus_id(void *state, const char *bus_id) {
   (void)state;
-  unsigned dev;
-  if (sscanf(bus_id, "host:%u", &dev) != 1) return -ENODEV;
+  const char *colon = strrchr(bus_id, ':');
+  char *end;
+  if (strncmp(bus_id, "host-", 5) != 0 || !colon || !colon[1]) return -ENODEV;
+  unsigned long dev = strtoul(colon + 1, &end, 10);
+  if (*end || dev >= HOST_MAX_DEVICES) return -ENODEV;
   return (int)dev;
 }
 
@@ -411,11 +430,11 @@ static struct proc_file *files_at(struct proc_files *f, dev_t dev, ino_t ino) {
   return &f->v[f->n++];
 }
 
-/* True if path names a memfd of device dev ("/memfd:gpumem-dev0 (deleted)"
- * in maps and fd links): the name alone, so dev1 is not dev10. */
-static bool is_device_memfd(const char *path, unsigned dev) {
-  char name[48];
-  int len = snprintf(name, sizeof name, "/memfd:gpumem-dev%u", dev);
+/* True if path names a memfd of device dev ("/memfd:gpumem-host-local:0
+ * (deleted)" in maps and fd links): the name alone, so 1 is not 10. */
+static bool is_device_memfd(const struct host *h, const char *path, unsigned dev) {
+  char name[96];
+  int len = snprintf(name, sizeof name, "/memfd:gpumem-host-%s:%u", h->node, dev);
   if (strncmp(path, name, (size_t)len) != 0) return false;
   return path[len] == '\0' || strcmp(path + len, " (deleted)") == 0;
 }
@@ -490,7 +509,7 @@ struct outside_scan {
 /* A mapping of outside memory of the device: count its bytes. */
 static void outside_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
   struct outside_scan *s = arg;
-  if (!is_device_memfd(path, s->dev) || live_has(s->h, dev, ino)) return;
+  if (!is_device_memfd(s->h, path, s->dev) || live_has(s->h, dev, ino)) return;
   struct proc_file *f = files_at(&s->files, dev, ino);
   if (f) f->mapped += len;
   else s->oom = true;
@@ -499,7 +518,7 @@ static void outside_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const
 /* An fd of outside memory of the device: count what the memfd commits. */
 static void outside_fd(void *arg, const struct stat *st, const char *link) {
   struct outside_scan *s = arg;
-  if (!is_device_memfd(link, s->dev) || live_has(s->h, st->st_dev, st->st_ino)) return;
+  if (!is_device_memfd(s->h, link, s->dev) || live_has(s->h, st->st_dev, st->st_ino)) return;
   struct proc_file *f = files_at(&s->files, st->st_dev, st->st_ino);
   if (!f) {
     s->oom = true;
@@ -547,42 +566,59 @@ static int host_processes(void *state, unsigned dev, struct gpu_process *out, si
   return rc;
 }
 
-/* What a search of one process for one chunk needs. */
-struct chunk_scan {
+/* The memfds one process maps or holds, by inode (memfds share one
+ * filesystem, the live chunks' dev). */
+struct held_scan {
   dev_t dev;
-  ino_t ino;
-  bool found;
+  idmap *inodes;
+  bool oom;
 };
 
-/* A mapping of the chunk? */
-static void chunk_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
-  struct chunk_scan *s = arg;
+/* Note a mapping's inode. */
+static void held_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
+  struct held_scan *s = arg;
   (void)len;
   (void)path;
-  if (dev == s->dev && ino == s->ino) s->found = true;
+  if (dev == s->dev && idmap_put(s->inodes, (uint64_t)ino, s) < 0) s->oom = true;
 }
 
-/* An fd of the chunk? */
-static void chunk_fd(void *arg, const struct stat *st, const char *link) {
-  struct chunk_scan *s = arg;
+/* Note an fd's inode. */
+static void held_fd(void *arg, const struct stat *st, const char *link) {
+  struct held_scan *s = arg;
   (void)link;
-  if (st->st_dev == s->dev && st->st_ino == s->ino) s->found = true;
+  if (st->st_dev == s->dev && idmap_put(s->inodes, (uint64_t)st->st_ino, s) < 0) s->oom = true;
 }
 
-/* Whether pid maps the chunk or holds an fd to it, by the kernel's word
- * (a worker that acknowledged an unmap but kept its mapping is caught
- * here). A process that is gone holds nothing. Called with the daemon's
- * own pid it answers 1: the handle is an fd of this process. */
-static int host_chunk_held_by(void *state, uint64_t handle, int pid) {
-  (void)state;
-  struct stat st;
-  if (fstat((int)handle, &st) < 0) return gpu_fail(-errno, "chunk: %s", strerror(errno));
-  struct chunk_scan s = {.dev = st.st_dev, .ino = st.st_ino};
-  int rc = maps_each(pid, chunk_mapping, &s);
-  if (rc == 0 && !s.found) rc = fds_each(pid, chunk_fd, &s);
-  if (rc == -ENOENT || rc == -ESRCH) return 0;
-  if (rc < 0) return gpu_fail(rc, "reading /proc/%d: %s", pid, strerror(-rc));
-  return s.found ? 1 : 0;
+/* Which chunks pid maps or holds an fd to, by the kernel's word (a worker
+ * that acknowledged an unmap but kept its mapping is caught here), reading
+ * its /proc entries once. A process that is gone holds nothing. */
+static int host_chunks_held_by(void *state, int pid, const uint64_t *handles, size_t n,
+                               bool *held) {
+  struct host *h = state;
+  struct held_scan s = {.dev = h->live_dev, .inodes = idmap_create()};
+  if (!s.inodes) return gpu_fail(-ENOMEM, "out of memory");
+  int rc = maps_each(pid, held_mapping, &s);
+  if (rc == 0) rc = fds_each(pid, held_fd, &s);
+  if (rc == -ENOENT || rc == -ESRCH) { /* gone: it holds nothing */
+    idmap_destroy(s.inodes);
+    memset(held, 0, n * sizeof *held);
+    return 0;
+  }
+  if (rc < 0 || s.oom) {
+    rc = s.oom ? gpu_fail(-ENOMEM, "out of memory")
+               : gpu_fail(rc, "reading /proc/%d: %s", pid, strerror(-rc));
+    idmap_destroy(s.inodes);
+    return rc;
+  }
+  int count = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct stat st;
+    held[i] = fstat((int)handles[i], &st) == 0 && st.st_dev == s.dev &&
+              idmap_get(s.inodes, (uint64_t)st.st_ino) != NULL;
+    count += held[i];
+  }
+  idmap_destroy(s.inodes);
+  return count;
 }
 
 /* Check that fd is a chunk of dev of size bytes, as this backend makes
@@ -597,7 +633,7 @@ static int adopt_check(const struct host *h, unsigned dev, int fd, uint64_t size
   ssize_t n = readlink(p, link, sizeof link - 1);
   if (n < 0) return gpu_fail(-errno, "adopting: %s: %s", p, strerror(errno));
   link[n] = '\0';
-  if (!is_device_memfd(link, dev))
+  if (!is_device_memfd(h, link, dev))
     return gpu_fail(-EINVAL, "adopting: %s is not memory of device %u", link, dev);
   struct stat st;
   if (fstat(fd, &st) < 0) return gpu_fail(-errno, "adopting: fstat: %s", strerror(errno));
@@ -639,7 +675,7 @@ const struct gpu_ops gpu_host_ops = {
     .granularity = host_granularity,
     .mem_info = host_mem_info,
     .processes = host_processes,
-    .chunk_held_by = host_chunk_held_by,
+    .chunks_held_by = host_chunks_held_by,
     .chunk_adopt = host_chunk_adopt,
     .export_handle = host_export_handle,
     .chunk_create = host_chunk_create,

@@ -118,7 +118,7 @@ static bool fake_hello(struct fake *f) {
   bool ok = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
   if (ok) {
     Gpumem__Wire__DeviceInfo d = GPUMEM__WIRE__DEVICE_INFO__INIT, *dp = &d;
-    d.bus_id = "host:0";
+    d.bus_id = "host-local:0";
     d.total = 64 * MIB;
     Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
     r.version_major = WIRE_VERSION_MAJOR;
@@ -140,7 +140,7 @@ static bool fake_hello(struct fake *f) {
 
 /* A chunk of "device memory" as the host backend makes it. */
 static int chunk(uint64_t size) {
-  int fd = memfd_create("gpumem-dev0", MFD_CLOEXEC);
+  int fd = memfd_create("gpumem-host-local:0", MFD_CLOEXEC);
   if (fd >= 0 && ftruncate(fd, (off_t)size) < 0) {
     close(fd);
     return -1;
@@ -354,7 +354,7 @@ static bool maps_memfd_at(const void *va) {
   unsigned long lo, hi;
   while (m && fgets(line, sizeof line, m))
     if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (unsigned long)va >= lo &&
-        (unsigned long)va < hi && strstr(line, "memfd:gpumem-dev"))
+        (unsigned long)va < hi && strstr(line, "memfd:gpumem-host-"))
       found = true;
   if (m) fclose(m);
   return found;

@@ -245,7 +245,7 @@ static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status
   Gpumem__Wire__DeviceInfo dev0 = GPUMEM__WIRE__DEVICE_INFO__INIT;
   dev0.index = 0;
   dev0.total = 80 * GiB;
-  dev0.bus_id = "host:0";
+  dev0.bus_id = "host-local:0";
   Gpumem__Wire__DeviceInfo *devs[] = {&dev0};
   Gpumem__Wire__HelloReply hr = GPUMEM__WIRE__HELLO_REPLY__INIT;
   hr.version_major = WIRE_VERSION_MAJOR;
@@ -444,7 +444,7 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   dv.free = 20 * GiB;
   dv.reserved = 1 * GiB;
   dv.managed = 40 * GiB;
-  dv.bus_id = "host:3";
+  dv.bus_id = "host-local:3";
   Gpumem__Wire__DeviceInfo *dvs[] = {&dv};
   Gpumem__Wire__TagInfo kv = GPUMEM__WIRE__TAG_INFO__INIT, wt = GPUMEM__WIRE__TAG_INFO__INIT;
   kv.name = "kv_cache";

@@ -682,7 +682,12 @@ START_TEST(residual_memory_fails_a_pause_that_allows_less) {
   raw_open(&c, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
   struct rbuf b;
   raw_alloc(&w, "kv", 0, 2 * MiB, 0, &b);
-  int fd = memfd_create("gpumem-dev0", MFD_CLOEXEC); /* "device memory" of our own */
+  /* "Device memory" of our own: a memfd named as the daemon's device 0. */
+  wire_env *s0 = status_of(&c);
+  char name[96];
+  snprintf(name, sizeof name, "gpumem-%s", s0->status_reply->devices[0]->bus_id);
+  wire_env_free(s0);
+  int fd = memfd_create(name, MFD_CLOEXEC);
   ck_assert_int_ge(fd, 0);
   ck_assert_int_eq(ftruncate(fd, 8 * MiB), 0);
   void *p = mmap(NULL, 8 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -227,7 +227,7 @@ static void note_inode(unsigned long long *inos, uint64_t *bytes, size_t *n, siz
   }
 }
 
-/* Bytes of the backend's memfds ("gpumem-dev") that these processes hold
+/* Bytes of the backend's memfds ("gpumem-host-...") that these processes hold
  * by fd or by mapping, each memfd counted once: the kernel's own figure
  * for memory the daemon and its workers keep, whatever else the machine
  * runs. */
@@ -246,7 +246,7 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
       if (len <= 0) continue;
       link[len] = '\0';
       struct stat st;
-      if (strstr(link, "/memfd:gpumem-dev") && stat(path, &st) == 0)
+      if (strstr(link, "/memfd:gpumem-host-") && stat(path, &st) == 0)
         note_inode(inos, bytes, &n, MAX, (unsigned long long)st.st_ino,
                    (uint64_t)st.st_blocks * 512);
     }
@@ -255,7 +255,7 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
     FILE *f = fopen(path, "re");
     while (f && fgets(line, sizeof line, f)) {
       unsigned long long lo, hi, ino;
-      if (!strstr(line, "/memfd:gpumem-dev") ||
+      if (!strstr(line, "/memfd:gpumem-host-") ||
           sscanf(line, "%llx-%llx %*s %*s %*s %llu", &lo, &hi, &ino) != 3)
         continue;
       note_inode(inos, bytes, &n, MAX, ino, hi - lo);

@@ -165,7 +165,10 @@ static void check_processes(gpu *d, int pid, uint64_t chunk) {
         "worker %d holds %.0f MiB outside the daemon (2048 its own, and its context; the "
         "%.0f MiB chunk it maps is not counted); %zu processes; rc %d %s",
         pid, mib(used), mib(chunk), n, rc, rc ? gpu_error() : "");
-  check(gpu_chunk_held_by(d, 0, pid) == -ENOTSUP, "held_by", "not on VMM: %s", gpu_error());
+  uint64_t none = 0;
+  bool held;
+  check(gpu_chunks_held_by(d, pid, &none, 1, &held) == -ENOTSUP, "held_by", "not on VMM: %s",
+        gpu_error());
 }
 
 /* What the daemon must refuse to adopt. */
@@ -176,7 +179,7 @@ static void check_adopt_refuses(gpu *d) {
   close(p[1]);
   int rc = gpu_chunk_adopt(d, 0, p[0], 2 * MiB, &h);
   check(rc == -EINVAL, "adopt a pipe", "rc %d: %s", rc, gpu_error());
-  int m = memfd_create("gpumem-dev0", MFD_CLOEXEC);
+  int m = memfd_create("gpumem-host-local:0", MFD_CLOEXEC);
   rc = gpu_chunk_adopt(d, 0, m, 2 * MiB, &h);
   check(rc == -EINVAL, "adopt a memfd", "rc %d: %s", rc, gpu_error());
   rc = gpu_chunk_adopt(d, gpu_device_count(d), dup(2), 2 * MiB, &h);
