@@ -398,6 +398,10 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
       break;
     fd_at += b->paused ? 0 : b->n_chunk_sizes;
     ids[done] = bufs[done]->id;
+    if (b->paused && (b->flags & BUF_FLAG_BACKUP))
+      log_warn("pid %d: BACKUP buffer %llu ('%s') was paused when the previous daemon went "
+               "away: its saved contents are lost",
+               (int)s->pid, (unsigned long long)ids[done], b->tag);
   }
   if (f.code) {
     for (size_t i = 0; i < done; i++) registry_free(srv->reg, bufs[i]);
