@@ -115,6 +115,12 @@ static wire_code check_adopt(const Gpumem__Wire__AdoptRequest *a, size_t nfds, c
       return refuse(bad, why, whylen, "adopt buffer %zu: invalid tag", i);
     if (!flags_ok(b->flags))
       return refuse(bad, why, whylen, "adopt buffer %zu: unknown flags 0x%x", i, b->flags);
+    if ((b->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY) &&
+        (b->paused || (b->flags & ~(uint32_t)GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY)))
+      return refuse(bad, why, whylen,
+                    "adopt buffer %zu: IPC_LEGACY buffers never pause: no BACKUP, "
+                    "ALLOW_PAUSED or paused",
+                    i);
     if (b->n_chunk_sizes > FRAME_MAX_FDS || !chunks_ok(b->chunk_sizes, b->n_chunk_sizes, b->size))
       return refuse(bad, why, whylen, "adopt buffer %zu: chunks do not add up to its size", i);
     if (!b->paused) want += b->n_chunk_sizes;

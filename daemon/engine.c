@@ -205,9 +205,13 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
     op->tags = calloc(ntags, sizeof *op->tags);
     op->dev = calloc(ndev + 1, sizeof *op->dev);
   }
-  for (size_t i = 0; op && op->tags && i < ntags; i++, op->ntags++)
-    if (!(op->tags[op->ntags] = strdup(tags[i]))) break;
-  if (!op || !op->tags || !op->dev || op->ntags != ntags) {
+  bool nomem = !op || !op->tags || !op->dev;
+  for (size_t i = 0; !nomem && i < ntags; i++) {
+    bool seen = false; /* a tag named twice is one tag */
+    for (size_t j = 0; j < op->ntags && !seen; j++) seen = strcmp(op->tags[j], tags[i]) == 0;
+    if (!seen && !(op->tags[op->ntags++] = strdup(tags[i]))) nomem = true;
+  }
+  if (nomem) {
     if (op) op_free(e, op);
     answer_fault(ctl, req_id, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     return;
@@ -817,12 +821,15 @@ static size_t check_devices(engine *e, struct op *op, Gpumem__Wire__DeviceCheck 
            "device %u: the driver gives no per-process figures, so --max-residual cannot be "
            "checked",
            d);
-    else if (r.bytes > op->max_residual)
+    else if (r.bytes > op->max_residual) {
+      char top[32];
+      note_pid(op, r.top_pid);
       fail(op, GPUMEM__WIRE__ERROR_CODE__RESIDUAL_EXCEEDED,
            "device %u still holds %s outside gpumemd, more than %s (largest: pid %d (%s) "
            "holds %s)",
            d, size_format(r.bytes, a, sizeof a), size_format(op->max_residual, b, sizeof b),
-           r.top_pid, r.top_name, size_format(r.top_bytes, b, sizeof b));
+           r.top_pid, r.top_name, size_format(r.top_bytes, top, sizeof top));
+    }
   }
   return n;
 }
@@ -951,12 +958,14 @@ static void on_timeout(uv_timer_t *t) {
   for (size_t i = 0; i < op->npids && len < (int)sizeof pids; i++)
     len += snprintf(pids + len, sizeof pids - (size_t)len, " %u", op->pids[i]);
   bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
-  op->fault.code = 0; /* a timeout says more than an earlier failure */
+  char earlier[sizeof op->fault.text] = "";
+  if (op->fault.code) snprintf(earlier, sizeof earlier, "; before that: %.200s", op->fault.text);
+  op->fault.code = 0; /* the timeout leads, an earlier failure follows */
   fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
-       "no ack within %u ms from pid%s%s; %llu buffers (%s) held until they answer%s",
+       "no ack within %u ms from pid%s%s; %llu buffers (%s) held until they answer%s%.*s",
        op->timeout_ms, pids, kill_them ? " (killed)" : "", (unsigned long long)op->held_buffers,
        size_format(op->held_bytes, bytes, sizeof bytes),
-       op->resume && !op->rolling_back ? "; nothing resumed" : "");
+       op->resume && !op->rolling_back ? "; nothing resumed" : "", 120, earlier);
   if (kill_them)
     for (size_t i = 0; i < op->npids; i++) {
       log_warn("killing pid %u: no ack in time", op->pids[i]);
@@ -1029,15 +1038,20 @@ void engine_ack(engine *e, struct session *s, uint64_t event_id,
   size_t from = k ? g->ends[k - 1] : 0, to = g->ends[k];
   bool bad = ack->code != GPUMEM__WIRE__ERROR_CODE__OK || ack->n_failed_ids;
   for (size_t i = from; bad && ack->n_failed_ids == 0 && i < to; i++) g->failed[i] = true;
+  size_t strangers = 0;
+  uint64_t stranger = 0;
   for (size_t j = 0; j < ack->n_failed_ids; j++) {
     size_t i = from;
     while (i < to && g->ids[i] != ack->failed_ids[j]) i++;
-    if (i < to)
+    if (i < to) {
       g->failed[i] = true;
-    else
-      refuse_ack(s, "ack of event %llu names buffer %llu, which the event did not carry",
-                 (unsigned long long)event_id, (unsigned long long)ack->failed_ids[j]);
+    } else if (strangers++ == 0) {
+      stranger = ack->failed_ids[j];
+    }
   }
+  if (strangers) /* one error for the ack, however many ids it got wrong */
+    refuse_ack(s, "ack of event %llu names %zu buffers the event did not carry (buffer %llu, ...)",
+               (unsigned long long)event_id, strangers, (unsigned long long)stranger);
   if (bad && !g->why[0])
     snprintf(g->why, sizeof g->why, "%s", ack->message[0] ? ack->message : wire_code_name(ack->code));
   if (bad)

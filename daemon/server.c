@@ -29,6 +29,9 @@ struct server {
   struct list sessions;
   uint64_t next_session_id;
   int reserve_fd; /* given up to accept-and-close when out of fds */
+  bool starved;   /* out of fds: listening paused, counting refusals */
+  unsigned long long refused;
+  uv_timer_t accept_timer; /* listens again after a back-off */
   int exit_status;
   bool stopping;          /* told every session; waiting for them to drain */
   uv_timer_t stop_timer;  /* closes sessions that do not drain in time */
@@ -36,6 +39,8 @@ struct server {
 
 /* How long sessions may take to read the shutdown notice. */
 #define SERVER_DRAIN_MS 1000
+/* How long to stop listening when out of fds. */
+#define SERVER_ACCEPT_BACKOFF_MS 100
 
 static void on_accept(uv_poll_t *h, int status, int events);
 static void on_signal(uv_signal_t *h, int signum);
@@ -72,6 +77,8 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
     return NULL;
   }
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  uv_timer_init(loop, &srv->accept_timer);
+  srv->accept_timer.data = srv;
   uv_poll_init(loop, &srv->listen_poll, srv->listen_fd);
   srv->listen_poll.data = srv;
   uv_poll_start(&srv->listen_poll, UV_READABLE, on_accept);
@@ -142,6 +149,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   if (list_empty(&srv->sessions) && !uv_is_closing((uv_handle_t *)&srv->stop_timer))
     uv_close((uv_handle_t *)&srv->stop_timer, NULL);
   uv_close((uv_handle_t *)&srv->listen_poll, NULL);
+  uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   close(srv->listen_fd);
   unlink(srv->cfg->socket_path);
   /* Still caught while sessions drain (a second SIGTERM must not kill us
@@ -172,7 +180,33 @@ static unsigned sessions_of(const server *srv, uid_t uid) {
   return n;
 }
 
-/* Accept every waiting connection; out of fds, shed one to make room. */
+/* Listen again after a pause for want of fds. */
+static void on_accept_again(uv_timer_t *t) {
+  server *srv = t->data;
+  if (!srv->stopping) uv_poll_start(&srv->listen_poll, UV_READABLE, on_accept);
+}
+
+/* Out of fds: refuse the connection that is waiting (the reserve fd makes
+ * room to accept and close it), say so once per episode, and stop
+ * listening for a while; the kernel fails accept before it looks at the
+ * queue, so trying again at once would spin. */
+static void starve(server *srv) {
+  if (!srv->starved) log_warn("out of file descriptors: refusing connections until some are free");
+  srv->starved = true;
+  if (srv->reserve_fd >= 0) {
+    close(srv->reserve_fd);
+    int x = accept(srv->listen_fd, NULL, NULL);
+    if (x >= 0) {
+      close(x);
+      srv->refused++;
+    }
+    srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  uv_poll_stop(&srv->listen_poll);
+  uv_timer_start(&srv->accept_timer, on_accept_again, SERVER_ACCEPT_BACKOFF_MS, 0);
+}
+
+/* Accept every waiting connection; out of fds, back off. */
 static void on_accept(uv_poll_t *h, int status, int events) {
   (void)events;
   server *srv = h->data;
@@ -180,16 +214,15 @@ static void on_accept(uv_poll_t *h, int status, int events) {
   for (;;) {
     int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if ((errno == EMFILE || errno == ENFILE) && srv->reserve_fd >= 0) {
-        log_warn("out of file descriptors: refusing a connection");
-        close(srv->reserve_fd);
-        int x = accept(srv->listen_fd, NULL, NULL);
-        if (x >= 0) close(x);
-        srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        continue;
-      }
       if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE) starve(srv);
       return;
+    }
+    if (srv->starved) {
+      log_info("file descriptors free again: %llu connections were refused",
+               (unsigned long long)srv->refused);
+      srv->starved = false;
+      srv->refused = 0;
     }
     struct session *s = session_create(srv, srv->loop, fd, srv->next_session_id++);
     if (!s) continue;
@@ -356,6 +389,12 @@ static wire_code adopt_check(server *srv, const Gpumem__Wire__AdoptBuffer *a, si
   if (a->device >= ndev)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "adopt buffer %zu: device %u out of range (%u devices)", i, a->device, ndev);
+  struct gpu_mem m = {0};
+  gpu_mem_detail(srv->gpu, a->device, &m);
+  if (a->size > m.total)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "adopt buffer %zu: %llu bytes is larger than device %u (%llu bytes)", i,
+                     (unsigned long long)a->size, a->device, (unsigned long long)m.total);
   if ((a->flags & BUF_FLAG_IPC_LEGACY) && gpu_has_ipc(srv->gpu))
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "adopt buffer %zu: IPC_LEGACY memory belonged to the old daemon", i);

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -266,3 +267,275 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
   for (size_t i = 0; i < n; i++) sum += bytes[i];
   return sum;
 }
+
+/* --- the raw protocol peer --- */
+
+/* Send a message with fds (consumed). */
+void peer_put(struct peer *p, const wire_env *env, const int *fds, size_t nfds) {
+  size_t len;
+  uint8_t *bytes = wire_pack(env, &len);
+  ck_assert_int_eq(frame_writer_push(p->w, bytes, len, fds, nfds), 0);
+  free(bytes);
+  int rc;
+  while ((rc = frame_writer_flush(p->w, p->fd)) == -EAGAIN) {
+    struct pollfd pf = {p->fd, POLLOUT, 0};
+    poll(&pf, 1, 5000);
+  }
+  ck_assert_int_eq(rc, 0);
+}
+
+/* The next message (waiting up to 5 s); its fds go to f (NULL: closed).
+ * NULL at end of stream. */
+wire_env *peer_get(struct peer *p, struct frame *keep) {
+  struct frame f;
+  for (;;) {
+    int rc = frame_reader_next(p->r, &f);
+    ck_assert_int_ge(rc, 0);
+    if (rc == 1) break;
+    struct pollfd pf = {p->fd, POLLIN, 0};
+    ck_assert_msg(poll(&pf, 1, 5000) == 1, "nothing from gpumemd in 5 s");
+    ssize_t got = frame_reader_fill(p->r, p->fd);
+    if (got == 0 || (got < 0 && got != -EAGAIN)) return NULL; /* closed (or reset) */
+  }
+  wire_env *env = wire_unpack(f.data, f.len);
+  ck_assert_ptr_nonnull(env);
+  if (keep)
+    *keep = f;
+  else
+    frame_release(&f);
+  if (keep) {
+    free(keep->data);
+    keep->data = NULL;
+  }
+  return env;
+}
+
+/* True if a message is waiting (without blocking). */
+bool peer_waiting(struct peer *p) {
+  struct pollfd pf = {p->fd, POLLIN, 0};
+  return poll(&pf, 1, 0) == 1;
+}
+
+/* Connect and say hello in a role. */
+void peer_open(struct peer *p, const struct daemon *d, int role) {
+  p->fd = raw_connect(d);
+  ck_assert_int_ge(p->fd, 0);
+  p->r = frame_reader_create(WIRE_MAX_REPLY);
+  p->w = frame_writer_create();
+  p->next_id = 1;
+  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
+  h.version_major = WIRE_VERSION_MAJOR;
+  h.version_minor = WIRE_VERSION_MINOR;
+  h.role = role;
+  h.name = role == GPUMEM__WIRE__ROLE__ROLE_WORKER ? "raw-worker" : "raw-ctl";
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = p->next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
+  peer_put(p, &env, NULL, 0);
+  wire_env *r = peer_get(p, NULL);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
+  wire_env_free(r);
+}
+
+void peer_close(struct peer *p) {
+  close(p->fd);
+  frame_reader_destroy(p->r);
+  frame_writer_destroy(p->w);
+}
+
+/* Allocate a buffer and keep its chunk fds, as a mapping would. */
+void peer_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size, uint32_t flags,
+                      struct pbuf *b) {
+  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  a.tag = (char *)tag;
+  a.device = dev;
+  a.size = size;
+  a.flags = flags;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = p->next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &a;
+  peer_put(p, &env, NULL, 0);
+  struct frame f;
+  wire_env *r = peer_get(p, &f);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY);
+  b->id = r->alloc_reply->buffer_id;
+  ck_assert_uint_le(f.nfds, 8);
+  b->nfds = f.nfds;
+  for (size_t i = 0; i < f.nfds; i++) {
+    b->fds[i] = f.fds[i];
+    f.fds[i] = -1;
+  }
+  frame_release(&f);
+  wire_env_free(r);
+}
+
+/* "Unmap": close the fds a buffer holds. */
+void peer_unmap(struct pbuf *b) {
+  for (size_t i = 0; i < b->nfds; i++) close(b->fds[i]);
+  b->nfds = 0;
+}
+
+/* Acknowledge an event, naming failed buffers (code OK if none). */
+void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfailed,
+                const char *why) {
+  Gpumem__Wire__EventAck a = GPUMEM__WIRE__EVENT_ACK__INIT;
+  a.code = nfailed ? GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR : GPUMEM__WIRE__ERROR_CODE__OK;
+  a.message = (char *)(why ? why : "");
+  a.failed_ids = (uint64_t *)failed;
+  a.n_failed_ids = nfailed;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = event;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ACK;
+  env.ack = &a;
+  peer_put(p, &env, NULL, 0);
+}
+
+/* Send a pause or resume of one tag (devices: bit mask, 0 for all). */
+void peer_op(struct peer *c, bool resume, const char *tag, uint64_t devmask,
+                    uint64_t max_residual) {
+  char *tags[] = {(char *)tag};
+  uint32_t devs[8];
+  size_t ndev = 0;
+  for (unsigned i = 0; i < 8; i++)
+    if (devmask & (1ull << i)) devs[ndev++] = i;
+  Gpumem__Wire__PauseRequest pr = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
+  Gpumem__Wire__ResumeRequest rr = GPUMEM__WIRE__RESUME_REQUEST__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = c->next_id++;
+  if (resume) {
+    rr.tags = tags;
+    rr.n_tags = 1;
+    rr.devices = devs;
+    rr.n_devices = ndev;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
+    env.resume = &rr;
+  } else {
+    pr.tags = tags;
+    pr.n_tags = 1;
+    pr.devices = devs;
+    pr.n_devices = ndev;
+    pr.max_residual = max_residual;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+    env.pause = &pr;
+  }
+  peer_put(c, &env, NULL, 0);
+}
+
+/* The controller's answer: OK (with the OpReply in *out) or an error code
+ * (with the Error in *out). Free *out with wire_env_free. */
+wire_code peer_op_wait(struct peer *c, wire_env **out) {
+  wire_env *r = peer_get(c, NULL);
+  ck_assert_ptr_nonnull(r);
+  *out = r;
+  if (r->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) return r->error->code;
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* The next event for a worker, with its fds kept in *f. */
+wire_env *peer_event(struct peer *w, struct frame *f) {
+  wire_env *e = peer_get(w, f);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_msg(e->body_case == GPUMEM__WIRE__ENVELOPE__BODY_UNMAP ||
+                    e->body_case == GPUMEM__WIRE__ENVELOPE__BODY_REMAP,
+                "expected an event, got message %d", e->body_case);
+  return e;
+}
+
+/* Take a Remap's fds into the buffers it names ("map" them). */
+void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size_t n) {
+  size_t at = 0;
+  for (size_t i = 0; i < e->remap->n_entries; i++) {
+    const Gpumem__Wire__RemapEntry *en = e->remap->entries[i];
+    for (size_t k = 0; k < n; k++) {
+      if (bufs[k].id != en->buffer_id) continue;
+      for (size_t c = 0; c < en->n_chunk_sizes; c++) {
+        bufs[k].fds[bufs[k].nfds++] = f->fds[at + c];
+        f->fds[at + c] = -1;
+      }
+    }
+    at += en->n_chunk_sizes;
+  }
+}
+
+/* A status as the daemon sends it (raw). */
+wire_env *peer_status(struct peer *c) {
+  Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = c->next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  env.status = &sr;
+  peer_put(c, &env, NULL, 0);
+  wire_env *r = peer_get(c, NULL);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
+  return r;
+}
+
+const Gpumem__Wire__TagInfo *peer_tag(const wire_env *st, const char *name) {
+  for (size_t i = 0; i < st->status_reply->n_tags; i++)
+    if (strcmp(st->status_reply->tags[i]->name, name) == 0) return st->status_reply->tags[i];
+  ck_abort_msg("no tag %s in status", name);
+  return NULL;
+}
+
+/* Poll status (up to 2 s) until the tag is in state st with n in transit. */
+bool peer_wait_tag(struct peer *c, const char *tag, int st, uint64_t transit) {
+  for (int i = 0; i < 200; i++) {
+    wire_env *s = peer_status(c);
+    const Gpumem__Wire__TagInfo *t = peer_tag(s, tag);
+    bool ok = (int)t->state == st && t->transit_buffers == transit;
+    wire_env_free(s);
+    if (ok) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+/* Answer every event of one operation: unmaps close, remaps take fds. */
+void peer_serve(struct peer *w, struct pbuf *bufs, size_t n, size_t events) {
+  for (size_t k = 0; k < events; k++) {
+    struct frame f;
+    wire_env *e = peer_event(w, &f);
+    if (e->body_case == GPUMEM__WIRE__ENVELOPE__BODY_UNMAP) {
+      for (size_t i = 0; i < e->unmap->n_buffer_ids; i++)
+        for (size_t j = 0; j < n; j++)
+          if (bufs[j].id == e->unmap->buffer_ids[i]) peer_unmap(&bufs[j]);
+    } else {
+      peer_take_remap(e, &f, bufs, n);
+    }
+    frame_release(&f);
+   peer_ack(w, e->id, NULL, 0, NULL);
+    wire_env_free(e);
+  }
+}
+
+/* The error a session gets outside a request (id 0). */
+wire_code peer_stray_error(struct peer *p) {
+  wire_env *e = peer_get(p, NULL);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
+  ck_assert_uint_eq(e->id, 0);
+  wire_code code = e->error->code;
+  wire_env_free(e);
+  return code;
+}
+
+/* Open fds of a process, and the highest one. */
+int proc_fds(pid_t pid, int *maxfd) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *dir = opendir(path);
+  int n = 0;
+  *maxfd = -1;
+  for (struct dirent *de; dir && (de = readdir(dir));) {
+    if (de->d_name[0] == '.') continue;
+    int fd = atoi(de->d_name);
+    if (pid != getpid() || fd != dirfd(dir)) n++; /* our own listing's fd is not ours */
+    if (fd > *maxfd) *maxfd = fd;
+  }
+  if (dir) closedir(dir);
+  return n;
+}
+

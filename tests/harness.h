@@ -78,4 +78,84 @@ double now_ms(void);
 /* Connect a raw socket to the daemon. */
 int raw_connect(const struct daemon *d);
 
+
+/* --- a raw protocol peer, to drive the daemon exactly as a test needs --- */
+
+#include "common/frame.h"
+#include "common/wire.h"
+
+/* A raw peer (worker or controller): a socket with its own frame reader and writer. */
+struct peer {
+  int fd;
+  frame_reader *r;
+  frame_writer *w;
+  uint64_t next_id;
+};
+
+/* A buffer a raw worker holds: its id and the chunk fds it "maps". */
+struct pbuf {
+  uint64_t id;
+  int fds[8];
+  size_t nfds;
+};
+
+/* Connect to d and say hello in a role (GPUMEM__WIRE__ROLE__...). */
+void peer_open(struct peer *p, const struct daemon *d, int role);
+
+/* Close a peer. */
+void peer_close(struct peer *p);
+
+/* Send a message with fds (consumed). */
+void peer_put(struct peer *p, const wire_env *env, const int *fds, size_t nfds);
+
+/* The next message (waiting up to 5 s); its fds go to keep (NULL: closed).
+ * NULL at end of stream. */
+wire_env *peer_get(struct peer *p, struct frame *keep);
+
+/* True if a message is waiting (without blocking). */
+bool peer_waiting(struct peer *p);
+
+/* Allocate a buffer and keep its chunk fds, as a mapping would. */
+void peer_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size, uint32_t flags,
+                struct pbuf *b);
+
+/* "Unmap": close the fds a buffer holds. */
+void peer_unmap(struct pbuf *b);
+
+/* Acknowledge an event, naming failed buffers (code OK if none). */
+void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfailed,
+              const char *why);
+
+/* Send a pause or resume of one tag (devmask: bit mask, 0 for all). */
+void peer_op(struct peer *c, bool resume, const char *tag, uint64_t devmask,
+             uint64_t max_residual);
+
+/* The controller's answer: OK (OpReply in *out) or the error code (Error
+ * in *out). Free *out with wire_env_free. */
+wire_code peer_op_wait(struct peer *c, wire_env **out);
+
+/* The next event for a worker, with its fds kept in *f (NULL: closed). */
+wire_env *peer_event(struct peer *w, struct frame *f);
+
+/* Take a Remap's fds into the buffers it names ("map" them). */
+void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size_t n);
+
+/* Answer every event of one operation: unmaps close, remaps take fds. */
+void peer_serve(struct peer *w, struct pbuf *bufs, size_t n, size_t events);
+
+/* A status as the daemon sends it. */
+wire_env *peer_status(struct peer *c);
+
+/* A tag in a status (the test fails if there is none). */
+const Gpumem__Wire__TagInfo *peer_tag(const wire_env *st, const char *name);
+
+/* Poll status (up to 2 s) until a tag is in state st with n in transit. */
+bool peer_wait_tag(struct peer *c, const char *tag, int st, uint64_t transit);
+
+/* The error a session gets outside a request (id 0): its code. */
+wire_code peer_stray_error(struct peer *p);
+
+/* Open fds of a process, and the highest one. */
+int proc_fds(pid_t pid, int *maxfd);
+
 #endif

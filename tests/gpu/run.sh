@@ -18,6 +18,10 @@ mkdir -p build/tests
 cc -std=c11 -D_GNU_SOURCE -O2 -Iinclude -I"$CUDA_HOME/include" tests/gpu/gpu_check.c \
   -o build/tests/gpu_check -Lbuild/lib -lgpumem -Wl,-rpath,"$PWD/build/lib" \
   -L"$CUDA_HOME/lib64/stubs" -lcuda || exit 1
+# The fault checks start, kill and restart their own daemon.
+cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -pthread -Iinclude -I"$CUDA_HOME/include" \
+  tests/gpu/gpu_faults.c -o build/tests/gpu_faults -Lbuild/lib -lgpumem \
+  -Wl,-rpath,"$PWD/build/lib" -L"$CUDA_HOME/lib64/stubs" -lcuda || exit 1
 status=0
 # The backend's driver-facing calls, from the gpu/ sources alone.
 cc -std=c11 -D_GNU_SOURCE -DHAVE_CUDA -O2 -Wall -Wextra -Werror -I. -I"$CUDA_HOME/include" \
@@ -35,6 +39,14 @@ build/tests/gpu_check build/bin "$sock" || status=1
 build/bin/gpumemctl --socket "$sock" status
 kill "$daemon"; wait "$daemon" || status=1
 cat /tmp/gpumemd-gpu.log
+# A stopped worker, workers killed during a pause and a resume, memory held
+# outside the daemon by pid, and the daemon killed and restarted under two
+# workers: gpu_faults runs its own daemon (the one above is gone), on
+# another socket.
+rm -f /tmp/gpumemd-faults.log
+build/tests/gpu_faults build/bin /tmp/gpumemd-faults.sock /tmp/gpumemd-faults.log || status=1
+cat /tmp/gpumemd-faults.log
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt \
   build/bench/bench_backup build/bench/bench_scale >/dev/null
 mkdir -p build/bench

@@ -1,0 +1,279 @@
+/* The daemon's limits and its own resources: sessions per uid, buffers per
+ * session, frame size, fds where none belong, running out of fds, legacy
+ * IPC buffers on the host backend, and no fd left behind in the daemon. */
+#include <check.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define MiB (1024ull * 1024ull)
+#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
+#define WORKER GPUMEM__WIRE__ROLE__ROLE_WORKER
+#define CONTROLLER GPUMEM__WIRE__ROLE__ROLE_CONTROLLER
+
+static struct daemon d;
+
+static void setup(void) { harness_fd_setup(); }
+
+static void teardown(void) {
+  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
+  harness_fd_teardown();
+}
+
+/* Sockets among a process's fds. */
+static int sockets_of(pid_t pid) {
+  char path[64], link[64];
+  int n = 0;
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *dir = opendir(path);
+  for (struct dirent *de; dir && (de = readdir(dir));) {
+    snprintf(path, sizeof path, "/proc/%d/fd/%.16s", (int)pid, de->d_name);
+    ssize_t len = readlink(path, link, sizeof link - 1);
+    if (len > 0 && (link[len] = '\0', strncmp(link, "socket:", 7) == 0)) n++;
+  }
+  if (dir) closedir(dir);
+  return n;
+}
+
+/* Wait (up to 2 s) until the daemon serves n sessions and holds a socket
+ * for each and its listener, no more: a session that ended closes its
+ * socket once the loop turns (the start-up probe's among them). */
+static void settle(struct peer *c, size_t n) {
+  size_t now = 0;
+  int socks = 0;
+  for (int i = 0; i < 200; i++) {
+    wire_env *s = peer_status(c);
+    now = s->status_reply->n_sessions;
+    wire_env_free(s);
+    socks = sockets_of(d.pid);
+    if (now == n && socks == (int)n + 1) break;
+    usleep(10000);
+  }
+  ck_assert_uint_eq(now, n);
+  ck_assert_int_eq(socks, (int)n + 1);
+}
+
+/* The code of the reply to an alloc (the buffer's fds are closed). */
+static wire_code alloc_code(struct peer *p, const char *tag, uint64_t size, uint32_t flags) {
+  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  a.tag = (char *)tag;
+  a.size = size;
+  a.flags = flags;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = p->next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &a;
+  peer_put(p, &env, NULL, 0);
+  wire_env *r = peer_get(p, NULL);
+  ck_assert_ptr_nonnull(r);
+  wire_code code = r->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR ? r->error->code : CODE(OK);
+  wire_env_free(r);
+  return code;
+}
+
+/* A session past --max-sessions-per-uid is told why and closed; the others
+ * go on. */
+START_TEST(sessions_per_uid_are_limited) {
+  daemon_start(&d, "--max-sessions-per-uid", "2", NULL);
+  struct peer a, b;
+  peer_open(&a, &d, WORKER);
+  peer_open(&b, &d, CONTROLLER);
+  int fd = raw_connect(&d);
+  struct peer c = {.fd = fd, .r = frame_reader_create(WIRE_MAX_REPLY), .w = frame_writer_create()};
+  ck_assert_int_eq(peer_stray_error(&c), CODE(LIMIT_EXCEEDED));
+  ck_assert_ptr_null(peer_get(&c, NULL));
+  peer_close(&c);
+  ck_assert_int_eq(alloc_code(&a, "kv", 2 * MiB, 0), CODE(OK));
+  peer_close(&a);
+  peer_close(&b);
+}
+END_TEST
+
+/* A session past --max-buffers-per-session gets LIMIT_EXCEEDED and keeps
+ * what it has. */
+START_TEST(buffers_per_session_are_limited) {
+  daemon_start(&d, "--max-buffers-per-session", "2", NULL);
+  struct peer a;
+  peer_open(&a, &d, WORKER);
+  ck_assert_int_eq(alloc_code(&a, "kv", 2 * MiB, 0), CODE(OK));
+  ck_assert_int_eq(alloc_code(&a, "kv", 2 * MiB, 0), CODE(OK));
+  ck_assert_int_eq(alloc_code(&a, "kv", 2 * MiB, 0), CODE(LIMIT_EXCEEDED));
+  wire_env *s = peer_status(&a);
+  ck_assert_uint_eq(s->status_reply->devices[0]->managed, 4 * MiB);
+  wire_env_free(s);
+  peer_close(&a);
+}
+END_TEST
+
+/* A frame over the request limit, or fds on a request that takes none,
+ * ends that session only. */
+START_TEST(oversized_frames_and_stray_fds_end_the_session) {
+  daemon_start(&d, NULL);
+  struct peer a, b, keep;
+  peer_open(&a, &d, WORKER);
+  peer_open(&b, &d, WORKER);
+  peer_open(&keep, &d, CONTROLLER);
+  uint8_t hdr[4] = {0, 0, 2, 0}; /* 128 KiB announced */
+  ck_assert_int_eq(write(a.fd, hdr, 4), 4);
+  ck_assert_int_eq(peer_stray_error(&a), CODE(PROTOCOL_ERROR));
+  ck_assert_ptr_null(peer_get(&a, NULL));
+  Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = 9;
+  env.fd_count = 1;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  env.status = &sr;
+  int extra = dup(2);
+  peer_put(&b, &env, &extra, 1);
+  wire_env *r = peer_get(&b, NULL);
+  ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
+  ck_assert_ptr_nonnull(strstr(r->error->message, "only adopt carries fds"));
+  wire_env_free(r);
+  ck_assert_ptr_null(peer_get(&b, NULL));
+  wire_env *s = peer_status(&keep);
+  ck_assert_uint_eq(s->status_reply->n_sessions, 1);
+  wire_env_free(s);
+  peer_close(&a);
+  peer_close(&b);
+  peer_close(&keep);
+}
+END_TEST
+
+/* Out of fds, the daemon refuses new connections instead of failing, and
+ * serves again once fds are free. */
+START_TEST(out_of_fds_the_daemon_refuses_and_recovers) {
+  daemon_start(&d, NULL);
+  struct peer ctl;
+  peer_open(&ctl, &d, CONTROLLER);
+  settle(&ctl, 1);
+  int maxfd, open_fds = proc_fds(d.pid, &maxfd);
+  struct rlimit rl = {(rlim_t)open_fds + 4, (rlim_t)open_fds + 4};
+  ck_assert_int_lt(maxfd, open_fds + 4);
+  ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, &rl, NULL), 0);
+  enum { N = 8 };
+  struct peer p[N];
+  int refused = 0;
+  for (int i = 0; i < N; i++) {
+    p[i] = (struct peer){.fd = raw_connect(&d), .r = frame_reader_create(WIRE_MAX_REPLY),
+                         .w = frame_writer_create(), .next_id = 1};
+    ck_assert_int_ge(p[i].fd, 0);
+  }
+  /* Each connection is either served or closed at once. */
+  for (int i = 0; i < N; i++) {
+    Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
+    h.version_major = WIRE_VERSION_MAJOR;
+    h.role = WORKER;
+    h.name = "many";
+    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+    env.id = 1;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+    env.hello = &h;
+    size_t len;
+    uint8_t *bytes = wire_pack(&env, &len);
+    frame_writer_push(p[i].w, bytes, len, NULL, 0);
+    free(bytes);
+    frame_writer_flush(p[i].w, p[i].fd); /* may fail: refused */
+    wire_env *r = peer_get(&p[i], NULL);
+    if (!r) refused++;
+    wire_env_free(r);
+  }
+  ck_assert_int_eq(refused, N - 4);
+  wire_env *s = peer_status(&ctl);
+  wire_env_free(s);
+  for (int i = 0; i < N; i++) peer_close(&p[i]);
+  rl.rlim_cur = rl.rlim_max = (rlim_t)open_fds + 64;
+  prlimit(d.pid, RLIMIT_NOFILE, &rl, NULL); /* raising needs privilege: then fds freed suffice */
+  struct peer again;
+  peer_open(&again, &d, WORKER);
+  ck_assert_int_eq(alloc_code(&again, "kv", 2 * MiB, 0), CODE(OK));
+  peer_close(&again);
+  peer_close(&ctl);
+  ck_assert_int_eq(kill(d.pid, 0), 0);
+}
+END_TEST
+
+/* On the host backend a legacy IPC buffer is shared memory that never
+ * pauses: a pause of its tag skips it and says so. */
+START_TEST(ipc_legacy_buffers_never_pause) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  peer_open(&w, &d, WORKER);
+  peer_open(&c, &d, CONTROLLER);
+  struct pbuf b[2];
+  peer_alloc(&w, "kv", 0, 2 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY, &b[0]);
+  peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b[1]);
+  peer_op(&c, false, "kv", 0, 0);
+  wire_env *e = peer_event(&w, NULL), *r;
+  ck_assert_uint_eq(e->unmap->n_buffer_ids, 1);
+  ck_assert_uint_eq(e->unmap->buffer_ids[0], b[1].id);
+  peer_unmap(&b[1]);
+  peer_ack(&w, e->id, NULL, 0, NULL);
+  wire_env_free(e);
+  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  ck_assert_uint_eq(r->op_reply->buffers, 1);
+  ck_assert_uint_eq(r->op_reply->skipped, 1);
+  wire_env_free(r);
+  ck_assert_uint_eq(memfd_bytes(&d.pid, 1), 2 * MiB);
+  peer_unmap(&b[0]);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
+/* A whole life of buffers (alloc, pause, resume, free, a session that
+ * ends with buffers) leaves the daemon with the fds it started with. */
+START_TEST(the_daemon_keeps_no_fd_behind) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  peer_open(&c, &d, CONTROLLER);
+  settle(&c, 1);
+  int maxfd, before = proc_fds(d.pid, &maxfd);
+  peer_open(&w, &d, WORKER);
+  struct pbuf b[3];
+  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[0]);
+  peer_alloc(&w, "kv", 1, 4 * MiB, 0, &b[1]);
+  peer_alloc(&w, "w", 0, 2 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP, &b[2]);
+  wire_env *r;
+  for (int round = 0; round < 2; round++) {
+    peer_op(&c, false, "kv", 0, 0);
+    peer_serve(&w, b, 3, 1);
+    ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+    wire_env_free(r);
+    peer_op(&c, true, "kv", 0, 0);
+    peer_serve(&w, b, 3, 1);
+    ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+    wire_env_free(r);
+  }
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  fr.buffer_id = b[0].id;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = 77;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  env.free = &fr;
+  peer_put(&w, &env, NULL, 0);
+  r = peer_get(&w, NULL);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
+  wire_env_free(r);
+  for (int i = 0; i < 3; i++) peer_unmap(&b[i]);
+  peer_close(&w);
+  settle(&c, 1); /* the worker's session ended with two buffers: they are freed */
+  ck_assert_int_eq(proc_fds(d.pid, &maxfd), before);
+  peer_close(&c);
+  ck_assert_uint_eq(memfd_bytes(&d.pid, 1), 0);
+}
+END_TEST
+
+int main(void) {
+  return HARNESS_RUN("limits", 20, setup, teardown, sessions_per_uid_are_limited,
+                     buffers_per_session_are_limited,
+                     oversized_frames_and_stray_fds_end_the_session,
+                     out_of_fds_the_daemon_refuses_and_recovers, ipc_legacy_buffers_never_pause,
+                     the_daemon_keeps_no_fd_behind);
+}
