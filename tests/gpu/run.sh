@@ -2,7 +2,7 @@
 # Everything GPU in one go, on a machine with an NVIDIA GPU: build with the
 # CUDA backend, run the test suites, the GPU checks (judged by the driver's
 # own free-memory figure) and the benchmarks. Log: $LOG (default gpu.log).
-#   tests/gpu/run.sh [LOG]
+#   [GPU_BENCH=0] tests/gpu/run.sh [LOG]
 set -u
 log=${1:-gpu.log}
 # No package registry there: never try apt; no HIP headers there either.
@@ -47,6 +47,8 @@ rm -f /tmp/gpumemd-faults.log
 build/tests/gpu_faults build/bin /tmp/gpumemd-faults.sock /tmp/gpumemd-faults.log || status=1
 cat /tmp/gpumemd-faults.log
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+# GPU_BENCH=0 skips the benchmarks (the checks and suites still run).
+if [ "${GPU_BENCH:-1}" != 0 ]; then
 make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt \
   build/bench/bench_backup build/bench/bench_scale >/dev/null
 mkdir -p build/bench
@@ -62,6 +64,7 @@ bench build/bench/bench_scale build/bin
 bench build/bench/bench_scale --backend cuda --sessions 1000 --buffers 20000 build/bin
 CHUNK=1G bench/plot.sh build cuda 4G 8G 16G 32G > /dev/null 2>&1 || status=1
 cat build/bench/results-gpu.jsonl
+fi
 GPUMEM_BUILD=$PWD/build make CUDA_HOME="$CUDA_HOME" WERROR= test || status=1
 echo "gpu run status $status"
 exit $status
