@@ -110,15 +110,16 @@ int gpumem_resume(gpumem_client *c, const char *const *tags, size_t ntags,
   return run_op(c, true, tags, ntags, devices, ndevices, timeout_ms, result);
 }
 
-/* Copy the driver's per-device figures; false when out of memory. */
-static bool copy_checks(struct gpumem_op_report *r, Gpumem__Wire__DeviceCheck *const *v, size_t n) {
+/* Copy the driver's per-device figures into *out (n of them, malloc'd;
+ * NULL when n is 0); false when out of memory. */
+static bool copy_checks(struct gpumem_device_check **out, Gpumem__Wire__DeviceCheck *const *v,
+                        size_t n) {
+  *out = NULL;
   if (!n) return true;
-  r->checks = calloc(n, sizeof *r->checks);
-  if (!r->checks) return false;
-  r->nchecks = n;
+  if (!(*out = calloc(n, sizeof **out))) return false;
   for (size_t i = 0; i < n; i++) {
     const Gpumem__Wire__DeviceCheck *d = v[i];
-    struct gpumem_device_check *o = &r->checks[i];
+    struct gpumem_device_check *o = &(*out)[i];
     o->device = d->device;
     o->released = d->released;
     o->free_before = d->free_before;
@@ -153,7 +154,8 @@ static struct gpumem_op_report *report_new(const wire_env *env, int rc) {
       }
       ok = r->pids != NULL;
     }
-    ok = ok && r->message && copy_checks(r, e->checks, e->n_checks);
+    ok = ok && r->message && copy_checks(&r->checks, e->checks, e->n_checks);
+    r->nchecks = r->checks ? e->n_checks : 0;
   } else {
     const Gpumem__Wire__OpReply *o = env->op_reply;
     r->message = strdup("");
@@ -163,7 +165,8 @@ static struct gpumem_op_report *report_new(const wire_env *env, int rc) {
     r->skipped = o->skipped;
     r->elapsed_us = o->elapsed_us;
     r->backup_us = o->backup_us;
-    ok = r->message && copy_checks(r, o->checks, o->n_checks);
+    ok = r->message && copy_checks(&r->checks, o->checks, o->n_checks);
+    r->nchecks = r->checks ? o->n_checks : 0;
     if (ok && o->n_detail) {
       r->details = calloc(o->n_detail, sizeof *r->details);
       ok = r->details != NULL;
@@ -283,7 +286,8 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
     s->tags = calloc(r->n_tags + 1, sizeof *s->tags);
     s->sessions = calloc(r->n_sessions + 1, sizeof *s->sessions);
   }
-  if (!s || !s->devices || !s->tags || !s->sessions || !copy_processes(s, r)) {
+  if (!s || !s->devices || !s->tags || !s->sessions || !copy_processes(s, r) ||
+      !copy_checks(&s->last_pause_checks, r->last_pause_checks, r->n_last_pause_checks)) {
     gpumem_status_free(s);
     client_reply_free(&reply);
     return client_fail(GPUMEM_E_NOMEM, "out of memory");
@@ -291,6 +295,7 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   snprintf(s->backend, sizeof s->backend, "%s", r->backend);
   s->granularity = r->granularity;
   s->ndevices = r->n_devices;
+  s->nlast_pause_checks = r->n_last_pause_checks;
   for (size_t i = 0; i < r->n_devices; i++) {
     const Gpumem__Wire__DeviceInfo *d = r->devices[i];
     struct gpumem_device_status *o = &s->devices[i];
@@ -355,6 +360,7 @@ void gpumem_status_free(struct gpumem_status *s) {
   for (size_t i = 0; s->processes && i < s->nprocesses; i++)
     free((char *)s->processes[i].name);
   free(s->processes);
+  free(s->last_pause_checks);
   free(s);
 }
 

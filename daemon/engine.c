@@ -110,6 +110,9 @@ struct engine {
   uv_timer_t timer;
   struct list stragglers;
   idmap *events; /* event id -> group */
+  Gpumem__Wire__DeviceCheck last[WIRE_MAX_DEVICES]; /* the last pause's checks */
+  Gpumem__Wire__DeviceCheck *lastp[WIRE_MAX_DEVICES];
+  size_t nlast;
   uint64_t next_event;
   bool busy; /* inside a step: completion is checked at its end */
 };
@@ -841,6 +844,13 @@ static void reply(engine *e, struct op *op) {
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
   size_t nchecks = checks && checkp ? check_devices(e, op, checks) : 0;
   for (size_t i = 0; i < nchecks; i++) checkp[i] = &checks[i];
+  if (!op->resume) {
+    e->nlast = nchecks < WIRE_MAX_DEVICES ? nchecks : WIRE_MAX_DEVICES;
+    for (size_t i = 0; i < e->nlast; i++) {
+      e->last[i] = checks[i];
+      e->lastp[i] = &e->last[i];
+    }
+  }
   registry_copy_totals(e->reg, !op->resume, &copied, &copy_us);
   copied -= op->copied0;
   copy_us -= op->copy_us0;
@@ -999,6 +1009,12 @@ static void run_queue(engine *e) {
     if (op->pending) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
     check_done(e);
   }
+}
+
+/* The driver's figures of the last pause. */
+Gpumem__Wire__DeviceCheck *const *engine_last_checks(const engine *e, size_t *n) {
+  *n = e->nlast;
+  return e->lastp;
 }
 
 /* Tell a session that its ack was wrong, without ending it. */

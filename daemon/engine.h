@@ -30,6 +30,10 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
                    uint32_t timeout_ms, uint64_t max_residual);
 
+/* The driver's figures of the last pause that finished, per device it
+ * touched (*n entries; none before the first). */
+Gpumem__Wire__DeviceCheck *const *engine_last_checks(const engine *e, size_t *n);
+
 /* A worker acknowledged event event_id. */
 void engine_ack(engine *e, struct session *s, uint64_t event_id,
                 const Gpumem__Wire__EventAck *ack);

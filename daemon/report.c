@@ -154,7 +154,8 @@ static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMem
 
 /* Send s the status of every device, tag and session. */
 void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
-                   struct list *sessions) {
+                   struct list *sessions, Gpumem__Wire__DeviceCheck *const *last_checks,
+                   size_t nlast) {
   Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
   r.backend = (char *)gpu_name(g);
   r.granularity = gpu_granularity(g);
@@ -212,6 +213,8 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
   }
   r.sessions = sesp;
   r.n_sessions = nsessions;
+  r.last_pause_checks = (Gpumem__Wire__DeviceCheck **)last_checks;
+  r.n_last_pause_checks = nlast;
   registry_backup_budget(reg, &r.backup_reserved, &r.backup_limit);
   registry_last(reg, true, &r.last_backup_bytes, &r.last_backup_us);
   registry_last(reg, false, &r.last_restore_bytes, &r.last_restore_us);

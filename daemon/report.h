@@ -7,9 +7,10 @@
 #include "session.h"
 
 /* Send s the status of every device, tag and session (sessions: the
- * server's list of struct session.link). */
+ * server's list of struct session.link), with the last pause's checks. */
 void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
-                   struct list *sessions);
+                   struct list *sessions, Gpumem__Wire__DeviceCheck *const *last_checks,
+                   size_t nlast);
 
 /* Send s the buffers it may see: its own, or all for a controller. */
 void report_list(struct session *s, uint64_t req_id, registry *reg);

@@ -508,7 +508,11 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
     case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE: handle_op(srv, s, env, false); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_RESUME: handle_op(srv, s, env, true); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
-      report_status(s, env->id, srv->reg, srv->gpu, &srv->sessions);
+    {
+      size_t nlast;
+      Gpumem__Wire__DeviceCheck *const *last = engine_last_checks(srv->eng, &nlast);
+      report_status(s, env->id, srv->reg, srv->gpu, &srv->sessions, last, nlast);
+    }
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_LIST: report_list(s, env->id, srv->reg); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ACK: engine_ack(srv->eng, s, env->id, env->ack); break;

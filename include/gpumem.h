@@ -409,6 +409,10 @@ struct gpumem_status {
   size_t nprocesses;
   struct gpumem_process_status *processes;
   int processes_known;
+  /* The last pause, per device it touched: what gpumemd released next to
+   * the driver's free memory before and after (none before the first). */
+  size_t nlast_pause_checks;
+  struct gpumem_device_check *last_pause_checks;
 };
 
 /* Ask for the status; free it with gpumem_status_free. */

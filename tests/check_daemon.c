@@ -265,7 +265,7 @@ START_TEST(unresponsive_worker_is_reported_and_finishes_late) {
   struct worker a, b;
   worker_start(&a, &d, "--tag", "kv", "--size", "8M", NULL);
   worker_start(&b, &d, "--tag", "kv", "--size", "8M", NULL);
-  kill(b.pid, SIGSTOP);
+  worker_freeze(&b);
   gpumem_client *c = controller();
   struct gpumem_op_result r;
   double t0 = now_ms();
@@ -291,7 +291,7 @@ START_TEST(kill_policy_ends_unresponsive_workers) {
   daemon_start(&d, "--ack-timeout", "200ms", "--timeout-policy", "kill", NULL);
   struct worker b;
   worker_start(&b, &d, "--tag", "kv", "--size", "8M", NULL);
-  kill(b.pid, SIGSTOP);
+  worker_freeze(&b);
   gpumem_client *c = controller();
   struct gpumem_op_result r;
   ck_assert_int_eq(pause_tag(c, "kv", &r), GPUMEM_E_CLIENT_TIMEOUT);
@@ -362,7 +362,7 @@ START_TEST(controller_operations_are_serialized) {
   struct worker a, b;
   worker_start(&a, &d, "--tag", "slow", "--size", "4M", NULL);
   worker_start(&b, &d, "--tag", "fast", "--size", "4M", NULL);
-  kill(a.pid, SIGSTOP);
+  worker_freeze(&a);
   struct timed_pause first = {"slow", 0, 0}, second = {"fast", 0, 0};
   pthread_t t1, t2;
   double t0 = now_ms();

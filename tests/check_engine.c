@@ -229,6 +229,16 @@ START_TEST(device_subsets_keep_the_tag_state_true) {
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->n_checks, 2);
   wire_env_free(r);
+  /* Status keeps the last pause's figures: released, and the driver's rise. */
+  wire_env *st = peer_status(&c);
+  ck_assert_uint_eq(st->status_reply->n_last_pause_checks, 2);
+  for (size_t i = 0; i < 2; i++) {
+    const Gpumem__Wire__DeviceCheck *k = st->status_reply->last_pause_checks[i];
+    ck_assert_uint_eq(k->released, 2 * MiB);
+    ck_assert_uint_eq(k->free_after - k->free_before, 2 * MiB);
+    ck_assert_uint_eq(k->shortfall, 0);
+  }
+  wire_env_free(st);
   peer_op(&c, true, "kv", 1u << 1, 0);
  peer_serve(&w, b, 2, 1);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));

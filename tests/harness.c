@@ -204,6 +204,14 @@ void worker_start(struct worker *w, const struct daemon *d, ...) {
   ck_assert_msg(worker_wait_for(w, "ready", 1, 20000), "worker not ready: %s", worker_output(w));
 }
 
+/* Stop a worker with SIGSTOP and wait until it is stopped. */
+void worker_freeze(struct worker *w) {
+  int status;
+  ck_assert_int_eq(kill(w->pid, SIGSTOP), 0);
+  ck_assert_int_eq(waitpid(w->pid, &status, WUNTRACED), w->pid);
+  ck_assert(WIFSTOPPED(status));
+}
+
 /* Send sig and reap. */
 int worker_stop(struct worker *w, int sig) {
   int status;
@@ -284,31 +292,34 @@ void peer_put(struct peer *p, const wire_env *env, const int *fds, size_t nfds) 
   ck_assert_int_eq(rc, 0);
 }
 
-/* The next message (waiting up to 5 s); its fds go to f (NULL: closed).
- * NULL at end of stream. */
-wire_env *peer_get(struct peer *p, struct frame *keep) {
+/* The next message within ms; its fds go to keep (NULL: closed). NULL at
+ * end of stream (closed or reset); any other read error fails the test. */
+wire_env *peer_get_within(struct peer *p, struct frame *keep, int ms) {
   struct frame f;
   for (;;) {
     int rc = frame_reader_next(p->r, &f);
     ck_assert_int_ge(rc, 0);
     if (rc == 1) break;
     struct pollfd pf = {p->fd, POLLIN, 0};
-    ck_assert_msg(poll(&pf, 1, 5000) == 1, "nothing from gpumemd in 5 s");
+    ck_assert_msg(poll(&pf, 1, ms) == 1, "nothing from gpumemd in %d ms", ms);
     ssize_t got = frame_reader_fill(p->r, p->fd);
-    if (got == 0 || (got < 0 && got != -EAGAIN)) return NULL; /* closed (or reset) */
+    if (got == 0 || got == -ECONNRESET) return NULL;
+    ck_assert(got > 0 || got == -EAGAIN);
   }
   wire_env *env = wire_unpack(f.data, f.len);
   ck_assert_ptr_nonnull(env);
-  if (keep)
-    *keep = f;
-  else
-    frame_release(&f);
   if (keep) {
+    *keep = f;
     free(keep->data);
     keep->data = NULL;
+  } else {
+    frame_release(&f);
   }
   return env;
 }
+
+/* The next message (waiting up to 5 s); its fds go to keep (NULL: closed). */
+wire_env *peer_get(struct peer *p, struct frame *keep) { return peer_get_within(p, keep, 5000); }
 
 /* True if a message is waiting (without blocking). */
 bool peer_waiting(struct peer *p) {
@@ -316,13 +327,37 @@ bool peer_waiting(struct peer *p) {
   return poll(&pf, 1, 0) == 1;
 }
 
-/* Connect and say hello in a role. */
-void peer_open(struct peer *p, const struct daemon *d, int role) {
+/* True if the daemon ends the session within 3 s (messages before the end
+ * are skipped). */
+bool peer_ended(struct peer *p) {
+  double end = now_ms() + 3000;
+  while (now_ms() < end) {
+    struct frame f;
+    int rc = frame_reader_next(p->r, &f);
+    if (rc < 0) return false;
+    if (rc == 1) {
+      frame_release(&f);
+      continue;
+    }
+    struct pollfd pf = {p->fd, POLLIN, 0};
+    if (poll(&pf, 1, 100) != 1) continue;
+    ssize_t got = frame_reader_fill(p->r, p->fd);
+    if (got == 0 || got == -ECONNRESET) return true;
+  }
+  return false;
+}
+
+/* Connect without saying hello. */
+void peer_connect(struct peer *p, const struct daemon *d) {
   p->fd = raw_connect(d);
   ck_assert_int_ge(p->fd, 0);
   p->r = frame_reader_create(WIRE_MAX_REPLY);
   p->w = frame_writer_create();
   p->next_id = 1;
+}
+
+/* Say hello in a role; the HelloReply. */
+wire_env *peer_hello(struct peer *p, int role) {
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
   h.version_major = WIRE_VERSION_MAJOR;
   h.version_minor = WIRE_VERSION_MINOR;
@@ -334,19 +369,39 @@ void peer_open(struct peer *p, const struct daemon *d, int role) {
   env.hello = &h;
   peer_put(p, &env, NULL, 0);
   wire_env *r = peer_get(p, NULL);
+  ck_assert_ptr_nonnull(r);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
-  wire_env_free(r);
+  return r;
 }
 
+/* Connect and say hello in a role. */
+void peer_open(struct peer *p, const struct daemon *d, int role) {
+  peer_connect(p, d);
+  wire_env_free(peer_hello(p, role));
+}
+
+/* Close a peer. */
 void peer_close(struct peer *p) {
   close(p->fd);
   frame_reader_destroy(p->r);
   frame_writer_destroy(p->w);
 }
 
-/* Allocate a buffer and keep its chunk fds, as a mapping would. */
-void peer_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size, uint32_t flags,
-                      struct pbuf *b) {
+/* The code of a reply: OK, or the Error's code (its message into why). */
+wire_code peer_reply_code(const wire_env *r, char *why, size_t whylen) {
+  ck_assert_ptr_nonnull(r);
+  if (r->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
+    if (why) snprintf(why, whylen, "%s", r->error->message);
+    return r->error->code;
+  }
+  if (why) why[0] = '\0';
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Allocate a buffer, keeping its chunk fds; the reply's code (b zeroed if
+ * not OK). */
+wire_code peer_try_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size,
+                         uint32_t flags, struct pbuf *b) {
   Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
   a.tag = (char *)tag;
   a.device = dev;
@@ -359,16 +414,31 @@ void peer_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size, ui
   peer_put(p, &env, NULL, 0);
   struct frame f;
   wire_env *r = peer_get(p, &f);
-  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY);
-  b->id = r->alloc_reply->buffer_id;
-  ck_assert_uint_le(f.nfds, 8);
-  b->nfds = f.nfds;
-  for (size_t i = 0; i < f.nfds; i++) {
-    b->fds[i] = f.fds[i];
-    f.fds[i] = -1;
+  ck_assert_ptr_nonnull(r);
+  ck_assert_uint_eq(r->id, env.id);
+  wire_code code = peer_reply_code(r, NULL, 0);
+  memset(b, 0, sizeof *b);
+  if (code == GPUMEM__WIRE__ERROR_CODE__OK) {
+    ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY);
+    b->id = r->alloc_reply->buffer_id;
+    ck_assert_uint_le(f.nfds, 8);
+    b->nfds = f.nfds;
+    for (size_t i = 0; i < f.nfds; i++) {
+      b->fds[i] = f.fds[i];
+      f.fds[i] = -1;
+    }
   }
   frame_release(&f);
   wire_env_free(r);
+  return code;
+}
+
+/* Allocate a buffer and keep its chunk fds, as a mapping would. */
+void peer_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size, uint32_t flags,
+                struct pbuf *b) {
+  wire_code code = peer_try_alloc(p, tag, dev, size, flags, b);
+  ck_assert_msg(code == GPUMEM__WIRE__ERROR_CODE__OK, "alloc of %llu bytes of %s: %s",
+                (unsigned long long)size, tag, wire_code_name(code));
 }
 
 /* "Unmap": close the fds a buffer holds. */
@@ -377,11 +447,11 @@ void peer_unmap(struct pbuf *b) {
   b->nfds = 0;
 }
 
-/* Acknowledge an event, naming failed buffers (code OK if none). */
-void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfailed,
-                const char *why) {
+/* Acknowledge an event with any code (even one outside the enum). */
+void peer_ack_code(struct peer *p, uint64_t event, int code, const uint64_t *failed,
+                   size_t nfailed, const char *why) {
   Gpumem__Wire__EventAck a = GPUMEM__WIRE__EVENT_ACK__INIT;
-  a.code = nfailed ? GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR : GPUMEM__WIRE__ERROR_CODE__OK;
+  a.code = code;
   a.message = (char *)(why ? why : "");
   a.failed_ids = (uint64_t *)failed;
   a.n_failed_ids = nfailed;
@@ -392,28 +462,35 @@ void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfa
   peer_put(p, &env, NULL, 0);
 }
 
-/* Send a pause or resume of one tag (devices: bit mask, 0 for all). */
-void peer_op(struct peer *c, bool resume, const char *tag, uint64_t devmask,
-                    uint64_t max_residual) {
-  char *tags[] = {(char *)tag};
-  uint32_t devs[8];
+/* Acknowledge an event, naming failed buffers (code OK if none). */
+void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfailed,
+              const char *why) {
+  peer_ack_code(p, event,
+                nfailed ? GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR : GPUMEM__WIRE__ERROR_CODE__OK,
+                failed, nfailed, why);
+}
+
+/* Send a pause or resume of tags (devmask: devices 0-63, 0 for all). */
+void peer_op_tags(struct peer *c, bool resume, const char *const *tags, size_t ntags,
+                  uint64_t devmask, uint64_t max_residual) {
+  uint32_t devs[64];
   size_t ndev = 0;
-  for (unsigned i = 0; i < 8; i++)
+  for (unsigned i = 0; i < 64; i++)
     if (devmask & (1ull << i)) devs[ndev++] = i;
   Gpumem__Wire__PauseRequest pr = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   Gpumem__Wire__ResumeRequest rr = GPUMEM__WIRE__RESUME_REQUEST__INIT;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = c->next_id++;
   if (resume) {
-    rr.tags = tags;
-    rr.n_tags = 1;
+    rr.tags = (char **)tags;
+    rr.n_tags = ntags;
     rr.devices = devs;
     rr.n_devices = ndev;
     env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
     env.resume = &rr;
   } else {
-    pr.tags = tags;
-    pr.n_tags = 1;
+    pr.tags = (char **)tags;
+    pr.n_tags = ntags;
     pr.devices = devs;
     pr.n_devices = ndev;
     pr.max_residual = max_residual;
@@ -421,6 +498,12 @@ void peer_op(struct peer *c, bool resume, const char *tag, uint64_t devmask,
     env.pause = &pr;
   }
   peer_put(c, &env, NULL, 0);
+}
+
+/* Send a pause or resume of one tag. */
+void peer_op(struct peer *c, bool resume, const char *tag, uint64_t devmask,
+             uint64_t max_residual) {
+  peer_op_tags(c, resume, &tag, 1, devmask, max_residual);
 }
 
 /* The controller's answer: OK (with the OpReply in *out) or an error code
@@ -432,6 +515,14 @@ wire_code peer_op_wait(struct peer *c, wire_env **out) {
   if (r->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) return r->error->code;
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
   return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* The controller's answer: its code only. */
+wire_code peer_op_code(struct peer *c) {
+  wire_env *r;
+  wire_code code = peer_op_wait(c, &r);
+  wire_env_free(r);
+  return code;
 }
 
 /* The next event for a worker, with its fds kept in *f. */
@@ -469,10 +560,26 @@ wire_env *peer_status(struct peer *c) {
   env.status = &sr;
   peer_put(c, &env, NULL, 0);
   wire_env *r = peer_get(c, NULL);
+  ck_assert_ptr_nonnull(r);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   return r;
 }
 
+/* A list as the daemon sends it (raw). */
+wire_env *peer_list(struct peer *c) {
+  Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = c->next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
+  env.list = &lr;
+  peer_put(c, &env, NULL, 0);
+  wire_env *r = peer_get(c, NULL);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
+  return r;
+}
+
+/* A tag in a status; the test fails if there is none. */
 const Gpumem__Wire__TagInfo *peer_tag(const wire_env *st, const char *name) {
   for (size_t i = 0; i < st->status_reply->n_tags; i++)
     if (strcmp(st->status_reply->tags[i]->name, name) == 0) return st->status_reply->tags[i];
@@ -506,7 +613,7 @@ void peer_serve(struct peer *w, struct pbuf *bufs, size_t n, size_t events) {
       peer_take_remap(e, &f, bufs, n);
     }
     frame_release(&f);
-   peer_ack(w, e->id, NULL, 0, NULL);
+    peer_ack(w, e->id, NULL, 0, NULL);
     wire_env_free(e);
   }
 }

@@ -65,6 +65,9 @@ int worker_count(const struct worker *w, const char *text);
 /* The worker's whole output (static buffer). */
 const char *worker_output(const struct worker *w);
 
+/* Stop a worker with SIGSTOP; returns once the kernel says it stopped. */
+void worker_freeze(struct worker *w);
+
 /* Send sig and reap; returns exit status, or 128+signal if killed. */
 int worker_stop(struct worker *w, int sig);
 
@@ -99,6 +102,13 @@ struct pbuf {
   size_t nfds;
 };
 
+/* Connect to d without saying hello. */
+void peer_connect(struct peer *p, const struct daemon *d);
+
+/* Say hello in a role (GPUMEM__WIRE__ROLE__...); the HelloReply (free it
+ * with wire_env_free). */
+wire_env *peer_hello(struct peer *p, int role);
+
 /* Connect to d and say hello in a role (GPUMEM__WIRE__ROLE__...). */
 void peer_open(struct peer *p, const struct daemon *d, int role);
 
@@ -108,23 +118,51 @@ void peer_close(struct peer *p);
 /* Send a message with fds (consumed). */
 void peer_put(struct peer *p, const wire_env *env, const int *fds, size_t nfds);
 
-/* The next message (waiting up to 5 s); its fds go to keep (NULL: closed).
- * NULL at end of stream. */
+/* The next message within ms (the test fails if none comes); its fds go
+ * to keep (NULL: closed). NULL at end of stream (closed or reset); any
+ * other read error fails the test. */
+wire_env *peer_get_within(struct peer *p, struct frame *keep, int ms);
+
+/* peer_get_within 5 s. */
 wire_env *peer_get(struct peer *p, struct frame *keep);
 
-/* True if a message is waiting (without blocking). */
+/* True if a message (or the end) is waiting (without blocking). */
 bool peer_waiting(struct peer *p);
 
-/* Allocate a buffer and keep its chunk fds, as a mapping would. */
+/* True if the daemon ends the session within 3 s (messages before the end
+ * are skipped). */
+bool peer_ended(struct peer *p);
+
+/* The code of a reply: OK, or the Error's code (its message into why
+ * unless NULL, "" for OK). */
+wire_code peer_reply_code(const wire_env *r, char *why, size_t whylen);
+
+/* Allocate a buffer and keep its chunk fds; the reply's code, not asserted
+ * (b is zeroed and holds nothing unless OK). */
+wire_code peer_try_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size,
+                         uint32_t flags, struct pbuf *b);
+
+/* Allocate a buffer and keep its chunk fds, as a mapping would (the test
+ * fails unless it is OK). */
 void peer_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size, uint32_t flags,
                 struct pbuf *b);
 
 /* "Unmap": close the fds a buffer holds. */
 void peer_unmap(struct pbuf *b);
 
+/* Acknowledge an event with any code (even one outside the enum) and
+ * failed buffers. */
+void peer_ack_code(struct peer *p, uint64_t event, int code, const uint64_t *failed,
+                   size_t nfailed, const char *why);
+
 /* Acknowledge an event, naming failed buffers (code OK if none). */
 void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfailed,
               const char *why);
+
+/* Send a pause or resume of ntags tags, as given (devmask: bit mask of
+ * devices 0-63, 0 for all). */
+void peer_op_tags(struct peer *c, bool resume, const char *const *tags, size_t ntags,
+                  uint64_t devmask, uint64_t max_residual);
 
 /* Send a pause or resume of one tag (devmask: bit mask, 0 for all). */
 void peer_op(struct peer *c, bool resume, const char *tag, uint64_t devmask,
@@ -133,6 +171,9 @@ void peer_op(struct peer *c, bool resume, const char *tag, uint64_t devmask,
 /* The controller's answer: OK (OpReply in *out) or the error code (Error
  * in *out). Free *out with wire_env_free. */
 wire_code peer_op_wait(struct peer *c, wire_env **out);
+
+/* The controller's answer, as peer_op_wait, but only its code. */
+wire_code peer_op_code(struct peer *c);
 
 /* The next event for a worker, with its fds kept in *f (NULL: closed). */
 wire_env *peer_event(struct peer *w, struct frame *f);
@@ -145,6 +186,9 @@ void peer_serve(struct peer *w, struct pbuf *bufs, size_t n, size_t events);
 
 /* A status as the daemon sends it. */
 wire_env *peer_status(struct peer *c);
+
+/* A list as the daemon sends it. */
+wire_env *peer_list(struct peer *c);
 
 /* A tag in a status (the test fails if there is none). */
 const Gpumem__Wire__TagInfo *peer_tag(const wire_env *st, const char *name);

@@ -83,6 +83,41 @@ static const char *tag_state(const struct gpumem_tag_status *t) {
 /* Print a bool for JSON. */
 static const char *json_bool(int v) { return v ? "true" : "false"; }
 
+/* The driver's figures per device, as JSON array elements. */
+static void json_checks(const struct gpumem_device_check *v, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const struct gpumem_device_check *k = &v[i];
+    printf("%s{\"device\":%u,\"released\":%llu,\"free_before\":%llu,\"free_after\":%llu,"
+           "\"shortfall\":%llu,\"residual\":%llu,\"residual_known\":%s}",
+           i ? "," : "", k->device, (unsigned long long)k->released,
+           (unsigned long long)k->free_before, (unsigned long long)k->free_after,
+           (unsigned long long)k->shortfall, (unsigned long long)k->residual,
+           json_bool(k->residual_known));
+  }
+}
+
+/* What the driver shows of each device the operation touched: the bytes
+ * released (or taken) next to the change in free memory, the shortfall
+ * and what is held outside gpumemd. */
+static void print_checks(FILE *out, const struct gpumem_device_check *v, size_t n, bool resume) {
+  char a[32], b[32], c[32];
+  for (size_t i = 0; i < n; i++) {
+    const struct gpumem_device_check *k = &v[i];
+    bool rose = k->free_after >= k->free_before;
+    uint64_t delta = rose ? k->free_after - k->free_before : k->free_before - k->free_after;
+    fprintf(out, "device %u: %s %s, driver shows %s %s free", k->device,
+            resume ? "took" : "released", size_format(k->released, a, sizeof a),
+            size_format(delta, b, sizeof b), rose ? "more" : "less");
+    if (k->residual_known && k->residual)
+      fprintf(out, "; %s held outside gpumemd", size_format(k->residual, c, sizeof c));
+    fprintf(out, "\n");
+    if (k->shortfall)
+      fprintf(out, "! device %u: %s released that the driver does not show as free\n",
+              k->device, size_format(k->shortfall, a, sizeof a));
+  }
+}
+
+
 /* The status as one JSON object; keys are only ever added. */
 static void print_status_json(const struct gpumem_status *s) {
   printf("{\"backend\":");
@@ -134,6 +169,8 @@ static void print_status_json(const struct gpumem_status *s) {
     json_str(p->name ? p->name : "");
     printf("}");
   }
+  printf("],\"last_pause_checks\":[");
+  json_checks(s->last_pause_checks, s->nlast_pause_checks);
   printf("],\"backups\":{\"reserved\":%llu,\"limit\":%llu,\"last_backup_bytes\":%llu,"
          "\"last_backup_us\":%llu,\"last_restore_bytes\":%llu,\"last_restore_us\":%llu}}\n",
          (unsigned long long)s->backup_reserved, (unsigned long long)s->backup_limit,
@@ -242,6 +279,10 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
            size_format(t->transit_bytes, c, sizeof c));
   }
   print_tag_notes(s);
+  if (s->nlast_pause_checks) {
+    printf("\nlast pause:\n");
+    print_checks(stdout, s->last_pause_checks, s->nlast_pause_checks, false);
+  }
   printf("\n%-7s %-8s %-10s %-20s %7s %11s %11s\n", "SESSION", "PID", "ROLE", "NAME", "BUFFERS",
          "BYTES", "OUTSIDE");
   for (size_t i = 0; i < s->nsessions; i++) {
@@ -361,15 +402,7 @@ static void print_op_json(const struct gpumem_op_report *r) {
          (unsigned long long)r->buffers, (unsigned long long)r->bytes,
          (unsigned long long)r->backup_bytes, (unsigned long long)r->skipped,
          (unsigned long long)r->elapsed_us, (unsigned long long)r->backup_us);
-  for (size_t i = 0; i < r->nchecks; i++) {
-    const struct gpumem_device_check *k = &r->checks[i];
-    printf("%s{\"device\":%u,\"released\":%llu,\"free_before\":%llu,\"free_after\":%llu,"
-           "\"shortfall\":%llu,\"residual\":%llu,\"residual_known\":%s}",
-           i ? "," : "", k->device, (unsigned long long)k->released,
-           (unsigned long long)k->free_before, (unsigned long long)k->free_after,
-           (unsigned long long)k->shortfall, (unsigned long long)k->residual,
-           json_bool(k->residual_known));
-  }
+  json_checks(r->checks, r->nchecks);
   printf("],\"details\":[");
   for (size_t i = 0; i < r->ndetails; i++) {
     const struct gpumem_op_detail *t = &r->details[i];
@@ -392,27 +425,6 @@ static void print_op_json(const struct gpumem_op_report *r) {
   printf("],\"buffers_held\":%llu,\"bytes_held\":%llu,\"bytes_needed\":%llu,\"bytes_free\":%llu}}\n",
          (unsigned long long)r->buffers_held, (unsigned long long)r->bytes_held,
          (unsigned long long)r->bytes_needed, (unsigned long long)r->bytes_free);
-}
-
-/* What the driver shows of each device the operation touched: the bytes
- * released (or taken) next to the change in free memory, the shortfall
- * and what is held outside gpumemd. */
-static void print_checks(FILE *out, const struct gpumem_op_report *r, bool resume) {
-  char a[32], b[32], c[32];
-  for (size_t i = 0; i < r->nchecks; i++) {
-    const struct gpumem_device_check *k = &r->checks[i];
-    bool rose = k->free_after >= k->free_before;
-    uint64_t delta = rose ? k->free_after - k->free_before : k->free_before - k->free_after;
-    fprintf(out, "device %u: %s %s, driver shows %s %s free", k->device,
-            resume ? "took" : "released", size_format(k->released, a, sizeof a),
-            size_format(delta, b, sizeof b), rose ? "more" : "less");
-    if (k->residual_known && k->residual)
-      fprintf(out, "; %s held outside gpumemd", size_format(k->residual, c, sizeof c));
-    fprintf(out, "\n");
-    if (k->shortfall)
-      fprintf(out, "! device %u: %s released that the driver does not show as free\n",
-              k->device, size_format(k->shortfall, a, sizeof a));
-  }
 }
 
 /* Pause or resume; 0 done, 1 failed (with the daemon's code, words, the
@@ -438,7 +450,7 @@ static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
         fprintf(stderr, "%s%u", i ? ", " : (r->npids > 1 ? " by pids " : " by pid "), r->pids[i]);
       fprintf(stderr, "\n");
     }
-    if (r && !json) print_checks(stderr, r, resume);
+    if (r && !json) print_checks(stderr, r->checks, r->nchecks, resume);
     gpumem_op_report_free(r);
     return 1;
   }
@@ -447,7 +459,7 @@ static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
            resume ? "resumed" : "paused", (unsigned long long)r->buffers,
            size_format(r->bytes, a, sizeof a), size_format(r->backup_bytes, b, sizeof b),
            (unsigned long long)r->skipped, (double)r->elapsed_us / 1000);
-    print_checks(stdout, r, resume);
+    print_checks(stdout, r->checks, r->nchecks, resume);
   }
   gpumem_op_report_free(r);
   return 0;
