@@ -104,6 +104,10 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
                        said);
     }
   }
+  /* Whose memory this is outlives the daemon where the backend keeps it;
+   * where it cannot (not root, or a VMM driver) nothing is recorded. */
+  for (size_t i = 0; i < b->nchunks && !b->ipc; i++)
+    gpu_chunk_set_owner(r->gpu, b->handles[i], b->uid);
   b->has_memory = true;
   r->managed[b->device] += b->size;
   return GPUMEM__WIRE__ERROR_CODE__OK;
@@ -295,13 +299,14 @@ static void attach(struct buffer *b, struct session *owner, struct list *owner_l
 
 /* Allocate a buffer for owner. */
 wire_code registry_alloc(registry *r, struct session *owner,
-                         struct list *owner_list, const char *tagname,
+                         struct list *owner_list, uint32_t uid, const char *tagname,
                          unsigned device, uint64_t size, uint32_t flags,
                          struct buffer **out, struct fault *f) {
   struct buffer *b = calloc(1, sizeof *b);
   if (!b) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   b->device = device;
   b->flags = flags;
+  b->uid = uid;
   struct tag *tag = NULL;
   wire_code rc = plan_chunks(r, b, size, f);
   if (rc) goto fail;
@@ -337,21 +342,30 @@ fail:
   return rc;
 }
 
+/* True unless the backend records another uid than uid for a chunk. A
+ * daemon that is not root cannot chown, so its chunks all carry its own
+ * uid, which then says nothing. */
+static bool owned_by(registry *r, uint64_t handle, uint32_t uid, uint32_t *holder) {
+  if (gpu_chunk_owner(r->gpu, handle, holder) < 0) return true;
+  return *holder == uid || (geteuid() != 0 && *holder == (uint32_t)geteuid());
+}
+
 /* Re-register a buffer a worker kept across a daemon restart. */
 wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_list,
-                         const char *tagname, unsigned device, uint64_t size, uint32_t flags,
+                         uint32_t uid, const char *tagname, unsigned device, uint64_t size, uint32_t flags,
                          bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
                          struct buffer **out, struct fault *f) {
   size_t nfds = paused ? 0 : nchunks, took = 0;
   struct buffer *b = calloc(1, sizeof *b);
   struct tag *tag = NULL;
-  wire_code rc;
+  wire_code rc = GPUMEM__WIRE__ERROR_CODE__OK;
   if (!b || !(b->chunk_sizes = calloc(nchunks + 1, sizeof *b->chunk_sizes)) ||
       !(b->handles = calloc(nchunks + 1, sizeof *b->handles))) {
     rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto fail;
   }
   b->device = device;
+  b->uid = uid;
   b->flags = flags & ~(uint32_t)BUF_FLAG_ALLOW_PAUSED;
   b->size = size;
   b->nchunks = nchunks;
@@ -363,11 +377,20 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
     if (gpu_chunk_adopt(r->gpu, device, fd, chunk_sizes[took], &b->handles[took]) < 0) {
       rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "chunk %zu of a '%s' buffer: %s", took, tagname, gpu_error());
-      while (took-- > 0)
-        gpu_chunk_release(r->gpu, device, b->handles[took], chunk_sizes[took]);
-      unreserve_backup(r, b);
-      goto fail;
+      break;
     }
+    uint32_t holder;
+    if (!owned_by(r, b->handles[took], uid, &holder)) {
+      rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                     "chunk %zu of a '%s' buffer belongs to uid %u", took, tagname, holder);
+      took++; /* adopted: let go of it with the others */
+      break;
+    }
+  }
+  if (rc) {
+    for (size_t i = 0; i < took; i++) gpu_chunk_release(r->gpu, device, b->handles[i], chunk_sizes[i]);
+    unreserve_backup(r, b);
+    goto fail;
   }
   if (!paused) {
     b->has_memory = true;
@@ -386,7 +409,7 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 fail:
-  for (size_t i = took; i < nfds; i++)
+  for (size_t i = 0; i < nfds; i++)
     if (fds[i] >= 0) {
       close(fds[i]);
       fds[i] = -1;

@@ -51,6 +51,7 @@ struct tag_view {
 struct buffer {
   uint64_t id;
   struct session *owner;
+  uint32_t uid;  /* the owner's, kept with the memory where the backend can */
   struct tag *tag;
   unsigned device;
   uint64_t size;
@@ -83,19 +84,21 @@ registry *registry_create(gpu *g, const struct registry_options *opt);
 /* Free every buffer and the registry. */
 void registry_destroy(registry *r);
 
-/* Allocate a buffer for owner (whose buffer list is owner_list). A buffer
+/* Allocate a buffer for owner (whose buffer list is owner_list, uid its
+ * uid, recorded with the memory where the backend can). A buffer
  * in a paused tag starts PAUSED if flags allow it, else TAG_PAUSED.
  * Returns OK with *out, or the error code with f filled. */
 wire_code registry_alloc(registry *r, struct session *owner,
-                         struct list *owner_list, const char *tag,
+                         struct list *owner_list, uint32_t uid, const char *tag,
                          unsigned device, uint64_t size, uint32_t flags,
                          struct buffer **out, struct fault *f);
 
 /* Re-register a buffer that a worker kept across a daemon restart: the
- * chunk fds (consumed either way; none when paused) become its memory.
- * Returns OK with *out, or the error with nothing changed. */
+ * chunk fds (consumed either way; none when paused) become its memory,
+ * unless the backend says they belong to another uid. Returns OK with
+ * *out, or the error with nothing changed. */
 wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_list,
-                         const char *tag, unsigned device, uint64_t size, uint32_t flags,
+                         uint32_t uid, const char *tag, unsigned device, uint64_t size, uint32_t flags,
                          bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
                          struct buffer **out, struct fault *f);
 

@@ -307,8 +307,8 @@ static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
   }
   struct fault f = {0};
   struct buffer *b;
-  if (registry_alloc(srv->reg, s, &s->buffers, a->tag, a->device, a->size, a->flags,
-                     &b, &f)) {
+  if (registry_alloc(srv->reg, s, &s->buffers, (uint32_t)s->uid, a->tag, a->device, a->size,
+                     a->flags, &b, &f)) {
     session_send_error(s, env->id, &f);
     return;
   }
@@ -432,8 +432,9 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   if (!ids || !bufs) fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   for (; !f.code && done < a->n_buffers; done++) {
     const Gpumem__Wire__AdoptBuffer *b = a->buffers[done];
-    if (registry_adopt(srv->reg, s, &s->buffers, b->tag, b->device, b->size, b->flags, b->paused,
-                       b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at, &bufs[done], &f))
+    if (registry_adopt(srv->reg, s, &s->buffers, (uint32_t)s->uid, b->tag, b->device, b->size,
+                       b->flags, b->paused, b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at,
+                       &bufs[done], &f))
       break;
     fd_at += b->paused ? 0 : b->n_chunk_sizes;
     ids[done] = bufs[done]->id;

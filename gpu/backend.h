@@ -20,6 +20,8 @@ struct gpu_ops {
   int (*chunks_held_by)(void *state, int pid, const uint64_t *handles, size_t n, bool *held);
   int (*chunk_adopt)(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle);
   int (*export_handle)(void *state, unsigned dev, uint64_t handle, int *fd);
+  int (*chunk_set_owner)(void *state, uint64_t handle, uint32_t uid);
+  int (*chunk_owner)(void *state, uint64_t handle, uint32_t *uid);
   int (*chunk_create)(void *state, unsigned dev, uint64_t size,
                       uint64_t *handle);
   int (*chunk_export)(void *state, uint64_t handle, int *fd);

@@ -95,6 +95,18 @@ int gpu_chunks_held_by(gpu *g, int pid, const uint64_t *handles, size_t n, bool 
   return g->ops->chunks_held_by(g->state, pid, handles, n, held);
 }
 
+/* Record which uid a chunk is for. */
+int gpu_chunk_set_owner(gpu *g, uint64_t handle, uint32_t uid) {
+  if (!g->ops->chunk_set_owner) return -ENOTSUP;
+  return g->ops->chunk_set_owner(g->state, handle, uid);
+}
+
+/* The uid recorded with a chunk. */
+int gpu_chunk_owner(gpu *g, uint64_t handle, uint32_t *uid) {
+  if (!g->ops->chunk_owner) return -ENOTSUP;
+  return g->ops->chunk_owner(g->state, handle, uid);
+}
+
 /* Own a chunk handed over by another process. */
 int gpu_chunk_adopt(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
   if (!g->ops->chunk_adopt) {

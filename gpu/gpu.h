@@ -87,6 +87,15 @@ int gpu_chunks_held_by(gpu *g, int pid, const uint64_t *handles, size_t n, bool 
  * taken on trust there); the fd is consumed either way. */
 int gpu_chunk_adopt(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *handle);
 
+/* Daemon side: record which uid a chunk is for, where the backend can keep
+ * it with the memory (the host backend: the memfd's owner); -ENOTSUP where
+ * it cannot (the VMM drivers keep no owner). */
+int gpu_chunk_set_owner(gpu *g, uint64_t handle, uint32_t uid);
+
+/* Daemon side: the uid recorded with a chunk (an adopted one too), or
+ * -ENOTSUP where the backend keeps none. */
+int gpu_chunk_owner(gpu *g, uint64_t handle, uint32_t *uid);
+
 /* Daemon side: create a physical chunk of size bytes on dev. */
 int gpu_chunk_create(gpu *g, unsigned dev, uint64_t size, uint64_t *handle);
 

@@ -650,6 +650,25 @@ static int adopt_check(const struct host *h, unsigned dev, int fd, uint64_t size
   return 0;
 }
 
+/* The memfd's owner is the uid the chunk is for: it survives the daemon,
+ * so that a restarted daemon can tell whose memory a worker hands back. A
+ * daemon that may not chown (not root) leaves its own uid there. */
+static int host_chunk_set_owner(void *state, uint64_t handle, uint32_t uid) {
+  (void)state;
+  if (fchown((int)handle, (uid_t)uid, (gid_t)-1) < 0)
+    return gpu_fail(-errno, "chown of a chunk to uid %u: %s", uid, strerror(errno));
+  return 0;
+}
+
+/* The uid that owns a chunk's memfd. */
+static int host_chunk_owner(void *state, uint64_t handle, uint32_t *uid) {
+  (void)state;
+  struct stat st;
+  if (fstat((int)handle, &st) < 0) return gpu_fail(-errno, "chunk: %s", strerror(errno));
+  *uid = (uint32_t)st.st_uid;
+  return 0;
+}
+
 /* Own a chunk a worker hands back after a daemon restart: the fd becomes
  * the handle, counted like a chunk made here. The fd is consumed. */
 static int host_chunk_adopt(void *state, unsigned dev, int fd, uint64_t size,
@@ -676,6 +695,8 @@ const struct gpu_ops gpu_host_ops = {
     .mem_info = host_mem_info,
     .processes = host_processes,
     .chunks_held_by = host_chunks_held_by,
+    .chunk_set_owner = host_chunk_set_owner,
+    .chunk_owner = host_chunk_owner,
     .chunk_adopt = host_chunk_adopt,
     .export_handle = host_export_handle,
     .chunk_create = host_chunk_create,

@@ -333,6 +333,24 @@ START_TEST(adopted_memory_is_owned_paused_and_resumed) {
 }
 END_TEST
 
+/* Stop the daemon with SIGTERM (w is told, and closed) and start the next
+ * one on the same socket. */
+static void restart(struct peer *w) {
+  kill(d.pid, SIGTERM);
+  ck_assert_int_eq(peer_stray_error(w), CODE(SHUTTING_DOWN));
+  ck_assert(peer_ended(w));
+  int status;
+  ck_assert_int_eq(waitpid(d.pid, &status, 0), d.pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  peer_close(w);
+  d.pid = daemon_spawn(d.socket, d.log, NULL);
+  double end = now_ms() + 5000;
+  int fd;
+  while ((fd = raw_connect(&d)) < 0 && now_ms() < end) pause_ms(10);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+}
+
 /* A daemon stopped with SIGTERM answers, and the next one on the socket
  * adopts the memory the worker kept (the raw version of a restart). */
 START_TEST(restart_then_adopt_by_hand) {
@@ -342,20 +360,8 @@ START_TEST(restart_then_adopt_by_hand) {
   struct pbuf b;
   peer_alloc(&w, "kv", 1, 4 * MiB, 0, &b);
   ck_assert_uint_eq(b.nfds, 1);
-  kill(d.pid, SIGTERM);
-  ck_assert_int_eq(peer_stray_error(&w), CODE(SHUTTING_DOWN));
-  ck_assert(peer_ended(&w));
-  int status;
-  ck_assert_int_eq(waitpid(d.pid, &status, 0), d.pid);
-  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  peer_close(&w);
+  restart(&w);
   ck_assert_uint_eq(memfd_bytes((pid_t[]){getpid()}, 1), 4 * MiB); /* still ours */
-  d.pid = daemon_spawn(d.socket, d.log, NULL);
-  double end = now_ms() + 5000;
-  int fd;
-  while ((fd = raw_connect(&d)) < 0 && now_ms() < end) pause_ms(10);
-  ck_assert_int_ge(fd, 0);
-  close(fd);
   open_peer(&w, WORKER);
   struct abuf a = ONE("kv", 1, 4 * MiB);
   int give = dup(b.fds[0]);
@@ -371,6 +377,44 @@ START_TEST(restart_then_adopt_by_hand) {
   peer_unmap(&b);
   peer_close(&w);
   peer_close(&c);
+}
+END_TEST
+
+/* After a restart, memory handed back by another uid than the one it was
+ * made for is refused (the host backend keeps the owner with the memfd);
+ * its owner gets it back. Needs root, to be another uid. */
+START_TEST(adopt_of_another_uids_memory) {
+  if (geteuid() != 0) return;
+  daemon_up(NULL);
+  struct peer w;
+  open_peer(&w, WORKER);
+  struct pbuf b;
+  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
+  restart(&w);
+  ck_assert_int_eq(chmod(d.dir, 0755), 0);
+  ck_assert_int_eq(chmod(d.socket, 0666), 0);
+  struct abuf a = ONE("kv", 0, 4 * MiB);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) { /* nobody, holding root's memory */
+    if (setgid(65534) < 0 || setuid(65534) < 0) _exit(99);
+    struct peer x;
+    open_peer(&x, WORKER);
+    int give = dup(b.fds[0]);
+    _exit((int)adopt(&x, &a, 1, &give, 1, NULL, NULL));
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status));
+  ck_assert_int_eq(WEXITSTATUS(status), CODE(PERMISSION_DENIED));
+  ck_assert_uint_eq(daemon_bytes(), 0);
+  open_peer(&w, WORKER);
+  int give = dup(b.fds[0]);
+  char why[512];
+  ck_assert_msg(adopt(&w, &a, 1, &give, 1, why, NULL) == CODE(OK), "%s", why);
+  ck_assert_uint_eq(daemon_bytes(), 4 * MiB);
+  peer_unmap(&b);
+  peer_close(&w);
 }
 END_TEST
 
@@ -1341,7 +1385,7 @@ END_TEST
 int main(void) {
   return HARNESS_RUN(
       "hostile", 20, setup, teardown, adopted_memory_is_owned_paused_and_resumed,
-      restart_then_adopt_by_hand, adopt_before_hello, adopt_as_controller,
+      restart_then_adopt_by_hand, adopt_of_another_uids_memory, adopt_before_hello, adopt_as_controller,
       adopt_with_wrong_fd_counts, adopt_fds_of_the_wrong_kind,
       adopt_memfds_of_the_wrong_device_or_size, adopt_sizes_that_cannot_be,
       adopt_paused_larger_than_the_device, adopt_flags_an_alloc_refuses,

@@ -34,11 +34,11 @@ static void teardown(void) {
 
 START_TEST(sizes_round_up_and_split_into_chunks) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 1, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 1, 0, &b, &f), CODE(OK));
   ck_assert_uint_eq(b->size, 2 * MiB);
   ck_assert_uint_eq(b->nchunks, 1);
   struct buffer *c;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 33 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 33 * MiB, 0, &c, &f), CODE(OK));
   ck_assert_uint_eq(c->size, 34 * MiB);
   ck_assert_uint_eq(c->nchunks, 3);
   ck_assert_uint_eq(c->chunk_sizes[2], 2 * MiB);
@@ -54,12 +54,12 @@ END_TEST
 
 START_TEST(bad_requests_change_nothing) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 2, MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 2, MiB, 0, &b, &f),
                    CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(f.text, "device 2 out of range"));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 65 * MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 65 * MiB, 0, &b, &f),
                    CODE(INVALID_ARGUMENT));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, UINT64_MAX, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, UINT64_MAX, 0, &b, &f),
                    CODE(INVALID_ARGUMENT));
   ck_assert_uint_eq(registry_count(reg), 0);
   ck_assert_uint_eq(registry_managed(reg, 0), 0);
@@ -69,13 +69,13 @@ END_TEST
 
 START_TEST(capacity_is_enforced_per_device) {
   struct buffer *b, *c;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 48 * MiB, 0, &b, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 32 * MiB, 0, &c, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 48 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 32 * MiB, 0, &c, &f),
                    CODE(OUT_OF_MEMORY));
   ck_assert_uint_eq(f.bytes_needed, 32 * MiB);
   ck_assert_uint_eq(f.bytes_free, 16 * MiB);
   ck_assert_uint_eq(registry_managed(reg, 0), 48 * MiB); /* the failed one left nothing */
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 1, 32 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 1, 32 * MiB, 0, &c, &f), CODE(OK));
 }
 END_TEST
 
@@ -83,10 +83,10 @@ START_TEST(paused_tag_refuses_unless_asked) {
   struct tag *t = registry_tag_get(reg, "kv");
   t->paused_devices = 1; /* device 0 */
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, MiB, 0, &b, &f), CODE(TAG_PAUSED));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 1, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, MiB, 0, &b, &f), CODE(TAG_PAUSED));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 1, MiB, 0, &b, &f), CODE(OK));
   ck_assert_int_eq(b->state, BUF_ACTIVE);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, MiB, BUF_FLAG_ALLOW_PAUSED, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, MiB, BUF_FLAG_ALLOW_PAUSED, &b, &f),
                    CODE(OK));
   ck_assert_int_eq(b->state, BUF_PAUSED);
   ck_assert(!b->has_memory);
@@ -97,7 +97,7 @@ END_TEST
 /* A backup holds the bytes while the memory is gone, and goes back in. */
 START_TEST(backup_and_restore_keep_contents) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(OK));
   char *pattern = malloc(b->size);
   for (size_t i = 0; i < b->size; i++) pattern[i] = (char)(i * 13);
@@ -129,9 +129,9 @@ END_TEST
 
 START_TEST(memory_create_is_all_or_nothing) {
   struct buffer *a, *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "kv", 0, 40 * MiB, 0, &a, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 40 * MiB, 0, &a, &f), CODE(OK));
   registry_memory_release(reg, a);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "other", 0, 30 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "other", 0, 30 * MiB, 0, &b, &f), CODE(OK));
   /* 34 MiB free, 40 needed: three 16 MiB chunks would fit two. */
   ck_assert_int_eq(registry_memory_create(reg, a, &f), CODE(OUT_OF_MEMORY));
   ck_assert(!a->has_memory);
@@ -145,7 +145,7 @@ END_TEST
 /* A backup that changes while paused fails the restore loudly. */
 START_TEST(verification_catches_a_changed_backup) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 4 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 4 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(OK));
   ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
   registry_memory_release(reg, b);
@@ -159,12 +159,12 @@ END_TEST
 /* BACKUP buffers reserve host memory at allocation, within the limit. */
 START_TEST(backup_limit_is_enforced_at_allocation) {
   struct buffer *a, *b, *c;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &a, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &a, &f),
                    CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 14 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 14 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(LIMIT_EXCEEDED));
   ck_assert_ptr_nonnull(strstr(f.text, "backup limit"));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 0, 14 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 14 * MiB, 0, &c, &f), CODE(OK));
   uint64_t reserved, limit;
   registry_backup_budget(reg, &reserved, &limit);
   ck_assert_uint_eq(reserved, 20 * MiB);
@@ -172,7 +172,7 @@ START_TEST(backup_limit_is_enforced_at_allocation) {
   registry_free(reg, a);
   registry_backup_budget(reg, &reserved, &limit);
   ck_assert_uint_eq(reserved, 0);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "w", 1, 32 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 1, 32 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(OK));
 }
 END_TEST
@@ -181,12 +181,12 @@ END_TEST
  * pile up in a long-running daemon. */
 START_TEST(unused_tags_are_forgotten) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "once", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "once", 0, MiB, 0, &b, &f), CODE(OK));
   ck_assert_ptr_nonnull(registry_tag(reg, "once"));
   registry_free(reg, b);
   ck_assert_ptr_null(registry_tag(reg, "once"));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "huge", 0, 40 * MiB, 0, &b, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, "nope", 0, 40 * MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "huge", 0, 40 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "nope", 0, 40 * MiB, 0, &b, &f),
                    CODE(OUT_OF_MEMORY));
   ck_assert_ptr_null(registry_tag(reg, "nope"));
   struct tag *t = registry_tag_get(reg, "paused");
