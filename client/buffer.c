@@ -455,7 +455,9 @@ void *gpumem_buffer_ptr(const gpumem_buffer *b) { return b->va; }
 uint64_t gpumem_buffer_size(const gpumem_buffer *b) { return b->size; }
 const char *gpumem_buffer_tag(const gpumem_buffer *b) { return b->tag; }
 unsigned gpumem_buffer_device(const gpumem_buffer *b) { return b->local; }
-uint64_t gpumem_buffer_id(const gpumem_buffer *b) { return b->id; }
+uint64_t gpumem_buffer_id(const gpumem_buffer *b) {
+  return __atomic_load_n(&b->id, __ATOMIC_RELAXED); /* renumbered by a reconnection */
+}
 unsigned gpumem_buffer_flags(const gpumem_buffer *b) { return b->flags; }
 int gpumem_buffer_mapped(const gpumem_buffer *b) { return b->mapped; }
 int gpumem_buffer_registered(const gpumem_buffer *b) { return b->registered; }

@@ -192,7 +192,8 @@ static int adopt_apply(gpumem_client *c, struct adopt_ctx *a, const Gpumem__Wire
   for (size_t i = 0; i < a->n; i++) {
     gpumem_buffer *b = a->bufs[i];
     if (r->buffer_ids[i] == 0 || idmap_get(c->buffers, r->buffer_ids[i])) return -EPROTO;
-    b->id = r->buffer_ids[i];
+    /* Atomic: gpumem_buffer_id may read it on another thread, unlocked. */
+    __atomic_store_n(&b->id, r->buffer_ids[i], __ATOMIC_RELAXED);
     if (client_buffer_register(c, b) < 0) return -ENOMEM;
   }
   return 0;

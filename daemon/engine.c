@@ -721,8 +721,6 @@ static void start_resume(engine *e, struct op *op) {
     fail(op, f.code, "%s; nothing resumed", f.text);
     goto out;
   }
-  for (size_t t = 0; t < op->ntags; t++)
-    registry_tag(e->reg, op->tags[t])->paused_devices &= ~op->devmask;
   for (size_t i = 0; i < n; i++) registry_set_state(e->reg, bufs[i], BUF_RESUMING);
   list_for_each_safe(p, x, &op->groups) send_remap(e, list_entry(p, struct group, link));
 out:
@@ -731,8 +729,14 @@ out:
   free(made);
 }
 
-/* A resume that every owner acknowledged: its buffers are ACTIVE. */
+/* A resume that every owner acknowledged: its buffers are ACTIVE and its
+ * tags no longer paused on its devices (until then, and after a resume
+ * that failed, new buffers there still start paused). */
 static void commit_resume(engine *e, struct op *op) {
+  for (size_t t = 0; t < op->ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->tags[t]);
+    if (tag) tag->paused_devices &= ~op->devmask;
+  }
   struct list *p;
   for (p = op->groups.next; p != &op->groups; p = p->next) {
     struct group *g = list_entry(p, struct group, link);
@@ -948,10 +952,12 @@ static void on_timeout(uv_timer_t *t) {
   struct op *op = e->current;
   if (!op) return;
   size_t nstraggle = 0;
+  pid_t *late = calloc(op->pending + 1, sizeof *late); /* who missed this ack */
   struct list *p, *n;
   list_for_each_safe(p, n, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
     if (g->done) continue;
+    if (late) late[nstraggle] = g->s->pid;
     for (size_t i = 0; i < g->nids; i++) {
       struct buffer *b = registry_find(e->reg, g->ids[i]);
       if (b) hold(op, b);
@@ -976,11 +982,14 @@ static void on_timeout(uv_timer_t *t) {
        op->timeout_ms, pids, kill_them ? " (killed)" : "", (unsigned long long)op->held_buffers,
        size_format(op->held_bytes, bytes, sizeof bytes),
        op->resume && !op->rolling_back ? "; nothing resumed" : "", 120, earlier);
-  if (kill_them)
-    for (size_t i = 0; i < op->npids; i++) {
-      log_warn("killing pid %u: no ack in time", op->pids[i]);
-      kill((pid_t)op->pids[i], SIGKILL);
-    }
+  /* Only those that missed this ack, and never a pid we cannot see (0:
+   * another pid namespace; kill(0) would hit our own group). */
+  for (size_t i = 0; kill_them && late && i < nstraggle; i++) {
+    if (late[i] <= 0) continue;
+    log_warn("killing pid %d: no ack in time", (int)late[i]);
+    kill(late[i], SIGKILL);
+  }
+  free(late);
   log_warn("%s: %zu owners did not answer in time", op->resume ? "resume" : "pause", nstraggle);
   check_done(e);
 }

@@ -404,7 +404,8 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
     rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto fail;
   }
-  if (paused) tag->paused_devices |= 1ull << device;
+  /* The tag's paused mark is a controller's: a worker's re-registered
+   * paused buffer shows as paused (the tag's state says so) without it. */
   attach(b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE);
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;

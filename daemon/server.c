@@ -32,6 +32,7 @@ struct server {
   bool starved;   /* out of fds: listening paused, counting refusals */
   unsigned long long refused;
   uv_timer_t accept_timer; /* listens again after a back-off */
+  uv_idle_t reaper;        /* closes doomed sessions on the loop's next turn */
   int exit_status;
   bool stopping;          /* told every session; waiting for them to drain */
   uv_timer_t stop_timer;  /* closes sessions that do not drain in time */
@@ -79,6 +80,8 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   uv_timer_init(loop, &srv->accept_timer);
   srv->accept_timer.data = srv;
+  uv_idle_init(loop, &srv->reaper);
+  srv->reaper.data = srv;
   uv_poll_init(loop, &srv->listen_poll, srv->listen_fd);
   srv->listen_poll.data = srv;
   uv_poll_start(&srv->listen_poll, UV_READABLE, on_accept);
@@ -150,6 +153,7 @@ static void on_signal(uv_signal_t *h, int signum) {
     uv_close((uv_handle_t *)&srv->stop_timer, NULL);
   uv_close((uv_handle_t *)&srv->listen_poll, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
+  uv_close((uv_handle_t *)&srv->reaper, NULL);
   close(srv->listen_fd);
   unlink(srv->cfg->socket_path);
   /* Still caught while sessions drain (a second SIGTERM must not kill us
@@ -234,6 +238,23 @@ static void on_accept(uv_poll_t *h, int status, int events) {
       session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
                    "too many sessions for this uid");
   }
+}
+
+/* Close every doomed session: nothing is in the middle of using them now. */
+static void on_reap(uv_idle_t *h) {
+  server *srv = h->data;
+  uv_idle_stop(h);
+  struct list *p, *t;
+  list_for_each_safe(p, t, &srv->sessions) {
+    struct session *s = list_entry(p, struct session, link);
+    if (s->doomed) session_close(s);
+  }
+}
+
+/* Close a doomed session on the loop's next turn. */
+void server_session_doomed(server *srv, struct session *s) {
+  (void)s;
+  if (!uv_is_closing((uv_handle_t *)&srv->reaper)) uv_idle_start(&srv->reaper, on_reap);
 }
 
 /* Forget a session that ended: free its buffers, tell the engine. */

@@ -27,6 +27,9 @@ void server_destroy(server *srv);
 /* Handle one frame that a session received (called by the session). */
 void server_dispatch(server *srv, struct session *s, struct frame *f);
 
+/* Close a doomed session on the loop's next turn. */
+void server_session_doomed(server *srv, struct session *s);
+
 /* Forget a session that ended: free its buffers, tell the engine. */
 void server_session_closed(server *srv, struct session *s);
 

@@ -19,7 +19,7 @@ static void on_poll(uv_poll_t *h, int status, int events);
 
 /* Ask libuv for writability only while something is queued. */
 static void update_poll(struct session *s) {
-  if (s->closed) return;
+  if (s->closed || s->doomed) return;
   int want = s->draining ? 0 : UV_READABLE;
   if (frame_writer_queued(s->writer)) want |= UV_WRITABLE;
   if (want == s->poll_events) return;
@@ -82,33 +82,46 @@ void session_close(struct session *s) {
 
 /* Send what the socket takes. A peer that cannot be written to any more
  * may still have requests buffered for us: those are carried out, and the
- * session ends when reading reaches the end of the stream. */
-static void flush(struct session *s) {
+ * session ends when reading reaches the end of the stream. Returns true
+ * when the session is done (drained, or unwritable while draining). */
+static bool flush_done(struct session *s) {
   int rc = s->write_failed ? 0 : frame_writer_flush(s->writer, s->fd);
   if (rc < 0 && rc != -EAGAIN) {
     log_debug("session %llu: send: %s", (unsigned long long)s->id, strerror(-rc));
     s->write_failed = true;
     frame_writer_destroy(s->writer);
     s->writer = frame_writer_create();
-    if (!s->writer || s->draining) {
-      session_close(s);
-      return;
-    }
+    if (!s->writer || s->draining) return true;
   }
-  if (s->draining && frame_writer_queued(s->writer) == 0) {
-    session_close(s);
-    return;
-  }
+  if (s->draining && frame_writer_queued(s->writer) == 0) return true;
   update_poll(s);
+  return false;
+}
+
+/* Flush, and end the session now if it is done (from the loop's own
+ * callbacks, where nothing else holds on to the session). */
+static void flush(struct session *s) {
+  if (flush_done(s)) session_close(s);
+}
+
+/* A session that must end while a caller may still be using it (the
+ * engine, in the middle of an operation): stop reading and writing, and
+ * let the server close it on the loop's next turn. */
+static void doom(struct session *s) {
+  if (s->doomed || s->closed) return;
+  s->doomed = true;
+  if (s->poll_events) uv_poll_stop(&s->poll);
+  s->poll_events = 0;
+  server_session_doomed(s->server, s);
 }
 
 /* Queue a message with fds and try to send it right away. */
 int session_send(struct session *s, const wire_env *env, const int *fds,
                  size_t nfds) {
   size_t len;
-  if (s->write_failed) {
+  if (s->write_failed || s->doomed) {
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
-    return s->closed ? -EPIPE : 0;
+    return s->closed || s->doomed ? -EPIPE : 0;
   }
   uint8_t *bytes = s->closed ? NULL : wire_pack(env, &len);
   int rc = bytes ? frame_writer_push(s->writer, bytes, len, fds, nfds) : -ENOMEM;
@@ -122,10 +135,10 @@ int session_send(struct session *s, const wire_env *env, const int *fds,
     rc = -ENOBUFS;
   }
   if (rc < 0) {
-    session_close(s);
+    doom(s);
     return rc;
   }
-  flush(s);
+  if (flush_done(s)) doom(s);
   return 0;
 }
 

@@ -32,6 +32,7 @@ struct session {
   size_t nbuffers;
   bool draining;     /* send what is queued, then close */
   bool write_failed; /* the peer stopped reading: replies are dropped */
+  bool doomed;       /* to be closed by the server on the loop's next turn */
   bool closed;
   struct list link; /* server's sessions */
 };
@@ -41,7 +42,8 @@ struct session *session_create(struct server *srv, uv_loop_t *loop, int fd,
                                uint64_t id);
 
 /* Queue a message with fds (consumed either way). Returns 0 or negative
- * errno; a session that cannot queue is ended. */
+ * errno; a session that cannot queue is ended on the loop's next turn,
+ * never inside this call (callers may still hold its buffers). */
 int session_send(struct session *s, const wire_env *env, const int *fds,
                  size_t nfds);
 

@@ -156,7 +156,8 @@ GPUMEM_EXPORT const char *gpumem_buffer_tag(const gpumem_buffer *b);
 /* The buffer's device. */
 GPUMEM_EXPORT unsigned gpumem_buffer_device(const gpumem_buffer *b);
 
-/* The buffer's id at the daemon. */
+/* The buffer's id at the daemon (a new one after the buffer was
+ * re-registered with a restarted daemon). */
 GPUMEM_EXPORT uint64_t gpumem_buffer_id(const gpumem_buffer *b);
 
 /* The buffer's flags (GPUMEM_BACKUP, ...). */

@@ -123,6 +123,9 @@ START_TEST(failed_remap_rolls_the_resume_back) {
   ck_assert_uint_eq(t->paused_buffers, 2);
   ck_assert(!t->mixed);
   wire_env_free(s);
+  /* Still paused for newcomers too, as before the resume. */
+  struct pbuf late;
+  ck_assert_int_eq(peer_try_alloc(&w1, "kv", 0, 2 * MiB, 0, &late), CODE(TAG_PAUSED));
   peer_close(&w1);
   peer_close(&w2);
   peer_close(&c);
