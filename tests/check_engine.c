@@ -48,8 +48,8 @@ START_TEST(failed_unmap_fails_the_pause) {
   peer_op(&c, false, "kv", 0, 0);
   wire_env *e = peer_event(&w, NULL);
   ck_assert_uint_eq(e->unmap->n_buffer_ids, 2);
- peer_unmap(&b[0]);
- peer_ack(&w, e->id, &b[1].id, 1, "device busy");
+  peer_unmap(&b[0]);
+  peer_ack(&w, e->id, &b[1].id, 1, "device busy");
   wire_env_free(e);
   wire_env *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(NOT_RELEASED));
@@ -65,7 +65,7 @@ START_TEST(failed_unmap_fails_the_pause) {
   ck_assert(t->mixed);
   ck_assert_uint_eq(t->paused_buffers, 1);
   wire_env_free(s);
- peer_unmap(&b[1]);
+  peer_unmap(&b[1]);
   peer_close(&w);
   peer_close(&c);
 }
@@ -84,10 +84,10 @@ START_TEST(failed_remap_rolls_the_resume_back) {
   peer_alloc(&w2, "kv", 0, 6 * MiB, 0, &b2);
   peer_op(&c, false, "kv", 0, 0);
   wire_env *e1 = peer_event(&w1, NULL), *e2 = peer_event(&w2, NULL);
- peer_unmap(&b1);
- peer_unmap(&b2);
- peer_ack(&w1, e1->id, NULL, 0, NULL);
- peer_ack(&w2, e2->id, NULL, 0, NULL);
+  peer_unmap(&b1);
+  peer_unmap(&b2);
+  peer_ack(&w1, e1->id, NULL, 0, NULL);
+  peer_ack(&w2, e2->id, NULL, 0, NULL);
   wire_env_free(e1);
   wire_env_free(e2);
   wire_env *r;
@@ -99,8 +99,8 @@ START_TEST(failed_remap_rolls_the_resume_back) {
   e1 = peer_event(&w1, &f1);
   e2 = peer_event(&w2, &f2);
   peer_take_remap(e1, &f1, &b1, 1);
- peer_ack(&w1, e1->id, NULL, 0, NULL);
- peer_ack(&w2, e2->id, &b2.id, 1, "import failed");
+  peer_ack(&w1, e1->id, NULL, 0, NULL);
+  peer_ack(&w2, e2->id, &b2.id, 1, "import failed");
   frame_release(&f1);
   frame_release(&f2);
   wire_env_free(e1);
@@ -109,8 +109,8 @@ START_TEST(failed_remap_rolls_the_resume_back) {
   wire_env *rb = peer_event(&w1, NULL);
   ck_assert_int_eq(rb->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
   ck_assert_uint_eq(rb->unmap->buffer_ids[0], b1.id);
- peer_unmap(&b1);
- peer_ack(&w1, rb->id, NULL, 0, NULL);
+  peer_unmap(&b1);
+  peer_ack(&w1, rb->id, NULL, 0, NULL);
   wire_env_free(rb);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(BACKEND_ERROR));
   ck_assert_ptr_nonnull(strstr(r->error->message, "nothing resumed"));
@@ -159,8 +159,8 @@ START_TEST(missed_unmap_is_held_until_the_late_ack) {
   wire_env_free(r);
   ck_assert(peer_wait_tag(&c, "kv", GPUMEM__WIRE__BUFFER_STATE__PAUSING, 1));
   ck_assert_uint_eq(daemon_bytes(), 8 * MiB);
- peer_unmap(&b);
- peer_ack(&w, e->id, NULL, 0, NULL);
+  peer_unmap(&b);
+  peer_ack(&w, e->id, NULL, 0, NULL);
   wire_env_free(e);
   ck_assert(peer_wait_tag(&c, "kv", GPUMEM__WIRE__BUFFER_STATE__PAUSED, 0));
   ck_assert_uint_eq(daemon_bytes(), 0);
@@ -185,8 +185,8 @@ START_TEST(missed_remap_is_rolled_back_at_the_late_ack) {
   peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b);
   peer_op(&c, false, "kv", 0, 0);
   wire_env *e = peer_event(&w, NULL), *r;
- peer_unmap(&b);
- peer_ack(&w, e->id, NULL, 0, NULL);
+  peer_unmap(&b);
+  peer_ack(&w, e->id, NULL, 0, NULL);
   wire_env_free(e);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   wire_env_free(r);
@@ -202,12 +202,12 @@ START_TEST(missed_remap_is_rolled_back_at_the_late_ack) {
   wire_env_free(r);
   peer_take_remap(e, &f, &b, 1);
   frame_release(&f);
- peer_ack(&w, e->id, NULL, 0, NULL);
+  peer_ack(&w, e->id, NULL, 0, NULL);
   wire_env_free(e);
   e = peer_event(&w, NULL);
   ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
- peer_unmap(&b);
- peer_ack(&w, e->id, NULL, 0, NULL);
+  peer_unmap(&b);
+  peer_ack(&w, e->id, NULL, 0, NULL);
   wire_env_free(e);
   ck_assert(peer_wait_tag(&c, "kv", GPUMEM__WIRE__BUFFER_STATE__PAUSED, 0));
   ck_assert_uint_eq(daemon_bytes(), 0);
@@ -228,7 +228,7 @@ START_TEST(device_subsets_keep_the_tag_state_true) {
   peer_alloc(&w, "kv", 1, 2 * MiB, 0, &b[1]);
   wire_env *r;
   peer_op(&c, false, "kv", 0, 0);
- peer_serve(&w, b, 2, 1);
+  peer_serve(&w, b, 2, 1);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->n_checks, 2);
   wire_env_free(r);
@@ -243,7 +243,7 @@ START_TEST(device_subsets_keep_the_tag_state_true) {
   }
   wire_env_free(st);
   peer_op(&c, true, "kv", 1u << 1, 0);
- peer_serve(&w, b, 2, 1);
+  peer_serve(&w, b, 2, 1);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   wire_env_free(r);
@@ -252,15 +252,15 @@ START_TEST(device_subsets_keep_the_tag_state_true) {
   ck_assert_int_eq(peer_tag(s, "kv")->state, GPUMEM__WIRE__BUFFER_STATE__PAUSED);
   wire_env_free(s);
   peer_op(&c, true, "kv", 1u << 0, 0);
- peer_serve(&w, b, 2, 1);
+  peer_serve(&w, b, 2, 1);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   wire_env_free(r);
   s = peer_status(&c);
   ck_assert(!peer_tag(s, "kv")->mixed);
   ck_assert_int_eq(peer_tag(s, "kv")->state, GPUMEM__WIRE__BUFFER_STATE__ACTIVE);
   wire_env_free(s);
- peer_unmap(&b[0]);
- peer_unmap(&b[1]);
+  peer_unmap(&b[0]);
+  peer_unmap(&b[1]);
   peer_close(&w);
   peer_close(&c);
 }
@@ -276,27 +276,27 @@ START_TEST(wrong_acks_are_refused) {
   peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
   struct pbuf b;
   peer_alloc(&w1, "kv", 0, 2 * MiB, 0, &b);
- peer_ack(&w1, 999, NULL, 0, NULL);
+  peer_ack(&w1, 999, NULL, 0, NULL);
   ck_assert_int_eq(peer_stray_error(&w1), CODE(NOT_FOUND));
   peer_op(&c, false, "kv", 0, 0);
   wire_env *e = peer_event(&w1, NULL), *r;
- peer_ack(&w2, e->id, NULL, 0, NULL);
+  peer_ack(&w2, e->id, NULL, 0, NULL);
   ck_assert_int_eq(peer_stray_error(&w2), CODE(NOT_FOUND));
   ck_assert(!peer_waiting(&c));
   uint64_t stranger = b.id + 1000;
- peer_unmap(&b);
- peer_ack(&w1, e->id, &stranger, 1, "not mine");
+  peer_unmap(&b);
+  peer_ack(&w1, e->id, &stranger, 1, "not mine");
   ck_assert_int_eq(peer_stray_error(&w1), CODE(NOT_FOUND));
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK)); /* its own buffer was unmapped */
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   wire_env_free(r);
- peer_ack(&w1, e->id, NULL, 0, NULL);
+  peer_ack(&w1, e->id, NULL, 0, NULL);
   ck_assert_int_eq(peer_stray_error(&w1), CODE(NOT_FOUND));
   wire_env_free(e);
   /* The sessions still work. */
   struct pbuf b2;
   peer_alloc(&w2, "other", 0, 2 * MiB, 0, &b2);
- peer_unmap(&b2);
+  peer_unmap(&b2);
   peer_close(&w1);
   peer_close(&w2);
   peer_close(&c);
@@ -315,7 +315,7 @@ START_TEST(ack_without_unmap_is_caught) {
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   peer_op(&c, false, "kv", 0, 0);
   wire_env *e = peer_event(&w, NULL), *r;
- peer_ack(&w, e->id, NULL, 0, NULL); /* a lie: b's fd stays open */
+  peer_ack(&w, e->id, NULL, 0, NULL); /* a lie: b's fd stays open */
   wire_env_free(e);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(NOT_RELEASED));
   ck_assert_ptr_nonnull(strstr(r->error->message, "still maps it"));
@@ -325,7 +325,7 @@ START_TEST(ack_without_unmap_is_caught) {
   ck_assert_uint_eq(s->status_reply->devices[0]->managed, 4 * MiB);
   wire_env_free(s);
   ck_assert_uint_eq(daemon_bytes(), 4 * MiB);
- peer_unmap(&b);
+  peer_unmap(&b);
   peer_op(&c, false, "kv", 0, 0);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 1);
@@ -347,7 +347,7 @@ START_TEST(export_failure_leaves_everything_paused) {
   peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b[0]);
   peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b[1]);
   peer_op(&c, false, "kv", 0, 0);
- peer_serve(&w, b, 2, 1);
+  peer_serve(&w, b, 2, 1);
   wire_env *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   wire_env_free(r);
@@ -385,13 +385,13 @@ START_TEST(remaps_split_over_several_frames) {
   for (size_t i = 0; i < N; i++) peer_alloc(&w, "kv", 0, 10 * MiB, 0, &b[i]); /* 5 chunks each */
   wire_env *r;
   peer_op(&c, false, "kv", 0, 0);
- peer_serve(&w, b, N, 1);
+  peer_serve(&w, b, N, 1);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   wire_env_free(r);
   peer_op(&c, true, "kv", 0, 0);
- peer_serve(&w, b, N, 1); /* 300 fds: the first frame carries at most 253 */
+  peer_serve(&w, b, N, 1); /* 300 fds: the first frame carries at most 253 */
   ck_assert(!peer_waiting(&c));
- peer_serve(&w, b, N, 1);
+  peer_serve(&w, b, N, 1);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, N);
   wire_env_free(r);
@@ -432,7 +432,7 @@ START_TEST(residual_memory_fails_a_pause_that_allows_less) {
   ck_assert_msg(named, "our 8 MiB outside the daemon is not in status");
   wire_env_free(s);
   peer_op(&c, false, "kv", 0, 4 * MiB);
- peer_serve(&w, &b, 1, 1);
+  peer_serve(&w, &b, 1, 1);
   wire_env *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(RESIDUAL_EXCEEDED));
   char pid[32];
