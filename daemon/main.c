@@ -228,7 +228,16 @@ int main(int argc, char **argv) {
   if (cfg.chunk_size < gran) cfg.chunk_size = gran;
   uv_loop_t loop;
   uv_loop_init(&loop);
+  /* Clients may connect as soon as the socket listens, before the signal
+   * handlers are in place: hold SIGTERM and SIGINT until they are, so that
+   * a quick stop still shuts down cleanly. */
+  sigset_t stop, old_mask;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  sigprocmask(SIG_BLOCK, &stop, &old_mask);
   server *srv = server_create(&loop, &cfg, g, err, sizeof err);
+  sigprocmask(SIG_SETMASK, &old_mask, NULL);
   if (!srv) {
     log_error("%s", err);
     uv_loop_close(&loop);
