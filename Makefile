@@ -147,9 +147,22 @@ $(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem \
 	  $(O)/lib/libcommon.a $(PKG_LIBS) -Wl,-rpath,'$(abspath $(O)/lib)' -ldl -lm
 
-# Run the suites against binaries in $(O).
+# Run the suites against binaries in $(O), then the Python package's tests
+# (pytest, against a real daemon). Those run only without sanitizers
+# (SAN=0): under ASan or TSan python would need the sanitizer runtime
+# preloaded to load libgpumem. Python is python3, or Debian's
+# /usr/bin/python3 (where python3-pytest installs) when python3 has no pytest;
+# a node where nothing may be installed (GPUMEM_NO_APT) and that has no
+# pytest skips them, saying so.
 test: all $(TESTS)
 	@GPUMEM_BUILD=$(abspath $(O)) ./tests/run.sh $(TESTS)
+	@if [ "$(SAN)" != 0 ]; then echo "tests/python: skipped under SAN=$(SAN)"; \
+	elif [ -n "$$GPUMEM_NO_APT" ] && ! python3 -c 'import pytest' 2>/dev/null && \
+	     ! /usr/bin/python3 -c 'import pytest' 2>/dev/null; then \
+	  echo "tests/python: skipped: no pytest here and GPUMEM_NO_APT set"; \
+	else py=python3; python3 -c 'import pytest' 2>/dev/null || py=/usr/bin/python3; \
+	  GPUMEM_BUILD=$(abspath $(O)) PYTHONPATH=python PYTHONDONTWRITEBYTECODE=1 \
+	    $$py -m pytest -q -p no:cacheprovider tests/python; fi
 
 test-asan:
 	@$(MAKE) --no-print-directory O=build/asan SAN=1 test

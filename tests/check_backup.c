@@ -110,7 +110,7 @@ START_TEST(pause_without_room_for_a_backup_releases_nothing_of_it) {
   gpumem_status_free(s);
   ck_assert_int_eq(prlimit(d.pid, RLIMIT_AS, &old, NULL), 0);
   /* The buffer comes back with its contents: its memory never left. */
-  ck_assert_int_eq(gpumem_resume(c, &tag, 1, NULL, 0, 0, &r), 0);
+  ck_assert_int_eq(gpumem_resume(c, &tag, 1, NULL, 0, 60000, &r), 0);
   ck_assert(worker_wait_for(&w, "contents kept", 1, 5000));
   gpumem_disconnect(c);
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);

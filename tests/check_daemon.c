@@ -33,8 +33,11 @@ static int pause_tag(gpumem_client *c, const char *tag, struct gpumem_op_result 
   return gpumem_pause(c, &tag, 1, NULL, 0, 0, r);
 }
 
+/* Resumes wait for the workers' hooks, which verify their buffers: give
+ * them time even under ThreadSanitizer (a 256 MiB check takes ~9 s there);
+ * the tests of timeouts time out pauses. */
 static int resume_tag(gpumem_client *c, const char *tag, struct gpumem_op_result *r) {
-  return gpumem_resume(c, &tag, 1, NULL, 0, 0, r);
+  return gpumem_resume(c, &tag, 1, NULL, 0, 60000, r);
 }
 
 static const struct gpumem_tag_status *find_tag(const struct gpumem_status *s, const char *name) {

@@ -20,6 +20,9 @@ have_pkg libuv || need="$need libuv1-dev"
 have_pkg libprotobuf-c || need="$need libprotobuf-c-dev"
 command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
 have_pkg check || need="$need check"
+# pytest for tests/python (make test runs it with python3, else /usr/bin/python3).
+python3 -c 'import pytest' 2>/dev/null || /usr/bin/python3 -c 'import pytest' 2>/dev/null ||
+  need="$need python3-pytest"
 # HIP headers and runtime: the hip backend builds against them everywhere,
 # unless the build says HIP=0 or they are under ROCM_PATH.
 if [ "${HIP:-}" != 0 ] && [ ! -f "${ROCM_PATH:-/opt/rocm}/include/hip/hip_runtime_api.h" ]; then

@@ -1,0 +1,871 @@
+"""Python bindings of libgpumem, the client library of gpumemd.
+
+gpumemd is a per-node daemon that owns GPU memory: workers allocate tagged
+buffers from it, and an orchestrator pauses and resumes tags for the whole
+node, so that the memory is given back to the device between rollouts and
+taken again at the same addresses.
+
+    import gpumem
+
+    with gpumem.connect(name="my-engine") as worker:
+        kv = worker.alloc("kv_cache", 64 << 20)
+        kv.write(0, b"hello")
+    with gpumem.connect(role="controller") as ctl:
+        print(ctl.pause("kv_cache").bytes)
+
+The package binds libgpumem.so.1 with ctypes (no compiled extension). It is
+found through $GPUMEM_LIB, else in the build tree next to this package
+(<repo>/build/lib), else by the system loader.
+
+Errors: every failure the library or the daemon reports raises
+:class:`Error`, carrying the code, its name, the words and (for pause and
+resume) the pids and bytes involved. Arguments of the wrong type or range
+raise TypeError or ValueError before anything reaches the library.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import ctypes
+import enum
+import math
+import os
+import re
+import sys
+import threading
+import traceback
+import weakref
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypedDict,
+    Union,
+)
+
+from . import _native
+from ._native import FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_IPC_LEGACY
+
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Buffer",
+    "Client",
+    "ErrorCode",
+    "Error",
+    "Hook",
+    "OpResult",
+    "connect",
+    "DEFAULT_SOCKET",
+    "FLAG_BACKUP",
+    "FLAG_IPC_LEGACY",
+    "FLAG_ALLOW_PAUSED",
+]
+
+#: The daemon's socket when neither an argument nor $GPUMEM_SOCKET names one.
+DEFAULT_SOCKET = "/run/gpumemd/gpumemd.sock"
+
+_TAG_RE = re.compile(r"[A-Za-z0-9_.-]{1,%d}" % _native.TAG_MAX)
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+
+
+class ErrorCode(enum.IntEnum):
+    """The library's GPUMEM_E_* codes, named as the daemon names them.
+
+    Codes -1..-12 and -17..-19 are the daemon's (``NOT_FOUND`` is the wire's
+    ``NOT_FOUND``, GPUMEM_E_NOT_FOUND in C); CONNECT, DISCONNECTED, NOMEM
+    and MAP are the library's own (GPUMEM_E_CONNECT, ...)."""
+
+    INVALID_ARGUMENT = -1
+    PROTOCOL_ERROR = -2
+    VERSION_MISMATCH = -3
+    PERMISSION_DENIED = -4
+    NOT_FOUND = -5
+    OUT_OF_MEMORY = -6
+    TAG_PAUSED = -7
+    CLIENT_TIMEOUT = -8
+    LIMIT_EXCEEDED = -9
+    WRONG_STATE = -10
+    BACKEND_ERROR = -11
+    INTERNAL = -12
+    CONNECT = -13
+    DISCONNECTED = -14
+    NOMEM = -15
+    MAP = -16
+    NOT_RELEASED = -17
+    RESIDUAL_EXCEEDED = -18
+    SHUTTING_DOWN = -19
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return "UNKNOWN(%d)" % code
+
+
+class DeviceCheck(TypedDict):
+    """What the driver showed of one device after a pause or resume."""
+
+    device: int
+    released: int
+    free_before: int
+    free_after: int
+    shortfall: int
+    residual: int
+    residual_known: bool
+
+
+class OpDetail(TypedDict):
+    """Buffers and bytes an operation moved for one tag on one device."""
+
+    tag: str
+    device: int
+    buffers: int
+    bytes: int
+
+
+class Error(Exception):
+    """A failure reported by libgpumem or by the daemon.
+
+    Attributes:
+        code: the (negative) GPUMEM_E_* code, an :class:`ErrorCode` when known.
+        code_name: its name: the daemon's ("NOT_FOUND", "CLIENT_TIMEOUT",
+            "OUT_OF_MEMORY", ...) or the library's ("CONNECT", "DISCONNECTED").
+        message: the daemon's (or the library's) words.
+        pids: the processes involved (CLIENT_TIMEOUT, NOT_RELEASED, ...).
+        buffers_held, bytes_held: what an owner still holds that it should not.
+        bytes_needed, bytes_free: the shortfall of an OUT_OF_MEMORY resume.
+        checks: the driver's per-device figures (pause and resume).
+        result: the whole :class:`OpResult` of a failed pause or resume, or None.
+    """
+
+    def __init__(
+        self,
+        code: int,
+        code_name: str,
+        message: str,
+        pids: Sequence[int] = (),
+        bytes_held: int = 0,
+        buffers_held: int = 0,
+        bytes_needed: int = 0,
+        bytes_free: int = 0,
+        checks: Sequence[DeviceCheck] = (),
+        result: Optional["OpResult"] = None,
+    ) -> None:
+        super().__init__(code, code_name, message)
+        try:
+            self.code: int = ErrorCode(code)
+        except ValueError:
+            self.code = code
+        self.code_name = code_name
+        self.message = message
+        self.pids: Tuple[int, ...] = tuple(pids)
+        self.bytes_held = bytes_held
+        self.buffers_held = buffers_held
+        self.bytes_needed = bytes_needed
+        self.bytes_free = bytes_free
+        self.checks: List[DeviceCheck] = list(checks)
+        self.result = result
+
+    def __str__(self) -> str:
+        s = "%s: %s" % (self.code_name, self.message) if self.message else self.code_name
+        if self.pids:
+            s += " (pids %s)" % ", ".join(str(p) for p in self.pids)
+        return s
+
+    def __repr__(self) -> str:
+        return "gpumem.Error(%d, %r, %r, pids=%r)" % (
+            int(self.code), self.code_name, self.message, list(self.pids))
+
+
+def _text(b: Optional[bytes]) -> str:
+    """Decode the library's bytes as gpumemctl does in JSON: UTF-8, with
+    each byte that is not UTF-8 taken as U+00XX."""
+    if not b:
+        return ""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        out = []
+        i = 0
+        while i < len(b):
+            for n in (1, 2, 3, 4):
+                try:
+                    out.append(b[i:i + n].decode("utf-8"))
+                    i += n
+                    break
+                except UnicodeDecodeError:
+                    continue
+            else:
+                out.append(chr(b[i]))
+                i += 1
+        return "".join(out)
+
+
+def _last_error(lib: ctypes.CDLL, rc: int) -> Error:
+    """An Error from a failed call's code and the thread's last words."""
+    name = _code_name(rc)
+    words = _text(lib.gpumem_last_error())
+    if words.startswith(name + ": "):
+        words = words[len(name) + 2:]
+    return Error(rc, name, words)
+
+
+# Argument checks: raised before anything reaches the library.
+
+def _check_int(what: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("%s must be an int, not %s" % (what, type(v).__name__))
+    if v < lo or v > hi:
+        raise ValueError("%s must be in [%d, %d], got %d" % (what, lo, hi, v))
+    return int(v)
+
+
+def _check_bool(what: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError("%s must be a bool, not %s" % (what, type(v).__name__))
+    return v
+
+
+def _check_tag(tag: Any) -> bytes:
+    if not isinstance(tag, str):
+        raise TypeError("tag must be a str, not %s" % type(tag).__name__)
+    if not _TAG_RE.fullmatch(tag):
+        raise ValueError("invalid tag %r: 1-%d characters of [A-Za-z0-9_.-]" % (tag, _native.TAG_MAX))
+    return tag.encode("ascii")
+
+
+def _check_tags(tags: Tuple[Any, ...]) -> List[bytes]:
+    if not tags:
+        raise ValueError("name at least one tag")
+    if len(tags) > _native.MAX_TAGS:
+        raise ValueError("at most %d tags, got %d" % (_native.MAX_TAGS, len(tags)))
+    return [_check_tag(t) for t in tags]
+
+
+def _check_devices(devices: Any) -> List[int]:
+    if devices is None:
+        return []
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, collections.abc.Iterable):
+        raise TypeError("devices must be an iterable of ints or None, not %s" % type(devices).__name__)
+    out = [_check_int("device", d, 0, _native.MAX_DEVICES - 1) for d in devices]
+    if not out:
+        raise ValueError("devices is empty (None means every device)")
+    if len(out) > _native.MAX_DEVICES:
+        raise ValueError("at most %d devices" % _native.MAX_DEVICES)
+    return out
+
+
+def _check_timeout(timeout: Any) -> int:
+    """Seconds (None: the daemon's --ack-timeout) to whole milliseconds."""
+    if timeout is None:
+        return 0
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError("timeout must be a number of seconds or None, not %s" % type(timeout).__name__)
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError("timeout must be a positive number of seconds, got %r" % timeout)
+    ms = math.ceil(timeout * 1000)
+    if ms > _U32:
+        raise ValueError("timeout too large: %r seconds" % timeout)
+    return ms
+
+
+def _in_hook() -> bool:
+    return getattr(_hook_state, "depth", 0) > 0
+
+
+_hook_state = threading.local()
+
+
+class OpResult:
+    """What a pause or resume did (``gpumemctl pause --json`` as an object).
+
+    Attributes: buffers, bytes (released or taken again), backup_bytes,
+    skipped (buffers that never pause), elapsed_us, backup_us, checks (the
+    driver's figures per device: :class:`DeviceCheck` dicts), details (per
+    tag and device: :class:`OpDetail` dicts) and error (None, or a dict
+    with code, message, pids, buffers_held, bytes_held, bytes_needed and
+    bytes_free).
+    """
+
+    __slots__ = ("buffers", "bytes", "backup_bytes", "skipped", "elapsed_us",
+                 "backup_us", "checks", "details", "error")
+
+    def __init__(self, r: _native.OpReport) -> None:
+        self.buffers: int = r.buffers
+        self.bytes: int = r.bytes
+        self.backup_bytes: int = r.backup_bytes
+        self.skipped: int = r.skipped
+        self.elapsed_us: int = r.elapsed_us
+        self.backup_us: int = r.backup_us
+        self.checks: List[DeviceCheck] = _checks(r.checks, r.nchecks)
+        self.details: List[OpDetail] = [
+            OpDetail(tag=_text(d.tag), device=d.device, buffers=d.buffers, bytes=d.bytes)
+            for d in (r.details[i] for i in range(r.ndetails))
+        ]
+        self.error: Optional[Dict[str, Any]] = None
+        if r.error:
+            self.error = {
+                "code": _text(r.code),
+                "message": _text(r.message),
+                "pids": [r.pids[i] for i in range(r.npids)],
+                "buffers_held": r.buffers_held,
+                "bytes_held": r.bytes_held,
+                "bytes_needed": r.bytes_needed,
+                "bytes_free": r.bytes_free,
+            }
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The same keys, in the same order, as ``gpumemctl pause --json``."""
+        return {
+            "buffers": self.buffers,
+            "bytes": self.bytes,
+            "backup_bytes": self.backup_bytes,
+            "skipped": self.skipped,
+            "elapsed_us": self.elapsed_us,
+            "backup_us": self.backup_us,
+            "checks": [dict(c) for c in self.checks],
+            "details": [dict(d) for d in self.details],
+            "error": dict(self.error) if self.error else None,
+        }
+
+    def __getitem__(self, key: str) -> Any:
+        return self.as_dict()[key]
+
+    def __repr__(self) -> str:
+        return "OpResult(buffers=%d, bytes=%d, backup_bytes=%d, skipped=%d, elapsed_us=%d%s)" % (
+            self.buffers, self.bytes, self.backup_bytes, self.skipped, self.elapsed_us,
+            ", error=%r" % self.error["code"] if self.error else "")
+
+
+def _checks(p: Any, n: int) -> List[DeviceCheck]:
+    return [
+        DeviceCheck(device=k.device, released=k.released, free_before=k.free_before,
+                    free_after=k.free_after, shortfall=k.shortfall, residual=k.residual,
+                    residual_known=bool(k.residual_known))
+        for k in (p[i] for i in range(n))
+    ]
+
+
+class Buffer:
+    """A tagged buffer of daemon memory, made by :meth:`Client.alloc`.
+
+    ``ptr`` stays the same across pause and resume; while the buffer is
+    paused (``mapped`` is False) touching the memory faults, and
+    :meth:`read` and :meth:`write` raise :class:`Error` (WRONG_STATE). A
+    buffer lives until :meth:`free` (or the end of a ``with`` block) or
+    until its client is closed; dropping the object does not free it.
+
+    Attributes: ptr (the address, an int), size (bytes, rounded up to the
+    granularity), tag, device (this process's numbering), flags.
+    """
+
+    def __init__(self, client: "Client", handle: int) -> None:
+        lib = client._lib
+        self._client = client
+        self._h: Optional[int] = handle
+        self.ptr: int = lib.gpumem_buffer_ptr(handle) or 0
+        self.size: int = lib.gpumem_buffer_size(handle)
+        self.tag: str = _text(lib.gpumem_buffer_tag(handle))
+        self.device: int = lib.gpumem_buffer_device(handle)
+        self.flags: int = lib.gpumem_buffer_flags(handle)
+
+    def _handle(self) -> int:
+        h = self._h
+        if h is None:
+            raise ValueError("buffer %s at 0x%x is freed" % (self.tag, self.ptr))
+        return h
+
+    @property
+    def freed(self) -> bool:
+        """True once freed (or its client closed)."""
+        return self._h is None
+
+    @property
+    def id(self) -> int:
+        """The daemon's id (a new one after re-registration with a restarted daemon)."""
+        return self._client._lib.gpumem_buffer_id(self._handle())
+
+    @property
+    def mapped(self) -> bool:
+        """True while memory is mapped behind ``ptr``; False while paused."""
+        return bool(self._client._lib.gpumem_buffer_mapped(self._handle()))
+
+    @property
+    def registered(self) -> bool:
+        """True while the daemon knows the buffer (False while reconnecting)."""
+        return bool(self._client._lib.gpumem_buffer_registered(self._handle()))
+
+    @property
+    def backup(self) -> bool:
+        """True for a BACKUP buffer, whose contents survive a pause."""
+        return bool(self.flags & FLAG_BACKUP)
+
+    def _range(self, offset: Any, length: Any) -> Tuple[int, int]:
+        offset = _check_int("offset", offset, 0, self.size)
+        length = _check_int("length", length, 0, self.size - offset)
+        return offset, length
+
+    def read(self, offset: int = 0, length: Optional[int] = None) -> bytes:
+        """Copy ``length`` bytes at ``offset`` (default: to the end) to host
+        memory through the device (gpumem_buffer_read)."""
+        if length is None:
+            _check_int("offset", offset, 0, self.size)
+            length = self.size - offset
+        offset, length = self._range(offset, length)
+        h = self._handle()
+        buf = ctypes.create_string_buffer(length)
+        if length:
+            lib = self._client._lib
+            rc = lib.gpumem_buffer_read(self._client._ptr(), h, offset, buf, length)
+            if rc < 0:
+                raise _last_error(lib, rc)
+        return buf.raw
+
+    def write(self, offset: int, data: Union[bytes, bytearray, memoryview]) -> None:
+        """Copy bytes-like ``data`` into the buffer at ``offset`` through the
+        device (gpumem_buffer_write)."""
+        if isinstance(data, str) or not isinstance(data, (bytes, bytearray, memoryview)):
+            try:
+                data = memoryview(data)
+            except TypeError:
+                raise TypeError("data must be bytes-like, not %s" % type(data).__name__) from None
+        mv = memoryview(data)
+        if not mv.c_contiguous:
+            raise ValueError("data must be C-contiguous")
+        mv = mv.cast("B")
+        offset, length = self._range(offset, mv.nbytes)
+        h = self._handle()
+        if not length:
+            return
+        src: Any = bytes(mv) if mv.readonly else (ctypes.c_char * length).from_buffer(mv)
+        lib = self._client._lib
+        rc = lib.gpumem_buffer_write(self._client._ptr(), h, offset, src, length)
+        if rc < 0:
+            raise _last_error(lib, rc)
+
+    def fill32(self, value: int, offset: int = 0, length: Optional[int] = None) -> None:
+        """Set ``length`` bytes (default: to the end) at ``offset`` to a
+        repeated 32-bit ``value`` on the device; offset and length are
+        multiples of 4."""
+        value = _check_int("value", value, 0, _U32)
+        if length is None:
+            _check_int("offset", offset, 0, self.size)
+            length = self.size - offset
+        offset, length = self._range(offset, length)
+        if offset % 4 or length % 4:
+            raise ValueError("offset and length must be multiples of 4")
+        h = self._handle()
+        lib = self._client._lib
+        rc = lib.gpumem_buffer_fill32(self._client._ptr(), h, offset, length, value)
+        if rc < 0:
+            raise _last_error(lib, rc)
+
+    def free(self) -> None:
+        """Free the buffer (active or paused); ``ptr`` becomes invalid.
+        Freeing a freed buffer does nothing."""
+        if self._h is None:
+            return
+        self._client._free(self)
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._h is None else ("mapped" if self.mapped else "paused")
+        return "<gpumem.Buffer tag=%s device=%d size=%d ptr=0x%x%s %s>" % (
+            self.tag, self.device, self.size, self.ptr, " backup" if self.backup else "", state)
+
+
+#: A hook: called with the buffers of one daemon event.
+Hook = Callable[[List[Buffer]], None]
+
+# The C hooks of every connected client, kept until gpumem_disconnect has
+# returned: a client object dropped without close() stays connected (as in
+# C), and the library's thread may still call its hooks.
+_live_hooks: Dict[int, Tuple[Any, Any]] = {}
+
+_ROLES = {"worker": _native.ROLE_WORKER, "controller": _native.ROLE_CONTROLLER}
+_ROLE_NAMES = {_native.ROLE_WORKER: "worker", _native.ROLE_CONTROLLER: "controller"}
+
+
+class Client:
+    """A session with gpumemd; make one with :func:`connect`.
+
+    A client is a context manager; :meth:`close` disconnects, and the
+    daemon frees every buffer it allocated. Methods may be called from
+    several threads, but not :meth:`close` while other calls are in flight,
+    and none that talks to the daemon from inside a hook.
+    """
+
+    def __init__(self, socket: Union[str, "os.PathLike[str]", None] = None,
+                 name: Optional[str] = None, role: str = "worker", *,
+                 reconnect: bool = True) -> None:
+        if socket is not None and not isinstance(socket, (str, os.PathLike)):
+            raise TypeError("socket must be a path or None, not %s" % type(socket).__name__)
+        path = os.fsencode(socket) if socket is not None else None
+        if path is not None and (not path or b"\0" in path):
+            raise ValueError("socket must be a non-empty path without NUL bytes")
+        if name is None:
+            name = "python"
+        if not isinstance(name, str):
+            raise TypeError("name must be a str or None, not %s" % type(name).__name__)
+        bname = name.encode("utf-8")
+        if b"\0" in bname or len(bname) > _native.NAME_MAX:
+            raise ValueError("name must be at most %d bytes of UTF-8 without NUL" % _native.NAME_MAX)
+        if not isinstance(role, str):
+            raise TypeError("role must be 'worker' or 'controller', not %s" % type(role).__name__)
+        if role not in _ROLES:
+            raise ValueError("role must be 'worker' or 'controller', not %r" % role)
+        _check_bool("reconnect", reconnect)
+        self._c: Optional[int] = None
+        self._lock = threading.Lock()
+        self._buffers: Dict[int, Buffer] = {}
+        self._freeing: Dict[int, Buffer] = {}
+        self._hooks: Dict[str, Optional[Hook]] = {"pre_unmap": None, "post_remap": None}
+        self._hook_errors: List[BaseException] = []
+        self.role = role
+        self.name = name
+        lib = _native.load()
+        self._lib = lib
+        # The C hooks are made once and live as long as the client: the
+        # library's thread may be about to call one while set_hooks runs.
+        me = weakref.ref(self)
+
+        def pre(c: Any, bufs: Any, n: int, user: Any) -> None:
+            cl = me()
+            if cl is not None:
+                cl._run_hook("pre_unmap", bufs, n)
+
+        def post(c: Any, bufs: Any, n: int, user: Any) -> None:
+            cl = me()
+            if cl is not None:
+                cl._run_hook("post_remap", bufs, n)
+
+        self._c_pre = _native.HOOK(pre)
+        self._c_post = _native.HOOK(post)
+        out = _native.c_client_p()
+        flags = 0 if reconnect else _native.CONNECT_NO_RECONNECT
+        rc = lib.gpumem_connect(path, bname, _ROLES[role], flags, ctypes.byref(out))
+        if rc < 0:
+            raise _last_error(lib, rc)
+        self._c = out.value
+        _live_hooks[self._c] = (self._c_pre, self._c_post)
+
+    # Plumbing.
+
+    def _ptr(self) -> int:
+        c = self._c
+        if c is None:
+            raise ValueError("the client is closed")
+        return c
+
+    def _talk(self) -> int:
+        """The client pointer, for a call that talks to the daemon."""
+        if _in_hook():
+            raise RuntimeError("a gpumem hook must not call functions that talk to the daemon")
+        return self._ptr()
+
+    def _wrap(self, handle: int) -> Buffer:
+        """The one Buffer of a library handle (a hook may see a buffer
+        before alloc returns it, or while it is being freed)."""
+        with self._lock:
+            b = self._buffers.get(handle) or self._freeing.get(handle)
+            if b is None:
+                b = Buffer(self, handle)
+                self._buffers[handle] = b
+            return b
+
+    def _free(self, b: Buffer) -> None:
+        c = self._talk()
+        h = b._handle()
+        with self._lock:
+            self._buffers.pop(h, None)
+            self._freeing[h] = b
+        rc = self._lib.gpumem_free(c, h)
+        with self._lock:
+            del self._freeing[h]
+            if rc < 0:
+                self._buffers[h] = b
+            else:
+                b._h = None
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+
+    def _run_hook(self, which: str, bufs: Any, n: int) -> None:
+        """Run on the library's thread for each unmap and remap event."""
+        try:
+            buffers = [self._wrap(bufs[i]) for i in range(n)]
+        except BaseException as e:  # pragma: no cover (out of memory)
+            self._hook_errors.append(e)
+            return
+        fn = self._hooks.get(which)
+        _hook_state.depth = getattr(_hook_state, "depth", 0) + 1
+        try:
+            if fn is not None:
+                fn(buffers)
+        except BaseException as e:
+            self._hook_errors.append(e)
+            sys.stderr.write("gpumem: exception in %s hook (the %s goes on):\n" % (
+                which, "unmap" if which == "pre_unmap" else "remap"))
+            traceback.print_exc()
+        finally:
+            _hook_state.depth -= 1
+        if which == "pre_unmap" and self._c is not None:
+            # What the library does when no hook is set: wait for the devices.
+            for d in sorted({b.device for b in buffers}):
+                self._lib.gpumem_sync(self._c, d)
+
+    # Properties.
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._c is None
+
+    @property
+    def backend(self) -> str:
+        """The daemon's backend: "host", "cuda" or "hip"."""
+        return _text(self._lib.gpumem_backend(self._ptr()))
+
+    @property
+    def granularity(self) -> int:
+        """The allocation granularity; sizes are rounded up to a multiple."""
+        return self._lib.gpumem_granularity(self._ptr())
+
+    @property
+    def device_count(self) -> int:
+        """The number of devices the daemon manages."""
+        return self._lib.gpumem_device_count(self._ptr())
+
+    @property
+    def buffers(self) -> List[Buffer]:
+        """The live buffers of this client that Python knows."""
+        with self._lock:
+            return list(self._buffers.values())
+
+    @property
+    def hook_errors(self) -> List[BaseException]:
+        """Exceptions raised by hooks (printed to stderr when they happened)."""
+        return list(self._hook_errors)
+
+    # Workers.
+
+    def alloc(self, tag: str, size: int, device: int = 0, backup: bool = False, *,
+              allow_paused: bool = False) -> Buffer:
+        """Allocate a buffer of at least ``size`` bytes tagged ``tag`` on
+        ``device`` (this process's numbering, as CUDA_VISIBLE_DEVICES makes
+        it), mapped and ready. ``backup=True`` makes its contents survive a
+        pause. ``allow_paused=True`` allows allocating in a paused tag (the
+        buffer then starts paused); otherwise that fails with TAG_PAUSED."""
+        btag = _check_tag(tag)
+        size = _check_int("size", size, 1, _U64)
+        device = _check_int("device", device, 0, _U32)
+        flags = (FLAG_BACKUP if _check_bool("backup", backup) else 0) | (
+            FLAG_ALLOW_PAUSED if _check_bool("allow_paused", allow_paused) else 0)
+        c = self._talk()
+        out = _native.c_buffer_p()
+        rc = self._lib.gpumem_alloc(c, btag, device, size, flags, ctypes.byref(out))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        return self._wrap(out.value)
+
+    def set_hooks(self, pre_unmap: Optional[Hook] = None,
+                  post_remap: Optional[Hook] = None) -> None:
+        """Set the callables run with the list of :class:`Buffer` of each
+        daemon event: ``pre_unmap`` before they are unmapped (the package
+        then waits for their devices, as the library does without a hook),
+        ``post_remap`` after they are mapped again. None removes a hook.
+
+        Hooks run on the library's thread, which answers the daemon: they
+        must return promptly and must not call methods that talk to the
+        daemon (those raise RuntimeError there). An exception in a hook is
+        printed and kept in :attr:`hook_errors`; the unmap or remap goes on."""
+        for what, f in (("pre_unmap", pre_unmap), ("post_remap", post_remap)):
+            if f is not None and not callable(f):
+                raise TypeError("%s must be callable or None" % what)
+        c = self._ptr()
+        self._hooks = {"pre_unmap": pre_unmap, "post_remap": post_remap}
+        null = _native.HOOK()
+        self._lib.gpumem_set_hooks(c, self._c_pre if pre_unmap else null,
+                                   self._c_post if post_remap else null, None)
+
+    # Controllers.
+
+    def _op(self, resume: bool, tags: Tuple[Any, ...], devices: Any, timeout: Any,
+            max_residual: Any) -> OpResult:
+        btags = _check_tags(tags)
+        devs = _check_devices(devices)
+        opts = _native.op_options_init()
+        opts.timeout_ms = _check_timeout(timeout)
+        if max_residual is not None:
+            # On the wire 0 is "no limit"; here 0 means nothing may remain.
+            opts.max_residual = max(1, _check_int("max_residual", max_residual, 0, _U64))
+        c = self._talk()
+        ctags = (ctypes.c_char_p * len(btags))(*btags)
+        cdevs = (ctypes.c_uint * len(devs))(*devs) if devs else None
+        rep = ctypes.POINTER(_native.OpReport)()
+        fn = self._lib.gpumem_resume_ex if resume else self._lib.gpumem_pause_ex
+        rc = fn(c, ctags, len(btags), cdevs, len(devs), ctypes.byref(opts), ctypes.byref(rep))
+        err = _last_error(self._lib, rc) if rc < 0 else None
+        try:
+            result = OpResult(rep.contents) if rep else None
+        finally:
+            self._lib.gpumem_op_report_free(rep)
+        if err is None:
+            assert result is not None
+            return result
+        if result is not None and result.error:
+            e = result.error
+            raise Error(rc, e["code"], e["message"], e["pids"], e["bytes_held"],
+                        e["buffers_held"], e["bytes_needed"], e["bytes_free"],
+                        result.checks, result)
+        raise err
+
+    def pause(self, *tags: str, devices: Optional[Iterable[int]] = None,
+              timeout: Optional[float] = None,
+              max_residual: Optional[int] = None) -> OpResult:
+        """Pause the buffers of ``tags`` on the whole node (controllers).
+
+        devices: the daemon's device indices (as in :meth:`status`), None
+        for all. timeout: seconds each owner may take to answer (None: the
+        daemon's --ack-timeout). max_residual: fail with RESIDUAL_EXCEEDED
+        when a device the pause touched still holds more than this many
+        bytes outside gpumemd (0: nothing may remain; None: no limit).
+        Pausing a paused tag succeeds and changes nothing; naming no tag
+        that exists raises :class:`Error` NOT_FOUND."""
+        return self._op(False, tags, devices, timeout, max_residual)
+
+    def resume(self, *tags: str, devices: Optional[Iterable[int]] = None,
+               timeout: Optional[float] = None) -> OpResult:
+        """Resume paused ``tags``, all or nothing (controllers): with too
+        little device memory nothing changes and :class:`Error`
+        OUT_OF_MEMORY says how much is needed. Arguments as for
+        :meth:`pause`."""
+        return self._op(True, tags, devices, timeout, None)
+
+    def status(self) -> Dict[str, Any]:
+        """The daemon's view of the node, as a dict with the keys (and
+        order) of ``gpumemctl status --json``."""
+        c = self._talk()
+        lib = self._lib
+        p = ctypes.POINTER(_native.Status)()
+        rc = lib.gpumem_status(c, ctypes.byref(p))
+        if rc < 0:
+            raise _last_error(lib, rc)
+        try:
+            s = p.contents
+            devices = [{
+                "index": d.index, "total": d.total, "free": d.free, "managed": d.managed,
+                "unmanaged": d.unmanaged, "reserved": d.reserved,
+                "daemon_context": bool(d.daemon_context), "bus_id": _text(d.bus_id),
+            } for d in (s.devices[i] for i in range(s.ndevices))]
+            tags = [{
+                "name": _text(t.name), "state": _text(lib.gpumem_state_name(t.state)),
+                "buffers": t.buffers, "bytes": t.bytes, "paused_buffers": t.paused_buffers,
+                "paused_bytes": t.paused_bytes, "backup_bytes": t.backup_bytes,
+                "mixed": bool(t.mixed), "transit_buffers": t.transit_buffers,
+                "transit_bytes": t.transit_bytes,
+            } for t in (s.tags[i] for i in range(s.ntags))]
+            sessions = [{
+                "id": x.id, "pid": x.pid, "uid": x.uid, "name": _text(x.name),
+                "role": _ROLE_NAMES.get(x.role, "none"), "buffers": x.buffers,
+                "bytes": x.bytes, "residual": x.residual,
+                "residual_known": bool(x.residual_known),
+            } for x in (s.sessions[i] for i in range(s.nsessions))]
+            processes = [{
+                "pid": q.pid, "device": q.device, "used": q.used, "managed": q.managed,
+                "residual": q.residual, "session_id": q.session_id, "name": _text(q.name),
+            } for q in (s.processes[i] for i in range(s.nprocesses))]
+            return {
+                "backend": _text(s.backend),
+                "granularity": s.granularity,
+                "devices": devices,
+                "tags": tags,
+                "sessions": sessions,
+                "processes_known": bool(s.processes_known),
+                "processes": processes,
+                "last_pause_checks": [dict(k) for k in _checks(s.last_pause_checks,
+                                                                 s.nlast_pause_checks)],
+                "backups": {
+                    "reserved": s.backup_reserved, "limit": s.backup_limit,
+                    "last_backup_bytes": s.last_backup_bytes,
+                    "last_backup_us": s.last_backup_us,
+                    "last_restore_bytes": s.last_restore_bytes,
+                    "last_restore_us": s.last_restore_us,
+                },
+            }
+        finally:
+            lib.gpumem_status_free(p)
+
+    def list(self) -> List[Dict[str, Any]]:
+        """The buffers this session may see (a controller sees all), as
+        dicts with the keys of ``gpumemctl list --json``."""
+        c = self._talk()
+        lib = self._lib
+        p = ctypes.POINTER(_native.BufferInfo)()
+        n = lib.gpumem_list(c, ctypes.byref(p))
+        if n < 0:
+            raise _last_error(lib, n)
+        try:
+            return [{
+                "id": b.id, "session": b.session_id, "pid": b.pid, "tag": _text(b.tag),
+                "device": b.device, "size": b.size, "flags": b.flags,
+                "state": _text(lib.gpumem_state_name(b.state)),
+            } for b in (p[i] for i in range(n))]
+        finally:
+            lib.gpumem_list_free(p)
+
+    def close(self) -> None:
+        """Disconnect: every buffer of this client is unmapped and freed by
+        the daemon, and every :class:`Buffer` object becomes freed. Closing
+        a closed client does nothing."""
+        if self._c is None:
+            return
+        if _in_hook():
+            raise RuntimeError("a gpumem hook must not close a client")
+        c, self._c = self._c, None
+        self._lib.gpumem_disconnect(c)
+        _live_hooks.pop(c, None)
+        with self._lock:
+            for b in self._buffers.values():
+                b._h = None
+            self._buffers.clear()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._c is None:
+            return "<gpumem.Client %s %r closed>" % (self.role, self.name)
+        return "<gpumem.Client %s %r backend=%s buffers=%d>" % (
+            self.role, self.name, self.backend, len(self._buffers))
+
+
+def connect(socket: Union[str, "os.PathLike[str]", None] = None, name: Optional[str] = None,
+            role: str = "worker", *, reconnect: bool = True) -> Client:
+    """Connect to gpumemd and return a :class:`Client`.
+
+    socket: the daemon's socket (None: $GPUMEM_SOCKET, else
+    /run/gpumemd/gpumemd.sock). name: how status shows this process
+    (default "python"). role: "worker" (allocates buffers) or "controller"
+    (pauses and resumes tags; needs the daemon's permission). reconnect:
+    when the daemon restarts, keep every buffer mapped and re-register it
+    with the new daemon (the library's default); False makes calls fail
+    with DISCONNECTED from then on.
+    """
+    return Client(socket, name, role, reconnect=reconnect)

@@ -1,0 +1,315 @@
+"""ctypes declarations of libgpumem (include/gpumem.h) and how it is found.
+
+Every struct here mirrors the C header field by field, with the C names,
+so that tests can compare the layouts with what a C compiler makes of the
+header. Nothing in this module talks to the daemon.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Type
+
+# enum gpumem_role
+ROLE_WORKER = 1
+ROLE_CONTROLLER = 2
+
+# enum gpumem_flag
+FLAG_BACKUP = 1
+FLAG_IPC_LEGACY = 2
+FLAG_ALLOW_PAUSED = 4
+
+# enum gpumem_connect_flag
+CONNECT_NO_THREAD = 1
+CONNECT_NO_RECONNECT = 2
+
+# The library's limits that the header does not export (common/wire.h).
+TAG_MAX = 63
+NAME_MAX = 127
+MAX_TAGS = 64
+MAX_DEVICES = 64
+
+c_client_p = ctypes.c_void_p
+c_buffer_p = ctypes.c_void_p
+
+
+class OpOptions(ctypes.Structure):
+    """struct gpumem_op_options."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("timeout_ms", ctypes.c_uint),
+        ("max_residual", ctypes.c_uint64),
+    ]
+
+
+class DeviceCheck(ctypes.Structure):
+    """struct gpumem_device_check."""
+
+    _fields_ = [
+        ("device", ctypes.c_uint),
+        ("released", ctypes.c_uint64),
+        ("free_before", ctypes.c_uint64),
+        ("free_after", ctypes.c_uint64),
+        ("shortfall", ctypes.c_uint64),
+        ("residual", ctypes.c_uint64),
+        ("residual_known", ctypes.c_int),
+    ]
+
+
+class OpDetail(ctypes.Structure):
+    """struct gpumem_op_detail."""
+
+    _fields_ = [
+        ("tag", ctypes.c_char_p),
+        ("device", ctypes.c_uint),
+        ("buffers", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+    ]
+
+
+class OpReport(ctypes.Structure):
+    """struct gpumem_op_report (allocated by the library; read only)."""
+
+    _fields_ = [
+        ("error", ctypes.c_int),
+        ("code", ctypes.c_char_p),
+        ("message", ctypes.c_char_p),
+        ("buffers", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("backup_bytes", ctypes.c_uint64),
+        ("skipped", ctypes.c_uint64),
+        ("elapsed_us", ctypes.c_uint64),
+        ("backup_us", ctypes.c_uint64),
+        ("bytes_needed", ctypes.c_uint64),
+        ("bytes_free", ctypes.c_uint64),
+        ("buffers_held", ctypes.c_uint64),
+        ("bytes_held", ctypes.c_uint64),
+        ("npids", ctypes.c_size_t),
+        ("pids", ctypes.POINTER(ctypes.c_uint32)),
+        ("nchecks", ctypes.c_size_t),
+        ("checks", ctypes.POINTER(DeviceCheck)),
+        ("ndetails", ctypes.c_size_t),
+        ("details", ctypes.POINTER(OpDetail)),
+    ]
+
+
+class DeviceStatus(ctypes.Structure):
+    """struct gpumem_device_status."""
+
+    _fields_ = [
+        ("index", ctypes.c_uint),
+        ("total", ctypes.c_uint64),
+        ("free", ctypes.c_uint64),
+        ("managed", ctypes.c_uint64),
+        ("unmanaged", ctypes.c_uint64),
+        ("daemon_context", ctypes.c_int),
+        ("bus_id", ctypes.c_char * 32),
+        ("reserved", ctypes.c_uint64),
+    ]
+
+
+class TagStatus(ctypes.Structure):
+    """struct gpumem_tag_status."""
+
+    _fields_ = [
+        ("name", ctypes.c_char * 64),
+        ("state", ctypes.c_int),
+        ("buffers", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("backup_bytes", ctypes.c_uint64),
+        ("paused_buffers", ctypes.c_uint64),
+        ("paused_bytes", ctypes.c_uint64),
+        ("mixed", ctypes.c_int),
+        ("transit_buffers", ctypes.c_uint64),
+        ("transit_bytes", ctypes.c_uint64),
+    ]
+
+
+class SessionStatus(ctypes.Structure):
+    """struct gpumem_session_status."""
+
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("uid", ctypes.c_uint32),
+        ("name", ctypes.c_char * 128),
+        ("role", ctypes.c_int),
+        ("buffers", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("residual", ctypes.c_uint64),
+        ("residual_known", ctypes.c_int),
+    ]
+
+
+class ProcessStatus(ctypes.Structure):
+    """struct gpumem_process_status."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint32),
+        ("device", ctypes.c_uint),
+        ("used", ctypes.c_uint64),
+        ("managed", ctypes.c_uint64),
+        ("residual", ctypes.c_uint64),
+        ("session_id", ctypes.c_uint64),
+        ("name", ctypes.c_char_p),
+    ]
+
+
+class Status(ctypes.Structure):
+    """struct gpumem_status (allocated by the library; read only)."""
+
+    _fields_ = [
+        ("backend", ctypes.c_char * 32),
+        ("granularity", ctypes.c_uint64),
+        ("ndevices", ctypes.c_size_t),
+        ("ntags", ctypes.c_size_t),
+        ("nsessions", ctypes.c_size_t),
+        ("devices", ctypes.POINTER(DeviceStatus)),
+        ("tags", ctypes.POINTER(TagStatus)),
+        ("sessions", ctypes.POINTER(SessionStatus)),
+        ("backup_reserved", ctypes.c_uint64),
+        ("backup_limit", ctypes.c_uint64),
+        ("last_backup_bytes", ctypes.c_uint64),
+        ("last_backup_us", ctypes.c_uint64),
+        ("last_restore_bytes", ctypes.c_uint64),
+        ("last_restore_us", ctypes.c_uint64),
+        ("nprocesses", ctypes.c_size_t),
+        ("processes", ctypes.POINTER(ProcessStatus)),
+        ("processes_known", ctypes.c_int),
+        ("nlast_pause_checks", ctypes.c_size_t),
+        ("last_pause_checks", ctypes.POINTER(DeviceCheck)),
+    ]
+
+
+class BufferInfo(ctypes.Structure):
+    """struct gpumem_buffer_info."""
+
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("session_id", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("tag", ctypes.c_char * 64),
+        ("device", ctypes.c_uint),
+        ("size", ctypes.c_uint64),
+        ("flags", ctypes.c_uint),
+        ("state", ctypes.c_int),
+    ]
+
+
+# The C name of each struct, for the layout test.
+STRUCTS: Dict[str, Type[ctypes.Structure]] = {
+    "gpumem_op_options": OpOptions,
+    "gpumem_device_check": DeviceCheck,
+    "gpumem_op_detail": OpDetail,
+    "gpumem_op_report": OpReport,
+    "gpumem_device_status": DeviceStatus,
+    "gpumem_tag_status": TagStatus,
+    "gpumem_session_status": SessionStatus,
+    "gpumem_process_status": ProcessStatus,
+    "gpumem_status": Status,
+    "gpumem_buffer_info": BufferInfo,
+}
+
+# typedef void (*gpumem_hook)(gpumem_client *, gpumem_buffer *const *, size_t, void *)
+HOOK = ctypes.CFUNCTYPE(
+    None, c_client_p, ctypes.POINTER(c_buffer_p), ctypes.c_size_t, ctypes.c_void_p
+)
+
+
+def op_options_init() -> OpOptions:
+    """GPUMEM_OP_OPTIONS_INIT."""
+    return OpOptions(ctypes.sizeof(OpOptions), 0, 0)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """Set argtypes and restype of every function the package calls."""
+    i, u, u32, u64, sz = ctypes.c_int, ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t
+    vp, cp = ctypes.c_void_p, ctypes.c_char_p
+    P = ctypes.POINTER
+    sig = {
+        "gpumem_connect": (i, [cp, cp, i, u, P(c_client_p)]),
+        "gpumem_disconnect": (None, [c_client_p]),
+        "gpumem_backend": (cp, [c_client_p]),
+        "gpumem_granularity": (u64, [c_client_p]),
+        "gpumem_device_count": (u, [c_client_p]),
+        "gpumem_alloc": (i, [c_client_p, cp, u, u64, u, P(c_buffer_p)]),
+        "gpumem_free": (i, [c_client_p, c_buffer_p]),
+        "gpumem_buffer_ptr": (vp, [c_buffer_p]),
+        "gpumem_buffer_size": (u64, [c_buffer_p]),
+        "gpumem_buffer_tag": (cp, [c_buffer_p]),
+        "gpumem_buffer_device": (u, [c_buffer_p]),
+        "gpumem_buffer_id": (u64, [c_buffer_p]),
+        "gpumem_buffer_flags": (u, [c_buffer_p]),
+        "gpumem_buffer_mapped": (i, [c_buffer_p]),
+        "gpumem_buffer_registered": (i, [c_buffer_p]),
+        "gpumem_buffer_read": (i, [c_client_p, c_buffer_p, u64, vp, u64]),
+        "gpumem_buffer_write": (i, [c_client_p, c_buffer_p, u64, vp, u64]),
+        "gpumem_buffer_fill32": (i, [c_client_p, c_buffer_p, u64, u64, u32]),
+        "gpumem_sync": (i, [c_client_p, u]),
+        "gpumem_set_hooks": (None, [c_client_p, HOOK, HOOK, vp]),
+        "gpumem_pause_ex": (i, [c_client_p, P(cp), sz, P(u), sz, P(OpOptions), P(P(OpReport))]),
+        "gpumem_resume_ex": (i, [c_client_p, P(cp), sz, P(u), sz, P(OpOptions), P(P(OpReport))]),
+        "gpumem_op_report_free": (None, [P(OpReport)]),
+        "gpumem_status": (i, [c_client_p, P(P(Status))]),
+        "gpumem_status_free": (None, [P(Status)]),
+        "gpumem_list": (i, [c_client_p, P(P(BufferInfo))]),
+        "gpumem_list_free": (None, [P(BufferInfo)]),
+        "gpumem_strerror": (cp, [i]),
+        "gpumem_last_error": (cp, []),
+        "gpumem_state_name": (cp, [i]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+
+
+def candidates() -> List[str]:
+    """Where libgpumem is looked for, in order: $GPUMEM_LIB, the build tree
+    next to this package (<repo>/build/lib, when the package is used from
+    the source tree), then the system loader's libgpumem.so.1."""
+    out: List[str] = []
+    env = os.environ.get("GPUMEM_LIB")
+    if env:
+        return [env]
+    repo = Path(__file__).resolve().parent.parent.parent
+    for name in ("libgpumem.so.1", "libgpumem.so"):
+        p = repo / "build" / "lib" / name
+        if p.exists():
+            out.append(str(p))
+            break
+    out.append("libgpumem.so.1")
+    found = ctypes.util.find_library("gpumem")
+    if found:
+        out.append(found)
+    return out
+
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+
+
+def load() -> ctypes.CDLL:
+    """Load libgpumem once (see candidates()); OSError when not found."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        errors = []
+        for path in candidates():
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+                continue
+            _declare(lib)
+            _lib = lib
+            return lib
+        raise OSError(
+            "cannot load libgpumem (set GPUMEM_LIB to its path): " + "; ".join(errors)
+        )

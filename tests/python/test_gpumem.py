@@ -1,0 +1,456 @@
+"""The gpumem Python package against a real gpumemd on the host backend."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import threading
+import weakref
+
+import pytest
+
+from conftest import REPO, wait_for
+
+import gpumem
+from gpumem import _native
+
+MiB = 1 << 20
+
+
+def fds():
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+def tag_status(ctl, name):
+    for t in ctl.status()["tags"]:
+        if t["name"] == name:
+            return t
+    return None
+
+
+# The header, as a C compiler reads it.
+
+C_ERRORS = {
+    "INVALID": "INVALID_ARGUMENT", "PROTOCOL": "PROTOCOL_ERROR", "VERSION": "VERSION_MISMATCH",
+    "PERMISSION": "PERMISSION_DENIED", "NOT_FOUND": "NOT_FOUND", "OUT_OF_MEMORY": "OUT_OF_MEMORY",
+    "TAG_PAUSED": "TAG_PAUSED", "CLIENT_TIMEOUT": "CLIENT_TIMEOUT", "LIMIT": "LIMIT_EXCEEDED",
+    "WRONG_STATE": "WRONG_STATE", "BACKEND": "BACKEND_ERROR", "INTERNAL": "INTERNAL",
+    "CONNECT": "CONNECT", "DISCONNECTED": "DISCONNECTED", "NOMEM": "NOMEM", "MAP": "MAP",
+    "NOT_RELEASED": "NOT_RELEASED", "RESIDUAL": "RESIDUAL_EXCEEDED",
+    "SHUTTING_DOWN": "SHUTTING_DOWN",
+}
+
+
+def test_struct_layouts_and_constants_match_the_header(tmp_path):
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("cc")
+    if not cc:
+        pytest.skip("no C compiler")
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "gpumem.h"',
+             "int main(void) {"]
+    for cname, st in _native.STRUCTS.items():
+        lines.append('printf("%s %%zu\\n", sizeof(struct %s));' % (cname, cname))
+        for field, _ in st._fields_:
+            lines.append('printf("%s.%s %%zu\\n", offsetof(struct %s, %s));'
+                         % (cname, field, cname, field))
+    lines.append("struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;")
+    lines.append('printf("init %zu %u %llu\\n", o.size, o.timeout_ms, '
+                 '(unsigned long long)o.max_residual);')
+    for c in C_ERRORS:
+        lines.append('printf("E_%s %%d\\n", GPUMEM_E_%s);' % (c, c))
+    for c in ("ROLE_WORKER", "ROLE_CONTROLLER", "BACKUP", "IPC_LEGACY", "ALLOW_PAUSED",
+              "CONNECT_NO_RECONNECT"):
+        lines.append('printf("%s %%d\\n", (int)GPUMEM_%s);' % (c, c))
+    lines.append('printf("socket %s\\n", GPUMEM_DEFAULT_SOCKET);')
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-std=c11", "-I", str(REPO / "include"), str(src), "-o", str(exe)],
+                   check=True)
+    got = dict(line.split(" ", 1) for line in
+               subprocess.run([str(exe)], capture_output=True, text=True,
+                              check=True).stdout.splitlines())
+    for cname, st in _native.STRUCTS.items():
+        assert int(got[cname]) == ctypes.sizeof(st), cname
+        for field, _ in st._fields_:
+            assert int(got["%s.%s" % (cname, field)]) == getattr(st, field).offset, (cname, field)
+    init = _native.op_options_init()
+    assert got["init"] == "%d %d %d" % (init.size, init.timeout_ms, init.max_residual)
+    for c, name in C_ERRORS.items():
+        assert gpumem.ErrorCode[name] == int(got["E_" + c])
+    assert len(gpumem.ErrorCode) == len(C_ERRORS)
+    assert int(got["ROLE_WORKER"]) == _native.ROLE_WORKER
+    assert int(got["ROLE_CONTROLLER"]) == _native.ROLE_CONTROLLER
+    assert int(got["BACKUP"]) == gpumem.FLAG_BACKUP
+    assert int(got["IPC_LEGACY"]) == gpumem.FLAG_IPC_LEGACY
+    assert int(got["ALLOW_PAUSED"]) == gpumem.FLAG_ALLOW_PAUSED
+    assert int(got["CONNECT_NO_RECONNECT"]) == _native.CONNECT_NO_RECONNECT
+    assert got["socket"] == gpumem.DEFAULT_SOCKET
+
+
+def test_library_lookup_order(monkeypatch):
+    monkeypatch.setenv("GPUMEM_LIB", "/some/where/libgpumem.so.1")
+    assert _native.candidates() == ["/some/where/libgpumem.so.1"]
+    monkeypatch.delenv("GPUMEM_LIB")
+    found = _native.candidates()
+    assert "libgpumem.so.1" in found
+    tree = REPO / "build" / "lib" / "libgpumem.so.1"
+    if tree.exists():
+        assert found[0] == str(tree)
+
+
+def test_dropped_client_keeps_its_hooks_alive(daemon, tag):
+    import gc
+
+    w = gpumem.connect(daemon.sock, name="dropped")
+    seen = []
+    w.set_hooks(lambda bufs: seen.append(len(bufs)))
+    kt = tag("dropped")
+    w.alloc(kt, MiB)
+    gone = weakref.ref(w)
+    del w
+    gc.collect()
+    assert gone() is None  # the client object is gone; its session and hooks are not
+    with gpumem.connect(daemon.sock, role="controller") as ctl:
+        assert ctl.pause(kt).buffers == 1
+        assert ctl.resume(kt).buffers == 1
+
+
+# Buffers across pause and resume.
+
+def test_backup_keeps_contents_and_plain_buffer_is_unmapped(worker, controller, tag):
+    wt, kt = tag("weights"), tag("kv")
+    weights = worker.alloc(wt, 3 * MiB, backup=True)
+    kv = worker.alloc(kt, 1 * MiB)
+    gran = worker.granularity
+    assert weights.size == 4 * MiB and kv.size == 2 * MiB and gran == 2 * MiB
+    assert weights.tag == wt and weights.device == 0 and weights.backup and not kv.backup
+    assert weights.mapped and kv.mapped and weights.id != kv.id and weights.ptr
+    pattern = os.urandom(weights.size)
+    weights.write(0, pattern)
+    kv.write(100, bytearray(b"scratch"))
+    assert kv.read(100, 7) == b"scratch"
+    # The host backend's memory is this process's memory: ptr is real.
+    assert ctypes.string_at(kv.ptr + 100, 7) == b"scratch"
+    wptr, kptr = weights.ptr, kv.ptr
+
+    r = controller.pause(kt)
+    assert (r.buffers, r.bytes, r.backup_bytes) == (1, 2 * MiB, 0)
+    assert not kv.mapped and weights.mapped
+    assert tag_status(controller, kt)["state"] == "PAUSED"
+    assert tag_status(controller, wt)["state"] == "ACTIVE"
+    with pytest.raises(gpumem.Error) as e:
+        kv.read(0, 1)
+    assert e.value.code_name == "WRONG_STATE" and e.value.code == gpumem.ErrorCode.WRONG_STATE
+
+    r = controller.pause(wt, kt)  # kv again: a paused tag stays paused
+    assert (r.buffers, r.bytes, r.backup_bytes) == (1, 4 * MiB, 4 * MiB)
+    assert r.elapsed_us > 0 and r.error is None
+    assert [c["device"] for c in r.checks] == [0] and r.checks[0]["released"] == 4 * MiB
+    assert r.checks[0]["free_after"] - r.checks[0]["free_before"] == 4 * MiB
+    assert r.details == [{"tag": wt, "device": 0, "buffers": 1, "bytes": 4 * MiB}]
+    assert r["bytes"] == 4 * MiB and r.as_dict()["error"] is None
+    assert not weights.mapped and not kv.mapped
+    t = tag_status(controller, wt)
+    assert (t["state"], t["paused_bytes"], t["backup_bytes"]) == ("PAUSED", 4 * MiB, 4 * MiB)
+
+    r = controller.resume(wt, kt)
+    assert (r.buffers, r.bytes, r.backup_bytes) == (2, 6 * MiB, 4 * MiB)
+    assert r.checks[0]["released"] == 6 * MiB
+    assert weights.mapped and kv.mapped
+    assert (weights.ptr, kv.ptr) == (wptr, kptr)
+    assert weights.read() == pattern
+    assert kv.read(100, 7) == bytes(7)  # not backed up: zeroed on the host backend
+    kv.fill32(0xDEADBEEF, 8, 8)
+    assert kv.read(8, 8) == (0xDEADBEEF).to_bytes(4, "little") * 2
+    for b in (weights, kv):
+        b.free()
+        assert b.freed
+    assert tag_status(controller, wt) is None
+
+
+def test_buffer_is_a_context_manager_and_free_is_idempotent(worker, controller, tag):
+    with worker.alloc(tag("ctx"), MiB) as b:
+        assert b in worker.buffers and not b.freed
+        ident = b.id
+        assert any(x["id"] == ident for x in controller.list())
+    assert b.freed and b not in worker.buffers
+    assert not any(x["id"] == ident for x in controller.list())
+    b.free()
+    with pytest.raises(ValueError):
+        b.read(0, 1)
+    with pytest.raises(ValueError):
+        _ = b.mapped
+
+
+def test_status_has_the_keys_of_gpumemctl(daemon, worker, controller, tag):
+    kt = tag("kv")
+    worker.alloc(kt, MiB)
+    worker.alloc(tag("w"), MiB, device=1, backup=True)
+    controller.pause(kt)
+    mine = controller.status()
+    theirs = daemon.ctl("status")
+
+    def keys(a, b, where):
+        assert type(a) is type(b), where
+        if isinstance(a, dict):
+            assert list(a) == list(b), where
+            for k in a:
+                keys(a[k], b[k], where + "." + k)
+        elif isinstance(a, list):
+            if a and b:
+                ka = {tuple(x) for x in a if isinstance(x, dict)}
+                kb = {tuple(x) for x in b if isinstance(x, dict)}
+                assert ka == kb, where
+                keys(a[0], b[0], where + "[0]")
+
+    keys(mine, theirs, "status")
+    for k in ("devices", "tags", "sessions", "last_pause_checks"):
+        assert mine[k] and theirs[k], k  # so that their elements were compared
+    assert mine["tags"] == theirs["tags"]
+    assert mine["devices"] == theirs["devices"]
+    assert mine["backend"] == "host" and mine["granularity"] == 2 * MiB
+    names = {s["name"]: s for s in mine["sessions"]}
+    assert names["pytest-worker"]["role"] == "worker"
+    assert names["pytest-worker"]["pid"] == os.getpid()
+    assert names["pytest-controller"]["role"] == "controller"
+    assert [c["device"] for c in mine["last_pause_checks"]] == [0]
+    assert mine["backups"]["reserved"] >= 2 * MiB
+    controller.resume(kt)
+
+
+# Errors.
+
+def test_unknown_tag_is_not_found(worker, controller, tag):
+    for op in (controller.pause, controller.resume):
+        with pytest.raises(gpumem.Error) as e:
+            op(tag("no-such-tag"))
+        err = e.value
+        assert err.code_name == "NOT_FOUND"
+        assert err.code == gpumem.ErrorCode.NOT_FOUND == -5
+        assert tag("no-such-tag") in err.message and str(err).startswith("NOT_FOUND: ")
+        assert err.result is not None and err.result.error["code"] == "NOT_FOUND"
+        assert err.pids == ()
+    with pytest.raises(gpumem.Error) as e:
+        worker.pause(tag("x"))  # a worker may not
+    assert e.value.code_name == "PERMISSION_DENIED"
+
+
+def test_connect_failure(tmp_path):
+    with pytest.raises(gpumem.Error) as e:
+        gpumem.connect(str(tmp_path / "nothing-here"))
+    assert e.value.code_name == "CONNECT" and e.value.code == -13 and e.value.message
+
+
+class Recorder:
+    """The library, noting every function called through it."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self.calls = []
+
+    def __getattr__(self, name):
+        f = getattr(self._lib, name)
+
+        def call(*a):
+            self.calls.append(name)
+            return f(*a)
+
+        return call
+
+
+def test_bad_arguments_raise_before_any_request(worker, controller, tag, monkeypatch):
+    b = worker.alloc(tag("buf"), MiB)
+    before = controller.list()
+    for c in (worker, controller):
+        monkeypatch.setattr(c, "_lib", Recorder(c._lib))
+    ok = tag("ok")
+    bad = [
+        (TypeError, worker.alloc, (123, MiB), {}),
+        (TypeError, worker.alloc, (b"bytes", MiB), {}),
+        (ValueError, worker.alloc, ("", MiB), {}),
+        (ValueError, worker.alloc, ("has space", MiB), {}),
+        (ValueError, worker.alloc, ("slash/", MiB), {}),
+        (ValueError, worker.alloc, ("x" * 64, MiB), {}),
+        (ValueError, worker.alloc, ("k\u00e9", MiB), {}),
+        (ValueError, worker.alloc, ("kv\n", MiB), {}),
+        (ValueError, worker.alloc, (ok, 0), {}),
+        (ValueError, worker.alloc, (ok, -1), {}),
+        (ValueError, worker.alloc, (ok, 1 << 64), {}),
+        (TypeError, worker.alloc, (ok, 1.5), {}),
+        (TypeError, worker.alloc, (ok, True), {}),
+        (TypeError, worker.alloc, (ok, "1M"), {}),
+        (ValueError, worker.alloc, (ok, MiB), {"device": -1}),
+        (TypeError, worker.alloc, (ok, MiB), {"device": "0"}),
+        (TypeError, worker.alloc, (ok, MiB), {"device": None}),
+        (TypeError, worker.alloc, (ok, MiB), {"backup": 1}),
+        (ValueError, controller.pause, (), {}),
+        (TypeError, controller.pause, (1,), {}),
+        (TypeError, controller.pause, ([ok],), {}),
+        (ValueError, controller.pause, ("a b",), {}),
+        (ValueError, controller.pause, (*["t%d" % i for i in range(65)],), {}),
+        (ValueError, controller.pause, (ok,), {"devices": [-1]}),
+        (ValueError, controller.pause, (ok,), {"devices": [64]}),
+        (ValueError, controller.pause, (ok,), {"devices": []}),
+        (TypeError, controller.pause, (ok,), {"devices": "0"}),
+        (TypeError, controller.pause, (ok,), {"devices": 0}),
+        (TypeError, controller.pause, (ok,), {"devices": [0.0]}),
+        (ValueError, controller.pause, (ok,), {"timeout": 0}),
+        (ValueError, controller.pause, (ok,), {"timeout": -1}),
+        (ValueError, controller.pause, (ok,), {"timeout": float("nan")}),
+        (ValueError, controller.pause, (ok,), {"timeout": float("inf")}),
+        (TypeError, controller.pause, (ok,), {"timeout": "1"}),
+        (ValueError, controller.pause, (ok,), {"max_residual": -1}),
+        (TypeError, controller.pause, (ok,), {"max_residual": 1.0}),
+        (ValueError, controller.resume, (), {}),
+        (ValueError, controller.resume, (ok,), {"timeout": 0}),
+        (ValueError, b.read, (-1, 1), {}),
+        (ValueError, b.read, (0, b.size + 1), {}),
+        (ValueError, b.read, (b.size + 1,), {}),
+        (TypeError, b.read, ("0", 1), {}),
+        (ValueError, b.write, (b.size, b"x"), {}),
+        (ValueError, b.write, (-1, b"x"), {}),
+        (TypeError, b.write, (0, "text"), {}),
+        (TypeError, b.write, (0, 5), {}),
+        (ValueError, b.fill32, (1,), {"offset": 2, "length": 4}),
+        (ValueError, b.fill32, (1 << 32,), {}),
+        (TypeError, worker.set_hooks, ("not callable",), {}),
+        (ValueError, gpumem.connect, (), {"role": "admin"}),
+        (TypeError, gpumem.connect, (), {"role": 2}),
+        (TypeError, gpumem.connect, (), {"name": 5}),
+        (ValueError, gpumem.connect, (), {"name": "x" * 128}),
+        (ValueError, gpumem.connect, (), {"name": "a\0b"}),
+        (TypeError, gpumem.connect, (5,), {}),
+        (ValueError, gpumem.connect, ("",), {}),
+        (TypeError, gpumem.connect, (), {"reconnect": "yes"}),
+    ]
+    for exc, fn, args, kw in bad:
+        with pytest.raises(exc):
+            fn(*args, **kw)
+    assert worker._lib.calls == [] and controller._lib.calls == []
+    monkeypatch.undo()
+    assert controller.list() == before and b.mapped
+    assert all(not x.freed for x in worker.buffers)
+
+
+def test_client_timeout_carries_the_pids(worker, controller, tag):
+    kt = tag("slow")
+    b = worker.alloc(kt, MiB)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(bufs):
+        entered.set()
+        release.wait(10)
+
+    worker.set_hooks(pre_unmap=slow)
+    try:
+        with pytest.raises(gpumem.Error) as e:
+            controller.pause(kt, timeout=0.2)
+    finally:
+        release.set()
+    err = e.value
+    assert entered.is_set()
+    assert err.code_name == "CLIENT_TIMEOUT" and err.code == gpumem.ErrorCode.CLIENT_TIMEOUT
+    assert err.pids == (os.getpid(),)
+    assert err.buffers_held == 1 and err.bytes_held == b.size
+    assert err.result.error["pids"] == [os.getpid()]
+    assert str(os.getpid()) in str(err)
+    # The late answer settles the pause.
+    wait_for(lambda: (tag_status(controller, kt) or {}).get("state") == "PAUSED", 5,
+             "the late unmap to settle")
+    assert not b.mapped
+    worker.set_hooks()
+    assert controller.resume(kt).buffers == 1 and b.mapped
+
+
+def test_hooks_get_the_right_buffers(worker, controller, tag):
+    at, other = tag("a"), tag("other")
+    a1 = worker.alloc(at, MiB, backup=True)
+    a2 = worker.alloc(at, MiB, device=1)
+    o = worker.alloc(other, MiB)
+    a1.write(0, b"kept")
+    calls = []
+
+    def pre(bufs):
+        calls.append(("pre", list(bufs), [b.mapped for b in bufs], threading.current_thread()))
+        try:
+            worker.status()
+        except RuntimeError as e:
+            calls.append(("refused", str(e)))
+
+    def post(bufs):
+        calls.append(("post", list(bufs), [b.mapped for b in bufs], threading.current_thread()))
+        calls.append(("read", a1.read(0, 4)))
+
+    worker.set_hooks(pre_unmap=pre, post_remap=post)
+    controller.pause(at)
+    assert len(calls) == 2
+    kind, bufs, mapped, thread = calls[0]
+    assert kind == "pre" and thread is not threading.main_thread()
+    assert sorted(map(id, bufs)) == sorted(map(id, (a1, a2)))  # the same objects
+    assert mapped == [True, True] and o not in bufs
+    assert calls[1][0] == "refused" and "hook" in calls[1][1]
+    assert not a1.mapped and not a2.mapped and o.mapped
+
+    controller.resume(at)
+    assert [c[0] for c in calls[2:]] == ["post", "read"]
+    kind, bufs, mapped, thread = calls[2]
+    assert sorted(map(id, bufs)) == sorted(map(id, (a1, a2))) and mapped == [True, True]
+    assert calls[3][1] == b"kept"
+
+    # A hook that raises: kept and printed; the pause goes on.
+    def boom(bufs):
+        raise KeyError("boom")
+
+    worker.set_hooks(pre_unmap=boom)
+    assert controller.pause(other).buffers == 1 and not o.mapped
+    assert isinstance(worker.hook_errors[-1], KeyError)
+    worker.set_hooks(None, None)
+    controller.resume(other)
+    n = len(calls)
+    controller.pause(at)
+    controller.resume(at)
+    assert len(calls) == n  # no hooks any more
+    assert a1.read(0, 4) == b"kept"
+
+
+def test_no_fd_leak(daemon, tag):
+    before = fds()
+    for _ in range(2):
+        with gpumem.connect(daemon.sock, name="leak") as w, \
+                gpumem.connect(daemon.sock, role="controller") as c:
+            w.set_hooks(lambda bufs: None, lambda bufs: None)
+            kt = tag("leak")
+            bufs = [w.alloc(kt, 3 * MiB, backup=True), w.alloc(kt, MiB, device=1)]
+            bufs[0].write(0, b"x" * 1000)
+            c.pause(kt)
+            c.status()
+            c.resume(kt)
+            assert bufs[0].read(0, 1000) == b"x" * 1000
+            bufs[1].free()
+        assert bufs[0].freed and w.closed and c.closed
+        with pytest.raises(ValueError):
+            w.alloc(kt, MiB)
+        w.close()  # again: nothing
+    assert fds() == before
+
+
+def test_daemon_gone_is_an_error_and_buffers_stay(make_daemon, tag):
+    d = make_daemon()
+    w = gpumem.connect(d.sock, name="orphan", reconnect=False)
+    b = w.alloc(tag("kept"), MiB)
+    b.write(0, b"still here")
+    d.stop()  # SIGTERM, exit 0
+
+    def gone():
+        try:
+            w.status()
+        except gpumem.Error as e:
+            return e
+        return None
+
+    err = wait_for(gone, 5, "the client to see the daemon gone")
+    assert err.code_name in ("DISCONNECTED", "SHUTTING_DOWN")
+    assert b.read(0, 10) == b"still here"  # mappings stay valid
+    w.close()
+    assert b.freed
