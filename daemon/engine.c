@@ -971,8 +971,8 @@ static void on_timeout(uv_timer_t *t) {
   op->pending = 0;
   char pids[128] = "", bytes[32];
   int len = 0;
-  for (size_t i = 0; i < op->npids && len < (int)sizeof pids; i++)
-    len += snprintf(pids + len, sizeof pids - (size_t)len, " %u", op->pids[i]);
+  for (size_t i = 0; late && i < nstraggle && len < (int)sizeof pids; i++)
+    len += snprintf(pids + len, sizeof pids - (size_t)len, " %d", (int)late[i]);
   bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
   char earlier[sizeof op->fault.text] = "";
   if (op->fault.code) snprintf(earlier, sizeof earlier, "; before that: %.200s", op->fault.text);
