@@ -47,6 +47,8 @@ rm -f /tmp/gpumemd-faults.log
 build/tests/gpu_faults build/bin /tmp/gpumemd-faults.sock /tmp/gpumemd-faults.log || status=1
 cat /tmp/gpumemd-faults.log
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+# The Python package over the CUDA backend.
+python3 tests/gpu/python_check.py build/bin/gpumemd || status=1
 # GPU_BENCH=0 skips the benchmarks (the checks and suites still run).
 if [ "${GPU_BENCH:-1}" != 0 ]; then
 make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt \
