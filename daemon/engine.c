@@ -342,7 +342,9 @@ static void release(engine *e, struct op *op, struct buffer *b, bool still_held)
 }
 
 /* An owner answered its Unmap: what it unmapped is released, what it could
- * not unmap is ACTIVE again. */
+ * not unmap is ACTIVE again. Out of host memory for the check, unmapped
+ * buffers are PAUSED and keep their memory, counted as held (a later
+ * pause releases them). */
 static void finish_unmap(engine *e, struct group *g) {
   struct buffer **bufs = calloc(g->nids + 1, sizeof *bufs);
   bool *held = calloc(g->nids + 1, sizeof *held);
@@ -358,11 +360,17 @@ static void finish_unmap(engine *e, struct group *g) {
       continue;
     }
     registry_set_state(e->reg, b, BUF_PAUSED);
-    if (bufs) bufs[n++] = b;
+    if (bufs && held)
+      bufs[n++] = b;
+    else
+      hold(g->op, b);
   }
-  if (!bufs || !held) fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-  if (bufs && held) owner_holds(e, bufs, n, held);
-  for (size_t i = 0; i < n; i++) release(e, g->op, bufs[i], held && held[i]);
+  if (!bufs || !held) {
+    fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory; buffers keep their memory");
+  } else {
+    owner_holds(e, bufs, n, held);
+    for (size_t i = 0; i < n; i++) release(e, g->op, bufs[i], held[i]);
+  }
   free(bufs);
   free(held);
 }

@@ -297,6 +297,21 @@ static void attach(struct buffer *b, struct session *owner, struct list *owner_l
   list_append(owner_list, &b->owner_link);
 }
 
+/* Give a buffer that has its memory (or starts paused) an id and link it
+ * in; out of host memory, let go of its memory and backup room instead. */
+static wire_code enter(registry *r, struct buffer *b, struct session *owner,
+                       struct list *owner_list, struct tag *tag, buffer_state st,
+                       struct fault *f) {
+  b->id = r->next_id++;
+  if (idmap_put(r->buffers, b->id, b) < 0) {
+    registry_memory_release(r, b);
+    unreserve_backup(r, b);
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  }
+  attach(b, owner, owner_list, tag, st);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
 /* Allocate a buffer for owner. */
 wire_code registry_alloc(registry *r, struct session *owner,
                          struct list *owner_list, uint32_t uid, const char *tagname,
@@ -326,14 +341,7 @@ wire_code registry_alloc(registry *r, struct session *owner,
     unreserve_backup(r, b);
     goto fail;
   }
-  b->id = r->next_id++;
-  if (idmap_put(r->buffers, b->id, b) < 0) {
-    registry_memory_release(r, b);
-    unreserve_backup(r, b);
-    rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-    goto fail;
-  }
-  attach(b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE);
+  if ((rc = enter(r, b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 fail:
@@ -396,17 +404,16 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
     b->has_memory = true;
     r->managed[device] += size;
   }
+  /* The tag's paused mark is a controller's: a worker's re-registered
+   * paused buffer shows as paused (the tag's state says so) without it. */
   tag = registry_tag_get(r, tagname);
-  if (tag) b->id = r->next_id++;
-  if (!tag || idmap_put(r->buffers, b->id, b) < 0) {
+  if (!tag) {
     registry_memory_release(r, b);
     unreserve_backup(r, b);
     rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto fail;
   }
-  /* The tag's paused mark is a controller's: a worker's re-registered
-   * paused buffer shows as paused (the tag's state says so) without it. */
-  attach(b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE);
+  if ((rc = enter(r, b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 fail:

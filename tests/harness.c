@@ -551,32 +551,33 @@ void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size
   }
 }
 
+/* Send a request with an empty body and return its reply, which must be
+ * of kind want. */
+static wire_env *peer_ask(struct peer *c, wire_env *env, Gpumem__Wire__Envelope__BodyCase want) {
+  env->id = c->next_id++;
+  peer_put(c, env, NULL, 0);
+  wire_env *r = peer_get(c, NULL);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->body_case, want);
+  return r;
+}
+
 /* A status as the daemon sends it (raw). */
 wire_env *peer_status(struct peer *c) {
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c->next_id++;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
   env.status = &sr;
-  peer_put(c, &env, NULL, 0);
-  wire_env *r = peer_get(c, NULL);
-  ck_assert_ptr_nonnull(r);
-  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
-  return r;
+  return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
 }
 
 /* A list as the daemon sends it (raw). */
 wire_env *peer_list(struct peer *c) {
   Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c->next_id++;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
   env.list = &lr;
-  peer_put(c, &env, NULL, 0);
-  wire_env *r = peer_get(c, NULL);
-  ck_assert_ptr_nonnull(r);
-  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
-  return r;
+  return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
 }
 
 /* A tag in a status; the test fails if there is none. */

@@ -19,23 +19,11 @@
 #include <unistd.h>
 
 #include "gpu/gpu.h"
+#include "tests/gpu/check.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
-static int failures;
-
-/* Print one check's verdict and figures. */
-static void check(bool ok, const char *name, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s %s: ", ok ? "PASS" : "FAIL", name);
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  failures += !ok;
-}
 
 static double mib(uint64_t b) { return (double)b / (double)MiB; }
 

@@ -15,45 +15,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "gpumem.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
 static const char *bin, *sock;
-static int failures;
 static gpumem_client *ctl;
 
 static double gib(uint64_t b) { return (double)b / (double)GiB; }
-
-static void check(bool ok, const char *name, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s %s: ", ok ? "PASS" : "FAIL", name);
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  failures += !ok;
-}
-
-static uint64_t driver_free(void) {
-  size_t f, t;
-  cuMemGetInfo(&f, &t);
-  return f;
-}
-
-/* Free memory once it stops moving (releases land asynchronously). */
-static uint64_t settled_free(void) {
-  uint64_t prev = driver_free();
-  for (int i = 0; i < 50; i++) {
-    usleep(20000);
-    uint64_t now = driver_free();
-    if (now == prev) return now;
-    prev = now;
-  }
-  return prev;
-}
 
 static int pause_tag(const char *tag, struct gpumem_op_result *r) {
   return gpumem_pause(ctl, &tag, 1, NULL, 0, 0, r);

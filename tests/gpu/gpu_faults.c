@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "gpumem.h"
 
 #define MiB (1ull << 20)
@@ -51,7 +52,6 @@
 
 static const char *bin, *sock, *daemon_log;
 static char outdir[64];
-static int failures;
 static gpumem_client *ctl; /* controller session of the running daemon */
 static pid_t daemon_pid = -1;
 static uint64_t gran = 2 * MiB;
@@ -135,35 +135,6 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void check(bool ok, const char *name, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s %s: ", ok ? "PASS" : "FAIL", name);
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  failures += !ok;
-}
-
-static uint64_t driver_free(void) {
-  size_t f = 0, t = 0;
-  cuMemGetInfo(&f, &t);
-  return f;
-}
-
-/* Free memory once it stops moving (releases land asynchronously). */
-static uint64_t settled_free(void) {
-  uint64_t prev = driver_free();
-  for (int i = 0; i < 50; i++) {
-    usleep(20000);
-    uint64_t now = driver_free();
-    if (now == prev) return now;
-    prev = now;
-  }
-  return prev;
 }
 
 /* Wait (at most ms) until the driver shows at least target free; then the
