@@ -19,6 +19,37 @@ bool wire_tag_valid(const char *tag) {
   return n > 0;
 }
 
+/* Length of the UTF-8 sequence at p (0 if it is not one: truncated,
+ * overlong, a surrogate or past U+10FFFF), its code point in *cp. */
+static size_t utf8_next(const unsigned char *p, uint32_t *cp) {
+  static const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+  size_t n = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3
+           : (p[0] & 0xf8) == 0xf0 ? 4 : 0;
+  if (n == 0) return 0;
+  uint32_t c = n == 1 ? p[0] : p[0] & (0x7fu >> n);
+  for (size_t i = 1; i < n; i++) {
+    if ((p[i] & 0xc0) != 0x80) return 0;
+    c = c << 6 | (p[i] & 0x3fu);
+  }
+  if (c < min[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return 0;
+  *cp = c;
+  return n;
+}
+
+/* True if name is at most WIRE_NAME_MAX bytes of UTF-8 without control
+ * characters (C0, DEL or C1), so that it is safe in a log or a terminal. */
+bool wire_name_valid(const char *name) {
+  if (!name || strnlen(name, WIRE_NAME_MAX + 1) > WIRE_NAME_MAX) return false;
+  const unsigned char *p = (const unsigned char *)name;
+  while (*p) {
+    uint32_t c;
+    size_t n = utf8_next(p, &c);
+    if (n == 0 || c < 0x20 || (c >= 0x7f && c < 0xa0)) return false;
+    p += n;
+  }
+  return true;
+}
+
 /* The protocol's name for an error code. */
 const char *wire_code_name(wire_code code) {
   const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
@@ -65,12 +96,9 @@ static bool string_ok(const char *s, size_t max) {
   return s && strnlen(s, max + 1) <= max;
 }
 
-/* Tags and devices of a pause or resume: at least one tag, all valid. */
+/* Tags and devices of a pause or resume: every tag valid (none: all). */
 static wire_code check_selection(size_t ntags, char **tags, size_t ndevs,
                                  char *why, size_t whylen) {
-  if (ntags == 0)
-    return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
-                  "no tags given");
   if (ntags > WIRE_MAX_TAGS)
     return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
                   "too many tags (%zu, at most %d)", ntags, WIRE_MAX_TAGS);
@@ -82,6 +110,26 @@ static wire_code check_selection(size_t ntags, char **tags, size_t ndevs,
   if (ndevs > WIRE_MAX_DEVICES)
     return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
                   "too many devices (%zu)", ndevs);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Whose buffers a pause or resume covers: the caller's own, or sessions
+ * by pid and name prefix, never both. */
+static wire_code check_scope(size_t npids, const uint32_t *pids, const char *prefix, bool own,
+                             char *why, size_t whylen) {
+  const wire_code bad = GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT;
+  bool has_prefix = prefix && prefix[0];
+  if (own && (npids || has_prefix))
+    return refuse(bad, why, whylen,
+                  "own covers the caller's buffers only: no pids or session_prefix with it");
+  if (npids > WIRE_MAX_PIDS)
+    return refuse(bad, why, whylen, "too many pids (%zu, at most %d)", npids, WIRE_MAX_PIDS);
+  for (size_t i = 0; i < npids; i++)
+    if (pids[i] == 0) return refuse(bad, why, whylen, "pid 0 names no process");
+  if (has_prefix && !wire_name_valid(prefix))
+    return refuse(bad, why, whylen,
+                  "invalid session_prefix: at most %d bytes of UTF-8 without control characters",
+                  WIRE_NAME_MAX);
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
@@ -148,8 +196,10 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
     if (env->hello->role != GPUMEM__WIRE__ROLE__ROLE_WORKER &&
         env->hello->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER)
       return refuse(bad, why, whylen, "unknown role %d", env->hello->role);
-    if (!string_ok(env->hello->name, WIRE_NAME_MAX))
-      return refuse(bad, why, whylen, "name longer than %d bytes", WIRE_NAME_MAX);
+    if (!wire_name_valid(env->hello->name))
+      return refuse(bad, why, whylen,
+                    "invalid name: at most %d bytes of UTF-8 without control characters",
+                    WIRE_NAME_MAX);
     return GPUMEM__WIRE__ERROR_CODE__OK;
   case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC:
     if (!wire_tag_valid(env->alloc->tag))
@@ -169,12 +219,18 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
   case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
   case GPUMEM__WIRE__ENVELOPE__BODY_LIST:
     return GPUMEM__WIRE__ERROR_CODE__OK;
-  case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE:
-    return check_selection(env->pause->n_tags, env->pause->tags,
-                           env->pause->n_devices, why, whylen);
-  case GPUMEM__WIRE__ENVELOPE__BODY_RESUME:
-    return check_selection(env->resume->n_tags, env->resume->tags,
-                           env->resume->n_devices, why, whylen);
+  case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE: {
+    const Gpumem__Wire__PauseRequest *p = env->pause;
+    wire_code code = check_selection(p->n_tags, p->tags, p->n_devices, why, whylen);
+    return code ? code
+                : check_scope(p->n_pids, p->pids, p->session_prefix, p->own, why, whylen);
+  }
+  case GPUMEM__WIRE__ENVELOPE__BODY_RESUME: {
+    const Gpumem__Wire__ResumeRequest *r = env->resume;
+    wire_code code = check_selection(r->n_tags, r->tags, r->n_devices, why, whylen);
+    return code ? code
+                : check_scope(r->n_pids, r->pids, r->session_prefix, r->own, why, whylen);
+  }
   case GPUMEM__WIRE__ENVELOPE__BODY_ACK:
     if (!string_ok(env->ack->message, WIRE_MAX_MESSAGE))
       return refuse(bad, why, whylen, "ack message too long");

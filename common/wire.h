@@ -20,12 +20,17 @@
 #define WIRE_MAX_TAGS 64
 #define WIRE_MAX_DEVICES 64
 #define WIRE_MAX_MESSAGE 512
+#define WIRE_MAX_PIDS 256 /* pids in a pause or resume scope */
 
 typedef Gpumem__Wire__Envelope wire_env;
 typedef Gpumem__Wire__ErrorCode wire_code;
 
 /* True if tag is 1..WIRE_TAG_MAX characters of [A-Za-z0-9_.-]. */
 bool wire_tag_valid(const char *tag);
+
+/* True if name is at most WIRE_NAME_MAX bytes of UTF-8 without control
+ * characters (a session name, or a prefix of one). */
+bool wire_name_valid(const char *name);
 
 /* The protocol's name for an error code ("OUT_OF_MEMORY"). */
 const char *wire_code_name(wire_code code);

@@ -13,7 +13,20 @@
  * An owner that does not ack in time is reported with its pid; its buffers
  * stay in transition (counted as held) until its late ack settles them, or
  * its session ends. At the end of each operation the driver's figures for
- * the devices it touched are compared with what the daemon did. */
+ * the devices it touched are compared with what the daemon did.
+ *
+ * A scope narrows an operation to some sessions' buffers (the requester's
+ * own, or sessions by pid and name). The requester may then be an owner
+ * itself: it gets its Unmap or Remap like any other and the reply only
+ * after its ack.
+ *
+ * A tag is fully paused on a device when a pause that covered every
+ * session (no scope) paused it there and no resume has since made any of
+ * its buffers there ACTIVE: the tag's paused mark (paused_devices). Only
+ * then are new buffers there refused (TAG_PAUSED) or started PAUSED
+ * (ALLOW_PAUSED). A scoped pause leaves the mark alone, so that sessions
+ * outside the scope go on allocating; the tag's state, derived from its
+ * buffers, shows it paused and mixed. */
 #include "engine.h"
 
 #include <signal.h>
@@ -82,6 +95,12 @@ struct op {
   uint64_t req_id;
   char **tags;
   size_t ntags;
+  bool all_tags;         /* no tags named: every tag that exists at the start */
+  bool own;              /* scope: the requester's buffers (self) */
+  struct session *self;  /* the requester, NULL once it is gone */
+  uint32_t *scope_pids;  /* scope: sessions of these pids (none: any) */
+  size_t nscope_pids;
+  char prefix[WIRE_NAME_MAX + 1]; /* scope: sessions named so ("": any) */
   uint64_t devmask;
   uint32_t timeout_ms;
   uint64_t max_residual;
@@ -105,6 +124,7 @@ struct engine {
   registry *reg;
   gpu *gpu;
   const struct config *cfg;
+  struct list *sessions; /* the server's, for scopes */
   struct list queue;
   struct op *current;
   uv_timer_t timer;
@@ -120,9 +140,9 @@ struct engine {
 static void run_queue(engine *e);
 static void check_done(engine *e);
 
-/* Create an engine over the registry. */
-engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g,
-                      const struct config *cfg) {
+/* Create an engine over the registry and the server's sessions. */
+engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
+                      struct list *sessions) {
   engine *e = calloc(1, sizeof *e);
   if (!e || !(e->events = idmap_create())) {
     free(e);
@@ -132,6 +152,7 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g,
   e->reg = reg;
   e->gpu = g;
   e->cfg = cfg;
+  e->sessions = sessions;
   e->next_event = 1;
   list_init(&e->queue);
   list_init(&e->stragglers);
@@ -160,6 +181,7 @@ static void op_free(engine *e, struct op *op) {
   list_for_each_safe(p, t, &op->groups) group_free(e, list_entry(p, struct group, link));
   for (size_t i = 0; i < op->ntags; i++) free(op->tags[i]);
   free(op->tags);
+  free(op->scope_pids);
   free(op->detail);
   free(op->pids);
   free(op->dev);
@@ -198,17 +220,31 @@ void engine_destroy(engine *e) {
   uv_close((uv_handle_t *)&e->timer, on_timer_closed);
 }
 
+/* Copy a scope into an operation; false when out of memory. */
+static bool take_scope(struct op *op, struct session *ctl, const struct engine_scope *scope) {
+  if (!scope) return true;
+  op->own = scope->own;
+  op->self = scope->own ? ctl : NULL;
+  if (scope->prefix) snprintf(op->prefix, sizeof op->prefix, "%s", scope->prefix);
+  if (scope->npids == 0) return true;
+  if (!(op->scope_pids = malloc(scope->npids * sizeof *op->scope_pids))) return false;
+  memcpy(op->scope_pids, scope->pids, scope->npids * sizeof *op->scope_pids);
+  op->nscope_pids = scope->npids;
+  return true;
+}
+
 /* Queue an operation and start it if nothing runs. */
 void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
-                   uint32_t timeout_ms, uint64_t max_residual) {
+                   uint32_t timeout_ms, uint64_t max_residual,
+                   const struct engine_scope *scope) {
   struct op *op = calloc(1, sizeof *op);
   unsigned ndev = gpu_device_count(e->gpu);
   if (op) {
-    op->tags = calloc(ntags, sizeof *op->tags);
+    op->tags = calloc(ntags + 1, sizeof *op->tags);
     op->dev = calloc(ndev + 1, sizeof *op->dev);
   }
-  bool nomem = !op || !op->tags || !op->dev;
+  bool nomem = !op || !op->tags || !op->dev || !take_scope(op, ctl, scope);
   for (size_t i = 0; !nomem && i < ntags; i++) {
     bool seen = false; /* a tag named twice is one tag */
     for (size_t j = 0; j < op->ntags && !seen; j++) seen = strcmp(op->tags[j], tags[i]) == 0;
@@ -220,6 +256,7 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
     return;
   }
   list_init(&op->groups);
+  op->all_tags = ntags == 0;
   op->resume = resume;
   op->ctl = ctl;
   op->req_id = req_id;
@@ -504,18 +541,86 @@ static int send_remap(engine *e, struct group *g) {
   return 0;
 }
 
-static bool selected(const struct op *op, const struct buffer *b) {
-  return op->devmask & (1ull << b->device);
+/* True if an operation without own covers the buffers of session s. */
+static bool session_selected(const struct op *op, const struct session *s) {
+  if (s->role != GPUMEM__WIRE__ROLE__ROLE_WORKER) return false;
+  bool pid_ok = op->nscope_pids == 0;
+  for (size_t i = 0; i < op->nscope_pids && !pid_ok; i++)
+    pid_ok = s->pid > 0 && op->scope_pids[i] == (uint32_t)s->pid;
+  return pid_ok && strncmp(s->name, op->prefix, strlen(op->prefix)) == 0;
 }
 
-/* Every tag the operation names must exist: a typo is NOT_FOUND. */
-static bool tags_exist(engine *e, struct op *op) {
-  for (size_t t = 0; t < op->ntags; t++)
-    if (!registry_tag(e->reg, op->tags[t])) {
+/* True if the operation covers buffer b: its device and its owner. */
+static bool selected(const struct op *op, const struct buffer *b) {
+  if (!(op->devmask & (1ull << b->device))) return false;
+  return op->own ? b->owner == op->self : session_selected(op, b->owner);
+}
+
+/* True if the operation covers every session (no scope). */
+static bool unscoped(const struct op *op) {
+  return !op->own && op->nscope_pids == 0 && !op->prefix[0];
+}
+
+/* Name the tags of an operation that names none: every tag there is now. */
+static bool name_all_tags(engine *e, struct op *op) {
+  size_t n = 0;
+  struct list *tags = registry_tags(e->reg), *p;
+  for (p = tags->next; p != tags; p = p->next) n++;
+  char **names = calloc(n + 1, sizeof *names);
+  if (!names) return false;
+  free(op->tags);
+  op->tags = names;
+  for (p = tags->next; p != tags; p = p->next)
+    if (!(op->tags[op->ntags++] = strdup(list_entry(p, struct tag, link)->name))) return false;
+  return true;
+}
+
+/* True if session s has a buffer in tag t. */
+static bool has_buffer_in(const struct session *s, const struct tag *t) {
+  for (const struct list *p = t->buffers.next; p != &t->buffers; p = p->next)
+    if (list_entry(p, struct buffer, tag_link)->owner == s) return true;
+  return false;
+}
+
+/* Describe a scope by pid and name ("with pid 12 or 34 named 'engine-*'"). */
+static void scope_words(const struct op *op, char *buf, size_t len) {
+  int at = 0;
+  for (size_t i = 0; i < op->nscope_pids && at < (int)len; i++)
+    at += snprintf(buf + at, len - (size_t)at, "%s%u", i ? " or " : "with pid ",
+                   op->scope_pids[i]);
+  if (op->prefix[0] && at < (int)len)
+    snprintf(buf + at, len - (size_t)at, "%snamed '%s*'", at ? " " : "", op->prefix);
+}
+
+/* What the operation names must exist: every tag (a typo is NOT_FOUND),
+ * some session its scope selects, and with own, a buffer of the requester
+ * in every tag named. */
+static bool names_exist(engine *e, struct op *op) {
+  if (op->all_tags && !name_all_tags(e, op)) {
+    fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    return false;
+  }
+  for (size_t t = 0; t < op->ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->tags[t]);
+    if (!tag) {
       fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag '%s'", op->tags[t]);
       return false;
     }
-  return true;
+    if (op->own && !op->all_tags && (!op->self || !has_buffer_in(op->self, tag))) {
+      fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "this session has no buffers in tag '%s'",
+           op->tags[t]);
+      return false;
+    }
+  }
+  if (op->own || unscoped(op)) return true;
+  for (struct list *p = e->sessions->next; p != e->sessions; p = p->next) {
+    const struct session *s = list_entry(p, struct session, link);
+    if (!s->closed && session_selected(op, s)) return true;
+  }
+  char words[WIRE_NAME_MAX + 128];
+  scope_words(op, words, sizeof words);
+  fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no worker session %s", words);
+  return false;
 }
 
 /* Read the driver's free memory and the daemon's own figure for every
@@ -551,12 +656,12 @@ static void fail_in_transit(struct op *op, const char *what) {
 
 /* Phase one of a pause: mark buffers and ask their owners to unmap. */
 static void start_pause(engine *e, struct op *op) {
-  if (!tags_exist(e, op)) return;
+  if (!names_exist(e, op)) return;
   snapshot(e, op);
   idmap *by_session = idmap_create();
   for (size_t t = 0; t < op->ntags && by_session; t++) {
     struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    tag->paused_devices |= op->devmask;
+    if (unscoped(op)) tag->paused_devices |= op->devmask; /* fully paused there */
     struct list *p, *n;
     list_for_each_safe(p, n, &tag->buffers) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
@@ -692,7 +797,7 @@ static void start_resume(engine *e, struct op *op) {
   struct buffer **bufs = NULL;
   bool *made = NULL;
   idmap *by_session = NULL;
-  if (!tags_exist(e, op) || !collect_paused(e, op, &bufs, &n)) goto out;
+  if (!names_exist(e, op) || !collect_paused(e, op, &bufs, &n)) goto out;
   snapshot(e, op);
   if (!(made = calloc(n + 1, sizeof *made)) || !(by_session = idmap_create())) {
     fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
@@ -738,10 +843,11 @@ out:
 }
 
 /* A resume that every owner acknowledged: its buffers are ACTIVE and its
- * tags no longer paused on its devices (until then, and after a resume
- * that failed, new buffers there still start paused). */
+ * tags no longer fully paused on its devices (until then, and after a
+ * resume that failed, new buffers there still start paused). A scoped
+ * resume ends that only where it made a buffer ACTIVE. */
 static void commit_resume(engine *e, struct op *op) {
-  for (size_t t = 0; t < op->ntags; t++) {
+  for (size_t t = 0; unscoped(op) && t < op->ntags; t++) {
     struct tag *tag = registry_tag(e->reg, op->tags[t]);
     if (tag) tag->paused_devices &= ~op->devmask;
   }
@@ -752,6 +858,7 @@ static void commit_resume(engine *e, struct op *op) {
       struct buffer *b = registry_find(e->reg, g->ids[i]);
       if (!b || b->state != BUF_RESUMING) continue;
       registry_set_state(e->reg, b, BUF_ACTIVE);
+      b->tag->paused_devices &= ~(1ull << b->device);
       count(op, b);
     }
   }
@@ -874,7 +981,8 @@ static void reply(engine *e, struct op *op) {
   }
   log_info("%s %s%s: %llu buffers, %llu bytes, %llu backed up, %llu skipped, %llu us "
            "(%llu us to send the events, %llu us for the owners)%s%s",
-           op->resume ? "resume" : "pause", op->tags[0], op->ntags > 1 ? ",..." : "",
+           op->resume ? "resume" : "pause", op->all_tags ? "every tag" : op->tags[0],
+           !op->all_tags && op->ntags > 1 ? ",..." : "",
            (unsigned long long)op->buffers, (unsigned long long)op->bytes,
            (unsigned long long)op->backup_bytes, (unsigned long long)op->skipped,
            (unsigned long long)us, (unsigned long long)(op->t_sent - op->t0) / 1000,
@@ -1007,6 +1115,7 @@ static void run_queue(engine *e) {
   struct op *op = e->current;
   if (op && op->pending) {
     /* A rollback just started: wait for it as long again. */
+    uv_update_time(e->loop);
     uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
     return;
   }
@@ -1023,6 +1132,10 @@ static void run_queue(engine *e) {
       start_pause(e, op);
     e->busy = false;
     op->t_sent = uv_hrtime();
+    /* Owners get the whole timeout from now: restoring backups before the
+     * events went out may have taken a while since the loop last looked
+     * at the clock. */
+    uv_update_time(e->loop);
     if (op->pending) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
     check_done(e);
   }
@@ -1120,6 +1233,7 @@ void engine_forget(engine *e, struct session *s) {
   list_for_each_safe(p, n, &e->queue) {
     struct op *op = list_entry(p, struct op, link);
     if (op->ctl == s) op->ctl = NULL;
+    if (op->self == s) op->self = NULL;
   }
   list_for_each_safe(p, n, &e->stragglers) {
     struct group *g = list_entry(p, struct group, link);
@@ -1128,6 +1242,7 @@ void engine_forget(engine *e, struct session *s) {
   struct op *op = e->current;
   if (!op) return;
   if (op->ctl == s) op->ctl = NULL;
+  if (op->self == s) op->self = NULL;
   list_for_each_safe(p, n, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
     if (g->s != s) continue;

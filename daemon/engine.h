@@ -13,22 +13,36 @@
 struct session;
 typedef struct engine engine;
 
-/* Create an engine over the registry. */
-engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g,
-                      const struct config *cfg);
+/* Whose buffers an operation covers. With no filter, every session's;
+ * with own, the requesting session's; else those of the worker sessions
+ * whose pid is in pids (when npids > 0) and whose name starts with prefix
+ * (when not empty). */
+struct engine_scope {
+  bool own;
+  const uint32_t *pids;
+  size_t npids;
+  const char *prefix;
+};
+
+/* Create an engine over the registry; sessions is the server's list of
+ * struct session.link, where scopes find the sessions they name. */
+engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
+                      struct list *sessions);
 
 /* Answer queued and running operations with SHUTTING_DOWN and free the
  * engine; closes its timer, so the loop must run once more before the
  * memory is gone. */
 void engine_destroy(engine *e);
 
-/* Queue a pause (or resume) of tags on the devices in devmask (0: all),
- * answering request req_id of controller ctl when done. timeout_ms (0: the
- * configured one) is capped; a pause with max_residual (0: none) fails when
- * a device it touched still holds more than that outside the daemon. */
+/* Queue a pause (or resume) of tags (none: every tag) on the devices in
+ * devmask (0: all), of the buffers of the sessions scope selects (NULL:
+ * all), answering request req_id of session ctl when done. timeout_ms (0:
+ * the configured one) is capped; a pause with max_residual (0: none) fails
+ * when a device it touched still holds more than that outside the daemon. */
 void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
-                   uint32_t timeout_ms, uint64_t max_residual);
+                   uint32_t timeout_ms, uint64_t max_residual,
+                   const struct engine_scope *scope);
 
 /* The driver's figures of the last pause that finished, per device it
  * touched (*n entries; none before the first). */

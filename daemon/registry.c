@@ -23,6 +23,7 @@ struct registry {
   unsigned backup_buffers[REGISTRY_MAX_DEVICES]; /* BACKUP buffers per device */
   uint64_t backup_bytes;    /* valid backups */
   uint64_t backup_reserved; /* sizes of all BACKUP buffers */
+  uint64_t backup_ready;    /* host memory made for them */
   uint64_t copied[2], copy_us[2]; /* [to_host]: backup copy totals */
   uint64_t last_bytes[2], last_us[2]; /* [to_host]: the last operation's */
   bool destroying; /* tags go all at once, not one by one */
@@ -142,14 +143,32 @@ static int copy(registry *r, struct buffer *b, void *host, bool to_host) {
   return rc;
 }
 
-/* Copy a buffer's contents to its backup, made on first use and kept. */
-wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
-  if (!b->backup && gpu_backup_alloc(r->gpu, b->device, b->size, &b->backup) < 0) {
+/* Give a buffer the host memory for its backup: the thread pool's, taken
+ * (waited for) if it is being made, else made now. */
+static wire_code get_backup_memory(registry *r, struct buffer *b, struct fault *f) {
+  if (b->backup) return GPUMEM__WIRE__ERROR_CODE__OK;
+  char why[256] = "";
+  int rc;
+  if (b->making) {
+    rc = hostmem_take(b->making, &b->backup, why, sizeof why);
+    b->making = NULL;
+  } else if ((rc = gpu_backup_alloc(r->gpu, b->device, b->size, &b->backup)) < 0) {
+    snprintf(why, sizeof why, "%s", gpu_error());
+  }
+  if (rc < 0) {
     b->backup = NULL;
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
                      "no host memory for the backup of buffer %llu: %s",
-                     (unsigned long long)b->id, gpu_error());
+                     (unsigned long long)b->id, why);
   }
+  r->backup_ready += b->size;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Copy a buffer's contents to its backup, kept once made. */
+wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
+  wire_code code = get_backup_memory(r, b, f);
+  if (code) return code;
   if (copy(r, b, b->backup, true) < 0)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "backup of buffer %llu: %s",
                      (unsigned long long)b->id, gpu_error());
@@ -159,10 +178,41 @@ wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
+/* The thread pool made a buffer's backup memory (or could not: a pause
+ * then tries once more). */
+static void backup_made(void *ctx, void *arg, void *host, const char *why) {
+  registry *r = ctx;
+  struct buffer *b = arg;
+  b->making = NULL;
+  if (!host) {
+    log_warn("buffer %llu: no host memory for its backup yet (%s); a pause will try again",
+             (unsigned long long)b->id, why);
+    return;
+  }
+  b->backup = host;
+  r->backup_ready += b->size;
+}
+
+/* Have the thread pool make a new BACKUP buffer's host memory, so that
+ * its first pause finds it made. */
+static void start_backup_memory(registry *r, struct buffer *b) {
+  if (!(b->flags & BUF_FLAG_BACKUP) || b->ipc || !r->opt.loop) return;
+  b->making = hostmem_start(r->opt.loop, r->gpu, b->device, b->size, backup_made, r, b);
+  if (!b->making)
+    log_warn("buffer %llu: cannot queue its backup memory; its first pause makes it",
+             (unsigned long long)b->id);
+}
+
+/* Free a buffer's backup memory, or give up the job making it. */
 static void drop_backup(registry *r, struct buffer *b) {
+  if (b->making) hostmem_drop(b->making);
+  b->making = NULL;
   if (b->backup_valid) r->backup_bytes -= b->size;
   b->backup_valid = false;
-  if (b->backup) gpu_backup_free(r->gpu, b->device, b->backup, b->size);
+  if (b->backup) {
+    gpu_backup_free(r->gpu, b->device, b->backup, b->size);
+    r->backup_ready -= b->size;
+  }
   b->backup = NULL;
 }
 
@@ -217,6 +267,9 @@ void registry_backup_budget(const registry *r, uint64_t *reserved, uint64_t *lim
   *reserved = r->backup_reserved;
   *limit = r->opt.backup_limit;
 }
+
+/* Host memory already made for BACKUP buffers. */
+uint64_t registry_backup_ready(const registry *r) { return r->backup_ready; }
 
 /* Check the request against the backend, round it, and cut it into chunks. */
 static wire_code plan_chunks(registry *r, struct buffer *b, uint64_t size,
@@ -342,6 +395,7 @@ wire_code registry_alloc(registry *r, struct session *owner,
     goto fail;
   }
   if ((rc = enter(r, b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
+  start_backup_memory(r, b);
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 fail:
@@ -414,6 +468,7 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
     goto fail;
   }
   if ((rc = enter(r, b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
+  start_backup_memory(r, b);
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 fail:

@@ -10,6 +10,7 @@
 #include "common/wire.h"
 #include "fault.h"
 #include "gpu/gpu.h"
+#include "hostmem.h"
 
 #define REGISTRY_MAX_DEVICES 64
 
@@ -30,8 +31,10 @@ struct session;
 struct tag {
   char name[WIRE_TAG_MAX + 1];
   struct list buffers;     /* struct buffer.tag_link */
-  uint64_t paused_devices; /* bit d: a pause of device d not yet resumed;
-                              new buffers there start PAUSED or are refused */
+  uint64_t paused_devices; /* bit d: fully paused on device d (a pause of
+                              every session's buffers there, and no resume
+                              since made one ACTIVE); new buffers there
+                              start PAUSED or are refused */
   uint64_t count[4], bytes[4]; /* pausable buffers per buffer_state */
   uint64_t ipc_buffers;        /* IPC_LEGACY buffers: never pause */
   struct list link;        /* registry's tags */
@@ -64,6 +67,7 @@ struct buffer {
   bool ipc;      /* legacy IPC memory (handles[0] is its device pointer) */
   uint8_t ipc_handle[GPU_IPC_HANDLE_SIZE];
   void *backup;      /* host memory for its contents (BACKUP), kept once made */
+  hostmem_job *making; /* that memory, while the thread pool makes it */
   bool backup_valid; /* the backup holds the contents (paused) */
   uint64_t backup_hash; /* with --verify-backups */
   struct list tag_link, owner_link;
@@ -76,6 +80,10 @@ struct registry_options {
   uint64_t chunk_size;   /* largest physical chunk */
   uint64_t backup_limit; /* host memory BACKUP buffers may reserve */
   bool verify_backups;   /* hash backups and check them after restore */
+  uv_loop_t *loop;       /* makes BACKUP buffers' host memory on its thread
+                            pool as they are allocated; NULL: on the first
+                            pause. Buffers freed meanwhile leave jobs that
+                            end on the loop's next runs. */
 };
 
 /* Create an empty registry over a backend. */
@@ -85,8 +93,9 @@ registry *registry_create(gpu *g, const struct registry_options *opt);
 void registry_destroy(registry *r);
 
 /* Allocate a buffer for owner (whose buffer list is owner_list, uid its
- * uid, recorded with the memory where the backend can). A buffer
- * in a paused tag starts PAUSED if flags allow it, else TAG_PAUSED.
+ * uid, recorded with the memory where the backend can). A buffer in a tag
+ * fully paused on its device starts PAUSED if flags allow it, else
+ * TAG_PAUSED; in a partly paused tag (a scoped pause) it starts ACTIVE.
  * Returns OK with *out, or the error code with f filled. */
 wire_code registry_alloc(registry *r, struct session *owner,
                          struct list *owner_list, uint32_t uid, const char *tag,
@@ -134,8 +143,9 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
 /* Release a buffer's physical memory. */
 void registry_memory_release(registry *r, struct buffer *b);
 
-/* Copy a buffer's contents to its backup in host memory. Returns OK or an
- * error (then nothing changed). */
+/* Copy a buffer's contents to its backup in host memory, made now if the
+ * thread pool has not made it (waiting for it if it is being made).
+ * Returns OK or an error (then nothing changed). */
 wire_code registry_backup(registry *r, struct buffer *b, struct fault *f);
 
 /* Copy a buffer's backup into its (new) memory; with verification, read it
@@ -154,6 +164,9 @@ void registry_last(const registry *r, bool to_host, uint64_t *bytes, uint64_t *u
 
 /* Host memory reserved by BACKUP buffers, and the limit. */
 void registry_backup_budget(const registry *r, uint64_t *reserved, uint64_t *limit);
+
+/* Host memory already made for BACKUP buffers (ready for a pause). */
+uint64_t registry_backup_ready(const registry *r);
 
 /* Bytes of physical memory the daemon holds on a device. */
 uint64_t registry_managed(const registry *r, unsigned device);

@@ -216,6 +216,7 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
   r.last_pause_checks = (Gpumem__Wire__DeviceCheck **)last_checks;
   r.n_last_pause_checks = nlast;
   registry_backup_budget(reg, &r.backup_reserved, &r.backup_limit);
+  r.backup_ready = registry_backup_ready(reg);
   registry_last(reg, true, &r.last_backup_bytes, &r.last_backup_us);
   registry_last(reg, false, &r.last_restore_bytes, &r.last_restore_us);
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;

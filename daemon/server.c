@@ -66,9 +66,10 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   }
   struct registry_options ro = {.chunk_size = cfg->chunk_size,
                                 .backup_limit = cfg->backup_limit,
-                                .verify_backups = cfg->verify_backups};
+                                .verify_backups = cfg->verify_backups,
+                                .loop = loop};
   srv->reg = registry_create(g, &ro);
-  srv->eng = srv->reg ? engine_create(loop, srv->reg, g, cfg) : NULL;
+  srv->eng = srv->reg ? engine_create(loop, srv->reg, g, cfg, &srv->sessions) : NULL;
   if (!srv->eng) {
     snprintf(err, errlen, "out of memory");
     registry_destroy(srv->reg);
@@ -117,6 +118,9 @@ void server_destroy(server *srv) {
     uv_run(srv->loop, UV_RUN_DEFAULT);
   }
   registry_destroy(srv->reg);
+  /* Buffers that were still there gave up the jobs making their backup
+   * memory: let those end (and free what they made). */
+  if (srv->stopping) uv_run(srv->loop, UV_RUN_DEFAULT);
   if (srv->reserve_fd >= 0) close(srv->reserve_fd);
   free(srv);
 }
@@ -476,17 +480,29 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   free(bufs);
 }
 
-/* Pause and resume: check role and devices, then queue for the engine. */
+/* Pause and resume: check role, scope and devices, then queue for the
+ * engine. Workers may pause and resume only their own buffers (own). */
 static void handle_op(server *srv, struct session *s, const wire_env *env, bool resume) {
-  char **tags = resume ? env->resume->tags : env->pause->tags;
-  size_t ntags = resume ? env->resume->n_tags : env->pause->n_tags;
-  uint32_t *devs = resume ? env->resume->devices : env->pause->devices;
-  size_t ndevs = resume ? env->resume->n_devices : env->pause->n_devices;
-  uint32_t timeout = resume ? env->resume->timeout_ms : env->pause->timeout_ms;
-  uint64_t max_residual = resume ? 0 : env->pause->max_residual;
-  if (s->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER) {
+  const Gpumem__Wire__PauseRequest *pr = env->pause;
+  const Gpumem__Wire__ResumeRequest *rr = env->resume;
+  char **tags = resume ? rr->tags : pr->tags;
+  size_t ntags = resume ? rr->n_tags : pr->n_tags;
+  uint32_t *devs = resume ? rr->devices : pr->devices;
+  size_t ndevs = resume ? rr->n_devices : pr->n_devices;
+  uint32_t timeout = resume ? rr->timeout_ms : pr->timeout_ms;
+  uint64_t max_residual = resume ? 0 : pr->max_residual;
+  struct engine_scope scope = {
+      .own = resume ? rr->own : pr->own,
+      .pids = resume ? rr->pids : pr->pids,
+      .npids = resume ? rr->n_pids : pr->n_pids,
+      .prefix = resume ? rr->session_prefix : pr->session_prefix,
+  };
+  if (s->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER && !scope.own) {
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
-                "pause and resume need a controller session");
+                scope.npids || (scope.prefix && scope.prefix[0])
+                    ? "pause and resume of other sessions need a controller session"
+                    : "pause and resume need a controller session, or own for a worker's "
+                      "own buffers");
     return;
   }
   uint64_t mask = 0;
@@ -500,7 +516,7 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
     }
     mask |= 1ull << devs[i];
   }
-  engine_submit(srv->eng, s, env->id, resume, tags, ntags, mask, timeout, max_residual);
+  engine_submit(srv->eng, s, env->id, resume, tags, ntags, mask, timeout, max_residual, &scope);
 }
 
 /* Parse, check and route one request. */

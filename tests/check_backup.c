@@ -1,5 +1,6 @@
-/* Backups end to end: contents, limits, verification, a pause that cannot
- * back up, and what status, metrics and gpumemctl say. */
+/* Backups end to end: contents, limits, verification, host memory made
+ * in the background when a BACKUP buffer is allocated, a pause that
+ * cannot back up, and what status, metrics and gpumemctl say. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +10,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/frame.h"
+#include "common/wire.h"
 #include "gpumem.h"
 #include "harness.h"
 
 #define MiB (1ull << 20)
+#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
+#define BACKUP GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP
 
 static struct daemon d;
 
@@ -22,6 +27,19 @@ static void teardown(void) {
   if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
   harness_fd_teardown();
 }
+
+/* The client library's pause, resume and status, in one place each: their
+ * signatures are being reworked. */
+static int pause_tag(gpumem_client *c, const char *tag, struct gpumem_op_result *r) {
+  return gpumem_pause(c, &tag, 1, NULL, 0, 0, r);
+}
+
+static int resume_tag(gpumem_client *c, const char *tag, uint32_t timeout_ms,
+                      struct gpumem_op_result *r) {
+  return gpumem_resume(c, &tag, 1, NULL, 0, timeout_ms, r);
+}
+
+static int status_of(gpumem_client *c, struct gpumem_status **s) { return gpumem_status(c, s); }
 
 static gpumem_client *controller(void) {
   gpumem_client *c = NULL;
@@ -80,40 +98,334 @@ START_TEST(backup_limit_refuses_at_allocation) {
 }
 END_TEST
 
-/* Without host memory for a backup, the buffer keeps its device memory
- * and its contents, and the pause says so. */
-START_TEST(pause_without_room_for_a_backup_releases_nothing_of_it) {
-  daemon_start(&d, NULL);
-  struct worker w;
-  worker_start(&w, &d, "--tag", "weights", "--size", "256M", "--backup", NULL);
-  /* Leave the daemon no address space for a 256 MiB backup. */
+/* The daemon's VmSize in KiB. */
+static unsigned long long daemon_vm_kb(void) {
   char path[64], line[256];
   snprintf(path, sizeof path, "/proc/%d/status", (int)d.pid);
   FILE *f = fopen(path, "r");
   unsigned long long vm_kb = 0;
   while (fgets(line, sizeof line, f)) sscanf(line, "VmSize: %llu kB", &vm_kb);
   fclose(f);
+  return vm_kb;
+}
+
+/* The status's backup_ready, through a raw controller. */
+static uint64_t backup_ready(struct peer *c) {
+  wire_env *s = peer_status(c);
+  uint64_t ready = s->status_reply->backup_ready;
+  wire_env_free(s);
+  return ready;
+}
+
+/* Poll status until backup_ready is want (up to 30 s). */
+static bool wait_ready(struct peer *c, uint64_t want) {
+  for (double end = now_ms() + 30000; now_ms() < end; usleep(5000))
+    if (backup_ready(c) == want) return true;
+  return false;
+}
+
+/* Without host memory for a backup, the buffer is still allocated, keeps
+ * its device memory and its contents, and the pause says so; once there
+ * is room, the next pause makes the memory on its own path. */
+START_TEST(pause_without_room_for_a_backup_releases_nothing_of_it) {
+  daemon_start(&d, NULL);
+  /* Leave the daemon no address space for a 256 MiB backup, from before
+   * the buffer exists (its memory is made as it is allocated). */
   struct rlimit old, lim;
   ck_assert_int_eq(prlimit(d.pid, RLIMIT_AS, NULL, &old), 0);
-  lim.rlim_cur = (vm_kb + 64 * 1024) * 1024; /* the soft limit only: it can go back up */
+  lim.rlim_cur = (daemon_vm_kb() + 64 * 1024) * 1024; /* the soft limit only: it can go back up */
   lim.rlim_max = old.rlim_max;
   ck_assert_int_eq(prlimit(d.pid, RLIMIT_AS, &lim, NULL), 0);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "weights", "--size", "256M", "--backup", NULL);
+  struct peer raw;
+  peer_open(&raw, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
   gpumem_client *c = controller();
-  const char *tag = "weights";
   struct gpumem_op_result r;
-  ck_assert_int_eq(gpumem_pause(c, &tag, 1, NULL, 0, 0, &r), GPUMEM_E_OUT_OF_MEMORY);
+  ck_assert_int_eq(pause_tag(c, "weights", &r), GPUMEM_E_OUT_OF_MEMORY);
   ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "no host memory for the backup"));
+  ck_assert_uint_eq(backup_ready(&raw), 0);
   struct gpumem_status *s;
-  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  ck_assert_int_eq(status_of(c, &s), 0);
   ck_assert_uint_eq(s->devices[0].managed, 256 * MiB);
   ck_assert_uint_eq(s->tags[0].paused_bytes, 0);
   gpumem_status_free(s);
   ck_assert_int_eq(prlimit(d.pid, RLIMIT_AS, &old, NULL), 0);
   /* The buffer comes back with its contents: its memory never left. */
-  ck_assert_int_eq(gpumem_resume(c, &tag, 1, NULL, 0, 60000, &r), 0);
+  ck_assert_int_eq(resume_tag(c, "weights", 60000, &r), 0);
   ck_assert(worker_wait_for(&w, "contents kept", 1, 5000));
+  /* With room again, the pause makes the backup memory itself. */
+  ck_assert_int_eq(pause_tag(c, "weights", &r), 0);
+  ck_assert_uint_eq(r.backup_bytes, 256 * MiB);
+  ck_assert_uint_eq(backup_ready(&raw), 256 * MiB);
+  ck_assert_int_eq(resume_tag(c, "weights", 60000, &r), 0);
+  ck_assert(worker_wait_for(&w, "contents kept", 2, 5000));
   gpumem_disconnect(c);
+  peer_close(&raw);
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* BACKUP buffers get their host memory as they are allocated, without a
+ * pause; freeing them gives it back. */
+START_TEST(backup_memory_is_made_at_allocation) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  struct pbuf a, b, plain;
+  peer_alloc(&w, "weights", 0, 32 * MiB, BACKUP, &a);
+  peer_alloc(&w, "weights", 1, 16 * MiB, BACKUP, &b);
+  peer_alloc(&w, "kv", 0, 8 * MiB, 0, &plain);
+  ck_assert(wait_ready(&c, 48 * MiB));
+  wire_env *s = peer_status(&c);
+  ck_assert_uint_eq(s->status_reply->backup_reserved, 48 * MiB);
+  ck_assert_uint_eq(s->status_reply->last_backup_bytes, 0); /* no pause made it */
+  wire_env_free(s);
+  /* A pause uses it: no more is made. */
+  peer_op(&c, false, "weights", 0, 0);
+  struct pbuf both[] = {a, b};
+  peer_serve(&w, both, 2, 1);
+  wire_env *r;
+  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  ck_assert_uint_eq(r->op_reply->backup_bytes, 48 * MiB);
+  wire_env_free(r);
+  ck_assert_uint_eq(backup_ready(&c), 48 * MiB);
+  peer_op(&c, true, "weights", 0, 0);
+  peer_serve(&w, both, 2, 1);
+  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  a = both[0];
+  b = both[1];
+  /* Freed, their host memory goes. */
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  env.free = &fr;
+  struct pbuf *bufs[] = {&a, &b};
+  uint64_t left[] = {16 * MiB, 0};
+  for (int i = 0; i < 2; i++) {
+    fr.buffer_id = bufs[i]->id;
+    env.id = w.next_id++;
+    peer_put(&w, &env, NULL, 0);
+    wire_env *fre = peer_get(&w, NULL);
+    ck_assert_int_eq(peer_reply_code(fre, NULL, 0), CODE(OK));
+    wire_env_free(fre);
+    peer_unmap(bufs[i]);
+    ck_assert_uint_eq(backup_ready(&c), left[i]);
+  }
+  peer_unmap(&plain);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
+/* Write a pattern of seed into the first len bytes of a raw buffer. */
+static void fill(const struct pbuf *b, uint64_t len, uint32_t seed) {
+  uint32_t *v = malloc(len);
+  for (uint64_t i = 0; i < len / 4; i++) v[i] = seed ^ (uint32_t)(i * 2654435761u);
+  ck_assert_int_eq(pwrite(b->fds[0], v, len, 0), (ssize_t)len);
+  free(v);
+}
+
+/* True if the first len bytes of a raw buffer hold the pattern of seed. */
+static bool holds(const struct pbuf *b, uint64_t len, uint32_t seed) {
+  uint32_t *v = malloc(len);
+  bool ok = pread(b->fds[0], v, len, 0) == (ssize_t)len;
+  for (uint64_t i = 0; ok && i < len / 4; i++) ok = v[i] == (seed ^ (uint32_t)(i * 2654435761u));
+  free(v);
+  return ok;
+}
+
+/* Lines of the daemon's log that contain text. */
+static int log_count(const char *text) {
+  FILE *f = fopen(d.log, "r");
+  char line[1024];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
+  if (f) fclose(f);
+  return n;
+}
+
+/* Answer one event for one raw buffer, however long the daemon's copies
+ * take on a slow machine. */
+static void serve_one(struct peer *w, struct pbuf *b) {
+  struct frame f;
+  wire_env *e = peer_get_within(w, &f, 60000);
+  ck_assert_ptr_nonnull(e);
+  if (e->body_case == GPUMEM__WIRE__ENVELOPE__BODY_UNMAP)
+    peer_unmap(b);
+  else
+    peer_take_remap(e, &f, b, 1);
+  frame_release(&f);
+  peer_ack(w, e->id, NULL, 0, NULL);
+  wire_env_free(e);
+}
+
+/* Ask for a buffer without waiting for the reply. */
+static void send_alloc(struct peer *w, const char *tag, unsigned dev, uint64_t size) {
+  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  a.tag = (char *)tag;
+  a.device = dev;
+  a.size = size;
+  a.flags = BACKUP;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = w->next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &a;
+  peer_put(w, &env, NULL, 0);
+}
+
+/* The next alloc reply, its one chunk fd kept in b. */
+static void take_alloc(struct peer *w, struct pbuf *b) {
+  struct frame f;
+  wire_env *r = peer_get(w, &f);
+  ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
+  ck_assert_uint_eq(f.nfds, 1);
+  memset(b, 0, sizeof *b);
+  b->id = r->alloc_reply->buffer_id;
+  b->fds[b->nfds++] = f.fds[0];
+  f.fds[0] = -1;
+  frame_release(&f);
+  wire_env_free(r);
+}
+
+/* Send a pause or resume of one tag, the worker's own buffers only. */
+static void send_own(struct peer *w, bool resume, const char *tag) {
+  Gpumem__Wire__PauseRequest pr = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
+  Gpumem__Wire__ResumeRequest rr = GPUMEM__WIRE__RESUME_REQUEST__INIT;
+  char *tags[] = {(char *)tag};
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = w->next_id++;
+  if (resume) {
+    rr.tags = tags;
+    rr.n_tags = 1;
+    rr.own = true;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
+    env.resume = &rr;
+  } else {
+    pr.tags = tags;
+    pr.n_tags = 1;
+    pr.own = true;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+    env.pause = &pr;
+  }
+  peer_put(w, &env, NULL, 0);
+}
+
+/* The worker's own pause of one buffer, already sent: at its Unmap the
+ * worker writes the pattern of seed into the first len bytes (its last
+ * writes before it lets go), unmaps and acks; then its own resume. The
+ * pause's backup bytes. */
+static uint64_t own_cycle(struct peer *w, const char *tag, struct pbuf *b, uint64_t len,
+                          uint32_t seed) {
+  wire_env *e = peer_get_within(w, NULL, 60000);
+  ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
+  fill(b, len, seed);
+  peer_unmap(b);
+  peer_ack(w, e->id, NULL, 0, NULL);
+  wire_env_free(e);
+  wire_env *r = peer_get_within(w, NULL, 60000);
+  ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
+  uint64_t backed = r->op_reply->backup_bytes;
+  wire_env_free(r);
+  send_own(w, true, tag);
+  serve_one(w, b);
+  r = peer_get_within(w, NULL, 60000);
+  ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
+  wire_env_free(r);
+  ck_assert(holds(b, len, seed));
+  return backed;
+}
+
+/* Pauses that come while host memory is still being made: the one pool
+ * thread has 1 GiB of backups to make first (buffers that start paused
+ * need no device memory, so they are allocated at once). The pause finds
+ * its buffer's job still queued and makes the memory itself, never a
+ * second one, and backs up right. */
+START_TEST(pause_racing_the_background_allocation_backs_up_right) {
+  setenv("UV_THREADPOOL_SIZE", "1", 1);
+  daemon_start(&d, NULL);
+  unsetenv("UV_THREADPOOL_SIZE");
+  struct peer w, c;
+  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  struct pbuf seed, big[4], small;
+  peer_alloc(&w, "big", 0, 2 * MiB, 0, &seed);
+  peer_op(&c, false, "big", 0, 0);
+  peer_serve(&w, &seed, 1, 1);
+  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  for (int i = 0; i < 4; i++)
+    peer_alloc(&w, "big", 0, 256 * MiB, BACKUP | GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED,
+               &big[i]);
+  send_alloc(&w, "small", 1, 2 * MiB);
+  send_own(&w, false, "small");
+  take_alloc(&w, &small);
+  ck_assert_uint_eq(own_cycle(&w, "small", &small, 2 * MiB, 0x5eed), 2 * MiB);
+  ck_assert_int_eq(log_count("still queued: made on the pause path"), 1);
+  /* Exactly one backup each: what was made is what the buffers need. */
+  ck_assert(wait_ready(&c, (1024 + 2) * MiB));
+  peer_unmap(&seed);
+  peer_unmap(&small);
+  peer_close(&w);
+  ck_assert(wait_ready(&c, 0));
+  peer_close(&c);
+}
+END_TEST
+
+/* BACKUP buffers freed (or their session gone) while their host memory is
+ * being made leave nothing behind, and a daemon stopped meanwhile waits
+ * for the work and exits cleanly (ASan checks the rest). */
+START_TEST(buffers_freed_while_their_backup_memory_is_made_leak_nothing) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  /* A first BACKUP buffer starts the thread pool (its stacks count). */
+  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  struct pbuf first;
+  peer_alloc(&w, "warm", 0, 2 * MiB, BACKUP, &first);
+  ck_assert(wait_ready(&c, 2 * MiB));
+  peer_unmap(&first);
+  peer_close(&w);
+  ck_assert(wait_ready(&c, 0));
+  unsigned long long vm0 = daemon_vm_kb();
+  for (int round = 0; round < 4; round++) {
+    peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+    struct pbuf b[4];
+    for (int i = 0; i < 4; i++) peer_alloc(&w, "weights", (unsigned)i % 2, 64 * MiB, BACKUP, &b[i]);
+    Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+    env.free = &fr;
+    for (int i = 0; i < 2; i++) { /* two freed, two go with the session */
+      fr.buffer_id = b[i].id;
+      env.id = w.next_id++;
+      peer_put(&w, &env, NULL, 0);
+      wire_env *r = peer_get(&w, NULL);
+      ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
+      wire_env_free(r);
+    }
+    for (int i = 0; i < 4; i++) peer_unmap(&b[i]);
+    peer_close(&w);
+  }
+  ck_assert(wait_ready(&c, 0));
+  wire_env *s = peer_status(&c);
+  ck_assert_uint_eq(s->status_reply->backup_reserved, 0);
+  ck_assert_uint_eq(s->status_reply->n_sessions, 1);
+  wire_env_free(s);
+  /* Every job ended and its memory went (the address space is back). */
+  bool back = false;
+  for (double end = now_ms() + 10000; !back && now_ms() < end; usleep(5000))
+    back = daemon_vm_kb() < vm0 + 32 * 1024; /* a backup left behind is 64 MiB */
+  ck_assert_msg(back, "VmSize %llu kB, %llu kB before", daemon_vm_kb(), vm0);
+  /* Stopped while a job runs: it waits for it and exits 0. */
+  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  struct pbuf last;
+  peer_alloc(&w, "weights", 0, 256 * MiB, BACKUP, &last);
+  peer_unmap(&last);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+  d.pid = 0;
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -188,6 +500,9 @@ int main(void) {
                      verified_backups_survive_and_are_reported,
                      backup_limit_refuses_at_allocation,
                      pause_without_room_for_a_backup_releases_nothing_of_it,
+                     backup_memory_is_made_at_allocation,
+                     pause_racing_the_background_allocation_backs_up_right,
+                     buffers_freed_while_their_backup_memory_is_made_leak_nothing,
                      gpumemctl_exit_codes,
                      only_controllers_pause_but_anyone_may_look);
 }
