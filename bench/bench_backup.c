@@ -67,12 +67,16 @@ static void daemon_copy(const char *bin, const char *backend, uint64_t size, uns
   const char *tag = "weights";
   double a[16], r2[16];
   for (unsigned r = 0; r < rounds + 1; r++) {
-    struct gpumem_op_result p, q;
-    if (gpumem_pause(c, &tag, 1, NULL, 0, 0, &p) < 0 || gpumem_resume(c, &tag, 1, NULL, 0, 0, &q) < 0)
+    struct gpumem_op_report *p = NULL, *q = NULL;
+    if (gpumem_pause(c, &tag, 1, NULL, 0, NULL, &p) < 0 ||
+        gpumem_resume(c, &tag, 1, NULL, 0, NULL, &q) < 0)
       die("pause/resume", gpumem_last_error());
-    if (r == 0) continue; /* the first pause makes the pinned memory */
-    a[r - 1] = (double)p.backup_bytes / (double)p.backup_us / 1e3;
-    r2[r - 1] = (double)q.backup_bytes / (double)q.backup_us / 1e3;
+    if (r > 0) { /* the first pause makes the pinned memory */
+      a[r - 1] = (double)p->backup_bytes / (double)p->backup_us / 1e3;
+      r2[r - 1] = (double)q->backup_bytes / (double)q->backup_us / 1e3;
+    }
+    gpumem_op_report_free(p);
+    gpumem_op_report_free(q);
   }
   gpumem_free(w, b);
   gpumem_disconnect(w);
