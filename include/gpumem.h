@@ -189,7 +189,10 @@ GPUMEM_EXPORT unsigned gpumem_device_count(const gpumem_client *c);
 GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, const char *tag, int device,
                                uint64_t size, unsigned flags, gpumem_buffer **out);
 
-/* Free a buffer (active or paused); its pointer becomes invalid. */
+/* Free a buffer (active or paused); its pointer becomes invalid. The
+ * buffer is gone for the caller even when this fails with
+ * GPUMEM_E_TIMEOUT: the library finishes the free when the daemon
+ * answers or the connection ends. */
 GPUMEM_EXPORT int gpumem_free(gpumem_client *c, gpumem_buffer *b);
 
 /* Allocate size bytes (> 0) tagged tag on device and store the address in
@@ -213,7 +216,7 @@ GPUMEM_EXPORT int64_t gpumem_trim(gpumem_client *c);
 
 /* Sub-allocation figures of a client, for gpumem_pool_stats. */
 struct gpumem_pool_stats {
-  size_t size;               /* sizeof(struct gpumem_pool_stats), set by the library */
+  size_t size;               /* sizeof(struct gpumem_pool_stats): see gpumem_pool_stats */
   uint64_t allocations;      /* live gpumem_malloc allocations */
   uint64_t allocated_bytes;  /* their sizes */
   uint64_t pooled_buffers;   /* daemon buffers they are carved from */
@@ -221,8 +224,9 @@ struct gpumem_pool_stats {
   uint64_t daemon_allocs;    /* daemon allocations made for pools so far */
 };
 
-/* Fill *out (whose size field the caller sets) with the client's
- * sub-allocation figures. */
+/* Fill *out with the client's sub-allocation figures: the caller sets
+ * out->size to the size of its struct; the library fills what both know
+ * and sets out->size to what it filled. */
 GPUMEM_EXPORT int gpumem_pool_stats(gpumem_client *c, struct gpumem_pool_stats *out);
 
 /* The buffer's address; the same before and after pause and resume. */
@@ -561,11 +565,13 @@ GPUMEM_EXPORT void gpumem_set_default_client(gpumem_client *c);
 GPUMEM_EXPORT gpumem_client *gpumem_default_client(void);
 
 /* The allocation entry point for torch.cuda.memory.CUDAPluggableAllocator:
- * size bytes on device (this process's numbering) with the calling
- * thread's tag and flags (else $GPUMEM_DEFAULT_TAG, else "default"), from
- * the default client, as gpumem_malloc does. Returns NULL when the daemon
- * refuses (PyTorch then raises its out-of-memory error). stream is
- * unused: the memory is usable on every stream. */
+ * size bytes on device (this process's numbering) from the default
+ * client, as gpumem_malloc does, with the calling thread's tag and flags,
+ * else $GPUMEM_DEFAULT_TAG (else "default") with the flags that
+ * $GPUMEM_DEFAULT_FLAGS names ("backup", "allow_paused", joined by
+ * commas). Returns NULL when the daemon refuses (PyTorch then raises its
+ * out-of-memory error). stream is unused: the memory is usable on every
+ * stream. */
 GPUMEM_EXPORT void *gpumem_torch_alloc(size_t size, int device, void *stream);
 
 /* The free entry point for CUDAPluggableAllocator: frees what
