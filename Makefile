@@ -59,7 +59,7 @@ CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 
 BINS := $(O)/bin/gpumemd $(O)/bin/gpumemctl $(O)/bin/gpumem-worker
 EXAMPLES := $(O)/examples/worker
-LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc
+LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc $(O)/lib/libgpumem_preload.so
 TESTS := $(patsubst tests/%.c,$(O)/tests/%,$(wildcard tests/check_*.c))
 BENCHES := $(patsubst bench/%.c,$(O)/bench/%,$(wildcard bench/*.c))
 
@@ -116,6 +116,14 @@ $(O)/lib/libgpumem.so: $(CLIENT_OBJ) $(O)/lib/libcommon.a
 	  -o $@ $^ $(shell pkg-config --libs libprotobuf-c) -lpthread -ldl -lm
 	@ln -sf libgpumem.so $(O)/lib/libgpumem.so.1
 
+# The LD_PRELOAD library (preload/): a program's cudaMalloc and hipMalloc
+# served by gpumemd; it finds libgpumem next to itself.
+$(O)/lib/libgpumem_preload.so: $(O)/obj/preload/preload.o $(O)/obj/common/idmap.o $(O)/lib/libgpumem.so
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(LDFLAGS) -shared -o $@ $(filter %.o,$^) -L$(O)/lib -lgpumem \
+	  -Wl,-rpath,'$$ORIGIN' -ldl -lpthread
+
 $(O)/lib/gpumem.pc: client/gpumem.pc.in
 	@mkdir -p $(@D)
 	@sed 's|@PREFIX@|$(PREFIX)|g' $< > $@
@@ -134,6 +142,20 @@ $(O)/tests/%: tests/%.c tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(
 	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
 	  -L$(O)/lib -lgpumem $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
 	  -Wl,-rpath,'$(abspath $(O)/lib)' -lm
+
+# The preload tests' stand-in vendor runtime, and a program linked to it
+# as applications link libcudart.
+$(O)/tests/libcudart_stub.so: tests/preload/fake_cudart.c $(BUILD_CONFIG)
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $(LDFLAGS) -shared -o $@ $< -lpthread
+
+$(O)/tests/preload_app: tests/preload/preload_app.c $(O)/tests/libcudart_stub.so
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/tests -lcudart_stub -Wl,-rpath,'$$ORIGIN' -ldl
+
+$(O)/tests/check_preload: $(O)/lib/libgpumem_preload.so $(O)/tests/preload_app
 
 # The README's example, built as a user would: public header and -lgpumem.
 $(O)/examples/%: examples/%.c $(O)/lib/libgpumem.so
@@ -206,6 +228,7 @@ install: $(BINS) $(LIBS)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 755 $(O)/lib/libgpumem.so $(DESTDIR)$(PREFIX)/lib/libgpumem.so.1
+	install -m 755 $(O)/lib/libgpumem_preload.so $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libgpumem.so.1 $(DESTDIR)$(PREFIX)/lib/libgpumem.so
 	install -m 644 $(O)/lib/gpumem.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 644 include/gpumem.h $(DESTDIR)$(PREFIX)/include/

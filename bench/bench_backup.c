@@ -55,15 +55,36 @@ static void plain_copy(const char *backend, uint64_t size, unsigned rounds, doub
   *h2d = bench_median(b, rounds);
 }
 
-/* Pause one tag through the client library (its signature is being
- * reworked: called from here only). */
-static int op_pause(gpumem_client *c, const char *tag, struct gpumem_op_result *r) {
-  return gpumem_pause(c, &tag, 1, NULL, 0, 0, r);
+/* What a pause or resume copied. */
+struct op_figures {
+  uint64_t bytes, backup_bytes, backup_us, elapsed_us;
+};
+
+/* Pause or resume one tag through the client library and keep its
+ * figures. */
+static int op_tag(gpumem_client *c, bool resume, const char *tag, struct op_figures *r) {
+  struct gpumem_op_report *rep = NULL;
+  int rc = resume ? gpumem_resume(c, &tag, 1, NULL, 0, NULL, &rep)
+                  : gpumem_pause(c, &tag, 1, NULL, 0, NULL, &rep);
+  memset(r, 0, sizeof *r);
+  if (rep) {
+    r->bytes = rep->bytes;
+    r->backup_bytes = rep->backup_bytes;
+    r->backup_us = rep->backup_us;
+    r->elapsed_us = rep->elapsed_us;
+  }
+  gpumem_op_report_free(rep);
+  return rc;
 }
 
-/* Resume one tag through the client library. */
-static int op_resume(gpumem_client *c, const char *tag, struct gpumem_op_result *r) {
-  return gpumem_resume(c, &tag, 1, NULL, 0, 0, r);
+/* Pause one tag. */
+static int op_pause(gpumem_client *c, const char *tag, struct op_figures *r) {
+  return op_tag(c, false, tag, r);
+}
+
+/* Resume one tag. */
+static int op_resume(gpumem_client *c, const char *tag, struct op_figures *r) {
+  return op_tag(c, true, tag, r);
 }
 
 /* GB/s of the daemon's backups and restores of a BACKUP buffer. */
@@ -84,7 +105,7 @@ static void daemon_copy(const char *bin, const char *backend, uint64_t size, uns
     die("setup", gpumem_last_error());
   double a[16], r2[16];
   for (unsigned r = 0; r < rounds + 1; r++) {
-    struct gpumem_op_result p, q;
+    struct op_figures p, q;
     if (op_pause(c, "weights", &p) < 0 || op_resume(c, "weights", &q) < 0)
       die("pause/resume", gpumem_last_error());
     if (r == 0) continue; /* a warm-up, as for the plain copy */
@@ -168,7 +189,7 @@ static uint64_t backup_ready(const char *sock) {
 
 /* Milliseconds of one pause of the tag (and the resume after it, untimed). */
 static double timed_pause(gpumem_client *c, const char *tag) {
-  struct gpumem_op_result p, q;
+  struct op_figures p, q;
   uint64_t t0 = bench_ns();
   if (op_pause(c, tag, &p) < 0) die("pause", gpumem_last_error());
   double ms = (double)(bench_ns() - t0) / 1e6;

@@ -137,15 +137,17 @@ static void measure(const struct params *p, double out[4]) {
   double v[4][16];
   unsigned n = 0;
   for (unsigned r = 0; r < p->rounds + 2; r++) {
-    struct gpumem_op_result res;
+    struct gpumem_op_report *res;
     uint64_t t0 = bench_ns();
-    if (gpumem_pause(c, &tag, 1, NULL, 0, 0, &res) < 0) die("pause", gpumem_last_error());
+    if (gpumem_pause(c, &tag, 1, NULL, 0, NULL, &res) < 0) die("pause", gpumem_last_error());
     double dp = (double)(bench_ns() - t0) / 1e6;
-    if (res.bytes != b.per * p->workers) die("pause", "not every byte paused");
+    bool all = res->bytes == b.per * p->workers;
+    gpumem_op_report_free(res);
+    if (!all) die("pause", "not every byte paused");
     double br = baseline_resume(p, &b);
     double bp = baseline_pause(p, &b);
     t0 = bench_ns();
-    if (gpumem_resume(c, &tag, 1, NULL, 0, 0, &res) < 0) die("resume", gpumem_last_error());
+    if (gpumem_resume(c, &tag, 1, NULL, 0, NULL, NULL) < 0) die("resume", gpumem_last_error());
     double dr = (double)(bench_ns() - t0) / 1e6;
     if (r < 2) continue;
     v[0][n] = dp;

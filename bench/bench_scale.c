@@ -30,12 +30,14 @@ static void measure(const char *sock, const char *tag, unsigned sessions, unsign
     die("connect", gpumem_last_error());
   double p[3], r[3];
   for (int k = 0; k < 3; k++) {
-    struct gpumem_op_result res;
+    struct gpumem_op_report *res;
     uint64_t t0 = bench_ns();
-    if (gpumem_pause(c, &tag, 1, NULL, 0, 0, &res) < 0) die("pause", gpumem_last_error());
+    if (gpumem_pause(c, &tag, 1, NULL, 0, NULL, &res) < 0) die("pause", gpumem_last_error());
     uint64_t t1 = bench_ns();
-    if (res.buffers != (uint64_t)sessions * per) die("pause", "not every buffer paused");
-    if (gpumem_resume(c, &tag, 1, NULL, 0, 0, &res) < 0) die("resume", gpumem_last_error());
+    bool all = res->buffers == (uint64_t)sessions * per;
+    gpumem_op_report_free(res);
+    if (!all) die("pause", "not every buffer paused");
+    if (gpumem_resume(c, &tag, 1, NULL, 0, NULL, NULL) < 0) die("resume", gpumem_last_error());
     uint64_t t2 = bench_ns();
     p[k] = (double)(t1 - t0) / 1e6;
     r[k] = (double)(t2 - t1) / 1e6;

@@ -9,6 +9,14 @@
 
 #include "client.h"
 
+/* Say whether a buffer is mapped, for the threads that copy (under mu)
+ * and for gpumem_buffer_mapped (atomic). */
+static void set_mapped(gpumem_client *c, gpumem_buffer *b, bool mapped) {
+  pthread_mutex_lock(&c->mu);
+  __atomic_store_n(&b->mapped, mapped, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&c->mu);
+}
+
 /* Import and map chunk fds (consumed) at the buffer's address, then allow
  * access once for the whole range. On failure nothing stays mapped. */
 static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
@@ -27,7 +35,7 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
   }
   if (rc == 0) rc = gpu_set_access(c->gpu, b->local, b->va, b->size);
   if (rc == 0) {
-    b->mapped = true;
+    set_mapped(c, b, true);
     return 0;
   }
   /* fds not consumed stay in the caller's frame, which closes them. */
@@ -42,6 +50,11 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
  * chunk that does not unmap keeps its handle and stays held. */
 int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
   if (b->ipc) return 0;
+  /* Reads, writes and fills in flight finish first; new ones are refused. */
+  pthread_mutex_lock(&c->mu);
+  b->unmapping = true;
+  while (b->copies) pthread_cond_wait(&c->cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
   uint64_t off = 0;
   int rc = 0;
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
@@ -54,7 +67,10 @@ int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
     gpu_release(c->gpu, b->local, b->handles[i]);
     b->held[i] = false;
   }
-  b->mapped = false;
+  pthread_mutex_lock(&c->mu);
+  __atomic_store_n(&b->mapped, false, __ATOMIC_RELEASE);
+  b->unmapping = false;
+  pthread_mutex_unlock(&c->mu);
   return rc;
 }
 
@@ -147,7 +163,7 @@ void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *e
       buffer_free_struct(b);
       b = NULL;
     } else {
-      b->mapped = true;
+      b->mapped = true; /* not shared with any thread yet */
     }
   } else if (gpu_va_reserve(c->gpu, b->local, b->size, &b->va) < 0) {
     rc = client_fail(GPUMEM_E_MAP, "reserving %llu bytes: %s", (unsigned long long)b->size,
@@ -176,21 +192,23 @@ void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *e
 }
 
 /* Allocate a tagged buffer; the thread that routes the reply maps it. */
-int gpumem_alloc(gpumem_client *c, const char *tag, unsigned device, uint64_t size,
+int gpumem_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
                  unsigned flags, gpumem_buffer **out) {
+  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the buffer");
   if (!tag || !wire_tag_valid(tag))
     return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
+  int map[WIRE_MAX_DEVICES];
+  unsigned seen = client_local_map(c, map);
+  int node = client_node_device(map, device);
   pthread_mutex_lock(&c->mu);
-  unsigned index = 0;
-  while (index < c->ndevices && index < WIRE_MAX_DEVICES && c->local_of[index] != (int)device)
-    index++;
-  bool known = index < c->ndevices && index < WIRE_MAX_DEVICES;
   bool live = c->state == CONN_LIVE;
   pthread_mutex_unlock(&c->mu);
-  if (!known && live)
-    return client_fail(GPUMEM_E_INVALID, "device %u of this process is not one gpumemd manages",
-                       device);
+  if (node < 0 && live)
+    return client_fail(GPUMEM_E_INVALID,
+                       "device %d is not one of the %u gpumemd devices this process sees",
+                       device, seen);
+  unsigned index = node < 0 ? 0 : (unsigned)node;
   Gpumem__Wire__AllocRequest ar = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
   ar.tag = (char *)tag;
   ar.device = index;
@@ -199,7 +217,7 @@ int gpumem_alloc(gpumem_client *c, const char *tag, unsigned device, uint64_t si
   wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
   req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
   req.alloc = &ar;
-  struct alloc_ctx a = {.tag = tag, .device = index, .local = device, .flags = flags};
+  struct alloc_ctx a = {.tag = tag, .device = index, .local = (unsigned)device, .flags = flags};
   struct pending reply = {0};
   reply.alloc = &a;
   int rc = client_call_with(c, &req, &reply);
@@ -210,11 +228,11 @@ int gpumem_alloc(gpumem_client *c, const char *tag, unsigned device, uint64_t si
     if (rc == 0) *out = a.buf;
     return rc;
   }
-  /* Made at the daemon but not here: give it back. */
+  /* Made at the daemon but not here: give it back (a free that times out
+   * destroys a.buf itself when its reply comes). */
   uint64_t id = reply.env->alloc_reply->buffer_id;
   client_reply_free(&reply);
-  send_free(c, id, a.buf);
-  if (a.buf) client_buffer_destroy(c, a.buf);
+  if (send_free(c, id, a.buf) != GPUMEM_E_TIMEOUT && a.buf) client_buffer_destroy(c, a.buf);
   return client_fail(a.rc ? a.rc : GPUMEM_E_NOMEM, "%s", a.words);
 }
 
@@ -222,7 +240,7 @@ int gpumem_alloc(gpumem_client *c, const char *tag, unsigned device, uint64_t si
  * buffer that no daemon knows (one that was not re-registered) is only
  * released here. */
 int gpumem_free(gpumem_client *c, gpumem_buffer *b) {
-  if (!b) return client_fail(GPUMEM_E_INVALID, "no buffer");
+  if (!c || !b) return client_fail(GPUMEM_E_INVALID, "no client or no buffer");
   pthread_mutex_lock(&c->mu);
   bool orphan = c->state == CONN_LIVE && !b->registered;
   if (orphan) client_buffer_forget(c, b);
@@ -331,8 +349,12 @@ static void on_unmap(gpumem_client *c, const wire_env *env) {
     else
       bufs[n++] = b;
   }
-  if (c->pre_unmap)
-    c->pre_unmap(c, bufs, n, c->hook_user);
+  pthread_mutex_lock(&c->mu);
+  gpumem_hook hook = c->pre_unmap;
+  void *user = c->hook_user;
+  pthread_mutex_unlock(&c->mu);
+  if (hook)
+    hook(c, bufs, n, user);
   else
     sync_devices(c, bufs, n);
   for (size_t i = 0; i < n; i++)
@@ -348,6 +370,10 @@ static void on_unmap(gpumem_client *c, const wire_env *env) {
  * entries that do not map are named in the ack. */
 static void on_remap(gpumem_client *c, const wire_env *env, struct frame *f) {
   const Gpumem__Wire__RemapEvent *ev = env->remap;
+  pthread_mutex_lock(&c->mu);
+  gpumem_hook hook = c->post_remap;
+  void *user = c->hook_user;
+  pthread_mutex_unlock(&c->mu);
   struct failures fl = {.ids = calloc(ev->n_entries + 1, sizeof *fl.ids)};
   gpumem_buffer **bufs = calloc(ev->n_entries + 1, sizeof *bufs);
   if (!bufs || !fl.ids) {
@@ -382,7 +408,7 @@ static void on_remap(gpumem_client *c, const wire_env *env, struct frame *f) {
     else
       bufs[n++] = b;
   }
-  if (c->post_remap && n) c->post_remap(c, bufs, n, c->hook_user);
+  if (hook && n) hook(c, bufs, n, user);
   free(bufs);
   ack(c, env->id, &fl);
   free(fl.ids);
@@ -406,47 +432,76 @@ void gpumem_set_hooks(gpumem_client *c, gpumem_hook pre_unmap, gpumem_hook post_
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Check that [off, off+len) is inside a mapped buffer. */
-static int check_range(const gpumem_buffer *b, uint64_t off, uint64_t len) {
+/* Start a copy into or out of [off, off+len) of a buffer: refused unless
+ * the range is inside it and it is mapped and not being unmapped; an
+ * Unmap waits for the copy to end (copy_end). */
+static int copy_begin(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t len) {
+  if (!c || !b) return client_fail(GPUMEM_E_INVALID, "no client or no buffer");
   if (off > b->size || len > b->size - off)
     return client_fail(GPUMEM_E_INVALID, "range %llu+%llu outside a %llu-byte buffer",
                        (unsigned long long)off, (unsigned long long)len,
                        (unsigned long long)b->size);
-  if (!b->mapped) return client_fail(GPUMEM_E_WRONG_STATE, "buffer %llu is paused",
-                                     (unsigned long long)b->id);
+  pthread_mutex_lock(&c->mu);
+  bool mapped = b->mapped, unmapping = b->unmapping;
+  if (mapped && !unmapping) b->copies++;
+  pthread_mutex_unlock(&c->mu);
+  if (!mapped || unmapping)
+    return client_fail(GPUMEM_E_WRONG_STATE, "buffer %llu is %s",
+                       (unsigned long long)gpumem_buffer_id(b),
+                       unmapping ? "being paused" : "paused");
   return 0;
+}
+
+/* End a copy begun with copy_begin, waking an Unmap that waits for it. */
+static int copy_end(gpumem_client *c, gpumem_buffer *b, int rc) {
+  pthread_mutex_lock(&c->mu);
+  if (--b->copies == 0 && b->unmapping) pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return rc;
 }
 
 /* Copy from a buffer to host memory with the device's copy engine. */
 int gpumem_buffer_read(gpumem_client *c, gpumem_buffer *b, uint64_t off, void *dst, uint64_t len) {
-  int rc = check_range(b, off, len);
-  if (rc == 0 && gpu_copy_from(c->gpu, b->local, dst, (char *)b->va + off, len) < 0)
+  int rc = copy_begin(c, b, off, len);
+  if (rc < 0) return rc;
+  if (gpu_copy_from(c->gpu, b->local, dst, (char *)b->va + off, len) < 0)
     rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return rc;
+  return copy_end(c, b, rc);
 }
 
 /* Copy host memory into a buffer. */
 int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64_t off, const void *src,
                         uint64_t len) {
-  int rc = check_range(b, off, len);
-  if (rc == 0 && gpu_copy_to(c->gpu, b->local, (char *)b->va + off, src, len) < 0)
+  int rc = copy_begin(c, b, off, len);
+  if (rc < 0) return rc;
+  if (gpu_copy_to(c->gpu, b->local, (char *)b->va + off, src, len) < 0)
     rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return rc;
+  return copy_end(c, b, rc);
 }
 
 /* Fill part of a buffer with a 32-bit value on the device. */
 int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t len,
                          uint32_t value) {
-  if (off % 4 || len % 4) return client_fail(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
-  int rc = check_range(b, off, len);
-  if (rc == 0 && gpu_fill32(c->gpu, b->local, (char *)b->va + off, len, value) < 0)
+  if (off % 4 || len % 4)
+    return client_fail(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
+  int rc = copy_begin(c, b, off, len);
+  if (rc < 0) return rc;
+  if (gpu_fill32(c->gpu, b->local, (char *)b->va + off, len, value) < 0)
     rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return rc;
+  return copy_end(c, b, rc);
 }
 
 /* Wait until a device has finished its work. */
-int gpumem_sync(gpumem_client *c, unsigned device) {
-  if (gpu_sync(c->gpu, device) < 0) return client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+int gpumem_sync(gpumem_client *c, int device) {
+  int map[WIRE_MAX_DEVICES];
+  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
+  unsigned seen = client_local_map(c, map);
+  if (client_node_device(map, device) < 0)
+    return client_fail(GPUMEM_E_INVALID,
+                       "device %d is not one of the %u gpumemd devices this process sees",
+                       device, seen);
+  if (gpu_sync(c->gpu, (unsigned)device) < 0)
+    return client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
   return 0;
 }
 
@@ -454,10 +509,14 @@ int gpumem_sync(gpumem_client *c, unsigned device) {
 void *gpumem_buffer_ptr(const gpumem_buffer *b) { return b->va; }
 uint64_t gpumem_buffer_size(const gpumem_buffer *b) { return b->size; }
 const char *gpumem_buffer_tag(const gpumem_buffer *b) { return b->tag; }
-unsigned gpumem_buffer_device(const gpumem_buffer *b) { return b->local; }
+int gpumem_buffer_device(const gpumem_buffer *b) { return (int)b->local; }
 uint64_t gpumem_buffer_id(const gpumem_buffer *b) {
   return __atomic_load_n(&b->id, __ATOMIC_RELAXED); /* renumbered by a reconnection */
 }
 unsigned gpumem_buffer_flags(const gpumem_buffer *b) { return b->flags; }
-int gpumem_buffer_mapped(const gpumem_buffer *b) { return b->mapped; }
-int gpumem_buffer_registered(const gpumem_buffer *b) { return b->registered; }
+int gpumem_buffer_mapped(const gpumem_buffer *b) {
+  return __atomic_load_n(&b->mapped, __ATOMIC_ACQUIRE);
+}
+int gpumem_buffer_registered(const gpumem_buffer *b) {
+  return __atomic_load_n(&b->registered, __ATOMIC_RELAXED);
+}

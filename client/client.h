@@ -26,7 +26,11 @@ struct gpumem_buffer {
   uint64_t *chunk_sizes;
   uint64_t *handles;
   bool *held;  /* chunk i is imported and mapped (handles[i] live) */
-  bool mapped; /* every chunk is mapped and accessible */
+  /* Every chunk is mapped and accessible. Written under mu with an atomic
+   * store; read atomically (gpumem_buffer_mapped) or under mu. */
+  bool mapped;
+  bool unmapping;  /* under mu: an Unmap event is taking it; copies refused */
+  unsigned copies; /* under mu: reads, writes and fills in flight */
   bool doomed; /* its alloc failed here: being freed, never re-registered */
   struct gpumem_buffer *prev, *next; /* every buffer of the client */
 };
@@ -58,7 +62,17 @@ struct pending {
   struct alloc_ctx *alloc;
   struct adopt_ctx *adopt;
   gpumem_buffer *freeing; /* a FreeRequest: forgotten when the reply comes */
+  bool routing;           /* the reading thread is building its result */
+  unsigned extra_ms;      /* waits this much longer than the request timeout */
   struct pending *next;
+};
+
+/* A FreeRequest whose caller stopped waiting: its buffer is destroyed
+ * when the reply (or the end of the connection) comes. */
+struct late_free {
+  uint64_t id;
+  gpumem_buffer *buf;
+  struct late_free *next;
 };
 
 /* Where the connection stands. */
@@ -95,7 +109,9 @@ struct gpumem_client {
   uint64_t daemon_gen; /* the connection it came on */
   char daemon_words[320];
   uint64_t next_id;
+  unsigned request_timeout_ms; /* how long a request waits for its reply */
   struct pending *pending;
+  struct late_free *late; /* frees whose callers timed out */
   idmap *buffers; /* registered buffers by id */
   gpumem_buffer *all; /* every buffer, registered or not */
   gpumem_hook pre_unmap, post_remap;
@@ -105,7 +121,14 @@ struct gpumem_client {
   pthread_mutex_t send_mu; /* the writer, and fd/gen for sending; before mu */
   frame_writer *writer;
   frame_reader *reader; /* used by the reading thread only */
+  struct client_pool *pool; /* gpumem_malloc's sub-allocations (client/pool.c) */
 };
+
+/* Free a client's sub-allocation pools (in gpumem_disconnect, after the
+ * connection is shut down and the event thread joined, before every
+ * buffer of c->all, pooled ones included, is destroyed): frees only the
+ * pools' own memory, talks to no daemon. */
+void client_pool_destroy(gpumem_client *c);
 
 /* Record words for this thread's last failure and return err. */
 int client_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -155,6 +178,16 @@ void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b);
 /* Export a mapped buffer's chunks again as fds (for adoption); on failure
  * none stays open. */
 int client_buffer_export(gpumem_client *c, gpumem_buffer *b, int *fds);
+
+/* Copy the daemon -> this process device map (-1: not visible) into
+ * map[WIRE_MAX_DEVICES]; returns how many devices this process sees. */
+unsigned client_local_map(gpumem_client *c, int *map);
+
+/* This process's number of the daemon's device node, or -1. */
+int client_local_device(const int *map, uint32_t node);
+
+/* The daemon's number of this process's device local, or -1. */
+int client_node_device(const int *map, int local);
 
 /* Turn a daemon error code into the library's. */
 int client_code(wire_code code);

@@ -47,7 +47,7 @@ static void buffer_link(gpumem_client *c, gpumem_buffer *b) {
  * with mu held; doing it twice is harmless. */
 void client_buffer_forget(gpumem_client *c, gpumem_buffer *b) {
   if (b->registered && idmap_get(c->buffers, b->id) == b) idmap_del(c->buffers, b->id);
-  b->registered = false;
+  __atomic_store_n(&b->registered, false, __ATOMIC_RELAXED);
   if (b->prev) b->prev->next = b->next;
   else if (c->all == b) c->all = b->next;
   if (b->next) b->next->prev = b->prev;
@@ -58,7 +58,7 @@ void client_buffer_forget(gpumem_client *c, gpumem_buffer *b) {
  * Called with mu held. */
 int client_buffer_register(gpumem_client *c, gpumem_buffer *b) {
   if (idmap_put(c->buffers, b->id, b) < 0) return -ENOMEM;
-  b->registered = true;
+  __atomic_store_n(&b->registered, true, __ATOMIC_RELAXED);
   if (!b->prev && c->all != b) buffer_link(c, b);
   return 0;
 }
@@ -106,8 +106,9 @@ int client_send(gpumem_client *c, const wire_env *env) {
 }
 
 /* The connection ended (or a reconnection attempt failed): close it, fail
- * every request waiting on it, forget which buffers the daemon knew, and
- * decide whether to try again. Runs on the reading thread. */
+ * every request waiting on it, forget which buffers the daemon knew (and
+ * destroy those whose free timed out: the daemon freed them with the
+ * session), and decide whether to try again. Runs on the reading thread. */
 static void conn_lost(gpumem_client *c, const char *why) {
   char words[320];
   pthread_mutex_lock(&c->send_mu);
@@ -147,8 +148,11 @@ static void conn_lost(gpumem_client *c, const char *why) {
   }
   for (gpumem_buffer *b = c->all; b; b = b->next) {
     if (b->registered && idmap_get(c->buffers, b->id) == b) idmap_del(c->buffers, b->id);
-    b->registered = false;
+    __atomic_store_n(&b->registered, false, __ATOMIC_RELAXED);
   }
+  struct late_free *late = c->late;
+  c->late = NULL;
+  for (struct late_free *l = late; l; l = l->next) client_buffer_forget(c, l->buf);
   c->state = (c->closing || (c->flags & GPUMEM_CONNECT_NO_RECONNECT)) ? CONN_CLOSED
                                                                      : CONN_RECONNECTING;
   c->down_err = GPUMEM_E_DISCONNECTED;
@@ -167,6 +171,12 @@ static void conn_lost(gpumem_client *c, const char *why) {
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
   pthread_mutex_unlock(&c->send_mu);
+  while (late) {
+    struct late_free *next = late->next;
+    client_buffer_destroy(c, late->buf);
+    free(late);
+    late = next;
+  }
   if (hook) {
     char said[400];
     snprintf(said, sizeof said, "%s%s", words, again ? "; reconnecting" : "");
@@ -197,6 +207,36 @@ static int adopt_apply(gpumem_client *c, struct adopt_ctx *a, const Gpumem__Wire
     if (client_buffer_register(c, b) < 0) return -ENOMEM;
   }
   return 0;
+}
+
+/* A reply whose caller stopped waiting: a free's buffer is destroyed now,
+ * an allocation's memory given back; anything else is dropped. */
+static void late_reply(gpumem_client *c, const wire_env *env) {
+  pthread_mutex_lock(&c->mu);
+  struct late_free **lp = &c->late;
+  while (*lp && (*lp)->id != env->id) lp = &(*lp)->next;
+  struct late_free *l = *lp;
+  if (l) {
+    *lp = l->next;
+    client_buffer_forget(c, l->buf);
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (l) {
+    client_buffer_destroy(c, l->buf);
+    free(l);
+    return;
+  }
+  if (env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY) return;
+  /* Its fds close with the frame; the daemon frees the rest. */
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  fr.buffer_id = env->alloc_reply->buffer_id;
+  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  req.free = &fr;
+  pthread_mutex_lock(&c->mu);
+  req.id = c->next_id++;
+  pthread_mutex_unlock(&c->mu);
+  client_send(c, &req);
 }
 
 /* Route one frame: events are handled here, replies go to their waiter
@@ -233,30 +273,35 @@ static int route(gpumem_client *c, struct frame *f, char *why, size_t whylen) {
   pthread_mutex_lock(&c->mu);
   struct pending *p = c->pending;
   while (p && p->id != env->id) p = p->next;
-  if (p && !p->done) {
-    if (p->alloc && env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY) {
-      /* The pending stays until done, which only this thread sets. */
-      pthread_mutex_unlock(&c->mu);
-      client_alloc_built(c, p->alloc, env, f);
-      pthread_mutex_lock(&c->mu);
-    }
-    if (p->adopt && env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY &&
-        adopt_apply(c, p->adopt, env->adopt_reply) < 0) {
-      snprintf(why, whylen, "gpumemd answered a re-registration with %zu ids for %zu buffers",
-               env->adopt_reply->n_buffer_ids, p->adopt->n);
-      rc = -1;
-    }
-    if (p->freeing && env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY)
-      client_buffer_forget(c, p->freeing);
-    p->env = env;
-    p->frame = *f;
-    memset(f, 0, sizeof *f);
-    p->done = true;
-    pthread_cond_broadcast(&c->cv);
-    env = NULL;
+  if (!p || p->done) {
+    pthread_mutex_unlock(&c->mu);
+    late_reply(c, env);
+    wire_env_free(env);
+    return 0;
   }
+  if (p->alloc && env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY) {
+    /* The pending stays until done, which only this thread sets; its
+     * waiter does not time out while the buffer is being built. */
+    p->routing = true;
+    pthread_mutex_unlock(&c->mu);
+    client_alloc_built(c, p->alloc, env, f);
+    pthread_mutex_lock(&c->mu);
+    p->routing = false;
+  }
+  if (p->adopt && env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY &&
+      adopt_apply(c, p->adopt, env->adopt_reply) < 0) {
+    snprintf(why, whylen, "gpumemd answered a re-registration with %zu ids for %zu buffers",
+             env->adopt_reply->n_buffer_ids, p->adopt->n);
+    rc = -1;
+  }
+  if (p->freeing && env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY)
+    client_buffer_forget(c, p->freeing);
+  p->env = env;
+  p->frame = *f;
+  memset(f, 0, sizeof *f);
+  p->done = true;
+  pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
-  wire_env_free(env); /* a reply nobody waits for */
   return rc;
 }
 
@@ -298,12 +343,22 @@ lost:
   return client_fail(GPUMEM_E_DISCONNECTED, "%s", why);
 }
 
-/* Read on behalf of whoever waits, unless another thread already does.
- * Called and returns with mu held. */
-static int pump_locked(gpumem_client *c, int timeout_ms) {
+/* Read (and handle events) on behalf of whoever waits, until the
+ * monotonic time until_ms at the latest (< 0: no limit), unless another
+ * thread already reads: then wait for it. Called and returns with mu
+ * held. */
+static int pump_locked(gpumem_client *c, double until_ms) {
   if (c->threaded || c->reading) {
-    pthread_cond_wait(&c->cv, &c->mu);
+    if (until_ms < 0)
+      pthread_cond_wait(&c->cv, &c->mu);
+    else
+      wait_until(c, until_ms);
     return 0;
+  }
+  int timeout_ms = -1;
+  if (until_ms >= 0) {
+    double left = until_ms - mono_ms();
+    timeout_ms = left <= 0 ? 0 : left > 1e9 ? 1000000000 : (int)left + 1;
   }
   c->reading = true;
   pthread_mutex_unlock(&c->mu);
@@ -340,6 +395,28 @@ static int pending_result(struct pending *p) {
   return 0;
 }
 
+/* A request got no reply in time: its reply will be dropped when it
+ * comes, and a free's buffer is destroyed then (or when the connection
+ * ends). Called with mu held, the request off the pending list. */
+static int call_timed_out(gpumem_client *c, struct pending *p, double wait_ms) {
+  const char *also = "";
+  if (p->freeing) {
+    struct late_free *l = malloc(sizeof *l);
+    if (l) {
+      l->id = p->id;
+      l->buf = p->freeing;
+      l->next = c->late;
+      c->late = l;
+      p->freeing->doomed = true;
+      also = "; the buffer is released when it does";
+    } else {
+      also = "; the buffer stays until gpumem_disconnect (out of memory)";
+    }
+  }
+  return client_fail(GPUMEM_E_TIMEOUT, "gpumemd did not answer in %.1f s%s", wait_ms / 1e3,
+                     also);
+}
+
 /* Send a request and wait for its reply. */
 int client_call(gpumem_client *c, wire_env *req, struct pending *reply) {
   memset(reply, 0, sizeof *reply);
@@ -370,11 +447,16 @@ int client_call_with(gpumem_client *c, wire_env *req, struct pending *reply) {
     req->free->buffer_id = reply->freeing->id;
   }
   uint64_t gen = c->gen;
+  double wait_ms = (double)c->request_timeout_ms + reply->extra_ms;
   pthread_mutex_unlock(&c->mu);
   int rc = client_send_fds(c, gen, req, NULL, 0);
+  double until = mono_ms() + wait_ms;
   pthread_mutex_lock(&c->mu);
-  while (rc == 0 && !reply->done) pump_locked(c, -1);
+  /* A reply being built is waited for: that is local work. */
+  while (rc == 0 && !reply->done && (reply->routing || mono_ms() < until))
+    pump_locked(c, reply->routing ? -1 : until);
   pending_del(c, reply);
+  if (rc == 0 && !reply->done) rc = call_timed_out(c, reply, wait_ms);
   pthread_mutex_unlock(&c->mu);
   if (rc < 0) {
     client_reply_free(reply);
@@ -391,13 +473,18 @@ void client_reply_free(struct pending *reply) {
 }
 
 /* As the reading thread: send requests (with their fds, consumed) and
- * read until each has its reply or the connection ended. */
-static void reader_calls(gpumem_client *c, wire_env **reqs, struct pending **ps,
+ * read until each has its reply, the connection ended, or the request
+ * timeout passed. Returns false when some got no reply in time (they fail
+ * with GPUMEM_E_TIMEOUT). */
+static bool reader_calls(gpumem_client *c, wire_env **reqs, struct pending **ps,
                          int *const *fds, const size_t *nfds, size_t n) {
   pthread_mutex_lock(&c->mu);
   for (size_t i = 0; i < n; i++) pending_add(c, reqs[i], ps[i]);
   uint64_t gen = c->gen;
+  double wait_ms = c->request_timeout_ms;
   pthread_mutex_unlock(&c->mu);
+  double until = mono_ms() + wait_ms;
+  bool answered = true;
   bool sent = true;
   for (size_t i = 0; i < n; i++) {
     if (!sent) {
@@ -414,11 +501,24 @@ static void reader_calls(gpumem_client *c, wire_env **reqs, struct pending **ps,
     for (size_t i = 0; i < n; i++) all = all && ps[i]->done;
     pthread_mutex_unlock(&c->mu);
     if (all) break;
-    pump(c, -1);
+    double left = until - mono_ms();
+    if (left <= 0) {
+      answered = false;
+      break;
+    }
+    pump(c, left > 1e9 ? 1000000000 : (int)left + 1);
   }
   pthread_mutex_lock(&c->mu);
-  for (size_t i = 0; i < n; i++) pending_del(c, ps[i]);
+  for (size_t i = 0; i < n; i++) {
+    pending_del(c, ps[i]);
+    if (ps[i]->done) continue;
+    ps[i]->done = true;
+    ps[i]->err = GPUMEM_E_TIMEOUT;
+    snprintf(ps[i]->words, sizeof ps[i]->words, "gpumemd did not answer in %.1f s",
+             wait_ms / 1e3);
+  }
   pthread_mutex_unlock(&c->mu);
+  return answered;
 }
 
 /* Open a connection to the socket at path. */
@@ -525,9 +625,12 @@ __attribute__((format(printf, 4, 5))) static void adopt_skip(size_t *skipped, ch
 
 /* Re-register every buffer with the daemon that came back, in as many
  * AdoptRequests as the limits on fds and frame size need. Returns the
- * number re-registered; *skipped and words say what was not. */
-static size_t adopt_all(gpumem_client *c, size_t *skipped, char *words, size_t len) {
+ * number re-registered; *skipped and words say what was not, *late
+ * whether the daemon left some request unanswered in time. */
+static size_t adopt_all(gpumem_client *c, size_t *skipped, char *words, size_t len,
+                        bool *late) {
   *skipped = 0;
+  *late = false;
   pthread_mutex_lock(&c->mu);
   size_t n = 0;
   for (gpumem_buffer *b = c->all; b; b = b->next) n++;
@@ -654,7 +757,7 @@ static size_t adopt_all(gpumem_client *c, size_t *skipped, char *words, size_t l
     fds[i] = t->fds;
     nfds[i] = t->nfds;
   }
-  if (nb) reader_calls(c, reqs, ps, fds, nfds, nb);
+  if (nb) *late = !reader_calls(c, reqs, ps, fds, nfds, nb);
   for (size_t i = 0; i < nb; i++) {
     struct pending *p = &bs[i].p;
     if (p->env && p->env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY) {
@@ -720,7 +823,19 @@ static int reconnect(gpumem_client *c) {
   }
   size_t skipped = 0, adopted = 0;
   char words[320] = "";
-  if (c->role == GPUMEM_ROLE_WORKER) adopted = adopt_all(c, &skipped, words, sizeof words);
+  bool late = false;
+  if (c->role == GPUMEM_ROLE_WORKER)
+    adopted = adopt_all(c, &skipped, words, sizeof words, &late);
+  if (late) {
+    /* The daemon may yet adopt what it did not answer: start over. */
+    char why[400];
+    snprintf(why, sizeof why, "re-registering buffers: %s", words);
+    pthread_mutex_lock(&c->mu);
+    bool open = c->fd >= 0;
+    pthread_mutex_unlock(&c->mu);
+    if (open) conn_lost(c, why);
+    return GPUMEM_E_DISCONNECTED;
+  }
   pthread_mutex_lock(&c->mu);
   bool live = c->fd >= 0 && !c->closing;
   if (live) {
@@ -794,7 +909,7 @@ int gpumem_dispatch(gpumem_client *c, int timeout_ms) {
                          c->down_words);
     }
   } else {
-    rc = pump_locked(c, timeout_ms);
+    rc = pump_locked(c, timeout_ms < 0 ? -1.0 : mono_ms() + timeout_ms);
   }
   pthread_mutex_unlock(&c->mu);
   return rc;
@@ -819,6 +934,11 @@ static void client_free(gpumem_client *c) {
   pthread_mutex_destroy(&c->mu);
   pthread_mutex_destroy(&c->send_mu);
   pthread_cond_destroy(&c->cv);
+  while (c->late) {
+    struct late_free *l = c->late;
+    c->late = l->next;
+    free(l);
+  }
   free(c->path);
   free(c->name);
   free(c);
@@ -843,6 +963,7 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
   c->role = role;
   c->flags = flags;
   c->backoff_ms = BACKOFF_FIRST_MS;
+  c->request_timeout_ms = GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS;
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->send_mu, NULL);
   pthread_condattr_t ca;
@@ -886,8 +1007,16 @@ void gpumem_disconnect(gpumem_client *c) {
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
   if (c->threaded) pthread_join(c->thread, NULL);
+  client_pool_destroy(c);
   while (c->all) client_buffer_destroy(c, c->all);
   client_free(c);
+}
+
+/* Set how long requests wait for their replies. */
+void gpumem_set_request_timeout(gpumem_client *c, unsigned ms) {
+  pthread_mutex_lock(&c->mu);
+  c->request_timeout_ms = ms ? ms : GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS;
+  pthread_mutex_unlock(&c->mu);
 }
 
 /* Set the hook told about lost and restored connections. */
@@ -912,8 +1041,41 @@ int gpumem_daemon_error(gpumem_client *c, char *buf, size_t len) {
 /* The daemon's backend. */
 const char *gpumem_backend(const gpumem_client *c) { return c->backend; }
 
-/* The allocation granularity. */
-uint64_t gpumem_granularity(const gpumem_client *c) { return c->granularity; }
+/* The allocation granularity (a daemon that came back may say another). */
+uint64_t gpumem_granularity(const gpumem_client *c) {
+  gpumem_client *m = (gpumem_client *)c;
+  pthread_mutex_lock(&m->mu);
+  uint64_t g = m->granularity;
+  pthread_mutex_unlock(&m->mu);
+  return g;
+}
 
-/* The number of devices. */
-unsigned gpumem_device_count(const gpumem_client *c) { return c->ndevices; }
+/* Copy the device map of the current connection. */
+unsigned client_local_map(gpumem_client *c, int *map) {
+  unsigned seen = 0;
+  pthread_mutex_lock(&c->mu);
+  for (unsigned i = 0; i < WIRE_MAX_DEVICES; i++) {
+    map[i] = i < c->ndevices ? c->local_of[i] : -1;
+    if (map[i] >= 0) seen++;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return seen;
+}
+
+/* This process's number of a daemon device. */
+int client_local_device(const int *map, uint32_t node) {
+  return node < WIRE_MAX_DEVICES ? map[node] : -1;
+}
+
+/* The daemon's number of one of this process's devices. */
+int client_node_device(const int *map, int local) {
+  for (int i = 0; local >= 0 && i < WIRE_MAX_DEVICES; i++)
+    if (map[i] == local) return i;
+  return -1;
+}
+
+/* The number of the daemon's devices this process sees. */
+unsigned gpumem_device_count(const gpumem_client *c) {
+  int map[WIRE_MAX_DEVICES];
+  return client_local_map((gpumem_client *)c, map);
+}

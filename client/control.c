@@ -1,37 +1,114 @@
 /* Controller calls and the views of the daemon: pause, resume, status,
- * list. */
+ * list, with every device number turned into the caller's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client.h"
 
+/* The daemon caps an owner timeout at ten minutes (ENGINE_MAX_TIMEOUT_MS
+ * in daemon/engine.c): a pause with timeout 0 waits that long at most. */
+#define OP_OWNER_WAIT_MAX_MS (10u * 60u * 1000u)
+
+/* Pids in one pause or resume: as many as fit a request frame with room
+ * to spare (a pid takes at most 5 bytes on the wire). */
+#define OP_MAX_PIDS 4096
+
+/* True if s is valid UTF-8 without control characters. */
+static bool text_ok(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
+    unsigned char b = *p;
+    size_t more = b < 0x80 ? 0 : (b & 0xE0) == 0xC0 ? 1 : (b & 0xF0) == 0xE0 ? 2
+                 : (b & 0xF8) == 0xF0 ? 3 : 4;
+    if (more == 4 || (b < 0x80 && (b < 0x20 || b == 0x7f))) return false;
+    if (more == 1 && b < 0xC2) return false; /* overlong */
+    for (size_t i = 1; i <= more; i++)
+      if ((p[i] & 0xC0) != 0x80) return false;
+    p += more + 1;
+  }
+  return true;
+}
+
+/* A session prefix must be one a session name could start with. */
+static int check_prefix(const char *prefix) {
+  if (strlen(prefix) > WIRE_NAME_MAX)
+    return client_fail(GPUMEM_E_INVALID, "session prefix longer than %d bytes", WIRE_NAME_MAX);
+  if (!text_ok(prefix))
+    return client_fail(GPUMEM_E_INVALID,
+                       "session prefix is not UTF-8 text without control characters");
+  return 0;
+}
+
+/* Check a pause's or resume's arguments and options (copied into *o as
+ * far as the caller's struct goes) before anything is sent. */
+static int op_check(bool resume, const char *const *tags, size_t ntags, const int *devices,
+                    size_t ndevices, const struct gpumem_op_options *opts,
+                    struct gpumem_op_options *o) {
+  if (ntags && !tags) return client_fail(GPUMEM_E_INVALID, "no tag list given");
+  if (ntags > WIRE_MAX_TAGS)
+    return client_fail(GPUMEM_E_INVALID, "too many tags (%zu, at most %d)", ntags, WIRE_MAX_TAGS);
+  for (size_t i = 0; i < ntags; i++)
+    if (!tags[i] || !wire_tag_valid(tags[i]))
+      return client_fail(GPUMEM_E_INVALID, "invalid tag '%.64s': 1-%d characters of [A-Za-z0-9_.-]",
+                         tags[i] ? tags[i] : "(null)", WIRE_TAG_MAX);
+  if (ndevices && !devices) return client_fail(GPUMEM_E_INVALID, "no device list given");
+  if (ndevices > WIRE_MAX_DEVICES)
+    return client_fail(GPUMEM_E_INVALID, "too many devices (%zu, at most %d)", ndevices,
+                       WIRE_MAX_DEVICES);
+  /* Copy what the caller's version of the struct has; the rest stays 0. */
+  memset(o, 0, sizeof *o);
+  if (opts) {
+    if (opts->size < sizeof o->size)
+      return client_fail(GPUMEM_E_INVALID, "options without their size");
+    memcpy(o, opts, opts->size < sizeof *o ? opts->size : sizeof *o);
+  }
+  o->size = sizeof *o;
+  if (resume && o->max_residual)
+    return client_fail(GPUMEM_E_INVALID, "max_residual applies to pause only");
+  if (o->scope != GPUMEM_SCOPE_NODE && o->scope != GPUMEM_SCOPE_OWN)
+    return client_fail(GPUMEM_E_INVALID, "unknown scope %d", o->scope);
+  if (o->npids && !o->pids) return client_fail(GPUMEM_E_INVALID, "no pid list given");
+  if (o->npids > OP_MAX_PIDS)
+    return client_fail(GPUMEM_E_INVALID, "too many pids (%zu, at most %d)", o->npids,
+                       OP_MAX_PIDS);
+  for (size_t i = 0; i < o->npids; i++)
+    if (o->pids[i] == 0) return client_fail(GPUMEM_E_INVALID, "pid 0 names no process");
+  if (o->session_prefix && !*o->session_prefix) o->session_prefix = NULL;
+  if (o->session_prefix && check_prefix(o->session_prefix) < 0) return GPUMEM_E_INVALID;
+  if (o->scope == GPUMEM_SCOPE_OWN && (o->npids || o->session_prefix))
+    return client_fail(GPUMEM_E_INVALID,
+                       "scope OWN covers this client's buffers only: no pids or session prefix");
+  return 0;
+}
+
+/* Turn the caller's device numbers into the daemon's. */
+static int op_devices(gpumem_client *c, const int *devices, size_t n, uint32_t *out) {
+  int map[WIRE_MAX_DEVICES];
+  unsigned count = client_local_map(c, map);
+  for (size_t i = 0; i < n; i++) {
+    int d = client_node_device(map, devices[i]);
+    if (d < 0)
+      return client_fail(GPUMEM_E_INVALID,
+                         "device %d is not one of the %u gpumemd devices this process sees",
+                         devices[i], count);
+    out[i] = (uint32_t)d;
+  }
+  return 0;
+}
+
 /* Send a pause or resume and wait; the reply (OpReply or Error) stays in
  * *reply for the caller to read and free, also when the call failed. */
 static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_t ntags,
-                   const unsigned *devices, size_t ndevices,
-                   const struct gpumem_op_options *opts, struct pending *reply) {
+                   const int *devices, size_t ndevices, const struct gpumem_op_options *opts,
+                   struct pending *reply) {
   memset(reply, 0, sizeof *reply);
   if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
-  if (!tags || ntags == 0) return client_fail(GPUMEM_E_INVALID, "no tags given");
-  if (ntags > WIRE_MAX_TAGS || ndevices > WIRE_MAX_DEVICES)
-    return client_fail(GPUMEM_E_INVALID, "too many tags or devices");
-  if (ndevices && !devices) return client_fail(GPUMEM_E_INVALID, "no device list given");
-  for (size_t i = 0; i < ntags; i++)
-    if (!tags[i] || !wire_tag_valid(tags[i]))
-      return client_fail(GPUMEM_E_INVALID, "invalid tag '%s'", tags[i] ? tags[i] : "(null)");
-  /* Copy what the caller's version of the struct has; the rest stays 0. */
   struct gpumem_op_options o;
-  memset(&o, 0, sizeof o);
-  if (opts) {
-    if (opts->size < sizeof o.size)
-      return client_fail(GPUMEM_E_INVALID, "options without their size");
-    memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
-  }
-  if (resume && o.max_residual)
-    return client_fail(GPUMEM_E_INVALID, "max_residual applies to pause only");
+  int rc = op_check(resume, tags, ntags, devices, ndevices, opts, &o);
   uint32_t devs[WIRE_MAX_DEVICES];
-  for (size_t i = 0; i < ndevices; i++) devs[i] = devices[i];
+  if (rc == 0) rc = op_devices(c, devices, ndevices, devs);
+  if (rc < 0) return rc;
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   Gpumem__Wire__ResumeRequest r = GPUMEM__WIRE__RESUME_REQUEST__INIT;
   wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
@@ -41,6 +118,10 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
     r.devices = devs;
     r.n_devices = ndevices;
     r.timeout_ms = o.timeout_ms;
+    r.pids = (uint32_t *)o.pids;
+    r.n_pids = o.npids;
+    r.session_prefix = (char *)(o.session_prefix ? o.session_prefix : "");
+    r.own = o.scope == GPUMEM_SCOPE_OWN;
     req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
     req.resume = &r;
   } else {
@@ -50,77 +131,54 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
     p.n_devices = ndevices;
     p.timeout_ms = o.timeout_ms;
     p.max_residual = o.max_residual;
+    p.pids = (uint32_t *)o.pids;
+    p.n_pids = o.npids;
+    p.session_prefix = (char *)(o.session_prefix ? o.session_prefix : "");
+    p.own = o.scope == GPUMEM_SCOPE_OWN;
     req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
     req.pause = &p;
   }
-  int rc = client_call(c, &req, reply);
+  /* The daemon may wait this long for owners before it answers. */
+  reply->extra_ms = o.timeout_ms && o.timeout_ms < OP_OWNER_WAIT_MAX_MS ? o.timeout_ms
+                                                                       : OP_OWNER_WAIT_MAX_MS;
+  rc = client_call_with(c, &req, reply);
   const wire_env *env = reply->env;
   if (rc == 0 && env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY)
     rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
   return rc;
 }
 
-/* The reply's figures (or error details) in the fixed-size summary. */
-static void fill_result(const wire_env *env, struct gpumem_op_result *result) {
-  if (!env) return;
-  if (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
-    const Gpumem__Wire__Error *e = env->error;
-    result->bytes_needed = e->bytes_needed;
-    result->bytes_free = e->bytes_free;
-    size_t max = sizeof result->pids / sizeof result->pids[0];
-    for (size_t i = 0; i < e->n_pids && i < max; i++) result->pids[result->npids++] = e->pids[i];
-  } else if (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY) {
-    const Gpumem__Wire__OpReply *o = env->op_reply;
-    result->buffers = o->buffers;
-    result->bytes = o->bytes;
-    result->backup_bytes = o->backup_bytes;
-    result->skipped = o->skipped;
-    result->elapsed_us = o->elapsed_us;
-    result->backup_us = o->backup_us;
-  }
+/* A zeroed struct of sz bytes whose first field, its size, is set. */
+static void *sized(size_t sz) {
+  size_t *p = calloc(1, sz);
+  if (p) *p = sz;
+  return p;
 }
 
-/* Pause or resume with the fixed-size summary of the answer. */
-static int run_op(gpumem_client *c, bool resume, const char *const *tags, size_t ntags,
-                  const unsigned *devices, size_t ndevices, unsigned timeout_ms,
-                  struct gpumem_op_result *result) {
-  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
-  o.timeout_ms = timeout_ms;
-  struct pending reply;
-  int rc = op_call(c, resume, tags, ntags, devices, ndevices, &o, &reply);
-  if (result) {
-    memset(result, 0, sizeof *result);
-    fill_result(reply.env, result);
-  }
-  client_reply_free(&reply);
-  return rc;
+/* A copy of a string from a reply ("" for none). */
+static char *dup_text(const char *s) { return strdup(s ? s : ""); }
+
+/* Free an array of n malloc'd elements and the array. */
+static void free_array(void **v, size_t n) {
+  for (size_t i = 0; v && i < n; i++) free(v[i]);
+  free(v);
 }
 
-/* Pause tags on the node. */
-int gpumem_pause(gpumem_client *c, const char *const *tags, size_t ntags,
-                 const unsigned *devices, size_t ndevices, unsigned timeout_ms,
-                 struct gpumem_op_result *result) {
-  return run_op(c, false, tags, ntags, devices, ndevices, timeout_ms, result);
-}
-
-/* Resume tags on the node, all or nothing. */
-int gpumem_resume(gpumem_client *c, const char *const *tags, size_t ntags,
-                  const unsigned *devices, size_t ndevices, unsigned timeout_ms,
-                  struct gpumem_op_result *result) {
-  return run_op(c, true, tags, ntags, devices, ndevices, timeout_ms, result);
-}
-
-/* Copy the driver's per-device figures into *out (n of them, malloc'd;
- * NULL when n is 0); false when out of memory. */
-static bool copy_checks(struct gpumem_device_check **out, Gpumem__Wire__DeviceCheck *const *v,
-                        size_t n) {
+/* Copy the driver's per-device figures into *out (n of them; NULL when n
+ * is 0), *nout counting those made; false when out of memory. */
+static bool copy_checks(const int *map, struct gpumem_device_check ***out, size_t *nout,
+                        Gpumem__Wire__DeviceCheck *const *v, size_t n) {
   *out = NULL;
+  *nout = 0;
   if (!n) return true;
   if (!(*out = calloc(n, sizeof **out))) return false;
   for (size_t i = 0; i < n; i++) {
     const Gpumem__Wire__DeviceCheck *d = v[i];
-    struct gpumem_device_check *o = &(*out)[i];
-    o->device = d->device;
+    struct gpumem_device_check *o = sized(sizeof *o);
+    if (!o) return false;
+    (*out)[(*nout)++] = o;
+    o->device = client_local_device(map, d->device);
+    o->node_device = d->device;
     o->released = d->released;
     o->free_before = d->free_before;
     o->free_after = d->free_after;
@@ -131,22 +189,44 @@ static bool copy_checks(struct gpumem_device_check **out, Gpumem__Wire__DeviceCh
   return true;
 }
 
+/* Copy an OpReply's per tag and device figures into r; false when out of
+ * memory. */
+static bool copy_details(const int *map, struct gpumem_op_report *r,
+                         const Gpumem__Wire__OpReply *o) {
+  if (!o->n_detail) return true;
+  if (!(r->details = calloc(o->n_detail, sizeof *r->details))) return false;
+  for (size_t i = 0; i < o->n_detail; i++) {
+    const Gpumem__Wire__TagDeviceBytes *t = o->detail[i];
+    struct gpumem_op_detail *d = sized(sizeof *d);
+    if (!d) return false;
+    r->details[r->ndetails++] = d;
+    d->device = client_local_device(map, t->device);
+    d->node_device = t->device;
+    d->buffers = t->buffers;
+    d->bytes = t->bytes;
+    if (!(d->tag = dup_text(t->tag))) return false;
+  }
+  return true;
+}
+
 /* Turn a pause or resume answer into a report; NULL when out of memory. */
-static struct gpumem_op_report *report_new(const wire_env *env, int rc) {
-  struct gpumem_op_report *r = calloc(1, sizeof *r);
+static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env, int rc) {
+  struct gpumem_op_report *r = sized(sizeof *r);
   if (!r) return NULL;
+  int map[WIRE_MAX_DEVICES];
+  client_local_map(c, map);
   r->error = rc;
-  r->code = wire_code_name(GPUMEM__WIRE__ERROR_CODE__OK);
-  bool ok = true;
+  bool ok;
   if (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
     const Gpumem__Wire__Error *e = env->error;
     r->code = wire_code_name(e->code);
-    r->message = strdup(e->message ? e->message : "");
+    r->message = dup_text(e->message);
     r->bytes_needed = e->bytes_needed;
     r->bytes_free = e->bytes_free;
     r->buffers_held = e->buffers_held;
     r->bytes_held = e->bytes_held;
-    if (e->n_pids) {
+    ok = r->message != NULL;
+    if (ok && e->n_pids) {
       r->pids = calloc(e->n_pids, sizeof *r->pids);
       if (r->pids) {
         r->npids = e->n_pids;
@@ -154,32 +234,19 @@ static struct gpumem_op_report *report_new(const wire_env *env, int rc) {
       }
       ok = r->pids != NULL;
     }
-    ok = ok && r->message && copy_checks(&r->checks, e->checks, e->n_checks);
-    r->nchecks = r->checks ? e->n_checks : 0;
+    ok = ok && copy_checks(map, &r->checks, &r->nchecks, e->checks, e->n_checks);
   } else {
     const Gpumem__Wire__OpReply *o = env->op_reply;
-    r->message = strdup("");
+    r->code = wire_code_name(GPUMEM__WIRE__ERROR_CODE__OK);
+    r->message = dup_text("");
     r->buffers = o->buffers;
     r->bytes = o->bytes;
     r->backup_bytes = o->backup_bytes;
     r->skipped = o->skipped;
     r->elapsed_us = o->elapsed_us;
     r->backup_us = o->backup_us;
-    ok = r->message && copy_checks(&r->checks, o->checks, o->n_checks);
-    r->nchecks = r->checks ? o->n_checks : 0;
-    if (ok && o->n_detail) {
-      r->details = calloc(o->n_detail, sizeof *r->details);
-      ok = r->details != NULL;
-      for (size_t i = 0; ok && i < o->n_detail; i++) {
-        const Gpumem__Wire__TagDeviceBytes *t = o->detail[i];
-        struct gpumem_op_detail *d = &r->details[r->ndetails++];
-        d->tag = strdup(t->tag ? t->tag : "");
-        d->device = t->device;
-        d->buffers = t->buffers;
-        d->bytes = t->bytes;
-        ok = d->tag != NULL;
-      }
-    }
+    ok = r->message && copy_checks(map, &r->checks, &r->nchecks, o->checks, o->n_checks) &&
+         copy_details(map, r, o);
   }
   if (!ok) {
     gpumem_op_report_free(r);
@@ -188,10 +255,10 @@ static struct gpumem_op_report *report_new(const wire_env *env, int rc) {
   return r;
 }
 
-/* Pause or resume with options, the whole answer going to *report. */
-static int run_op_ex(gpumem_client *c, bool resume, const char *const *tags, size_t ntags,
-                     const unsigned *devices, size_t ndevices,
-                     const struct gpumem_op_options *opts, struct gpumem_op_report **report) {
+/* Pause or resume, the whole answer going to *report. */
+static int run_op(gpumem_client *c, bool resume, const char *const *tags, size_t ntags,
+                  const int *devices, size_t ndevices, const struct gpumem_op_options *opts,
+                  struct gpumem_op_report **report) {
   if (report) *report = NULL;
   struct pending reply;
   int rc = op_call(c, resume, tags, ntags, devices, ndevices, opts, &reply);
@@ -199,28 +266,32 @@ static int run_op_ex(gpumem_client *c, bool resume, const char *const *tags, siz
   bool answered = env && (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR ||
                           env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
   if (report && answered) {
-    *report = report_new(env, rc);
+    char words[320];
+    snprintf(words, sizeof words, "%s", gpumem_last_error());
+    *report = report_new(c, env, rc);
     /* The operation happened either way: say so rather than hide it. */
     if (!*report)
       rc = client_fail(GPUMEM_E_NOMEM, "out of memory for the report of a %s that %s",
                        resume ? "resume" : "pause", rc == 0 ? "succeeded" : "failed");
+    else
+      client_fail(rc, "%s", words);
   }
   client_reply_free(&reply);
   return rc;
 }
 
-/* Pause tags on the node, with options and the whole answer. */
-int gpumem_pause_ex(gpumem_client *c, const char *const *tags, size_t ntags,
-                    const unsigned *devices, size_t ndevices,
-                    const struct gpumem_op_options *opts, struct gpumem_op_report **report) {
-  return run_op_ex(c, false, tags, ntags, devices, ndevices, opts, report);
+/* Pause buffers within a scope, with the whole answer. */
+int gpumem_pause(gpumem_client *c, const char *const *tags, size_t ntags, const int *devices,
+                 size_t ndevices, const struct gpumem_op_options *opts,
+                 struct gpumem_op_report **report) {
+  return run_op(c, false, tags, ntags, devices, ndevices, opts, report);
 }
 
-/* Resume tags on the node, with options and the whole answer. */
-int gpumem_resume_ex(gpumem_client *c, const char *const *tags, size_t ntags,
-                     const unsigned *devices, size_t ndevices,
-                     const struct gpumem_op_options *opts, struct gpumem_op_report **report) {
-  return run_op_ex(c, true, tags, ntags, devices, ndevices, opts, report);
+/* Resume buffers within a scope, all or nothing, with the whole answer. */
+int gpumem_resume(gpumem_client *c, const char *const *tags, size_t ntags, const int *devices,
+                  size_t ndevices, const struct gpumem_op_options *opts,
+                  struct gpumem_op_report **report) {
+  return run_op(c, true, tags, ntags, devices, ndevices, opts, report);
 }
 
 /* Free a report and everything it points to. */
@@ -228,9 +299,9 @@ void gpumem_op_report_free(struct gpumem_op_report *r) {
   if (!r) return;
   free((char *)r->message);
   free(r->pids);
-  free(r->checks);
-  for (size_t i = 0; i < r->ndetails; i++) free((char *)r->details[i].tag);
-  free(r->details);
+  free_array((void **)r->checks, r->nchecks);
+  for (size_t i = 0; r->details && i < r->ndetails; i++) free((char *)r->details[i]->tag);
+  free_array((void **)r->details, r->ndetails);
   free(r);
 }
 
@@ -252,54 +323,17 @@ static int simple_call(gpumem_client *c, Gpumem__Wire__Envelope__BodyCase ask,
   return rc;
 }
 
-/* Copy the driver's process list into s; false when out of memory. */
-static bool copy_processes(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
-  s->processes_known = r->processes_known;
-  s->processes = calloc(r->n_processes + 1, sizeof *s->processes);
-  if (!s->processes) return false;
-  s->nprocesses = r->n_processes;
-  for (size_t i = 0; i < r->n_processes; i++) {
-    const Gpumem__Wire__ProcessMemory *p = r->processes[i];
-    struct gpumem_process_status *o = &s->processes[i];
-    o->pid = p->pid;
-    o->device = p->device;
-    o->used = p->used;
-    o->managed = p->managed;
-    o->residual = p->residual;
-    o->session_id = p->session_id;
-    o->name = strdup(p->name ? p->name : "");
-    if (!o->name) return false;
-  }
-  return true;
-}
-
-/* Ask for the status of devices, tags, sessions and processes. */
-int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
-  struct pending reply;
-  int rc = simple_call(c, GPUMEM__WIRE__ENVELOPE__BODY_STATUS,
-                       GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY, &reply);
-  if (rc < 0) return rc;
-  const Gpumem__Wire__StatusReply *r = reply.env->status_reply;
-  struct gpumem_status *s = calloc(1, sizeof *s);
-  if (s) {
-    s->devices = calloc(r->n_devices + 1, sizeof *s->devices);
-    s->tags = calloc(r->n_tags + 1, sizeof *s->tags);
-    s->sessions = calloc(r->n_sessions + 1, sizeof *s->sessions);
-  }
-  if (!s || !s->devices || !s->tags || !s->sessions || !copy_processes(s, r) ||
-      !copy_checks(&s->last_pause_checks, r->last_pause_checks, r->n_last_pause_checks)) {
-    gpumem_status_free(s);
-    client_reply_free(&reply);
-    return client_fail(GPUMEM_E_NOMEM, "out of memory");
-  }
-  snprintf(s->backend, sizeof s->backend, "%s", r->backend);
-  s->granularity = r->granularity;
-  s->ndevices = r->n_devices;
-  s->nlast_pause_checks = r->n_last_pause_checks;
+/* Copy the status's devices into s; false when out of memory. */
+static bool copy_devices(const int *map, struct gpumem_status *s,
+                         const Gpumem__Wire__StatusReply *r) {
+  if (!(s->devices = calloc(r->n_devices + 1, sizeof *s->devices))) return false;
   for (size_t i = 0; i < r->n_devices; i++) {
     const Gpumem__Wire__DeviceInfo *d = r->devices[i];
-    struct gpumem_device_status *o = &s->devices[i];
-    o->index = d->index;
+    struct gpumem_device_status *o = sized(sizeof *o);
+    if (!o) return false;
+    s->devices[s->ndevices++] = o;
+    o->device = client_local_device(map, d->index);
+    o->node_device = d->index;
     o->total = d->total;
     o->free = d->free;
     o->managed = d->managed;
@@ -309,19 +343,19 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
     uint64_t used = d->total > taken ? d->total - taken : 0;
     o->unmanaged = used > d->managed ? used - d->managed : 0;
     o->daemon_context = d->daemon_context;
-    snprintf(o->bus_id, sizeof o->bus_id, "%s", d->bus_id);
+    if (!(o->bus_id = dup_text(d->bus_id))) return false;
   }
-  s->backup_reserved = r->backup_reserved;
-  s->backup_limit = r->backup_limit;
-  s->last_backup_bytes = r->last_backup_bytes;
-  s->last_backup_us = r->last_backup_us;
-  s->last_restore_bytes = r->last_restore_bytes;
-  s->last_restore_us = r->last_restore_us;
-  s->ntags = r->n_tags;
+  return true;
+}
+
+/* Copy the status's tags into s; false when out of memory. */
+static bool copy_tags(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
+  if (!(s->tags = calloc(r->n_tags + 1, sizeof *s->tags))) return false;
   for (size_t i = 0; i < r->n_tags; i++) {
     const Gpumem__Wire__TagInfo *t = r->tags[i];
-    struct gpumem_tag_status *o = &s->tags[i];
-    snprintf(o->name, sizeof o->name, "%s", t->name);
+    struct gpumem_tag_status *o = sized(sizeof *o);
+    if (!o) return false;
+    s->tags[s->ntags++] = o;
     o->state = t->state;
     o->buffers = t->buffers;
     o->bytes = t->bytes;
@@ -331,67 +365,143 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
     o->mixed = t->mixed;
     o->transit_buffers = t->transit_buffers;
     o->transit_bytes = t->transit_bytes;
+    if (!(o->name = dup_text(t->name))) return false;
   }
-  s->nsessions = r->n_sessions;
+  return true;
+}
+
+/* Copy the status's sessions into s; false when out of memory. */
+static bool copy_sessions(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
+  if (!(s->sessions = calloc(r->n_sessions + 1, sizeof *s->sessions))) return false;
   for (size_t i = 0; i < r->n_sessions; i++) {
     const Gpumem__Wire__SessionInfo *x = r->sessions[i];
-    struct gpumem_session_status *o = &s->sessions[i];
+    struct gpumem_session_status *o = sized(sizeof *o);
+    if (!o) return false;
+    s->sessions[s->nsessions++] = o;
     o->id = x->id;
     o->pid = x->pid;
     o->uid = x->uid;
-    snprintf(o->name, sizeof o->name, "%s", x->name);
     o->role = x->role;
     o->buffers = x->buffers;
     o->bytes = x->bytes;
     o->residual = x->residual;
     o->residual_known = x->residual_known;
+    if (!(o->name = dup_text(x->name))) return false;
   }
+  return true;
+}
+
+/* Copy the driver's process list into s; false when out of memory. */
+static bool copy_processes(const int *map, struct gpumem_status *s,
+                           const Gpumem__Wire__StatusReply *r) {
+  s->processes_known = r->processes_known;
+  if (!(s->processes = calloc(r->n_processes + 1, sizeof *s->processes))) return false;
+  for (size_t i = 0; i < r->n_processes; i++) {
+    const Gpumem__Wire__ProcessMemory *p = r->processes[i];
+    struct gpumem_process_status *o = sized(sizeof *o);
+    if (!o) return false;
+    s->processes[s->nprocesses++] = o;
+    o->pid = p->pid;
+    o->device = client_local_device(map, p->device);
+    o->node_device = p->device;
+    o->used = p->used;
+    o->managed = p->managed;
+    o->residual = p->residual;
+    o->session_id = p->session_id;
+    if (!(o->name = dup_text(p->name))) return false;
+  }
+  return true;
+}
+
+/* Ask for the status of devices, tags, sessions and processes. */
+int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
+  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the status");
+  struct pending reply;
+  int rc = simple_call(c, GPUMEM__WIRE__ENVELOPE__BODY_STATUS,
+                       GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY, &reply);
+  if (rc < 0) return rc;
+  const Gpumem__Wire__StatusReply *r = reply.env->status_reply;
+  int map[WIRE_MAX_DEVICES];
+  client_local_map(c, map);
+  struct gpumem_status *s = sized(sizeof *s);
+  if (!s || !(s->backend = dup_text(r->backend)) || !copy_devices(map, s, r) ||
+      !copy_tags(s, r) || !copy_sessions(s, r) || !copy_processes(map, s, r) ||
+      !copy_checks(map, &s->last_pause_checks, &s->nlast_pause_checks, r->last_pause_checks,
+                   r->n_last_pause_checks)) {
+    gpumem_status_free(s);
+    client_reply_free(&reply);
+    return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  }
+  s->granularity = r->granularity;
+  s->backup_reserved = r->backup_reserved;
+  s->backup_limit = r->backup_limit;
+  s->backup_ready = r->backup_ready;
+  s->last_backup_bytes = r->last_backup_bytes;
+  s->last_backup_us = r->last_backup_us;
+  s->last_restore_bytes = r->last_restore_bytes;
+  s->last_restore_us = r->last_restore_us;
   client_reply_free(&reply);
   *out = s;
   return 0;
 }
 
-/* Free a status. */
+/* Free a status and every string and element it points to. */
 void gpumem_status_free(struct gpumem_status *s) {
   if (!s) return;
-  free(s->devices);
-  free(s->tags);
-  free(s->sessions);
+  for (size_t i = 0; s->devices && i < s->ndevices; i++) free((char *)s->devices[i]->bus_id);
+  free_array((void **)s->devices, s->ndevices);
+  for (size_t i = 0; s->tags && i < s->ntags; i++) free((char *)s->tags[i]->name);
+  free_array((void **)s->tags, s->ntags);
+  for (size_t i = 0; s->sessions && i < s->nsessions; i++) free((char *)s->sessions[i]->name);
+  free_array((void **)s->sessions, s->nsessions);
   for (size_t i = 0; s->processes && i < s->nprocesses; i++)
-    free((char *)s->processes[i].name);
-  free(s->processes);
-  free(s->last_pause_checks);
+    free((char *)s->processes[i]->name);
+  free_array((void **)s->processes, s->nprocesses);
+  free_array((void **)s->last_pause_checks, s->nlast_pause_checks);
+  free((char *)s->backend);
   free(s);
 }
 
 /* List the buffers this session may see. */
-int gpumem_list(gpumem_client *c, struct gpumem_buffer_info **out) {
+int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
+  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the list");
   struct pending reply;
   int rc = simple_call(c, GPUMEM__WIRE__ENVELOPE__BODY_LIST,
                        GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY, &reply);
   if (rc < 0) return rc;
   const Gpumem__Wire__ListReply *r = reply.env->list_reply;
-  struct gpumem_buffer_info *v = calloc(r->n_buffers + 1, sizeof *v);
-  if (!v) {
-    client_reply_free(&reply);
+  int map[WIRE_MAX_DEVICES];
+  client_local_map(c, map);
+  struct gpumem_list *l = sized(sizeof *l);
+  bool ok = l && (l->buffers = calloc(r->n_buffers + 1, sizeof *l->buffers));
+  for (size_t i = 0; ok && i < r->n_buffers; i++) {
+    const Gpumem__Wire__BufferInfo *b = r->buffers[i];
+    struct gpumem_buffer_info *o = sized(sizeof *o);
+    if (!(ok = o != NULL)) break;
+    l->buffers[l->nbuffers++] = o;
+    o->id = b->id;
+    o->session_id = b->session_id;
+    o->pid = b->pid;
+    o->device = client_local_device(map, b->device);
+    o->node_device = b->device;
+    o->bytes = b->size;
+    o->flags = b->flags;
+    o->state = b->state;
+    ok = (o->tag = dup_text(b->tag)) != NULL;
+  }
+  client_reply_free(&reply);
+  if (!ok) {
+    gpumem_list_free(l);
     return client_fail(GPUMEM_E_NOMEM, "out of memory");
   }
-  for (size_t i = 0; i < r->n_buffers; i++) {
-    const Gpumem__Wire__BufferInfo *b = r->buffers[i];
-    v[i].id = b->id;
-    v[i].session_id = b->session_id;
-    v[i].pid = b->pid;
-    snprintf(v[i].tag, sizeof v[i].tag, "%s", b->tag);
-    v[i].device = b->device;
-    v[i].size = b->size;
-    v[i].flags = b->flags;
-    v[i].state = b->state;
-  }
-  int n = (int)r->n_buffers;
-  client_reply_free(&reply);
-  *out = v;
-  return n;
+  *out = l;
+  return (int)l->nbuffers;
 }
 
-/* Free a list. */
-void gpumem_list_free(struct gpumem_buffer_info *list) { free(list); }
+/* Free a list and its entries. */
+void gpumem_list_free(struct gpumem_list *l) {
+  if (!l) return;
+  for (size_t i = 0; l->buffers && i < l->nbuffers; i++) free((char *)l->buffers[i]->tag);
+  free_array((void **)l->buffers, l->nbuffers);
+  free(l);
+}

@@ -34,7 +34,7 @@ const char *gpumem_strerror(int err) {
   case GPUMEM_E_PROTOCOL: return "protocol error";
   case GPUMEM_E_VERSION: return "protocol version mismatch";
   case GPUMEM_E_PERMISSION: return "permission denied";
-  case GPUMEM_E_NOT_FOUND: return "no such buffer";
+  case GPUMEM_E_NOT_FOUND: return "no such buffer, tag or session";
   case GPUMEM_E_OUT_OF_MEMORY: return "out of device memory";
   case GPUMEM_E_TAG_PAUSED: return "tag is paused";
   case GPUMEM_E_CLIENT_TIMEOUT: return "workers did not answer in time";
@@ -49,7 +49,26 @@ const char *gpumem_strerror(int err) {
   case GPUMEM_E_NOT_RELEASED: return "memory was not released";
   case GPUMEM_E_RESIDUAL: return "memory held outside gpumemd above the limit";
   case GPUMEM_E_SHUTTING_DOWN: return "gpumemd is shutting down";
+  case GPUMEM_E_TIMEOUT: return "gpumemd did not answer in time";
   default: return "unknown error";
+  }
+}
+
+/* The daemon's name of an error code; the library's own codes have names
+ * in the same style. */
+const char *gpumem_error_name(int err) {
+  if (err == 0) return "OK";
+  if ((err <= -1 && err >= -12) || (err <= -17 && err >= -19)) {
+    wire_code code = (wire_code)(err >= -12 ? -err : -err - 4);
+    return wire_code_name(code);
+  }
+  switch (err) {
+  case GPUMEM_E_CONNECT: return "CONNECT";
+  case GPUMEM_E_DISCONNECTED: return "DISCONNECTED";
+  case GPUMEM_E_NOMEM: return "NOMEM";
+  case GPUMEM_E_MAP: return "MAP";
+  case GPUMEM_E_TIMEOUT: return "TIMEOUT";
+  default: return "UNKNOWN";
   }
 }
 

@@ -4,12 +4,34 @@
  * tagged buffers; each buffer's pointer stays valid across pause and
  * resume. While a buffer is paused its memory is given back to the device
  * and touching it faults, as on a GPU. Orchestrators connect as
- * GPUMEM_ROLE_CONTROLLER and pause and resume tags for the whole node.
+ * GPUMEM_ROLE_CONTROLLER and pause and resume tags for the whole node (or
+ * for some sessions); a worker may pause and resume its own buffers.
  *
- * Every function is thread-safe. Functions that can fail return 0 (or a
- * count) on success and a negative GPUMEM_E_* code on failure; the library
- * never exits the process. After a failure gpumem_last_error() gives the
- * daemon's (or the library's) words for it on the calling thread. */
+ * Devices: every device number in this API, in arguments and in results,
+ * is the calling process's own (the CUDA/HIP runtime's numbering, as
+ * CUDA_VISIBLE_DEVICES or HIP_VISIBLE_DEVICES make it). Results also give
+ * node_device, the daemon's number, for display; a device this process
+ * cannot see has device -1.
+ *
+ * Errors: functions that can fail return 0 (or a count) on success and a
+ * negative GPUMEM_E_* code on failure; the daemon's errors arrive as the
+ * same codes (gpumem_error_name gives the daemon's name for one). After a
+ * failure gpumem_last_error() gives the daemon's (or the library's) words
+ * on the calling thread. The library never exits the process.
+ *
+ * Threads: every function may be called from any thread at any time, with
+ * two rules: a buffer must not be freed while another thread still uses
+ * it, and hooks (which run on the thread that dispatches the daemon's
+ * events) must not call functions that talk to the daemon. Reads, writes
+ * and fills of a buffer that is being paused either finish before its
+ * memory is unmapped or fail with GPUMEM_E_WRONG_STATE. No call waits for
+ * ever: a request the daemon does not answer within the client's request
+ * timeout (gpumem_set_request_timeout) fails with GPUMEM_E_TIMEOUT.
+ *
+ * Structs the library fills (status, lists, reports) start with their
+ * size and may grow at the end; their arrays are arrays of pointers, so
+ * elements may grow too. Structs the caller fills (options) start with a
+ * size the caller sets, so older callers keep working. */
 #ifndef GPUMEM_H
 #define GPUMEM_H
 
@@ -26,15 +48,29 @@ extern "C" {
 #define GPUMEM_EXPORT
 #endif
 
-/* Error codes. Codes -1..-12 and -17..-19 are the daemon's; -13..-16 are
- * local. */
+/* The version of this header; gpumem_version() gives the library's. The
+ * major changes only with incompatible changes of this API. */
+#define GPUMEM_VERSION_MAJOR 1
+#define GPUMEM_VERSION_MINOR 2
+#define GPUMEM_VERSION_PATCH 0
+#define GPUMEM_VERSION \
+  (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
+
+/* The library's version, as GPUMEM_VERSION computes it (10200 for 1.2.0). */
+GPUMEM_EXPORT int gpumem_version(void);
+
+/* The library's version as text ("1.2.0"). */
+GPUMEM_EXPORT const char *gpumem_version_string(void);
+
+/* Error codes. Codes -1..-12 and -17..-19 are the daemon's; the others are
+ * this library's. */
 enum gpumem_error {
   GPUMEM_OK = 0,
   GPUMEM_E_INVALID = -1,        /* a bad argument */
   GPUMEM_E_PROTOCOL = -2,       /* a malformed message on the socket */
   GPUMEM_E_VERSION = -3,        /* client and daemon speak different majors */
   GPUMEM_E_PERMISSION = -4,     /* not allowed for this uid or role */
-  GPUMEM_E_NOT_FOUND = -5,      /* no such buffer in this session */
+  GPUMEM_E_NOT_FOUND = -5,      /* no such buffer, tag or session */
   GPUMEM_E_OUT_OF_MEMORY = -6,  /* the device has not enough free memory */
   GPUMEM_E_TAG_PAUSED = -7,     /* the tag is paused; see GPUMEM_ALLOW_PAUSED */
   GPUMEM_E_CLIENT_TIMEOUT = -8, /* workers did not answer in time (pids) */
@@ -49,6 +85,7 @@ enum gpumem_error {
   GPUMEM_E_NOT_RELEASED = -17,  /* memory an operation should have freed is held */
   GPUMEM_E_RESIDUAL = -18,      /* a device holds more than allowed outside gpumemd */
   GPUMEM_E_SHUTTING_DOWN = -19, /* the daemon is going away */
+  GPUMEM_E_TIMEOUT = -20,       /* the daemon did not answer within the request timeout */
 };
 
 /* Session roles. */
@@ -65,17 +102,18 @@ enum gpumem_state {
   GPUMEM_RESUMING = 3,
 };
 
-/* Buffer flags for gpumem_alloc. */
+/* Buffer flags for gpumem_alloc and gpumem_malloc. */
 enum gpumem_flag {
   GPUMEM_BACKUP = 1,       /* contents survive a pause */
-  GPUMEM_IPC_LEGACY = 2,   /* never paused (legacy IPC handle on GPUs) */
+  GPUMEM_IPC_LEGACY = 2,   /* never paused (legacy IPC handle on GPUs); gpumem_alloc only */
   GPUMEM_ALLOW_PAUSED = 4, /* allowed in a paused tag; then starts paused */
 };
 
 /* Flags for gpumem_connect. */
 enum gpumem_connect_flag {
   /* No background thread: the application calls gpumem_dispatch when
-   * gpumem_fd is readable, and daemon events wait until it does. */
+   * gpumem_fd is readable, and daemon events wait until it does (a
+   * request made meanwhile dispatches them itself while it waits). */
   GPUMEM_CONNECT_NO_THREAD = 1,
   /* When the daemon goes away, do not reconnect: calls fail with
    * GPUMEM_E_DISCONNECTED from then on and buffers stay mapped, unmanaged,
@@ -86,6 +124,9 @@ enum gpumem_connect_flag {
 /* The default socket path, used when neither an argument nor the
  * GPUMEM_SOCKET environment variable names one. */
 #define GPUMEM_DEFAULT_SOCKET "/run/gpumemd/gpumemd.sock"
+
+/* The request timeout of a new client, in milliseconds. */
+#define GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS 30000
 
 typedef struct gpumem_client gpumem_client;
 typedef struct gpumem_buffer gpumem_buffer;
@@ -119,30 +160,74 @@ typedef struct gpumem_buffer gpumem_buffer;
 GPUMEM_EXPORT int gpumem_connect(const char *socket_path, const char *name,
                                  int role, unsigned flags, gpumem_client **out);
 
-/* Disconnect: unmap and forget every buffer of this client (the daemon
- * frees them) and free the client. */
+/* Disconnect: unmap and forget every buffer and sub-allocation of this
+ * client (the daemon frees them) and free the client. */
 GPUMEM_EXPORT void gpumem_disconnect(gpumem_client *c);
+
+/* Set how long a request waits for the daemon's answer before failing with
+ * GPUMEM_E_TIMEOUT (ms; 0: GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS). A pause or
+ * resume waits this long on top of its own owner timeout. A reply that
+ * arrives later is dropped; memory an allocation got by then is given
+ * back. */
+GPUMEM_EXPORT void gpumem_set_request_timeout(gpumem_client *c, unsigned ms);
 
 /* The daemon's backend ("host", "cuda", "hip"). */
 GPUMEM_EXPORT const char *gpumem_backend(const gpumem_client *c);
 
-/* The allocation granularity: sizes are rounded up to a multiple. */
+/* The allocation granularity: buffer sizes are rounded up to a multiple. */
 GPUMEM_EXPORT uint64_t gpumem_granularity(const gpumem_client *c);
 
-/* The number of devices the daemon manages (the daemon's numbering, as
- * in status and in pause/resume device lists). */
+/* The number of the daemon's devices this process can see (devices
+ * 0..count-1 in this process's numbering). */
 GPUMEM_EXPORT unsigned gpumem_device_count(const gpumem_client *c);
 
-/* Allocate a buffer of at least size bytes tagged tag on device (in this
- * process's numbering, as CUDA_VISIBLE_DEVICES makes it), mapped and ready
- * (or reserved only, when it starts paused). GPUMEM_IPC_LEGACY buffers on
- * GPUs are plain device memory opened from a legacy IPC handle. */
-GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, const char *tag,
-                               unsigned device, uint64_t size, unsigned flags,
-                               gpumem_buffer **out);
+/* Allocate a buffer of at least size bytes tagged tag on device, mapped
+ * and ready (or reserved only, when it starts paused). GPUMEM_IPC_LEGACY
+ * buffers on GPUs are plain device memory opened from a legacy IPC
+ * handle. Each buffer is one daemon allocation: for many small ones use
+ * gpumem_malloc. */
+GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, const char *tag, int device,
+                               uint64_t size, unsigned flags, gpumem_buffer **out);
 
-/* Free a buffer (active or paused); its pointer becomes invalid. */
+/* Free a buffer (active or paused); its pointer becomes invalid. The
+ * buffer is gone for the caller even when this fails with
+ * GPUMEM_E_TIMEOUT: the library finishes the free when the daemon
+ * answers or the connection ends. */
 GPUMEM_EXPORT int gpumem_free(gpumem_client *c, gpumem_buffer *b);
+
+/* Allocate size bytes (> 0) tagged tag on device and store the address in
+ * *ptr, aligned to at least 512 bytes. Small allocations are carved out of
+ * larger daemon buffers of the same tag, device and flags (one daemon
+ * round trip per such buffer, not per allocation); a pause of the tag
+ * releases them like any buffer, and the address stays valid across pause
+ * and resume. Flags: GPUMEM_BACKUP, GPUMEM_ALLOW_PAUSED. Free with
+ * gpumem_free_ptr. */
+GPUMEM_EXPORT int gpumem_malloc(gpumem_client *c, const char *tag, int device,
+                                uint64_t size, unsigned flags, void **ptr);
+
+/* Free the allocation that starts at ptr: one made by gpumem_malloc, or a
+ * buffer from gpumem_alloc. Unknown pointers fail with
+ * GPUMEM_E_NOT_FOUND and change nothing. */
+GPUMEM_EXPORT int gpumem_free_ptr(gpumem_client *c, void *ptr);
+
+/* Give the daemon back every pooled buffer of this client that holds no
+ * allocation of gpumem_malloc; returns the bytes given back. */
+GPUMEM_EXPORT int64_t gpumem_trim(gpumem_client *c);
+
+/* Sub-allocation figures of a client, for gpumem_pool_stats. */
+struct gpumem_pool_stats {
+  size_t size;               /* sizeof(struct gpumem_pool_stats): see gpumem_pool_stats */
+  uint64_t allocations;      /* live gpumem_malloc allocations */
+  uint64_t allocated_bytes;  /* their sizes */
+  uint64_t pooled_buffers;   /* daemon buffers they are carved from */
+  uint64_t pooled_bytes;     /* the bytes of those buffers */
+  uint64_t daemon_allocs;    /* daemon allocations made for pools so far */
+};
+
+/* Fill *out with the client's sub-allocation figures: the caller sets
+ * out->size to the size of its struct; the library fills what both know
+ * and sets out->size to what it filled. */
+GPUMEM_EXPORT int gpumem_pool_stats(gpumem_client *c, struct gpumem_pool_stats *out);
 
 /* The buffer's address; the same before and after pause and resume. */
 GPUMEM_EXPORT void *gpumem_buffer_ptr(const gpumem_buffer *b);
@@ -154,7 +239,7 @@ GPUMEM_EXPORT uint64_t gpumem_buffer_size(const gpumem_buffer *b);
 GPUMEM_EXPORT const char *gpumem_buffer_tag(const gpumem_buffer *b);
 
 /* The buffer's device. */
-GPUMEM_EXPORT unsigned gpumem_buffer_device(const gpumem_buffer *b);
+GPUMEM_EXPORT int gpumem_buffer_device(const gpumem_buffer *b);
 
 /* The buffer's id at the daemon (a new one after the buffer was
  * re-registered with a restarted daemon). */
@@ -166,8 +251,13 @@ GPUMEM_EXPORT unsigned gpumem_buffer_flags(const gpumem_buffer *b);
 /* 1 if memory is mapped behind the pointer now, 0 while paused. */
 GPUMEM_EXPORT int gpumem_buffer_mapped(const gpumem_buffer *b);
 
+/* 1 if the daemon knows the buffer now, 0 while reconnecting or when the
+ * daemon that came back did not re-register it. */
+GPUMEM_EXPORT int gpumem_buffer_registered(const gpumem_buffer *b);
+
 /* Copy len bytes at offset off of a buffer to host memory at dst (with the
- * device's copy engine on GPUs; memcpy on the host backend). */
+ * device's copy engine on GPUs; memcpy on the host backend). Fails with
+ * GPUMEM_E_WRONG_STATE while the buffer is paused or being paused. */
 GPUMEM_EXPORT int gpumem_buffer_read(gpumem_client *c, gpumem_buffer *b, uint64_t off,
                                      void *dst, uint64_t len);
 
@@ -180,17 +270,18 @@ GPUMEM_EXPORT int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64
 GPUMEM_EXPORT int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off,
                                        uint64_t len, uint32_t value);
 
-/* Wait until work on a device (this process's numbering) has finished. */
-GPUMEM_EXPORT int gpumem_sync(gpumem_client *c, unsigned device);
+/* Wait until work on a device has finished. */
+GPUMEM_EXPORT int gpumem_sync(gpumem_client *c, int device);
 
 /* A hook run with the buffers of one daemon event. It runs on the thread
- * that dispatches events and must not call gpumem functions that talk to
- * the daemon. */
+ * that dispatches events, with no library lock held, and must not call
+ * gpumem functions that talk to the daemon. */
 typedef void (*gpumem_hook)(gpumem_client *c, gpumem_buffer *const *bufs,
                             size_t n, void *user);
 
 /* Set the hooks run before buffers are unmapped (default, when NULL: wait
- * for their devices to finish) and after they are mapped again. */
+ * for their devices to finish) and after they are mapped again. An event
+ * that has started keeps the hooks it started with. */
 GPUMEM_EXPORT void gpumem_set_hooks(gpumem_client *c, gpumem_hook pre_unmap,
                                     gpumem_hook post_remap, void *user);
 
@@ -208,10 +299,6 @@ GPUMEM_EXPORT int gpumem_fd(const gpumem_client *c);
  * GPUMEM_E_DISCONNECTED while not. */
 GPUMEM_EXPORT int gpumem_dispatch(gpumem_client *c, int timeout_ms);
 
-/* 1 if the daemon knows the buffer now, 0 while reconnecting or when the
- * daemon that came back did not re-register it. */
-GPUMEM_EXPORT int gpumem_buffer_registered(const gpumem_buffer *b);
-
 /* Connection events, for gpumem_set_connection_hook. */
 enum gpumem_conn_event {
   /* The connection ended; code and words say why (the daemon's
@@ -224,8 +311,8 @@ enum gpumem_conn_event {
 };
 
 /* A hook run on the thread that reads the socket when the connection is
- * lost or restored; like the buffer hooks it must not call gpumem
- * functions that talk to the daemon. */
+ * lost or restored; like the buffer hooks it runs with no library lock
+ * held and must not call gpumem functions that talk to the daemon. */
 typedef void (*gpumem_conn_hook)(gpumem_client *c, int event, int code, const char *words,
                                  size_t count, void *user);
 
@@ -240,37 +327,13 @@ GPUMEM_EXPORT void gpumem_set_connection_hook(gpumem_client *c, gpumem_conn_hook
  * none. */
 GPUMEM_EXPORT int gpumem_daemon_error(gpumem_client *c, char *buf, size_t len);
 
-/* What a pause or resume did: the fixed-size summary filled by gpumem_pause
- * and gpumem_resume. gpumem_pause_ex and gpumem_resume_ex give the whole
- * answer (per-device checks, every pid) in a struct gpumem_op_report. */
-struct gpumem_op_result {
-  uint64_t buffers;      /* buffers paused or resumed */
-  uint64_t bytes;        /* bytes released or taken again */
-  uint64_t backup_bytes; /* bytes backed up or restored */
-  uint64_t skipped;      /* buffers that never pause */
-  uint64_t elapsed_us;
-  uint64_t backup_us;    /* of which copying contents to or from host memory */
-  uint64_t bytes_needed, bytes_free; /* GPUMEM_E_OUT_OF_MEMORY */
-  unsigned npids;                    /* GPUMEM_E_CLIENT_TIMEOUT */
-  uint32_t pids[64];
+/* What a pause or resume covers, besides its tags and devices. */
+enum gpumem_scope {
+  GPUMEM_SCOPE_NODE = 0, /* every session's buffers (controllers only) */
+  GPUMEM_SCOPE_OWN = 1,  /* this client's own buffers (any role) */
 };
 
-/* Pause the buffers of tags on devices (NULL/0: all) on the whole node;
- * waits for every owner, at most timeout_ms each (0: the daemon's
- * default). Pausing a paused tag succeeds and changes nothing. */
-GPUMEM_EXPORT int gpumem_pause(gpumem_client *c, const char *const *tags,
-                               size_t ntags, const unsigned *devices,
-                               size_t ndevices, unsigned timeout_ms,
-                               struct gpumem_op_result *result);
-
-/* Resume paused tags, all or nothing: with too little device memory
- * nothing changes and GPUMEM_E_OUT_OF_MEMORY says how much is needed. */
-GPUMEM_EXPORT int gpumem_resume(gpumem_client *c, const char *const *tags,
-                                size_t ntags, const unsigned *devices,
-                                size_t ndevices, unsigned timeout_ms,
-                                struct gpumem_op_result *result);
-
-/* Options of gpumem_pause_ex and gpumem_resume_ex. Start from
+/* Options of gpumem_pause and gpumem_resume. Start from
  * GPUMEM_OP_OPTIONS_INIT (or zero it and set size): size lets the struct
  * grow without breaking callers built against an older header. */
 struct gpumem_op_options {
@@ -281,13 +344,21 @@ struct gpumem_op_options {
    * than this many bytes outside gpumemd (by the driver's per-process
    * figures). The buffers stay paused; the report says how much is held. */
   uint64_t max_residual;
+  int scope;             /* enum gpumem_scope */
+  /* Controllers: only the sessions of these pids (npids 0: any) ... */
+  const uint32_t *pids;
+  size_t npids;
+  /* ... and only sessions whose name starts with this (NULL or "": any). */
+  const char *session_prefix;
 };
 
-#define GPUMEM_OP_OPTIONS_INIT {sizeof(struct gpumem_op_options), 0, 0}
+#define GPUMEM_OP_OPTIONS_INIT {sizeof(struct gpumem_op_options), 0, 0, 0, NULL, 0, NULL}
 
 /* What the driver shows of one device after a pause or resume. */
 struct gpumem_device_check {
-  unsigned device;
+  size_t size;
+  int device;           /* this process's number, -1 if it cannot see it */
+  unsigned node_device; /* the daemon's number */
   uint64_t released;    /* bytes the daemon released (pause) or took (resume) */
   uint64_t free_before; /* the driver's free memory before the operation */
   uint64_t free_after;  /* and after it */
@@ -298,15 +369,17 @@ struct gpumem_device_check {
 
 /* Buffers and bytes an operation moved for one tag on one device. */
 struct gpumem_op_detail {
+  size_t size;
   const char *tag;
-  unsigned device;
+  int device;
+  unsigned node_device;
   uint64_t buffers, bytes;
 };
 
 /* The whole answer to a pause or resume, success or failure; allocated by
- * the library, freed with gpumem_op_report_free. Fields may be added at
- * the end. */
+ * the library, freed with gpumem_op_report_free. */
 struct gpumem_op_report {
+  size_t size;
   int error;           /* 0, or the (negative) code the call returned */
   const char *code;    /* the daemon's name for it: "OK", "NOT_RELEASED", ... */
   const char *message; /* the daemon's words ("" on success) */
@@ -323,28 +396,30 @@ struct gpumem_op_report {
   size_t npids;
   uint32_t *pids; /* the owners involved in a failure */
   size_t nchecks;
-  struct gpumem_device_check *checks; /* devices touched, as the driver saw them */
+  struct gpumem_device_check **checks; /* devices touched, as the driver saw them */
   size_t ndetails;
-  struct gpumem_op_detail *details;   /* per tag and device (success) */
+  struct gpumem_op_detail **details;   /* per tag and device (success) */
 };
 
-/* Pause like gpumem_pause, with options (NULL: defaults). *report (when
- * report is not NULL) receives the whole answer whenever the daemon gave
- * one, on success and on failure; it is NULL when the call failed before
- * that (bad arguments, no connection). */
-GPUMEM_EXPORT int gpumem_pause_ex(gpumem_client *c, const char *const *tags,
-                                  size_t ntags, const unsigned *devices,
-                                  size_t ndevices,
-                                  const struct gpumem_op_options *opts,
-                                  struct gpumem_op_report **report);
+/* Pause the buffers of tags (ntags 0: every tag) on devices (ndevices 0:
+ * every device) within the scope of opts (NULL: defaults, the whole node);
+ * waits for every owner, at most opts->timeout_ms each. Pausing what is
+ * paused succeeds and changes nothing. *report (when report is not NULL)
+ * receives the whole answer whenever the daemon gave one, on success and
+ * on failure; it is NULL when the call failed before that (bad arguments,
+ * no connection). Returns 0 or a negative code. */
+GPUMEM_EXPORT int gpumem_pause(gpumem_client *c, const char *const *tags, size_t ntags,
+                               const int *devices, size_t ndevices,
+                               const struct gpumem_op_options *opts,
+                               struct gpumem_op_report **report);
 
-/* Resume like gpumem_resume, with options (NULL: defaults; max_residual
- * must be 0) and the whole answer in *report as for gpumem_pause_ex. */
-GPUMEM_EXPORT int gpumem_resume_ex(gpumem_client *c, const char *const *tags,
-                                   size_t ntags, const unsigned *devices,
-                                   size_t ndevices,
-                                   const struct gpumem_op_options *opts,
-                                   struct gpumem_op_report **report);
+/* Resume paused buffers like gpumem_pause selects them (max_residual must
+ * be 0), all or nothing: with too little device memory nothing changes
+ * and GPUMEM_E_OUT_OF_MEMORY says how much is needed. */
+GPUMEM_EXPORT int gpumem_resume(gpumem_client *c, const char *const *tags, size_t ntags,
+                                const int *devices, size_t ndevices,
+                                const struct gpumem_op_options *opts,
+                                struct gpumem_op_report **report);
 
 /* Free a report (NULL is fine). */
 GPUMEM_EXPORT void gpumem_op_report_free(struct gpumem_op_report *r);
@@ -353,11 +428,13 @@ GPUMEM_EXPORT void gpumem_op_report_free(struct gpumem_op_report *r);
  * (>= 0): memory processes use that gpumemd does not manage, leaving out
  * what the driver keeps for itself. */
 struct gpumem_device_status {
-  unsigned index;
+  size_t size;
+  int device;           /* this process's number, -1 if it cannot see it */
+  unsigned node_device; /* the daemon's number */
   uint64_t total, free, managed, unmanaged;
-  int daemon_context; /* 1 while gpumemd holds a context here (backups, IPC) */
-  char bus_id[32];
-  uint64_t reserved;  /* memory the driver keeps for itself (0: not said) */
+  uint64_t reserved;    /* memory the driver keeps for itself (0: not said) */
+  int daemon_context;   /* 1 while gpumemd holds a context here (backups, IPC) */
+  const char *bus_id;
 };
 
 /* One tag in a status. Its state is derived from its buffers: PAUSING or
@@ -365,7 +442,8 @@ struct gpumem_device_status {
  * bytes are still held), PAUSED when every pausable buffer is paused,
  * ACTIVE when none is; mixed is 1 when some are ACTIVE and some PAUSED. */
 struct gpumem_tag_status {
-  char name[64];
+  size_t size;
+  const char *name;
   int state; /* enum gpumem_state */
   uint64_t buffers, bytes, backup_bytes, paused_buffers, paused_bytes;
   int mixed;
@@ -374,9 +452,10 @@ struct gpumem_tag_status {
 
 /* One session in a status. */
 struct gpumem_session_status {
+  size_t size;
   uint64_t id;
   uint32_t pid, uid;
-  char name[128];
+  const char *name;
   int role; /* enum gpumem_role */
   uint64_t buffers, bytes;
   uint64_t residual;  /* device memory the process holds outside gpumemd */
@@ -385,69 +464,119 @@ struct gpumem_session_status {
 
 /* A process using a device, as the driver lists it. */
 struct gpumem_process_status {
+  size_t size;
   uint32_t pid;
-  unsigned device;
-  uint64_t used;       /* the driver's figure for the process */
-  uint64_t managed;    /* of which gpumemd's buffers (where the driver counts them) */
-  uint64_t residual;   /* used - managed: held outside gpumemd */
-  uint64_t session_id; /* 0: never connected to gpumemd */
-  const char *name;    /* the session's name, or the process's comm */
+  int device;           /* this process's number, -1 if it cannot see it */
+  unsigned node_device; /* the daemon's number */
+  uint64_t used;        /* the driver's figure for the process */
+  uint64_t managed;     /* of which gpumemd's buffers (where the driver counts them) */
+  uint64_t residual;    /* used - managed: held outside gpumemd */
+  uint64_t session_id;  /* 0: never connected to gpumemd */
+  const char *name;     /* the session's name, or the process's comm */
 };
 
 /* The daemon's view of the node. */
 struct gpumem_status {
-  char backend[32];
+  size_t size;
+  const char *backend;
   uint64_t granularity;
   size_t ndevices, ntags, nsessions;
-  struct gpumem_device_status *devices;
-  struct gpumem_tag_status *tags;
-  struct gpumem_session_status *sessions;
+  struct gpumem_device_status **devices;
+  struct gpumem_tag_status **tags;
+  struct gpumem_session_status **sessions;
   uint64_t backup_reserved, backup_limit; /* host memory for BACKUP buffers */
+  uint64_t backup_ready; /* of the reserved, host memory already made */
   uint64_t last_backup_bytes, last_backup_us;   /* the last pause that copied */
   uint64_t last_restore_bytes, last_restore_us; /* the last resume that copied */
   /* Every process using a device, per device, from the driver; empty with
    * processes_known 0 where the driver gives no per-process figures. */
   size_t nprocesses;
-  struct gpumem_process_status *processes;
+  struct gpumem_process_status **processes;
   int processes_known;
   /* The last pause, per device it touched: what gpumemd released next to
    * the driver's free memory before and after (none before the first). */
   size_t nlast_pause_checks;
-  struct gpumem_device_check *last_pause_checks;
+  struct gpumem_device_check **last_pause_checks;
 };
 
 /* Ask for the status; free it with gpumem_status_free. */
 GPUMEM_EXPORT int gpumem_status(gpumem_client *c, struct gpumem_status **out);
 
-/* Free a status. */
+/* Free a status (NULL is fine). */
 GPUMEM_EXPORT void gpumem_status_free(struct gpumem_status *s);
 
 /* One buffer in a list. */
 struct gpumem_buffer_info {
+  size_t size;
   uint64_t id, session_id;
   uint32_t pid;
-  char tag[64];
-  unsigned device;
-  uint64_t size;
+  const char *tag;
+  int device;           /* this process's number, -1 if it cannot see it */
+  unsigned node_device; /* the daemon's number */
+  uint64_t bytes;       /* the buffer's size */
   unsigned flags;
-  int state;
+  int state;            /* enum gpumem_state */
 };
 
-/* List the buffers this session may see (a controller sees all); free the
- * array with gpumem_list_free. Returns the count. */
-GPUMEM_EXPORT int gpumem_list(gpumem_client *c, struct gpumem_buffer_info **out);
+/* The buffers a session may see (a controller sees all). */
+struct gpumem_list {
+  size_t size;
+  size_t nbuffers;
+  struct gpumem_buffer_info **buffers;
+};
 
-/* Free a list. */
-GPUMEM_EXPORT void gpumem_list_free(struct gpumem_buffer_info *list);
+/* Ask for the list; free it with gpumem_list_free. Returns the count. */
+GPUMEM_EXPORT int gpumem_list(gpumem_client *c, struct gpumem_list **out);
 
-/* A short description of an error code. */
+/* Free a list (NULL is fine). */
+GPUMEM_EXPORT void gpumem_list_free(struct gpumem_list *l);
+
+/* A short description of an error code ("the tag is paused"). */
 GPUMEM_EXPORT const char *gpumem_strerror(int err);
+
+/* The daemon's name of an error code ("TAG_PAUSED"; "OK" for 0,
+ * "UNKNOWN" for a code this library does not know). */
+GPUMEM_EXPORT const char *gpumem_error_name(int err);
 
 /* The words for the calling thread's last failure ("" if none). */
 GPUMEM_EXPORT const char *gpumem_last_error(void);
 
 /* The name of a state ("ACTIVE"). */
 GPUMEM_EXPORT const char *gpumem_state_name(int state);
+
+/* The current tag of the calling thread: gpumem_torch_alloc and the
+ * preload library allocate with it. Set tag NULL to clear it. flags are
+ * gpumem_malloc's. Returns 0 or GPUMEM_E_INVALID for a bad tag. */
+GPUMEM_EXPORT int gpumem_set_thread_tag(const char *tag, unsigned flags);
+
+/* The calling thread's current tag (NULL if none) and, when flags is not
+ * NULL, its flags. */
+GPUMEM_EXPORT const char *gpumem_thread_tag(unsigned *flags);
+
+/* Make c the process's default client, used by gpumem_torch_alloc,
+ * gpumem_torch_free and the preload library (NULL: none). The caller
+ * keeps ownership and must clear it before disconnecting c. */
+GPUMEM_EXPORT void gpumem_set_default_client(gpumem_client *c);
+
+/* The process's default client: the one set, or else one connected on
+ * first use as a worker to $GPUMEM_SOCKET (else the default path) with
+ * the name $GPUMEM_NAME (else "pid-<pid>"). NULL when it cannot connect
+ * (gpumem_last_error says why). */
+GPUMEM_EXPORT gpumem_client *gpumem_default_client(void);
+
+/* The allocation entry point for torch.cuda.memory.CUDAPluggableAllocator:
+ * size bytes on device (this process's numbering) from the default
+ * client, as gpumem_malloc does, with the calling thread's tag and flags,
+ * else $GPUMEM_DEFAULT_TAG (else "default") with the flags that
+ * $GPUMEM_DEFAULT_FLAGS names ("backup", "allow_paused", joined by
+ * commas). Returns NULL when the daemon refuses (PyTorch then raises its
+ * out-of-memory error). stream is unused: the memory is usable on every
+ * stream. */
+GPUMEM_EXPORT void *gpumem_torch_alloc(size_t size, int device, void *stream);
+
+/* The free entry point for CUDAPluggableAllocator: frees what
+ * gpumem_torch_alloc returned. */
+GPUMEM_EXPORT void gpumem_torch_free(void *ptr, size_t size, int device, void *stream);
 
 #ifdef __cplusplus
 }

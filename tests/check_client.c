@@ -6,6 +6,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,22 +114,28 @@ static void fake_send(struct fake *f, wire_env *env, const int *fds, size_t nfds
   fake_flush(f);
 }
 
-/* Read the Hello and answer it: host backend, one device, 2 MiB. */
-static bool fake_hello(struct fake *f) {
+/* Read the Hello and answer it: host backend, n devices with these bus
+ * ids (the daemon's device i is "host-<node>:d", this process's d), 2 MiB. */
+static bool fake_hello_devices(struct fake *f, const char *const *bus, size_t n) {
   struct frame fr;
   wire_env *in = fake_recv(f, &fr);
-  bool ok = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  bool ok = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_HELLO && n <= 4;
   if (ok) {
-    Gpumem__Wire__DeviceInfo d = GPUMEM__WIRE__DEVICE_INFO__INIT, *dp = &d;
-    d.bus_id = "host-local:0";
-    d.total = 64 * MIB;
+    Gpumem__Wire__DeviceInfo d[4], *dp[4];
+    for (size_t i = 0; i < n; i++) {
+      gpumem__wire__device_info__init(&d[i]);
+      d[i].index = (uint32_t)i;
+      d[i].bus_id = (char *)bus[i];
+      d[i].total = 64 * MIB;
+      dp[i] = &d[i];
+    }
     Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
     r.version_major = WIRE_VERSION_MAJOR;
     r.version_minor = WIRE_VERSION_MINOR;
     r.backend = "host";
     r.granularity = 2 * MIB;
-    r.devices = &dp;
-    r.n_devices = 1;
+    r.devices = dp;
+    r.n_devices = n;
     wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
     out.id = in->id;
     out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
@@ -136,6 +145,12 @@ static bool fake_hello(struct fake *f) {
   wire_env_free(in);
   if (in) frame_release(&fr);
   return ok;
+}
+
+/* Read the Hello and answer it: host backend, one device, 2 MiB. */
+static bool fake_hello(struct fake *f) {
+  static const char *const one[] = {"host-local:0"};
+  return fake_hello_devices(f, one, 1);
 }
 
 /* A chunk of "device memory" as the host backend makes it. */
@@ -279,6 +294,7 @@ struct script {
   struct got_ack acks[4];
   uint64_t ids[4];
   char note[256];
+  char log[2048]; /* what a recording script was asked, a line a request */
 };
 
 /* Mark a step of the script done. */
@@ -785,17 +801,19 @@ START_TEST(test_daemon_killed_and_restarted_adopts_worker) {
                 worker_output(&w));
   gpumem_client *ctl;
   ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
-  struct gpumem_buffer_info *list;
+  struct gpumem_list *list;
   ck_assert_int_eq(gpumem_list(ctl, &list), 2);
-  ck_assert_str_eq(list[0].tag, "kv");
+  ck_assert_str_eq(list->buffers[0]->tag, "kv");
   gpumem_list_free(list);
   const char *tags[] = {"kv"};
-  struct gpumem_op_result r;
-  ck_assert_msg(gpumem_pause(ctl, tags, 1, NULL, 0, 0, &r) == 0, "%s", gpumem_last_error());
-  ck_assert_int_eq(r.buffers, 2);
-  ck_assert_int_eq(r.bytes, 16 * MIB);
+  struct gpumem_op_report *r;
+  ck_assert_msg(gpumem_pause(ctl, tags, 1, NULL, 0, NULL, &r) == 0, "%s", gpumem_last_error());
+  ck_assert_int_eq(r->buffers, 2);
+  ck_assert_int_eq(r->bytes, 16 * MIB);
+  gpumem_op_report_free(r);
   ck_assert_int_eq(memfd_bytes(&w.pid, 1), 0);
-  ck_assert_msg(gpumem_resume(ctl, tags, 1, NULL, 0, 0, &r) == 0, "%s", gpumem_last_error());
+  ck_assert_msg(gpumem_resume(ctl, tags, 1, NULL, 0, NULL, NULL) == 0, "%s",
+                gpumem_last_error());
   ck_assert(worker_wait_for(&w, "verified buffer", 2, 10000));
   gpumem_disconnect(ctl);
   ck_assert_msg(worker_stop(&w, SIGTERM) == 0, "%s", worker_output(&w));
@@ -826,6 +844,512 @@ START_TEST(test_daemon_sigterm_worker_told_and_adopted) {
 }
 END_TEST
 
+/* Append a printf'd line to the script's log. */
+__attribute__((format(printf, 2, 3))) static void log_line(struct script *s, const char *fmt,
+                                                           ...) {
+  size_t l = strlen(s->log);
+  va_list ap;
+  va_start(ap, fmt);
+  if (l + 1 < sizeof s->log) vsnprintf(s->log + l, sizeof s->log - l, fmt, ap);
+  va_end(ap);
+}
+
+/* Append a comma-separated list of numbers to the script's log. */
+static void log_u32s(struct script *s, const uint32_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++) log_line(s, "%s%u", i ? "," : "", v[i]);
+}
+
+/* Log a pause or resume as it came. */
+static void log_op(struct script *s, const char *verb, char **tags, size_t ntags,
+                   const uint32_t *devs, size_t ndevs, const uint32_t *pids, size_t npids,
+                   const char *prefix, bool own, uint32_t timeout) {
+  log_line(s, "%s own=%d pids=", verb, own);
+  log_u32s(s, pids, npids);
+  log_line(s, " prefix=%s devices=", prefix ? prefix : "");
+  log_u32s(s, devs, ndevs);
+  log_line(s, " tags=");
+  for (size_t i = 0; i < ntags; i++) log_line(s, "%s%s", i ? "," : "", tags[i]);
+  log_line(s, " timeout=%u\n", timeout);
+}
+
+/* Answer a pause or resume: one buffer of tag kv on the daemon's device 1. */
+static void answer_op(struct fake *f, uint64_t id) {
+  Gpumem__Wire__DeviceCheck k = GPUMEM__WIRE__DEVICE_CHECK__INIT, *kp = &k;
+  k.device = 1;
+  k.released = 2 * MIB;
+  Gpumem__Wire__TagDeviceBytes t = GPUMEM__WIRE__TAG_DEVICE_BYTES__INIT, *tp = &t;
+  t.tag = "kv";
+  t.device = 1;
+  t.buffers = 1;
+  t.bytes = 2 * MIB;
+  Gpumem__Wire__OpReply r = GPUMEM__WIRE__OP_REPLY__INIT;
+  r.buffers = 1;
+  r.bytes = 2 * MIB;
+  r.checks = &kp;
+  r.n_checks = 1;
+  r.detail = &tp;
+  r.n_detail = 1;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = id;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+  out.op_reply = &r;
+  fake_send(f, &out, NULL, 0);
+}
+
+/* Answer a status: the daemon's two devices and a process on device 0. */
+static void answer_status(struct fake *f, uint64_t id) {
+  Gpumem__Wire__DeviceInfo d[2], *dp[2];
+  static const char *const bus[] = {"host-local:1", "host-local:0"};
+  for (int i = 0; i < 2; i++) {
+    gpumem__wire__device_info__init(&d[i]);
+    d[i].index = (uint32_t)i;
+    d[i].bus_id = (char *)bus[i];
+    d[i].total = 64 * MIB;
+    d[i].free = 64 * MIB;
+    dp[i] = &d[i];
+  }
+  Gpumem__Wire__ProcessMemory p = GPUMEM__WIRE__PROCESS_MEMORY__INIT, *pp = &p;
+  p.pid = 77;
+  p.device = 0;
+  p.name = "outside";
+  Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
+  r.backend = "host";
+  r.granularity = 2 * MIB;
+  r.devices = dp;
+  r.n_devices = 2;
+  r.processes = &pp;
+  r.n_processes = 1;
+  r.processes_known = true;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = id;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  out.status_reply = &r;
+  fake_send(f, &out, NULL, 0);
+}
+
+/* Answer a list: one buffer on the daemon's device 1. */
+static void answer_list(struct fake *f, uint64_t id) {
+  Gpumem__Wire__BufferInfo b = GPUMEM__WIRE__BUFFER_INFO__INIT, *bp = &b;
+  b.id = 3;
+  b.tag = "kv";
+  b.device = 1;
+  b.size = 2 * MIB;
+  Gpumem__Wire__ListReply r = GPUMEM__WIRE__LIST_REPLY__INIT;
+  r.buffers = &bp;
+  r.n_buffers = 1;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = id;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY;
+  out.list_reply = &r;
+  fake_send(f, &out, NULL, 0);
+}
+
+/* Script: two devices that this process numbers the other way round (the
+ * daemon's 0 is our 1); log and answer every pause, resume, status and
+ * list until the client goes. */
+static void run_recorder(struct script *s) {
+  fake_accept(&s->f);
+  static const char *const swapped[] = {"host-local:1", "host-local:0"};
+  EXPECT(s, fake_hello_devices(&s->f, swapped, 2));
+  struct frame fr;
+  wire_env *in;
+  while ((in = fake_recv(&s->f, &fr))) {
+    if (in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_PAUSE) {
+      const Gpumem__Wire__PauseRequest *p = in->pause;
+      log_op(s, "pause", p->tags, p->n_tags, p->devices, p->n_devices, p->pids, p->n_pids,
+             p->session_prefix, p->own, p->timeout_ms);
+      answer_op(&s->f, in->id);
+    } else if (in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_RESUME) {
+      const Gpumem__Wire__ResumeRequest *p = in->resume;
+      log_op(s, "resume", p->tags, p->n_tags, p->devices, p->n_devices, p->pids, p->n_pids,
+             p->session_prefix, p->own, p->timeout_ms);
+      answer_op(&s->f, in->id);
+    } else if (in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_STATUS) {
+      log_line(s, "status\n");
+      answer_status(&s->f, in->id);
+    } else if (in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_LIST) {
+      log_line(s, "list\n");
+      answer_list(&s->f, in->id);
+    } else {
+      log_line(s, "unexpected %d\n", (int)in->body_case);
+    }
+    wire_env_free(in);
+    frame_release(&fr);
+  }
+}
+
+/* Scopes and devices: bad options fail before anything is sent, the rest
+ * reach the daemon as given, with device numbers turned into the daemon's
+ * on the way out and into this process's on the way back; an older
+ * caller's smaller options struct is read only as far as it goes. */
+START_TEST(test_scopes_and_devices_reach_the_daemon_as_meant) {
+  struct script s;
+  script_start(&s, run_recorder);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "rec", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
+  ck_assert_uint_eq(gpumem_device_count(c), 2);
+  const char *tag = "kv";
+  uint32_t pids[] = {7, 8}, zero[] = {0};
+  int dev0 = 0, dev2 = 2, minus = -1;
+  char long_prefix[200];
+  memset(long_prefix, 'r', sizeof long_prefix - 1);
+  long_prefix[sizeof long_prefix - 1] = '\0';
+  struct {
+    int scope;
+    const uint32_t *pids;
+    size_t npids;
+    const char *prefix;
+    const int *dev;
+    const char *words;
+  } bad[] = {
+      {GPUMEM_SCOPE_OWN, pids, 2, NULL, NULL, "scope OWN"},
+      {GPUMEM_SCOPE_OWN, NULL, 0, "rank", NULL, "scope OWN"},
+      {7, NULL, 0, NULL, NULL, "unknown scope 7"},
+      {0, NULL, 2, NULL, NULL, "no pid list"},
+      {0, zero, 1, NULL, NULL, "pid 0"},
+      {0, NULL, 0, "bad\nname", NULL, "control characters"},
+      {0, NULL, 0, "\xff\xfe", NULL, "not UTF-8"},
+      {0, NULL, 0, long_prefix, NULL, "longer than"},
+      {0, NULL, 0, NULL, &dev2, "device 2 is not one of the 2 gpumemd devices"},
+      {0, NULL, 0, NULL, &minus, "device -1 is not one of the 2"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+    o.scope = bad[i].scope;
+    o.pids = bad[i].pids;
+    o.npids = bad[i].npids;
+    o.session_prefix = bad[i].prefix;
+    struct gpumem_op_report *r = (void *)&o;
+    ck_assert_int_eq(gpumem_pause(c, &tag, 1, bad[i].dev, bad[i].dev ? 1 : 0, &o, &r),
+                     GPUMEM_E_INVALID);
+    ck_assert_ptr_null(r);
+    ck_assert_msg(strstr(gpumem_last_error(), bad[i].words), "%zu: %s", i, gpumem_last_error());
+  }
+  struct gpumem_op_options nosize = GPUMEM_OP_OPTIONS_INIT;
+  nosize.size = 0;
+  ck_assert_int_eq(gpumem_resume(c, &tag, 1, NULL, 0, &nosize, NULL), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_pause(c, NULL, 1, NULL, 0, NULL, NULL), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_sync(c, 2), GPUMEM_E_INVALID);
+  /* A pause of some sessions on our device 0, which is the daemon's 1. */
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.pids = pids;
+  o.npids = 2;
+  o.session_prefix = "rank";
+  o.timeout_ms = 500;
+  struct gpumem_op_report *r;
+  ck_assert_msg(gpumem_pause(c, &tag, 1, &dev0, 1, &o, &r) == 0, "%s", gpumem_last_error());
+  ck_assert_uint_eq(r->size, sizeof *r);
+  ck_assert_str_eq(r->code, "OK");
+  ck_assert_uint_eq(r->nchecks, 1);
+  ck_assert_uint_eq(r->checks[0]->size, sizeof(struct gpumem_device_check));
+  ck_assert_int_eq(r->checks[0]->device, 0);
+  ck_assert_uint_eq(r->checks[0]->node_device, 1);
+  ck_assert_uint_eq(r->ndetails, 1);
+  ck_assert_str_eq(r->details[0]->tag, "kv");
+  ck_assert_int_eq(r->details[0]->device, 0);
+  ck_assert_uint_eq(r->details[0]->node_device, 1);
+  gpumem_op_report_free(r);
+  /* Every tag of this client's own. */
+  struct gpumem_op_options own = GPUMEM_OP_OPTIONS_INIT;
+  own.scope = GPUMEM_SCOPE_OWN;
+  ck_assert_int_eq(gpumem_resume(c, NULL, 0, NULL, 0, &own, NULL), 0);
+  /* A caller built against the 1.1 header: what lies past its struct is
+   * not read. */
+  struct gpumem_op_options old = GPUMEM_OP_OPTIONS_INIT;
+  old.size = offsetof(struct gpumem_op_options, scope);
+  old.scope = GPUMEM_SCOPE_OWN;
+  old.pids = zero;
+  old.npids = 1;
+  ck_assert_int_eq(gpumem_pause(c, &tag, 1, NULL, 0, &old, NULL), 0);
+  struct gpumem_status *st;
+  ck_assert_int_eq(gpumem_status(c, &st), 0);
+  ck_assert_uint_eq(st->size, sizeof *st);
+  ck_assert_str_eq(st->backend, "host");
+  ck_assert_uint_eq(st->ndevices, 2);
+  ck_assert_uint_eq(st->devices[0]->size, sizeof(struct gpumem_device_status));
+  ck_assert_int_eq(st->devices[0]->device, 1);
+  ck_assert_uint_eq(st->devices[0]->node_device, 0);
+  ck_assert_str_eq(st->devices[0]->bus_id, "host-local:1");
+  ck_assert_int_eq(st->devices[1]->device, 0);
+  ck_assert_uint_eq(st->nprocesses, 1);
+  ck_assert_int_eq(st->processes[0]->device, 1);
+  ck_assert_str_eq(st->processes[0]->name, "outside");
+  gpumem_status_free(st);
+  struct gpumem_list *l;
+  ck_assert_int_eq(gpumem_list(c, &l), 1);
+  ck_assert_uint_eq(l->size, sizeof *l);
+  ck_assert_uint_eq(l->nbuffers, 1);
+  ck_assert_uint_eq(l->buffers[0]->bytes, 2 * MIB);
+  ck_assert_int_eq(l->buffers[0]->device, 0);
+  ck_assert_uint_eq(l->buffers[0]->node_device, 1);
+  ck_assert_str_eq(l->buffers[0]->tag, "kv");
+  gpumem_list_free(l);
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+  ck_assert_str_eq(s.log, "pause own=0 pids=7,8 prefix=rank devices=1 tags=kv timeout=500\n"
+                          "resume own=1 pids= prefix= devices= tags= timeout=0\n"
+                          "pause own=0 pids= prefix= devices= tags=kv timeout=0\n"
+                          "status\n"
+                          "list\n");
+}
+END_TEST
+
+/* Poll (up to 5 s) until this process holds no memfd of the host backend
+ * by fd or mapping. */
+static bool own_memfds_gone(void) {
+  pid_t me = getpid();
+  double until = now_ms() + 5000;
+  while (memfd_bytes(&me, 1) != 0) {
+    if (now_ms() > until) return false;
+    usleep(1000);
+  }
+  return true;
+}
+
+/* Script: leave an alloc unanswered until the test says, answer it late,
+ * take the free the library sends for it; then leave a free unanswered
+ * until the test says. */
+static void run_late(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  uint64_t id = recv_alloc(&s->f);
+  EXPECT(s, id != 0);
+  reach(s, 1);
+  hold(s, 2);
+  push_alloc_reply(&s->f, id, 9, false);
+  fake_flush(&s->f);
+  s->ids[0] = answer_free(&s->f);
+  reach(s, 3);
+  id = recv_alloc(&s->f);
+  EXPECT(s, id != 0);
+  push_alloc_reply(&s->f, id, 10, false);
+  fake_flush(&s->f);
+  struct frame fr;
+  wire_env *in = fake_recv(&s->f, &fr);
+  bool is_free = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  EXPECT(s, is_free && in->free->buffer_id == 10);
+  uint64_t fid = in ? in->id : 0;
+  wire_env_free(in);
+  if (in) frame_release(&fr);
+  reach(s, 4);
+  hold(s, 5);
+  Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = fid;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
+  out.free_reply = &r;
+  fake_send(&s->f, &out, NULL, 0);
+  reach(s, 6);
+  wire_env *end = fake_recv(&s->f, &fr);
+  EXPECT(s, end == NULL);
+}
+
+/* A daemon that does not answer: the request fails with GPUMEM_E_TIMEOUT
+ * after the request timeout; the late AllocReply's memory is given back
+ * (freed at the daemon, its fd closed here), and a free that timed out
+ * releases its buffer when the answer comes. */
+START_TEST(test_unanswered_requests_time_out_and_late_replies_are_handled) {
+  struct script s;
+  script_start(&s, run_late);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "late", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_set_request_timeout(c, 200);
+  gpumem_buffer *b = NULL;
+  double t0 = now_ms();
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_TIMEOUT);
+  double took = now_ms() - t0;
+  ck_assert_msg(took >= 195 && took < 5000, "waited %.0f ms", took);
+  ck_assert_msg(strstr(gpumem_last_error(), "gpumemd did not answer in 0.2 s"), "%s",
+                gpumem_last_error());
+  ck_assert_ptr_null(b);
+  ck_assert_str_eq(gpumem_error_name(GPUMEM_E_TIMEOUT), "TIMEOUT");
+  release(&s, 2);
+  await(&s, 3);
+  ck_assert_msg(s.ok, "%s", s.note);
+  ck_assert_int_eq(s.ids[0], 9);
+  ck_assert(own_memfds_gone());
+  /* The connection carries on. */
+  gpumem_set_request_timeout(c, 0);
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
+  void *va = gpumem_buffer_ptr(b);
+  ck_assert(maps_memfd_at(va));
+  gpumem_set_request_timeout(c, 200);
+  ck_assert_int_eq(gpumem_free(c, b), GPUMEM_E_TIMEOUT);
+  ck_assert_msg(strstr(gpumem_last_error(), "released when it does"), "%s",
+                gpumem_last_error());
+  await(&s, 4);
+  ck_assert_msg(maps_memfd_at(va), "the buffer went before gpumemd freed it");
+  release(&s, 5);
+  await(&s, 6);
+  ck_assert(own_memfds_gone());
+  ck_assert(!maps_memfd_at(va));
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* Script: the client pauses its own tag; the daemon sends this session
+ * the Unmap and answers the pause only after the ack. */
+static void run_self_pause(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  uint64_t id = recv_alloc(&s->f), bid = 5;
+  EXPECT(s, id != 0);
+  push_alloc_reply(&s->f, id, bid, false);
+  fake_flush(&s->f);
+  struct frame fr;
+  wire_env *in = fake_recv(&s->f, &fr);
+  bool pause = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  EXPECT(s, pause && in->pause->own && in->pause->n_tags == 1 &&
+                strcmp(in->pause->tags[0], "kv") == 0);
+  uint64_t pid = in ? in->id : 0;
+  wire_env_free(in);
+  if (in) frame_release(&fr);
+  push_unmap(&s->f, 200, &bid, 1);
+  fake_flush(&s->f);
+  EXPECT(s, recv_ack(&s->f, &s->acks[0]));
+  answer_op(&s->f, pid);
+  s->ids[0] = answer_free(&s->f);
+  wire_env *end = fake_recv(&s->f, &fr);
+  EXPECT(s, end == NULL);
+}
+
+/* Without a background thread, a request handles the daemon's events
+ * while it waits: a worker that pauses its own buffers acks the Unmap
+ * that its own pause causes and gets the answer. */
+START_TEST(test_no_thread_request_handles_events_while_waiting) {
+  struct script s;
+  script_start(&s, run_self_pause);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "self", GPUMEM_ROLE_WORKER,
+                                  GPUMEM_CONNECT_NO_THREAD, &c), 0);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
+  void *va = gpumem_buffer_ptr(b);
+  const char *tag = "kv";
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.scope = GPUMEM_SCOPE_OWN;
+  struct gpumem_op_report *r;
+  ck_assert_msg(gpumem_pause(c, &tag, 1, NULL, 0, &o, &r) == 0, "%s", gpumem_last_error());
+  ck_assert_uint_eq(r->buffers, 1);
+  gpumem_op_report_free(r);
+  ck_assert_int_eq(gpumem_buffer_mapped(b), 0);
+  ck_assert(!maps_memfd_at(va));
+  ck_assert_int_eq(gpumem_free(c, b), 0);
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+  ck_assert_int_eq(s.acks[0].id, 200);
+  ck_assert_msg(s.acks[0].code == 0, "ack %d: %s", s.acks[0].code, s.acks[0].message);
+  ck_assert_int_eq(s.ids[0], 5);
+}
+END_TEST
+
+/* A reader thread and what it saw. */
+struct reader {
+  gpumem_client *c;
+  gpumem_buffer *b;
+  const uint8_t *pattern;
+  uint64_t size;
+  atomic_bool stop;
+  atomic_long ok, wrong_state, bad;
+  char why[256];
+};
+
+/* Read the buffer in pieces until told to stop, checking every piece. */
+static void *read_loop(void *arg) {
+  struct reader *r = arg;
+  enum { PIECE = 64 * 1024 };
+  uint8_t *tmp = malloc(PIECE);
+  while (!atomic_load(&r->stop)) {
+    for (uint64_t off = 0; off < r->size && !atomic_load(&r->stop); off += PIECE) {
+      int rc = gpumem_buffer_read(r->c, r->b, off, tmp, PIECE);
+      if (rc == 0 && memcmp(tmp, r->pattern + off, PIECE) == 0) {
+        atomic_fetch_add(&r->ok, 1);
+      } else if (rc == GPUMEM_E_WRONG_STATE) {
+        atomic_fetch_add(&r->wrong_state, 1);
+      } else if (atomic_fetch_add(&r->bad, 1) == 0) {
+        snprintf(r->why, sizeof r->why, "read at %llu: %d %s", (unsigned long long)off, rc,
+                 rc ? gpumem_last_error() : "wrong contents");
+      }
+    }
+  }
+  free(tmp);
+  return NULL;
+}
+
+/* Wait (up to 10 s) until a counter moves past a value. */
+static bool moves_past(atomic_long *v, long was) {
+  double until = now_ms() + 10000;
+  while (atomic_load(v) <= was) {
+    if (now_ms() > until) return false;
+    usleep(100);
+  }
+  return true;
+}
+
+/* Reads of a BACKUP buffer on one thread while another pauses and resumes
+ * its tag: each read either gives the right contents or fails with
+ * GPUMEM_E_WRONG_STATE; none touches unmapped memory. */
+START_TEST(test_reads_race_pauses_safely) {
+  struct daemon d;
+  daemon_start(&d, "--host-devices", "1", "--host-device-size", "256M", NULL);
+  gpumem_client *w, *ctl;
+  ck_assert_int_eq(gpumem_connect(d.socket, "reader", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER,
+                                  GPUMEM_CONNECT_NO_THREAD, &ctl), 0);
+  struct reader r = {.c = w, .size = 4 * MIB};
+  ck_assert_int_eq(gpumem_alloc(w, "rw", 0, r.size, GPUMEM_BACKUP, &r.b), 0);
+  uint8_t *pattern = malloc(r.size);
+  for (uint64_t i = 0; i < r.size; i++) pattern[i] = (uint8_t)(i * 131 + i / 4099);
+  r.pattern = pattern;
+  ck_assert_int_eq(gpumem_buffer_write(w, r.b, 0, pattern, r.size), 0);
+  pthread_t t;
+  pthread_create(&t, NULL, read_loop, &r);
+  const char *tag = "rw";
+  for (int i = 0; i < 20; i++) {
+    long seen = atomic_load(&r.wrong_state);
+    ck_assert_msg(gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, NULL) == 0, "%s",
+                  gpumem_last_error());
+    ck_assert(moves_past(&r.wrong_state, seen));
+    seen = atomic_load(&r.ok);
+    ck_assert_msg(gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, NULL) == 0, "%s",
+                  gpumem_last_error());
+    ck_assert(moves_past(&r.ok, seen));
+  }
+  atomic_store(&r.stop, true);
+  pthread_join(t, NULL);
+  ck_assert_msg(atomic_load(&r.bad) == 0, "%ld bad reads; first: %s", atomic_load(&r.bad),
+                r.why);
+  ck_assert_int_eq(gpumem_free(w, r.b), 0);
+  free(pattern);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* The version, the error names and the words of the new code. */
+START_TEST(test_version_and_error_names) {
+  ck_assert_int_eq(gpumem_version(), GPUMEM_VERSION);
+  ck_assert_int_eq(GPUMEM_VERSION, 10200);
+  ck_assert_str_eq(gpumem_version_string(), "1.2.0");
+  ck_assert_str_eq(gpumem_error_name(0), "OK");
+  ck_assert_str_eq(gpumem_error_name(GPUMEM_E_TAG_PAUSED), "TAG_PAUSED");
+  ck_assert_str_eq(gpumem_error_name(GPUMEM_E_INVALID), "INVALID_ARGUMENT");
+  ck_assert_str_eq(gpumem_error_name(GPUMEM_E_NOT_RELEASED), "NOT_RELEASED");
+  ck_assert_str_eq(gpumem_error_name(GPUMEM_E_SHUTTING_DOWN), "SHUTTING_DOWN");
+  ck_assert_str_eq(gpumem_error_name(GPUMEM_E_DISCONNECTED), "DISCONNECTED");
+  ck_assert_str_eq(gpumem_error_name(GPUMEM_E_TIMEOUT), "TIMEOUT");
+  ck_assert_str_eq(gpumem_error_name(-21), "UNKNOWN");
+  ck_assert_str_eq(gpumem_error_name(5), "UNKNOWN");
+  ck_assert_str_eq(gpumem_strerror(GPUMEM_E_TIMEOUT), "gpumemd did not answer in time");
+  ck_assert_str_eq(gpumem_strerror(-21), "unknown error");
+}
+END_TEST
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   return HARNESS_RUN("client", 60, NULL, NULL, test_unmap_right_after_alloc_reply_unmaps,
@@ -834,5 +1358,9 @@ int main(void) {
                      test_no_reconnect_flag, test_restart_re_registers_buffers,
                      test_dispatch_reconnects_without_thread,
                      test_daemon_killed_and_restarted_adopts_worker,
-                     test_daemon_sigterm_worker_told_and_adopted);
+                     test_daemon_sigterm_worker_told_and_adopted,
+                     test_scopes_and_devices_reach_the_daemon_as_meant,
+                     test_unanswered_requests_time_out_and_late_replies_are_handled,
+                     test_no_thread_request_handles_events_while_waiting,
+                     test_reads_race_pauses_safely, test_version_and_error_names);
 }

@@ -164,8 +164,9 @@ START_TEST(status_json_carries_every_figure) {
   ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
   ck_assert_int_eq(json_check(d.dir,
                               "j['backend']=='host' and j['granularity']>0"
-                              " and all(set(x)>={'index','total','free','managed','unmanaged',"
-                              "'reserved','daemon_context','bus_id'} for x in j['devices'])"
+                              " and all(set(x)>={'index','device','node_device','total','free',"
+                              "'managed','unmanaged','reserved','daemon_context','bus_id'}"
+                              " and x['index']==x['node_device']==x['device'] for x in j['devices'])"
                               " and j['devices'][0]['managed']==8388608"
                               " and all(set(t)>={'name','state','buffers','bytes','paused_buffers',"
                               "'paused_bytes','backup_bytes','mixed','transit_buffers',"
@@ -231,29 +232,50 @@ static void fake_send(int fd, uint64_t id, wire_env *env) {
 static void fake_record(const char *path, const wire_env *req) {
   FILE *f = fopen(path, "a");
   if (!f) return;
-  if (req->body_case == GPUMEM__WIRE__ENVELOPE__BODY_PAUSE)
-    fprintf(f, "pause max_residual=%llu timeout=%u tags=%s\n",
+  bool pause = req->body_case == GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  size_t ntags = pause ? req->pause->n_tags : req->resume->n_tags;
+  char **tags = pause ? req->pause->tags : req->resume->tags;
+  size_t npids = pause ? req->pause->n_pids : req->resume->n_pids;
+  uint32_t *pids = pause ? req->pause->pids : req->resume->pids;
+  size_t ndevs = pause ? req->pause->n_devices : req->resume->n_devices;
+  uint32_t *devs = pause ? req->pause->devices : req->resume->devices;
+  const char *prefix = pause ? req->pause->session_prefix : req->resume->session_prefix;
+  if (pause)
+    fprintf(f, "pause max_residual=%llu timeout=%u tags=%s",
             (unsigned long long)req->pause->max_residual, req->pause->timeout_ms,
-            req->pause->n_tags ? req->pause->tags[0] : "");
+            ntags ? tags[0] : "");
   else
-    fprintf(f, "resume tags=%s\n", req->resume->n_tags ? req->resume->tags[0] : "");
+    fprintf(f, "resume tags=%s", ntags ? tags[0] : "");
+  /* The scope, only where there is one (older lines stay as they were). */
+  if (ntags == 0) fprintf(f, " all");
+  for (size_t i = 0; i < ndevs; i++) fprintf(f, "%s%u", i ? "," : " devices=", devs[i]);
+  for (size_t i = 0; i < npids; i++) fprintf(f, "%s%u", i ? "," : " pids=", pids[i]);
+  if (prefix && *prefix) fprintf(f, " prefix=%s", prefix);
+  fprintf(f, "\n");
   fclose(f);
 }
 
 /* Serve one client: greet it, then answer each request until it goes. */
 static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status) {
-  Gpumem__Wire__DeviceInfo dev0 = GPUMEM__WIRE__DEVICE_INFO__INIT;
-  dev0.index = 0;
-  dev0.total = 80 * GiB;
-  dev0.bus_id = "host-local:0";
-  Gpumem__Wire__DeviceInfo *devs[] = {&dev0};
+  /* Four devices, which this process sees under the same numbers. */
+  Gpumem__Wire__DeviceInfo dev[4];
+  Gpumem__Wire__DeviceInfo *devs[4];
+  char bus[4][32];
+  for (unsigned i = 0; i < 4; i++) {
+    gpumem__wire__device_info__init(&dev[i]);
+    dev[i].index = i;
+    dev[i].total = 80 * GiB;
+    snprintf(bus[i], sizeof bus[i], "host-local:%u", i);
+    dev[i].bus_id = bus[i];
+    devs[i] = &dev[i];
+  }
   Gpumem__Wire__HelloReply hr = GPUMEM__WIRE__HELLO_REPLY__INIT;
   hr.version_major = WIRE_VERSION_MAJOR;
   hr.version_minor = WIRE_VERSION_MINOR;
   hr.backend = "host";
   hr.granularity = 2 * MiB;
   hr.devices = devs;
-  hr.n_devices = 1;
+  hr.n_devices = 4;
   hr.session_id = 1;
   for (;;) {
     uint8_t hdr[4];
@@ -368,7 +390,7 @@ START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
                               "j['error']=={'code':'NOT_RELEASED','message':'2 buffers of tag kv "
                               "were not released','pids':[4121,4122],'buffers_held':2,"
                               "'bytes_held':8589934592,'bytes_needed':0,'bytes_free':0}"
-                              " and j['checks']==[{'device':0,'released':8589934592,"
+                              " and j['checks']==[{'device':0,'node_device':0,'released':8589934592,"
                               "'free_before':10737418240,'free_after':15032385536,"
                               "'shortfall':4294967296,'residual':1073741824,"
                               "'residual_known':True}]"),
@@ -403,7 +425,7 @@ START_TEST(the_library_reports_failures_whole) {
   struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
   o.max_residual = 5 * GiB;
   struct gpumem_op_report *r;
-  ck_assert_int_eq(gpumem_pause_ex(c, &tag, 1, NULL, 0, &o, &r), GPUMEM_E_CLIENT_TIMEOUT);
+  ck_assert_int_eq(gpumem_pause(c, &tag, 1, NULL, 0, &o, &r), GPUMEM_E_CLIENT_TIMEOUT);
   ck_assert_ptr_nonnull(r);
   ck_assert_int_eq(r->error, GPUMEM_E_CLIENT_TIMEOUT);
   ck_assert_str_eq(r->code, "CLIENT_TIMEOUT");
@@ -413,23 +435,59 @@ START_TEST(the_library_reports_failures_whole) {
   ck_assert_uint_eq(r->buffers_held, 70);
   ck_assert_uint_eq(r->bytes_held, 70 * MiB);
   ck_assert_uint_eq(r->nchecks, 1);
-  ck_assert_uint_eq(r->checks[0].shortfall, 4 * GiB);
-  ck_assert_int_eq(r->checks[0].residual_known, 1);
+  ck_assert_uint_eq(r->checks[0]->size, sizeof(struct gpumem_device_check));
+  ck_assert_uint_eq(r->checks[0]->shortfall, 4 * GiB);
+  ck_assert_int_eq(r->checks[0]->residual_known, 1);
   gpumem_op_report_free(r);
   /* max_residual belongs to pause; the library says so before asking. */
   static struct gpumem_op_report sentinel;
   r = &sentinel;
-  ck_assert_int_eq(gpumem_resume_ex(c, &tag, 1, NULL, 0, &o, &r), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_resume(c, &tag, 1, NULL, 0, &o, &r), GPUMEM_E_INVALID);
   ck_assert_ptr_null(r);
-  struct gpumem_op_result old;
-  ck_assert_int_eq(gpumem_pause(c, &tag, 1, NULL, 0, 0, &old), GPUMEM_E_CLIENT_TIMEOUT);
-  ck_assert_uint_eq(old.npids, 64);
-  ck_assert_uint_eq(old.pids[0], 1000);
+  /* Without options and without a report: the code alone. */
+  ck_assert_int_eq(gpumem_pause(c, &tag, 1, NULL, 0, NULL, NULL), GPUMEM_E_CLIENT_TIMEOUT);
   gpumem_disconnect(c);
   char asked[512];
   slurp(fk.asked, asked, sizeof asked);
   ck_assert_str_eq(asked, "pause max_residual=5368709120 timeout=0 tags=kv\n"
                           "pause max_residual=0 timeout=0 tags=kv\n");
+}
+END_TEST
+
+/* pause and resume select sessions by pid and name prefix; every tag
+ * takes --all, so that a forgotten tag cannot pause a node; bad values
+ * are usage errors and nothing reaches the daemon. */
+START_TEST(pause_and_resume_select_sessions) {
+  Gpumem__Wire__OpReply ok = GPUMEM__WIRE__OP_REPLY__INIT;
+  ok.buffers = 1;
+  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
+  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+  op.op_reply = &ok;
+  fake_start(&fk, &op, NULL);
+  static const char *const usage[] = {
+      "pause", "resume", "pause --all kv", "status --all", "status --pid 5",
+      "list --session-prefix x", "pause --pid 0 kv", "pause --pid x kv", "pause --pid -3 kv",
+      "pause --pid 4294967296 kv", "resume --session-prefix '' kv",
+  };
+  for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++)
+    ck_assert_msg(ctl(fk.dir, fk.socket, usage[i]) == 2, "%s: %s", usage[i], err_buf);
+  ck_assert_msg(ctl(fk.dir, fk.socket, "pause") == 2 &&
+                    strstr(err_buf, "pause needs tags, or --all for every tag"),
+                "%s", err_buf);
+  /* The library refuses what no session name could start with. */
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --session-prefix \"$(printf 'a\\001b')\" kv"), 1);
+  ck_assert_msg(strstr(err_buf, "session prefix is not UTF-8 text without control characters"),
+                "%s", err_buf);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --all --pid 41 --pid 42 --session-prefix rank"),
+                   0);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "resume --session-prefix sglang- --device 1 kv"), 0);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json resume --all"), 0);
+  ck_assert_int_eq(json_check(fk.dir, "j['buffers']==1 and j['error'] is None"), 0);
+  char asked[512];
+  slurp(fk.asked, asked, sizeof asked);
+  ck_assert_str_eq(asked, "pause max_residual=0 timeout=0 tags= all pids=41,42 prefix=rank\n"
+                          "resume tags=kv devices=1 prefix=sglang-\n"
+                          "resume tags= all\n");
 }
 END_TEST
 
@@ -525,7 +583,7 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
                               "j['devices'][0]['reserved']==1073741824"
                               " and j['devices'][0]['unmanaged']==19*1073741824"
                               " and j['processes_known'] is True and len(j['processes'])==3"
-                              " and j['processes'][1]=={'pid':4121,'device':3,'used':55942366003,"
+                              " and j['processes'][1]=={'pid':4121,'device':3,'node_device':3,'used':55942366003,"
                               "'managed':0,'residual':55942366003,'session_id':7,"
                               "'name':'sglang-tp3'}"
                               " and j['tags'][0]['transit_bytes']==8*1073741824"
@@ -571,7 +629,7 @@ END_TEST
 
 int main(void) {
   return HARNESS_RUN("ctl", 60, setup, teardown,
-                     unknown_tag_is_not_found_and_fails,
+                     unknown_tag_is_not_found_and_fails, pause_and_resume_select_sessions,
                      pause_and_resume_print_the_driver_checks,
                      status_json_carries_every_figure,
                      max_residual_is_a_pause_option,

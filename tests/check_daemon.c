@@ -29,20 +29,49 @@ static gpumem_client *controller(void) {
   return c;
 }
 
-static int pause_tag(gpumem_client *c, const char *tag, struct gpumem_op_result *r) {
-  return gpumem_pause(c, &tag, 1, NULL, 0, 0, r);
+/* The figures of a pause's or resume's report that these tests check. */
+struct op_sum {
+  uint64_t buffers, bytes, backup_bytes, bytes_needed, bytes_free;
+  size_t npids;
+  uint32_t pids[64];
+};
+
+/* Pause or resume one tag with options, keeping the report's figures
+ * (when r is not NULL). */
+static int op_tag(gpumem_client *c, bool resume, const char *tag,
+                  const struct gpumem_op_options *o, struct op_sum *r) {
+  struct gpumem_op_report *rep = NULL;
+  int rc = resume ? gpumem_resume(c, &tag, 1, NULL, 0, o, &rep)
+                  : gpumem_pause(c, &tag, 1, NULL, 0, o, &rep);
+  if (r) memset(r, 0, sizeof *r);
+  if (r && rep) {
+    r->buffers = rep->buffers;
+    r->bytes = rep->bytes;
+    r->backup_bytes = rep->backup_bytes;
+    r->bytes_needed = rep->bytes_needed;
+    r->bytes_free = rep->bytes_free;
+    for (size_t i = 0; i < rep->npids && i < 64; i++) r->pids[r->npids++] = rep->pids[i];
+  }
+  gpumem_op_report_free(rep);
+  return rc;
+}
+
+static int pause_tag(gpumem_client *c, const char *tag, struct op_sum *r) {
+  return op_tag(c, false, tag, NULL, r);
 }
 
 /* Resumes wait for the workers' hooks, which verify their buffers: give
  * them time even under ThreadSanitizer (a 256 MiB check takes ~9 s there);
  * the tests of timeouts time out pauses. */
-static int resume_tag(gpumem_client *c, const char *tag, struct gpumem_op_result *r) {
-  return gpumem_resume(c, &tag, 1, NULL, 0, 60000, r);
+static int resume_tag(gpumem_client *c, const char *tag, struct op_sum *r) {
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.timeout_ms = 60000;
+  return op_tag(c, true, tag, &o, r);
 }
 
 static const struct gpumem_tag_status *find_tag(const struct gpumem_status *s, const char *name) {
   for (size_t i = 0; i < s->ntags; i++)
-    if (strcmp(s->tags[i].name, name) == 0) return &s->tags[i];
+    if (strcmp(s->tags[i]->name, name) == 0) return s->tags[i];
   return NULL;
 }
 
@@ -195,7 +224,7 @@ START_TEST(pause_releases_memory_and_resume_takes_it_again) {
   pid_t pids[] = {d.pid, w.pid};
   ck_assert_uint_eq(memfd_bytes(pids, 2), 256 * MiB);
   gpumem_client *c = controller();
-  struct gpumem_op_result r;
+  struct op_sum r;
   ck_assert_int_eq(pause_tag(c, "kv_cache", &r), 0);
   ck_assert_uint_eq(r.buffers, 2);
   ck_assert_uint_eq(r.bytes, 256 * MiB);
@@ -203,8 +232,8 @@ START_TEST(pause_releases_memory_and_resume_takes_it_again) {
   ck_assert_uint_eq(memfd_bytes(pids, 2), 0);
   struct gpumem_status *s;
   ck_assert_int_eq(gpumem_status(c, &s), 0);
-  ck_assert_uint_eq(s->devices[0].managed, 0);
-  ck_assert_uint_eq(s->devices[0].free, 1024 * MiB);
+  ck_assert_uint_eq(s->devices[0]->managed, 0);
+  ck_assert_uint_eq(s->devices[0]->free, 1024 * MiB);
   ck_assert_int_eq(find_tag(s, "kv_cache")->state, GPUMEM_PAUSED);
   ck_assert_uint_eq(find_tag(s, "kv_cache")->paused_bytes, 256 * MiB);
   gpumem_status_free(s);
@@ -230,7 +259,7 @@ START_TEST(backup_buffers_keep_their_contents) {
   struct worker w;
   worker_start(&w, &d, "--tag", "weights", "--size", "24M", "--count", "3", "--backup", NULL);
   gpumem_client *c = controller();
-  struct gpumem_op_result r;
+  struct op_sum r;
   for (int round = 1; round <= 2; round++) {
     ck_assert_int_eq(pause_tag(c, "weights", &r), 0);
     ck_assert_uint_eq(r.backup_bytes, 72 * MiB);
@@ -256,7 +285,7 @@ START_TEST(killed_worker_gives_its_memory_back) {
   ck_assert_msg(memfd_bytes(pids, 1) == 0, "memory of a killed worker stayed");
   struct gpumem_status *s;
   ck_assert_int_eq(gpumem_status(c, &s), 0);
-  ck_assert_uint_eq(s->devices[0].managed, 0);
+  ck_assert_uint_eq(s->devices[0]->managed, 0);
   ck_assert_uint_eq(s->nsessions, 1); /* only us */
   gpumem_status_free(s);
   gpumem_disconnect(c);
@@ -270,7 +299,7 @@ START_TEST(unresponsive_worker_is_reported_and_finishes_late) {
   worker_start(&b, &d, "--tag", "kv", "--size", "8M", NULL);
   worker_freeze(&b);
   gpumem_client *c = controller();
-  struct gpumem_op_result r;
+  struct op_sum r;
   double t0 = now_ms();
   ck_assert_int_eq(pause_tag(c, "kv", &r), GPUMEM_E_CLIENT_TIMEOUT);
   ck_assert_double_ge(now_ms() - t0, 290);
@@ -296,7 +325,7 @@ START_TEST(kill_policy_ends_unresponsive_workers) {
   worker_start(&b, &d, "--tag", "kv", "--size", "8M", NULL);
   worker_freeze(&b);
   gpumem_client *c = controller();
-  struct gpumem_op_result r;
+  struct op_sum r;
   ck_assert_int_eq(pause_tag(c, "kv", &r), GPUMEM_E_CLIENT_TIMEOUT);
   ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "killed"));
   int status;
@@ -307,7 +336,7 @@ START_TEST(kill_policy_ends_unresponsive_workers) {
   for (int i = 0; i < 100; i++) {
     ck_assert_int_eq(gpumem_status(c, &s), 0);
     size_t n = s->nsessions;
-    uint64_t managed = s->devices[0].managed;
+    uint64_t managed = s->devices[0]->managed;
     gpumem_status_free(s);
     if (n == 1 && managed == 0) break;
     ck_assert_int_lt(i, 99);
@@ -322,7 +351,7 @@ START_TEST(resume_beyond_capacity_changes_nothing) {
   struct worker a, t;
   worker_start(&a, &d, "--tag", "kv", "--size", "64M", "--count", "2", NULL);
   gpumem_client *c = controller();
-  struct gpumem_op_result r;
+  struct op_sum r;
   ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
   worker_start(&t, &d, "--tag", "trainer", "--size", "192M", NULL);
   ck_assert_int_eq(resume_tag(c, "kv", &r), GPUMEM_E_OUT_OF_MEMORY);
@@ -332,7 +361,7 @@ START_TEST(resume_beyond_capacity_changes_nothing) {
   ck_assert_int_eq(gpumem_status(c, &s), 0);
   ck_assert_int_eq(find_tag(s, "kv")->state, GPUMEM_PAUSED);
   ck_assert_uint_eq(find_tag(s, "kv")->paused_bytes, 128 * MiB);
-  ck_assert_uint_eq(s->devices[0].managed, 192 * MiB);
+  ck_assert_uint_eq(s->devices[0]->managed, 192 * MiB);
   gpumem_status_free(s);
   ck_assert_int_eq(worker_count(&a, "resumed"), 0);
   ck_assert_int_eq(worker_stop(&t, SIGTERM), 0);
@@ -516,7 +545,7 @@ START_TEST(bad_requests_get_clear_errors) {
   close(x);
   /* Nothing leaked into the registry: the worker's buffer and ours. */
   gpumem_client *c = controller();
-  struct gpumem_buffer_info *list;
+  struct gpumem_list *list;
   ck_assert_int_eq(gpumem_list(c, &list), 2);
   gpumem_list_free(list);
   gpumem_disconnect(c);
@@ -609,7 +638,7 @@ END_TEST
 START_TEST(allocations_in_a_paused_tag) {
   daemon_start(&d, NULL);
   gpumem_client *ctl = controller();
-  struct gpumem_op_result r;
+  struct op_sum r;
   ck_assert_int_eq(pause_tag(ctl, "kv", &r), GPUMEM_E_NOT_FOUND);
   gpumem_client *w;
   ck_assert_int_eq(gpumem_connect(d.socket, "late", GPUMEM_ROLE_WORKER, 0, &w), 0);
@@ -640,7 +669,7 @@ START_TEST(pause_and_resume_are_idempotent) {
   struct worker w;
   worker_start(&w, &d, "--tag", "kv", "--size", "4M", "--count", "2", NULL);
   gpumem_client *c = controller();
-  struct gpumem_op_result r;
+  struct op_sum r;
   ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
   ck_assert_uint_eq(r.buffers, 2);
   ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
@@ -757,7 +786,7 @@ START_TEST(one_client_from_many_threads) {
     pthread_join(tid[i], NULL);
     ck_assert_int_eq(t[i].failures, 0);
   }
-  struct gpumem_buffer_info *list;
+  struct gpumem_list *list;
   ck_assert_int_eq(gpumem_list(w, &list), 1);
   gpumem_list_free(list);
   gpumem_disconnect(c);

@@ -235,7 +235,7 @@ int main(int argc, char **argv) {
   for (unsigned long i = 0; i < count; i++) {
     gpumem_buffer *b;
     unsigned flags = ipc ? GPUMEM_IPC_LEGACY : GPUMEM_ALLOW_PAUSED | (backup ? GPUMEM_BACKUP : 0);
-    if (gpumem_alloc(c, tag, (unsigned)device, size, flags, &b) < 0) {
+    if (gpumem_alloc(c, tag, (int)device, size, flags, &b) < 0) {
       fprintf(stderr, "gpumem-worker: alloc: %s\n", gpumem_last_error());
       status = 1;
       break;

@@ -12,6 +12,7 @@
 #include "gpumem.h"
 
 #define MAX_DEVICES 64
+#define MAX_PIDS 4096
 
 /* Print the usage text. */
 static void usage(FILE *out) {
@@ -21,12 +22,15 @@ static void usage(FILE *out) {
           "  status                    devices, tags, sessions and memory held outside gpumemd\n"
           "  list                      every buffer\n"
           "  metrics                   the status in Prometheus text format\n"
-          "  pause TAG...              unmap and free the tags' memory on the node\n"
-          "  resume TAG...             take it again (all or nothing)\n"
+          "  pause TAG... | --all      unmap and free the tags' memory on the node\n"
+          "  resume TAG... | --all     take it again (all or nothing)\n"
           "options:\n"
           "  --socket PATH             daemon socket (default $GPUMEM_SOCKET or %s)\n"
           "  --json                    machine-readable output\n"
+          "  --all                     pause/resume: every tag (instead of naming tags)\n"
           "  --device N                pause/resume: only device N (repeatable)\n"
+          "  --pid PID                 pause/resume: only the sessions of PID (repeatable)\n"
+          "  --session-prefix NAME     pause/resume: only sessions whose name starts with NAME\n"
           "  --timeout MS              pause/resume: ack timeout per worker\n"
           "  --max-residual SIZE       pause: fail when a device still holds more than\n"
           "                            SIZE outside gpumemd after the release\n"
@@ -80,16 +84,25 @@ static const char *tag_state(const struct gpumem_tag_status *t) {
   return gpumem_state_name(t->state);
 }
 
+/* A device as people read it: this process's number, and the daemon's
+ * where it differs (CUDA_VISIBLE_DEVICES). */
+static const char *dev_label(int device, unsigned node, char *buf, size_t len) {
+  if (device < 0) snprintf(buf, len, "node %u", node);
+  else if ((unsigned)device == node) snprintf(buf, len, "%d", device);
+  else snprintf(buf, len, "%d (node %u)", device, node);
+  return buf;
+}
+
 /* Print a bool for JSON. */
 static const char *json_bool(int v) { return v ? "true" : "false"; }
 
 /* The driver's figures per device, as JSON array elements. */
-static void json_checks(const struct gpumem_device_check *v, size_t n) {
+static void json_checks(struct gpumem_device_check *const *v, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    const struct gpumem_device_check *k = &v[i];
-    printf("%s{\"device\":%u,\"released\":%llu,\"free_before\":%llu,\"free_after\":%llu,"
-           "\"shortfall\":%llu,\"residual\":%llu,\"residual_known\":%s}",
-           i ? "," : "", k->device, (unsigned long long)k->released,
+    const struct gpumem_device_check *k = v[i];
+    printf("%s{\"device\":%d,\"node_device\":%u,\"released\":%llu,\"free_before\":%llu,"
+           "\"free_after\":%llu,\"shortfall\":%llu,\"residual\":%llu,\"residual_known\":%s}",
+           i ? "," : "", k->device, k->node_device, (unsigned long long)k->released,
            (unsigned long long)k->free_before, (unsigned long long)k->free_after,
            (unsigned long long)k->shortfall, (unsigned long long)k->residual,
            json_bool(k->residual_known));
@@ -99,21 +112,23 @@ static void json_checks(const struct gpumem_device_check *v, size_t n) {
 /* What the driver shows of each device the operation touched: the bytes
  * released (or taken) next to the change in free memory, the shortfall
  * and what is held outside gpumemd. */
-static void print_checks(FILE *out, const struct gpumem_device_check *v, size_t n, bool resume) {
-  char a[32], b[32], c[32];
+static void print_checks(FILE *out, struct gpumem_device_check *const *v, size_t n,
+                         bool resume) {
+  char a[32], b[32], c[32], dev[32];
   for (size_t i = 0; i < n; i++) {
-    const struct gpumem_device_check *k = &v[i];
+    const struct gpumem_device_check *k = v[i];
     bool rose = k->free_after >= k->free_before;
     uint64_t delta = rose ? k->free_after - k->free_before : k->free_before - k->free_after;
-    fprintf(out, "device %u: %s %s, driver shows %s %s free", k->device,
+    dev_label(k->device, k->node_device, dev, sizeof dev);
+    fprintf(out, "device %s: %s %s, driver shows %s %s free", dev,
             resume ? "took" : "released", size_format(k->released, a, sizeof a),
             size_format(delta, b, sizeof b), rose ? "more" : "less");
     if (k->residual_known && k->residual)
       fprintf(out, "; %s held outside gpumemd", size_format(k->residual, c, sizeof c));
     fprintf(out, "\n");
     if (k->shortfall)
-      fprintf(out, "! device %u: %s released that the driver does not show as free\n",
-              k->device, size_format(k->shortfall, a, sizeof a));
+      fprintf(out, "! device %s: %s released that the driver does not show as free\n", dev,
+              size_format(k->shortfall, a, sizeof a));
   }
 }
 
@@ -124,10 +139,11 @@ static void print_status_json(const struct gpumem_status *s) {
   json_str(s->backend);
   printf(",\"granularity\":%llu,\"devices\":[", (unsigned long long)s->granularity);
   for (size_t i = 0; i < s->ndevices; i++) {
-    const struct gpumem_device_status *d = &s->devices[i];
-    printf("%s{\"index\":%u,\"total\":%llu,\"free\":%llu,\"managed\":%llu,\"unmanaged\":%llu,"
-           "\"reserved\":%llu,\"daemon_context\":%s,\"bus_id\":",
-           i ? "," : "", d->index, (unsigned long long)d->total, (unsigned long long)d->free,
+    const struct gpumem_device_status *d = s->devices[i];
+    printf("%s{\"index\":%u,\"device\":%d,\"node_device\":%u,\"total\":%llu,\"free\":%llu,"
+           "\"managed\":%llu,\"unmanaged\":%llu,\"reserved\":%llu,\"daemon_context\":%s,"
+           "\"bus_id\":",
+           i ? "," : "", d->node_device, d->device, d->node_device, (unsigned long long)d->total, (unsigned long long)d->free,
            (unsigned long long)d->managed, (unsigned long long)d->unmanaged,
            (unsigned long long)d->reserved, json_bool(d->daemon_context));
     json_str(d->bus_id);
@@ -135,7 +151,7 @@ static void print_status_json(const struct gpumem_status *s) {
   }
   printf("],\"tags\":[");
   for (size_t i = 0; i < s->ntags; i++) {
-    const struct gpumem_tag_status *t = &s->tags[i];
+    const struct gpumem_tag_status *t = s->tags[i];
     printf("%s{\"name\":", i ? "," : "");
     json_str(t->name);
     printf(",\"state\":\"%s\",\"buffers\":%llu,\"bytes\":%llu,\"paused_buffers\":%llu,"
@@ -149,7 +165,7 @@ static void print_status_json(const struct gpumem_status *s) {
   }
   printf("],\"sessions\":[");
   for (size_t i = 0; i < s->nsessions; i++) {
-    const struct gpumem_session_status *x = &s->sessions[i];
+    const struct gpumem_session_status *x = s->sessions[i];
     printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"name\":", i ? "," : "",
            (unsigned long long)x->id, x->pid, x->uid);
     json_str(x->name);
@@ -160,10 +176,10 @@ static void print_status_json(const struct gpumem_status *s) {
   }
   printf("],\"processes_known\":%s,\"processes\":[", json_bool(s->processes_known));
   for (size_t i = 0; i < s->nprocesses; i++) {
-    const struct gpumem_process_status *p = &s->processes[i];
-    printf("%s{\"pid\":%u,\"device\":%u,\"used\":%llu,\"managed\":%llu,\"residual\":%llu,"
-           "\"session_id\":%llu,\"name\":",
-           i ? "," : "", p->pid, p->device, (unsigned long long)p->used,
+    const struct gpumem_process_status *p = s->processes[i];
+    printf("%s{\"pid\":%u,\"device\":%d,\"node_device\":%u,\"used\":%llu,\"managed\":%llu,"
+           "\"residual\":%llu,\"session_id\":%llu,\"name\":",
+           i ? "," : "", p->pid, p->device, p->node_device, (unsigned long long)p->used,
            (unsigned long long)p->managed, (unsigned long long)p->residual,
            (unsigned long long)p->session_id);
     json_str(p->name ? p->name : "");
@@ -171,9 +187,11 @@ static void print_status_json(const struct gpumem_status *s) {
   }
   printf("],\"last_pause_checks\":[");
   json_checks(s->last_pause_checks, s->nlast_pause_checks);
-  printf("],\"backups\":{\"reserved\":%llu,\"limit\":%llu,\"last_backup_bytes\":%llu,"
-         "\"last_backup_us\":%llu,\"last_restore_bytes\":%llu,\"last_restore_us\":%llu}}\n",
-         (unsigned long long)s->backup_reserved, (unsigned long long)s->backup_limit,
+  printf("],\"backups\":{\"reserved\":%llu,\"ready\":%llu,\"limit\":%llu,"
+         "\"last_backup_bytes\":%llu,\"last_backup_us\":%llu,\"last_restore_bytes\":%llu,"
+         "\"last_restore_us\":%llu}}\n",
+         (unsigned long long)s->backup_reserved, (unsigned long long)s->backup_ready,
+         (unsigned long long)s->backup_limit,
          (unsigned long long)s->last_backup_bytes, (unsigned long long)s->last_backup_us,
          (unsigned long long)s->last_restore_bytes, (unsigned long long)s->last_restore_us);
 }
@@ -182,12 +200,14 @@ static void print_status_json(const struct gpumem_status *s) {
  * look like (an allocation made outside the daemon): say so loudly. The
  * figure leaves out the driver's own reserve. */
 static void warn_unmanaged(const struct gpumem_status *s, uint64_t threshold) {
-  char a[32], b[32];
-  for (size_t i = 0; i < s->ndevices; i++)
-    if (s->devices[i].unmanaged > threshold)
-      printf("\n! device %u: %s in use that gpumemd does not manage (above %s)\n",
-             s->devices[i].index, size_format(s->devices[i].unmanaged, a, sizeof a),
-             size_format(threshold, b, sizeof b));
+  char a[32], b[32], dev[32];
+  for (size_t i = 0; i < s->ndevices; i++) {
+    const struct gpumem_device_status *d = s->devices[i];
+    if (d->unmanaged > threshold)
+      printf("\n! device %s: %s in use that gpumemd does not manage (above %s)\n",
+             dev_label(d->device, d->node_device, dev, sizeof dev),
+             size_format(d->unmanaged, a, sizeof a), size_format(threshold, b, sizeof b));
+  }
 }
 
 /* Order processes by the memory they hold outside gpumemd, largest first. */
@@ -211,16 +231,17 @@ static void print_holders(const struct gpumem_status *s, uint64_t threshold) {
   if (!v) return;
   size_t n = 0;
   for (size_t i = 0; i < s->nprocesses; i++)
-    if (s->processes[i].residual) v[n++] = &s->processes[i];
+    if (s->processes[i]->residual) v[n++] = s->processes[i];
   qsort(v, n, sizeof *v, by_residual);
   printf("\n");
   if (n == 0) printf("no process holds device memory outside gpumemd\n");
-  char a[32], name[64];
+  char a[32], name[64], dev[32];
   for (size_t i = 0; i < n && i < HOLDERS_SHOWN; i++)
-    printf("%spid %u (%s) holds %s on device %u outside gpumemd\n",
+    printf("%spid %u (%s) holds %s on device %s outside gpumemd\n",
            v[i]->residual > threshold ? "! " : "", v[i]->pid,
            v[i]->name && v[i]->name[0] ? printable(v[i]->name, name, sizeof name) : "?",
-           size_format(v[i]->residual, a, sizeof a), v[i]->device);
+           size_format(v[i]->residual, a, sizeof a),
+           dev_label(v[i]->device, v[i]->node_device, dev, sizeof dev));
   if (n > HOLDERS_SHOWN)
     printf("and %zu more (gpumemctl status --json lists them all)\n", n - HOLDERS_SHOWN);
   free(v);
@@ -230,7 +251,7 @@ static void print_holders(const struct gpumem_status *s, uint64_t threshold) {
 static void print_tag_notes(const struct gpumem_status *s) {
   char a[32];
   for (size_t i = 0; i < s->ntags; i++) {
-    const struct gpumem_tag_status *t = &s->tags[i];
+    const struct gpumem_tag_status *t = s->tags[i];
     if (t->transit_buffers)
       printf("! %s: %llu buffers (%s) %s: an owner has not answered; their memory is "
              "still held\n",
@@ -244,20 +265,21 @@ static void print_tag_notes(const struct gpumem_status *s) {
 
 /* The status for people. */
 static void print_status(const struct gpumem_status *s, uint64_t threshold) {
-  char a[32], b[32], c[32], d[32], e[32], name[64];
+  char a[32], b[32], c[32], d[32], e[32], name[64], dev[32];
   printf("backend %s, granularity %s\n\n", s->backend, size_format(s->granularity, a, sizeof a));
   printf("%-6s %11s %11s %11s %11s %11s\n", "DEVICE", "TOTAL", "FREE", "RESERVED", "MANAGED",
          "UNMANAGED");
   for (size_t i = 0; i < s->ndevices; i++) {
-    const struct gpumem_device_status *x = &s->devices[i];
-    printf("%-6u %11s %11s %11s %11s %11s\n", x->index, size_format(x->total, a, sizeof a),
-           size_format(x->free, b, sizeof b), size_format(x->reserved, c, sizeof c),
-           size_format(x->managed, d, sizeof d), size_format(x->unmanaged, e, sizeof e));
+    const struct gpumem_device_status *x = s->devices[i];
+    printf("%-6s %11s %11s %11s %11s %11s\n", dev_label(x->device, x->node_device, dev, sizeof dev),
+           size_format(x->total, a, sizeof a), size_format(x->free, b, sizeof b),
+           size_format(x->reserved, c, sizeof c), size_format(x->managed, d, sizeof d),
+           size_format(x->unmanaged, e, sizeof e));
   }
   for (size_t i = 0; i < s->ndevices; i++)
-    if (s->devices[i].daemon_context)
-      printf("gpumemd holds a context on device %u (for backups or IPC memory)\n",
-             s->devices[i].index);
+    if (s->devices[i]->daemon_context)
+      printf("gpumemd holds a context on device %s (for backups or IPC memory)\n",
+             dev_label(s->devices[i]->device, s->devices[i]->node_device, dev, sizeof dev));
   warn_unmanaged(s, threshold);
   print_holders(s, threshold);
   printf("\nbackups: %s reserved of %s", size_format(s->backup_reserved, a, sizeof a),
@@ -272,7 +294,7 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   printf("\n%-20s %-9s %7s %11s %11s %11s %11s\n", "TAG", "STATE", "BUFFERS", "BYTES",
          "RELEASED", "BACKUP", "IN TRANSIT");
   for (size_t i = 0; i < s->ntags; i++) {
-    const struct gpumem_tag_status *t = &s->tags[i];
+    const struct gpumem_tag_status *t = s->tags[i];
     printf("%-20s %-9s %7llu %11s %11s %11s %11s\n", t->name, tag_state(t),
            (unsigned long long)t->buffers, size_format(t->bytes, a, sizeof a),
            size_format(t->paused_bytes, b, sizeof b), size_format(t->backup_bytes, e, sizeof e),
@@ -286,7 +308,7 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   printf("\n%-7s %-8s %-10s %-20s %7s %11s %11s\n", "SESSION", "PID", "ROLE", "NAME", "BUFFERS",
          "BYTES", "OUTSIDE");
   for (size_t i = 0; i < s->nsessions; i++) {
-    const struct gpumem_session_status *x = &s->sessions[i];
+    const struct gpumem_session_status *x = s->sessions[i];
     printf("%-7llu %-8u %-10s %-20s %7llu %11s %11s\n", (unsigned long long)x->id, x->pid,
            role_name(x->role), x->name[0] ? printable(x->name, name, sizeof name) : "-",
            (unsigned long long)x->buffers, size_format(x->bytes, a, sizeof a),
@@ -324,37 +346,38 @@ static void print_metrics(const struct gpumem_status *s) {
   for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
     metric(dev[k].name, "gauge", dev[k].help);
     for (size_t i = 0; i < s->ndevices; i++)
-      printf("gpumem_%s{device=\"%u\"} %llu\n", dev[k].name, s->devices[i].index,
-             *(const unsigned long long *)((const char *)&s->devices[i] + dev[k].off));
+      printf("gpumem_%s{device=\"%u\"} %llu\n", dev[k].name, s->devices[i]->node_device,
+             *(const unsigned long long *)((const char *)s->devices[i] + dev[k].off));
   }
   metric("tag_bytes", "gauge", "Bytes of a tag's buffers.");
   for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_bytes{tag=\"%s\",state=\"%s\"} %llu\n", s->tags[i].name,
-           gpumem_state_name(s->tags[i].state), (unsigned long long)s->tags[i].bytes);
+    printf("gpumem_tag_bytes{tag=\"%s\",state=\"%s\"} %llu\n", s->tags[i]->name,
+           gpumem_state_name(s->tags[i]->state), (unsigned long long)s->tags[i]->bytes);
   metric("tag_buffers", "gauge", "Buffers of a tag.");
   for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_buffers{tag=\"%s\"} %llu\n", s->tags[i].name,
-           (unsigned long long)s->tags[i].buffers);
+    printf("gpumem_tag_buffers{tag=\"%s\"} %llu\n", s->tags[i]->name,
+           (unsigned long long)s->tags[i]->buffers);
   metric("tag_released_bytes", "gauge", "Bytes of a tag given back to the devices while paused.");
   for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_released_bytes{tag=\"%s\"} %llu\n", s->tags[i].name,
-           (unsigned long long)s->tags[i].paused_bytes);
+    printf("gpumem_tag_released_bytes{tag=\"%s\"} %llu\n", s->tags[i]->name,
+           (unsigned long long)s->tags[i]->paused_bytes);
   metric("tag_backup_bytes", "gauge", "Bytes of a tag held as backups in host memory.");
   for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_backup_bytes{tag=\"%s\"} %llu\n", s->tags[i].name,
-           (unsigned long long)s->tags[i].backup_bytes);
+    printf("gpumem_tag_backup_bytes{tag=\"%s\"} %llu\n", s->tags[i]->name,
+           (unsigned long long)s->tags[i]->backup_bytes);
   metric("tag_transit_bytes", "gauge", "Bytes of a tag's buffers in transit (an owner's ack missing).");
   for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_transit_bytes{tag=\"%s\"} %llu\n", s->tags[i].name,
-           (unsigned long long)s->tags[i].transit_bytes);
+    printf("gpumem_tag_transit_bytes{tag=\"%s\"} %llu\n", s->tags[i]->name,
+           (unsigned long long)s->tags[i]->transit_bytes);
   metric("sessions", "gauge", "Connected sessions.");
   printf("gpumem_sessions %zu\n", s->nsessions);
   metric("processes_known", "gauge", "1 where the driver gives per-process figures.");
   printf("gpumem_processes_known %d\n", s->processes_known ? 1 : 0);
   metric("process_residual_bytes", "gauge", "Device memory a process holds outside gpumemd.");
   for (size_t i = 0; i < s->nprocesses; i++) {
-    const struct gpumem_process_status *p = &s->processes[i];
-    printf("gpumem_process_residual_bytes{pid=\"%u\",device=\"%u\",name=\"", p->pid, p->device);
+    const struct gpumem_process_status *p = s->processes[i];
+    printf("gpumem_process_residual_bytes{pid=\"%u\",device=\"%u\",name=\"", p->pid,
+           p->node_device);
     label_value(p->name ? p->name : "");
     printf("\"} %llu\n", (unsigned long long)p->residual);
   }
@@ -370,22 +393,25 @@ static void print_metrics(const struct gpumem_status *s) {
 }
 
 /* The buffers, as a table or JSON. */
-static void print_list(const struct gpumem_buffer_info *v, int n, bool json) {
-  char a[32];
+static void print_list(const struct gpumem_list *l, bool json) {
+  char a[32], dev[32];
   if (json) printf("[");
   else printf("%-8s %-8s %-20s %6s %11s %-9s %s\n", "BUFFER", "PID", "TAG", "DEVICE", "SIZE",
               "STATE", "FLAGS");
-  for (int i = 0; i < n; i++) {
-    const struct gpumem_buffer_info *b = &v[i];
+  for (size_t i = 0; i < l->nbuffers; i++) {
+    const struct gpumem_buffer_info *b = l->buffers[i];
     if (json) {
       printf("%s{\"id\":%llu,\"session\":%llu,\"pid\":%u,\"tag\":", i ? "," : "",
              (unsigned long long)b->id, (unsigned long long)b->session_id, b->pid);
       json_str(b->tag);
-      printf(",\"device\":%u,\"size\":%llu,\"flags\":%u,\"state\":\"%s\"}", b->device,
-             (unsigned long long)b->size, b->flags, gpumem_state_name(b->state));
+      printf(",\"device\":%d,\"node_device\":%u,\"size\":%llu,\"flags\":%u,"
+             "\"state\":\"%s\"}",
+             b->device, b->node_device, (unsigned long long)b->bytes, b->flags,
+             gpumem_state_name(b->state));
     } else {
-      printf("%-8llu %-8u %-20s %6u %11s %-9s %s%s%s\n", (unsigned long long)b->id, b->pid,
-             b->tag, b->device, size_format(b->size, a, sizeof a), gpumem_state_name(b->state),
+      printf("%-8llu %-8u %-20s %6s %11s %-9s %s%s%s\n", (unsigned long long)b->id, b->pid,
+             b->tag, dev_label(b->device, b->node_device, dev, sizeof dev),
+             size_format(b->bytes, a, sizeof a), gpumem_state_name(b->state),
              b->flags & GPUMEM_BACKUP ? "backup " : "",
              b->flags & GPUMEM_IPC_LEGACY ? "ipc-legacy " : "",
              b->flags ? "" : "-");
@@ -405,11 +431,11 @@ static void print_op_json(const struct gpumem_op_report *r) {
   json_checks(r->checks, r->nchecks);
   printf("],\"details\":[");
   for (size_t i = 0; i < r->ndetails; i++) {
-    const struct gpumem_op_detail *t = &r->details[i];
+    const struct gpumem_op_detail *t = r->details[i];
     printf("%s{\"tag\":", i ? "," : "");
     json_str(t->tag);
-    printf(",\"device\":%u,\"buffers\":%llu,\"bytes\":%llu}", t->device,
-           (unsigned long long)t->buffers, (unsigned long long)t->bytes);
+    printf(",\"device\":%d,\"node_device\":%u,\"buffers\":%llu,\"bytes\":%llu}", t->device,
+           t->node_device, (unsigned long long)t->buffers, (unsigned long long)t->bytes);
   }
   printf("],\"error\":");
   if (r->error == 0) {
@@ -430,12 +456,12 @@ static void print_op_json(const struct gpumem_op_report *r) {
 /* Pause or resume; 0 done, 1 failed (with the daemon's code, words, the
  * pids and bytes held on stderr). */
 static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
-                  const unsigned *devs, size_t ndevs, const struct gpumem_op_options *opts,
+                  const int *devs, size_t ndevs, const struct gpumem_op_options *opts,
                   bool json) {
   const char *verb = resume ? "resume" : "pause";
   struct gpumem_op_report *r = NULL;
-  int rc = resume ? gpumem_resume_ex(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r)
-                  : gpumem_pause_ex(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r);
+  int rc = resume ? gpumem_resume(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r)
+                  : gpumem_pause(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r);
   char a[32], b[32];
   if (r && json) print_op_json(r);
   if (rc < 0) {
@@ -469,8 +495,12 @@ static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
 int main(int argc, char **argv) {
   const char *socket_path = NULL;
   bool json = false;
-  unsigned devs[MAX_DEVICES];
+  int devs[MAX_DEVICES];
   size_t ndevs = 0;
+  static uint32_t pids[MAX_PIDS];
+  size_t npids = 0;
+  const char *prefix = NULL;
+  bool all = false;
   unsigned long timeout = 0;
   uint64_t threshold = 1ull << 30;
   uint64_t max_residual = 0;
@@ -480,7 +510,9 @@ int main(int argc, char **argv) {
       {"device", required_argument, 0, 'd'}, {"timeout", required_argument, 0, 't'},
       {"unmanaged-warn", required_argument, 0, 'u'},
       {"max-residual", required_argument, 0, 'r'},
-      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+      {"pid", required_argument, 0, 'p'},    {"session-prefix", required_argument, 0, 'n'},
+      {"all", no_argument, 0, 'a'},          {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
   };
   int ch;
   char *end;
@@ -495,9 +527,28 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpumemctl: invalid device '%s'\n", optarg);
         return 2;
       }
-      devs[ndevs++] = (unsigned)v;
+      devs[ndevs++] = (int)v;
       break;
     }
+    case 'p': {
+      errno = 0;
+      unsigned long v = strtoul(optarg, &end, 10);
+      if (errno || *end || end == optarg || optarg[0] == '-' || v == 0 || v > UINT32_MAX ||
+          npids == MAX_PIDS) {
+        fprintf(stderr, "gpumemctl: invalid pid '%s'\n", optarg);
+        return 2;
+      }
+      pids[npids++] = (uint32_t)v;
+      break;
+    }
+    case 'n':
+      if (!*optarg) {
+        fprintf(stderr, "gpumemctl: empty session prefix\n");
+        return 2;
+      }
+      prefix = optarg;
+      break;
+    case 'a': all = true; break;
     case 't':
       errno = 0;
       timeout = strtoul(optarg, &end, 10);
@@ -538,8 +589,19 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (is_op && nargs == 0) {
-    fprintf(stderr, "gpumemctl: %s needs at least one tag\n", cmd);
+  /* An empty tag list means every tag: ask for that in words, so that a
+   * forgotten argument cannot pause a whole node. */
+  if (is_op && nargs == 0 && !all) {
+    fprintf(stderr, "gpumemctl: %s needs tags, or --all for every tag\n", cmd);
+    return 2;
+  }
+  if (all && (!is_op || nargs)) {
+    fprintf(stderr, "gpumemctl: --all is for pause and resume without tags\n");
+    return 2;
+  }
+  if (!is_op && (npids || prefix || ndevs || timeout)) {
+    fprintf(stderr, "gpumemctl: --device, --pid, --session-prefix and --timeout are for "
+                    "pause and resume\n");
     return 2;
   }
   if (has_max_residual && strcmp(cmd, "pause") != 0) {
@@ -571,6 +633,9 @@ int main(int argc, char **argv) {
     /* On the wire 0 means no limit; "--max-residual 0" means nothing may
      * remain, and one byte is the nearest the wire can say to that. */
     o.max_residual = has_max_residual && max_residual == 0 ? 1 : max_residual;
+    o.pids = pids;
+    o.npids = npids;
+    o.session_prefix = prefix;
     rc = run_op(c, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
   } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
     struct gpumem_status *s;
@@ -584,14 +649,13 @@ int main(int argc, char **argv) {
       gpumem_status_free(s);
     }
   } else {
-    struct gpumem_buffer_info *v;
-    int n = gpumem_list(c, &v);
-    if (n < 0) {
+    struct gpumem_list *l;
+    if (gpumem_list(c, &l) < 0) {
       fprintf(stderr, "gpumemctl: list failed: %s\n", gpumem_last_error());
       rc = 1;
     } else {
-      print_list(v, n, json);
-      gpumem_list_free(v);
+      print_list(l, json);
+      gpumem_list_free(l);
     }
   }
   gpumem_disconnect(c);

@@ -13,6 +13,10 @@ taken again at the same addresses.
     with gpumem.connect(role="controller") as ctl:
         print(ctl.pause("kv_cache").bytes)
 
+Device numbers, in arguments and results, are this process's own (as
+CUDA_VISIBLE_DEVICES makes them); results also carry ``node_device``, the
+daemon's number.
+
 The package binds libgpumem.so.1 with ctypes (no compiled extension). It is
 found through $GPUMEM_LIB, else in the build tree next to this package
 (<repo>/build/lib), else by the system loader.
@@ -62,6 +66,12 @@ __all__ = [
     "Hook",
     "OpResult",
     "connect",
+    "error_name",
+    "library_path",
+    "set_default_client",
+    "set_thread_tag",
+    "thread_tag",
+    "version",
     "DEFAULT_SOCKET",
     "FLAG_BACKUP",
     "FLAG_IPC_LEGACY",
@@ -80,8 +90,9 @@ class ErrorCode(enum.IntEnum):
     """The library's GPUMEM_E_* codes, named as the daemon names them.
 
     Codes -1..-12 and -17..-19 are the daemon's (``NOT_FOUND`` is the wire's
-    ``NOT_FOUND``, GPUMEM_E_NOT_FOUND in C); CONNECT, DISCONNECTED, NOMEM
-    and MAP are the library's own (GPUMEM_E_CONNECT, ...)."""
+    ``NOT_FOUND``, GPUMEM_E_NOT_FOUND in C); CONNECT, DISCONNECTED, NOMEM,
+    MAP and TIMEOUT are the library's own (GPUMEM_E_CONNECT, ...). The
+    names are gpumem_error_name's."""
 
     INVALID_ARGUMENT = -1
     PROTOCOL_ERROR = -2
@@ -102,6 +113,7 @@ class ErrorCode(enum.IntEnum):
     NOT_RELEASED = -17
     RESIDUAL_EXCEEDED = -18
     SHUTTING_DOWN = -19
+    TIMEOUT = -20
 
 
 def _code_name(code: int) -> str:
@@ -111,10 +123,33 @@ def _code_name(code: int) -> str:
         return "UNKNOWN(%d)" % code
 
 
+def error_name(code: int) -> str:
+    """The library's name of an error code (gpumem_error_name): "TAG_PAUSED",
+    "OK" for 0, "UNKNOWN" for a code the library does not know."""
+    code = _check_int("code", code, -(1 << 31), (1 << 31) - 1)
+    return _text(_native.load().gpumem_error_name(code))
+
+
+def version() -> Tuple[int, int, int]:
+    """The loaded library's version as (major, minor, patch)."""
+    v = _native.load().gpumem_version()
+    return (v // 10000, v // 100 % 100, v % 100)
+
+
+def library_path() -> str:
+    """The path of the libgpumem this package loaded (for
+    torch.cuda.memory.CUDAPluggableAllocator, which loads gpumem_torch_alloc
+    and gpumem_torch_free from it)."""
+    return _native.library_path()
+
+
 class DeviceCheck(TypedDict):
-    """What the driver showed of one device after a pause or resume."""
+    """What the driver showed of one device after a pause or resume
+    (device: this process's number, -1 if it cannot see it; node_device:
+    the daemon's)."""
 
     device: int
+    node_device: int
     released: int
     free_before: int
     free_after: int
@@ -128,6 +163,7 @@ class OpDetail(TypedDict):
 
     tag: str
     device: int
+    node_device: int
     buffers: int
     bytes: int
 
@@ -212,7 +248,9 @@ def _text(b: Optional[bytes]) -> str:
 
 def _last_error(lib: ctypes.CDLL, rc: int) -> Error:
     """An Error from a failed call's code and the thread's last words."""
-    name = _code_name(rc)
+    name = _text(lib.gpumem_error_name(rc))
+    if name == "UNKNOWN":
+        name = _code_name(rc)
     words = _text(lib.gpumem_last_error())
     if words.startswith(name + ": "):
         words = words[len(name) + 2:]
@@ -244,8 +282,7 @@ def _check_tag(tag: Any) -> bytes:
 
 
 def _check_tags(tags: Tuple[Any, ...]) -> List[bytes]:
-    if not tags:
-        raise ValueError("name at least one tag")
+    """Tags of a pause or resume; none means every tag."""
     if len(tags) > _native.MAX_TAGS:
         raise ValueError("at most %d tags, got %d" % (_native.MAX_TAGS, len(tags)))
     return [_check_tag(t) for t in tags]
@@ -264,18 +301,55 @@ def _check_devices(devices: Any) -> List[int]:
     return out
 
 
-def _check_timeout(timeout: Any) -> int:
-    """Seconds (None: the daemon's --ack-timeout) to whole milliseconds."""
+def _check_timeout(timeout: Any, what: str = "timeout") -> int:
+    """Seconds (None: the default) to whole milliseconds (0 for None)."""
     if timeout is None:
         return 0
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError("timeout must be a number of seconds or None, not %s" % type(timeout).__name__)
+        raise TypeError("%s must be a number of seconds or None, not %s"
+                        % (what, type(timeout).__name__))
     if not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError("timeout must be a positive number of seconds, got %r" % timeout)
+        raise ValueError("%s must be a positive number of seconds, got %r" % (what, timeout))
     ms = math.ceil(timeout * 1000)
     if ms > _U32:
-        raise ValueError("timeout too large: %r seconds" % timeout)
+        raise ValueError("%s too large: %r seconds" % (what, timeout))
     return ms
+
+
+def _check_pids(pids: Any) -> List[int]:
+    if pids is None:
+        return []
+    if isinstance(pids, (str, bytes)) or not isinstance(pids, collections.abc.Iterable):
+        raise TypeError("pids must be an iterable of ints or None, not %s" % type(pids).__name__)
+    out = [_check_int("pid", p, 1, _U32) for p in pids]
+    if not out:
+        raise ValueError("pids is empty (None means any process)")
+    if len(out) > _MAX_PIDS:
+        raise ValueError("at most %d pids" % _MAX_PIDS)
+    return out
+
+
+def _check_prefix(prefix: Any) -> Optional[bytes]:
+    if prefix is None:
+        return None
+    if not isinstance(prefix, str):
+        raise TypeError("session_prefix must be a str or None, not %s" % type(prefix).__name__)
+    b = prefix.encode("utf-8")
+    if not b or len(b) > _native.NAME_MAX or any(ord(ch) < 0x20 or ord(ch) == 0x7f
+                                                  for ch in prefix):
+        raise ValueError("session_prefix must be 1-%d bytes of UTF-8 without control characters"
+                         % _native.NAME_MAX)
+    return b
+
+
+def _check_flags(backup: Any, allow_paused: Any) -> int:
+    return (FLAG_BACKUP if _check_bool("backup", backup) else 0) | (
+        FLAG_ALLOW_PAUSED if _check_bool("allow_paused", allow_paused) else 0)
+
+
+# As many pids as libgpumem takes in one pause or resume.
+_MAX_PIDS = 4096
+_I32 = (1 << 31) - 1
 
 
 def _in_hook() -> bool:
@@ -308,8 +382,9 @@ class OpResult:
         self.backup_us: int = r.backup_us
         self.checks: List[DeviceCheck] = _checks(r.checks, r.nchecks)
         self.details: List[OpDetail] = [
-            OpDetail(tag=_text(d.tag), device=d.device, buffers=d.buffers, bytes=d.bytes)
-            for d in (r.details[i] for i in range(r.ndetails))
+            OpDetail(tag=_text(d.tag), device=d.device, node_device=d.node_device,
+                     buffers=d.buffers, bytes=d.bytes)
+            for d in (r.details[i][0] for i in range(r.ndetails))
         ]
         self.error: Optional[Dict[str, Any]] = None
         if r.error:
@@ -348,10 +423,11 @@ class OpResult:
 
 def _checks(p: Any, n: int) -> List[DeviceCheck]:
     return [
-        DeviceCheck(device=k.device, released=k.released, free_before=k.free_before,
-                    free_after=k.free_after, shortfall=k.shortfall, residual=k.residual,
+        DeviceCheck(device=k.device, node_device=k.node_device, released=k.released,
+                    free_before=k.free_before, free_after=k.free_after,
+                    shortfall=k.shortfall, residual=k.residual,
                     residual_known=bool(k.residual_known))
-        for k in (p[i] for i in range(n))
+        for k in (p[i][0] for i in range(n))
     ]
 
 
@@ -596,7 +672,9 @@ class Client:
         rc = self._lib.gpumem_free(c, h)
         with self._lock:
             del self._freeing[h]
-            if rc < 0:
+            # A free that timed out leaves the buffer to the library, which
+            # releases it when the daemon answers.
+            if rc < 0 and rc != ErrorCode.TIMEOUT:
                 self._buffers[h] = b
             else:
                 b._h = None
@@ -646,7 +724,8 @@ class Client:
 
     @property
     def device_count(self) -> int:
-        """The number of devices the daemon manages."""
+        """The number of the daemon's devices this process can see (devices
+        0..device_count-1 in this process's numbering)."""
         return self._lib.gpumem_device_count(self._ptr())
 
     @property
@@ -671,9 +750,8 @@ class Client:
         buffer then starts paused); otherwise that fails with TAG_PAUSED."""
         btag = _check_tag(tag)
         size = _check_int("size", size, 1, _U64)
-        device = _check_int("device", device, 0, _U32)
-        flags = (FLAG_BACKUP if _check_bool("backup", backup) else 0) | (
-            FLAG_ALLOW_PAUSED if _check_bool("allow_paused", allow_paused) else 0)
+        device = _check_int("device", device, 0, _I32)
+        flags = _check_flags(backup, allow_paused)
         c = self._talk()
         out = _native.c_buffer_p()
         rc = self._lib.gpumem_alloc(c, btag, device, size, flags, ctypes.byref(out))
@@ -704,7 +782,7 @@ class Client:
     # Controllers.
 
     def _op(self, resume: bool, tags: Tuple[Any, ...], devices: Any, timeout: Any,
-            max_residual: Any) -> OpResult:
+            max_residual: Any, own: Any, pids: Any, session_prefix: Any) -> OpResult:
         btags = _check_tags(tags)
         devs = _check_devices(devices)
         opts = _native.op_options_init()
@@ -712,11 +790,22 @@ class Client:
         if max_residual is not None:
             # On the wire 0 is "no limit"; here 0 means nothing may remain.
             opts.max_residual = max(1, _check_int("max_residual", max_residual, 0, _U64))
+        own = _check_bool("own", own)
+        plist = _check_pids(pids)
+        prefix = _check_prefix(session_prefix)
+        if own and (plist or prefix is not None):
+            raise ValueError("own=True covers this client's buffers only: no pids or "
+                             "session_prefix")
+        opts.scope = _native.SCOPE_OWN if own else _native.SCOPE_NODE
+        cpids = (ctypes.c_uint32 * len(plist))(*plist) if plist else None
+        opts.pids = cpids
+        opts.npids = len(plist)
+        opts.session_prefix = prefix
         c = self._talk()
-        ctags = (ctypes.c_char_p * len(btags))(*btags)
-        cdevs = (ctypes.c_uint * len(devs))(*devs) if devs else None
+        ctags = (ctypes.c_char_p * len(btags))(*btags) if btags else None
+        cdevs = (ctypes.c_int * len(devs))(*devs) if devs else None
         rep = ctypes.POINTER(_native.OpReport)()
-        fn = self._lib.gpumem_resume_ex if resume else self._lib.gpumem_pause_ex
+        fn = self._lib.gpumem_resume if resume else self._lib.gpumem_pause
         rc = fn(c, ctags, len(btags), cdevs, len(devs), ctypes.byref(opts), ctypes.byref(rep))
         err = _last_error(self._lib, rc) if rc < 0 else None
         try:
@@ -734,26 +823,92 @@ class Client:
         raise err
 
     def pause(self, *tags: str, devices: Optional[Iterable[int]] = None,
-              timeout: Optional[float] = None,
-              max_residual: Optional[int] = None) -> OpResult:
-        """Pause the buffers of ``tags`` on the whole node (controllers).
+              timeout: Optional[float] = None, max_residual: Optional[int] = None,
+              own: bool = False, pids: Optional[Iterable[int]] = None,
+              session_prefix: Optional[str] = None) -> OpResult:
+        """Pause the buffers of ``tags`` (none: every tag).
 
-        devices: the daemon's device indices (as in :meth:`status`), None
-        for all. timeout: seconds each owner may take to answer (None: the
+        Scope: by default every session's buffers on the node (controllers
+        only), narrowed to the sessions of ``pids`` and to sessions whose
+        name starts with ``session_prefix`` when given; ``own=True``
+        pauses this client's own buffers only (any role; no pids or
+        prefix then). devices: this process's device numbers, None for
+        all. timeout: seconds each owner may take to answer (None: the
         daemon's --ack-timeout). max_residual: fail with RESIDUAL_EXCEEDED
         when a device the pause touched still holds more than this many
         bytes outside gpumemd (0: nothing may remain; None: no limit).
-        Pausing a paused tag succeeds and changes nothing; naming no tag
+        Pausing a paused tag succeeds and changes nothing; naming nothing
         that exists raises :class:`Error` NOT_FOUND."""
-        return self._op(False, tags, devices, timeout, max_residual)
+        return self._op(False, tags, devices, timeout, max_residual, own, pids,
+                        session_prefix)
 
     def resume(self, *tags: str, devices: Optional[Iterable[int]] = None,
-               timeout: Optional[float] = None) -> OpResult:
-        """Resume paused ``tags``, all or nothing (controllers): with too
-        little device memory nothing changes and :class:`Error`
-        OUT_OF_MEMORY says how much is needed. Arguments as for
-        :meth:`pause`."""
-        return self._op(True, tags, devices, timeout, None)
+               timeout: Optional[float] = None, own: bool = False,
+               pids: Optional[Iterable[int]] = None,
+               session_prefix: Optional[str] = None) -> OpResult:
+        """Resume paused buffers selected as :meth:`pause` selects them, all
+        or nothing: with too little device memory nothing changes and
+        :class:`Error` OUT_OF_MEMORY says how much is needed."""
+        return self._op(True, tags, devices, timeout, None, own, pids, session_prefix)
+
+    def set_request_timeout(self, seconds: Optional[float]) -> None:
+        """How long each request waits for the daemon's answer before it
+        raises :class:`Error` TIMEOUT (None: the library's default, 30 s).
+        A pause or resume waits this long on top of its owner timeout."""
+        ms = _check_timeout(seconds, "seconds")
+        self._lib.gpumem_set_request_timeout(self._ptr(), ms)
+
+    # Sub-allocation (gpumem_malloc).
+
+    def malloc(self, tag: str, size: int, device: int = 0, backup: bool = False,
+               allow_paused: bool = False) -> int:
+        """Allocate ``size`` bytes tagged ``tag`` on ``device`` and return
+        the address (an int, aligned to at least 512 bytes). Small
+        allocations share daemon buffers of the same tag, device and flags;
+        a pause of the tag releases them and the address stays valid.
+        Free with :meth:`free_ptr`."""
+        btag = _check_tag(tag)
+        size = _check_int("size", size, 1, _U64)
+        device = _check_int("device", device, 0, _I32)
+        flags = _check_flags(backup, allow_paused)
+        c = self._talk()
+        out = ctypes.c_void_p()
+        rc = self._lib.gpumem_malloc(c, btag, device, size, flags, ctypes.byref(out))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        return out.value or 0
+
+    def free_ptr(self, ptr: int) -> None:
+        """Free the allocation that starts at ``ptr`` (from :meth:`malloc`,
+        or a :class:`Buffer`'s ptr, which then becomes freed). An address
+        that starts no allocation raises :class:`Error` NOT_FOUND."""
+        ptr = _check_int("ptr", ptr, 1, _U64)
+        with self._lock:
+            b = next((x for x in self._buffers.values() if x.ptr == ptr), None)
+        if b is not None:
+            self._free(b)
+            return
+        rc = self._lib.gpumem_free_ptr(self._talk(), ptr)
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+
+    def trim(self) -> int:
+        """Give the daemon back every pooled buffer that holds no
+        allocation; returns the bytes given back."""
+        n = self._lib.gpumem_trim(self._talk())
+        if n < 0:
+            raise _last_error(self._lib, n)
+        return n
+
+    def pool_stats(self) -> Dict[str, int]:
+        """The sub-allocation figures: allocations, allocated_bytes,
+        pooled_buffers, pooled_bytes and daemon_allocs."""
+        st = _native.PoolStats()
+        st.size = ctypes.sizeof(st)
+        rc = self._lib.gpumem_pool_stats(self._ptr(), ctypes.byref(st))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        return {name: getattr(st, name) for name, _ in st._fields_ if name != "size"}
 
     def status(self) -> Dict[str, Any]:
         """The daemon's view of the node, as a dict with the keys (and
@@ -767,27 +922,29 @@ class Client:
         try:
             s = p.contents
             devices = [{
-                "index": d.index, "total": d.total, "free": d.free, "managed": d.managed,
+                "index": d.node_device, "device": d.device, "node_device": d.node_device,
+                "total": d.total, "free": d.free, "managed": d.managed,
                 "unmanaged": d.unmanaged, "reserved": d.reserved,
                 "daemon_context": bool(d.daemon_context), "bus_id": _text(d.bus_id),
-            } for d in (s.devices[i] for i in range(s.ndevices))]
+            } for d in (s.devices[i][0] for i in range(s.ndevices))]
             tags = [{
                 "name": _text(t.name), "state": _text(lib.gpumem_state_name(t.state)),
                 "buffers": t.buffers, "bytes": t.bytes, "paused_buffers": t.paused_buffers,
                 "paused_bytes": t.paused_bytes, "backup_bytes": t.backup_bytes,
                 "mixed": bool(t.mixed), "transit_buffers": t.transit_buffers,
                 "transit_bytes": t.transit_bytes,
-            } for t in (s.tags[i] for i in range(s.ntags))]
+            } for t in (s.tags[i][0] for i in range(s.ntags))]
             sessions = [{
                 "id": x.id, "pid": x.pid, "uid": x.uid, "name": _text(x.name),
                 "role": _ROLE_NAMES.get(x.role, "none"), "buffers": x.buffers,
                 "bytes": x.bytes, "residual": x.residual,
                 "residual_known": bool(x.residual_known),
-            } for x in (s.sessions[i] for i in range(s.nsessions))]
+            } for x in (s.sessions[i][0] for i in range(s.nsessions))]
             processes = [{
-                "pid": q.pid, "device": q.device, "used": q.used, "managed": q.managed,
-                "residual": q.residual, "session_id": q.session_id, "name": _text(q.name),
-            } for q in (s.processes[i] for i in range(s.nprocesses))]
+                "pid": q.pid, "device": q.device, "node_device": q.node_device,
+                "used": q.used, "managed": q.managed, "residual": q.residual,
+                "session_id": q.session_id, "name": _text(q.name),
+            } for q in (s.processes[i][0] for i in range(s.nprocesses))]
             return {
                 "backend": _text(s.backend),
                 "granularity": s.granularity,
@@ -799,7 +956,8 @@ class Client:
                 "last_pause_checks": [dict(k) for k in _checks(s.last_pause_checks,
                                                                  s.nlast_pause_checks)],
                 "backups": {
-                    "reserved": s.backup_reserved, "limit": s.backup_limit,
+                    "reserved": s.backup_reserved, "ready": s.backup_ready,
+                    "limit": s.backup_limit,
                     "last_backup_bytes": s.last_backup_bytes,
                     "last_backup_us": s.last_backup_us,
                     "last_restore_bytes": s.last_restore_bytes,
@@ -814,16 +972,17 @@ class Client:
         dicts with the keys of ``gpumemctl list --json``."""
         c = self._talk()
         lib = self._lib
-        p = ctypes.POINTER(_native.BufferInfo)()
+        p = ctypes.POINTER(_native.BufferList)()
         n = lib.gpumem_list(c, ctypes.byref(p))
         if n < 0:
             raise _last_error(lib, n)
         try:
+            lst = p.contents
             return [{
                 "id": b.id, "session": b.session_id, "pid": b.pid, "tag": _text(b.tag),
-                "device": b.device, "size": b.size, "flags": b.flags,
-                "state": _text(lib.gpumem_state_name(b.state)),
-            } for b in (p[i] for i in range(n))]
+                "device": b.device, "node_device": b.node_device, "size": b.bytes,
+                "flags": b.flags, "state": _text(lib.gpumem_state_name(b.state)),
+            } for b in (lst.buffers[i][0] for i in range(lst.nbuffers))]
         finally:
             lib.gpumem_list_free(p)
 
@@ -835,6 +994,11 @@ class Client:
             return
         if _in_hook():
             raise RuntimeError("a gpumem hook must not close a client")
+        global _default
+        with _default_lock:
+            if _default is self:
+                self._lib.gpumem_set_default_client(None)
+                _default = None
         c, self._c = self._c, None
         self._lib.gpumem_disconnect(c)
         _live_hooks.pop(c, None)
@@ -869,3 +1033,43 @@ def connect(socket: Union[str, "os.PathLike[str]", None] = None, name: Optional[
     with DISCONNECTED from then on.
     """
     return Client(socket, name, role, reconnect=reconnect)
+
+
+# The process's default client, for gpumem_torch_alloc and the preload
+# library; kept here so that the object outlives its registration.
+_default: Optional[Client] = None
+_default_lock = threading.Lock()
+
+
+def set_default_client(client: Optional[Client]) -> None:
+    """Make ``client`` the process's default client (None: none), the one
+    gpumem_torch_alloc and gpumem_torch_free use. Closing the client
+    clears it."""
+    global _default
+    if client is not None and not isinstance(client, Client):
+        raise TypeError("client must be a gpumem.Client or None, not %s"
+                        % type(client).__name__)
+    lib = _native.load()
+    with _default_lock:
+        lib.gpumem_set_default_client(client._ptr() if client is not None else None)
+        _default = client
+
+
+def set_thread_tag(tag: Optional[str], backup: bool = False,
+                   allow_paused: bool = False) -> None:
+    """Set the calling thread's tag (None clears it): gpumem_torch_alloc
+    allocates with it and with these flags."""
+    btag = _check_tag(tag) if tag is not None else None
+    flags = _check_flags(backup, allow_paused)
+    lib = _native.load()
+    rc = lib.gpumem_set_thread_tag(btag, flags)
+    if rc < 0:
+        raise _last_error(lib, rc)
+
+
+def thread_tag() -> Tuple[Optional[str], int]:
+    """The calling thread's tag (None if none) and its flags."""
+    lib = _native.load()
+    flags = ctypes.c_uint(0)
+    t = lib.gpumem_thread_tag(ctypes.byref(flags))
+    return (_text(t) if t is not None else None, flags.value)

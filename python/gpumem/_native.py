@@ -27,6 +27,13 @@ FLAG_ALLOW_PAUSED = 4
 CONNECT_NO_THREAD = 1
 CONNECT_NO_RECONNECT = 2
 
+# enum gpumem_scope
+SCOPE_NODE = 0
+SCOPE_OWN = 1
+
+# GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS
+DEFAULT_REQUEST_TIMEOUT_MS = 30000
+
 # The library's limits that the header does not export (common/wire.h).
 TAG_MAX = 63
 NAME_MAX = 127
@@ -44,6 +51,10 @@ class OpOptions(ctypes.Structure):
         ("size", ctypes.c_size_t),
         ("timeout_ms", ctypes.c_uint),
         ("max_residual", ctypes.c_uint64),
+        ("scope", ctypes.c_int),
+        ("pids", ctypes.POINTER(ctypes.c_uint32)),
+        ("npids", ctypes.c_size_t),
+        ("session_prefix", ctypes.c_char_p),
     ]
 
 
@@ -51,7 +62,9 @@ class DeviceCheck(ctypes.Structure):
     """struct gpumem_device_check."""
 
     _fields_ = [
-        ("device", ctypes.c_uint),
+        ("size", ctypes.c_size_t),
+        ("device", ctypes.c_int),
+        ("node_device", ctypes.c_uint),
         ("released", ctypes.c_uint64),
         ("free_before", ctypes.c_uint64),
         ("free_after", ctypes.c_uint64),
@@ -65,8 +78,10 @@ class OpDetail(ctypes.Structure):
     """struct gpumem_op_detail."""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("tag", ctypes.c_char_p),
-        ("device", ctypes.c_uint),
+        ("device", ctypes.c_int),
+        ("node_device", ctypes.c_uint),
         ("buffers", ctypes.c_uint64),
         ("bytes", ctypes.c_uint64),
     ]
@@ -76,6 +91,7 @@ class OpReport(ctypes.Structure):
     """struct gpumem_op_report (allocated by the library; read only)."""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("error", ctypes.c_int),
         ("code", ctypes.c_char_p),
         ("message", ctypes.c_char_p),
@@ -92,9 +108,9 @@ class OpReport(ctypes.Structure):
         ("npids", ctypes.c_size_t),
         ("pids", ctypes.POINTER(ctypes.c_uint32)),
         ("nchecks", ctypes.c_size_t),
-        ("checks", ctypes.POINTER(DeviceCheck)),
+        ("checks", ctypes.POINTER(ctypes.POINTER(DeviceCheck))),
         ("ndetails", ctypes.c_size_t),
-        ("details", ctypes.POINTER(OpDetail)),
+        ("details", ctypes.POINTER(ctypes.POINTER(OpDetail))),
     ]
 
 
@@ -102,14 +118,16 @@ class DeviceStatus(ctypes.Structure):
     """struct gpumem_device_status."""
 
     _fields_ = [
-        ("index", ctypes.c_uint),
+        ("size", ctypes.c_size_t),
+        ("device", ctypes.c_int),
+        ("node_device", ctypes.c_uint),
         ("total", ctypes.c_uint64),
         ("free", ctypes.c_uint64),
         ("managed", ctypes.c_uint64),
         ("unmanaged", ctypes.c_uint64),
-        ("daemon_context", ctypes.c_int),
-        ("bus_id", ctypes.c_char * 32),
         ("reserved", ctypes.c_uint64),
+        ("daemon_context", ctypes.c_int),
+        ("bus_id", ctypes.c_char_p),
     ]
 
 
@@ -117,7 +135,8 @@ class TagStatus(ctypes.Structure):
     """struct gpumem_tag_status."""
 
     _fields_ = [
-        ("name", ctypes.c_char * 64),
+        ("size", ctypes.c_size_t),
+        ("name", ctypes.c_char_p),
         ("state", ctypes.c_int),
         ("buffers", ctypes.c_uint64),
         ("bytes", ctypes.c_uint64),
@@ -134,10 +153,11 @@ class SessionStatus(ctypes.Structure):
     """struct gpumem_session_status."""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("id", ctypes.c_uint64),
         ("pid", ctypes.c_uint32),
         ("uid", ctypes.c_uint32),
-        ("name", ctypes.c_char * 128),
+        ("name", ctypes.c_char_p),
         ("role", ctypes.c_int),
         ("buffers", ctypes.c_uint64),
         ("bytes", ctypes.c_uint64),
@@ -150,8 +170,10 @@ class ProcessStatus(ctypes.Structure):
     """struct gpumem_process_status."""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("pid", ctypes.c_uint32),
-        ("device", ctypes.c_uint),
+        ("device", ctypes.c_int),
+        ("node_device", ctypes.c_uint),
         ("used", ctypes.c_uint64),
         ("managed", ctypes.c_uint64),
         ("residual", ctypes.c_uint64),
@@ -164,25 +186,27 @@ class Status(ctypes.Structure):
     """struct gpumem_status (allocated by the library; read only)."""
 
     _fields_ = [
-        ("backend", ctypes.c_char * 32),
+        ("size", ctypes.c_size_t),
+        ("backend", ctypes.c_char_p),
         ("granularity", ctypes.c_uint64),
         ("ndevices", ctypes.c_size_t),
         ("ntags", ctypes.c_size_t),
         ("nsessions", ctypes.c_size_t),
-        ("devices", ctypes.POINTER(DeviceStatus)),
-        ("tags", ctypes.POINTER(TagStatus)),
-        ("sessions", ctypes.POINTER(SessionStatus)),
+        ("devices", ctypes.POINTER(ctypes.POINTER(DeviceStatus))),
+        ("tags", ctypes.POINTER(ctypes.POINTER(TagStatus))),
+        ("sessions", ctypes.POINTER(ctypes.POINTER(SessionStatus))),
         ("backup_reserved", ctypes.c_uint64),
         ("backup_limit", ctypes.c_uint64),
+        ("backup_ready", ctypes.c_uint64),
         ("last_backup_bytes", ctypes.c_uint64),
         ("last_backup_us", ctypes.c_uint64),
         ("last_restore_bytes", ctypes.c_uint64),
         ("last_restore_us", ctypes.c_uint64),
         ("nprocesses", ctypes.c_size_t),
-        ("processes", ctypes.POINTER(ProcessStatus)),
+        ("processes", ctypes.POINTER(ctypes.POINTER(ProcessStatus))),
         ("processes_known", ctypes.c_int),
         ("nlast_pause_checks", ctypes.c_size_t),
-        ("last_pause_checks", ctypes.POINTER(DeviceCheck)),
+        ("last_pause_checks", ctypes.POINTER(ctypes.POINTER(DeviceCheck))),
     ]
 
 
@@ -190,14 +214,39 @@ class BufferInfo(ctypes.Structure):
     """struct gpumem_buffer_info."""
 
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("id", ctypes.c_uint64),
         ("session_id", ctypes.c_uint64),
         ("pid", ctypes.c_uint32),
-        ("tag", ctypes.c_char * 64),
-        ("device", ctypes.c_uint),
-        ("size", ctypes.c_uint64),
+        ("tag", ctypes.c_char_p),
+        ("device", ctypes.c_int),
+        ("node_device", ctypes.c_uint),
+        ("bytes", ctypes.c_uint64),
         ("flags", ctypes.c_uint),
         ("state", ctypes.c_int),
+    ]
+
+
+class BufferList(ctypes.Structure):
+    """struct gpumem_list (allocated by the library; read only)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("nbuffers", ctypes.c_size_t),
+        ("buffers", ctypes.POINTER(ctypes.POINTER(BufferInfo))),
+    ]
+
+
+class PoolStats(ctypes.Structure):
+    """struct gpumem_pool_stats."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("allocations", ctypes.c_uint64),
+        ("allocated_bytes", ctypes.c_uint64),
+        ("pooled_buffers", ctypes.c_uint64),
+        ("pooled_bytes", ctypes.c_uint64),
+        ("daemon_allocs", ctypes.c_uint64),
     ]
 
 
@@ -213,6 +262,8 @@ STRUCTS: Dict[str, Type[ctypes.Structure]] = {
     "gpumem_process_status": ProcessStatus,
     "gpumem_status": Status,
     "gpumem_buffer_info": BufferInfo,
+    "gpumem_list": BufferList,
+    "gpumem_pool_stats": PoolStats,
 }
 
 # typedef void (*gpumem_hook)(gpumem_client *, gpumem_buffer *const *, size_t, void *)
@@ -223,26 +274,33 @@ HOOK = ctypes.CFUNCTYPE(
 
 def op_options_init() -> OpOptions:
     """GPUMEM_OP_OPTIONS_INIT."""
-    return OpOptions(ctypes.sizeof(OpOptions), 0, 0)
+    return OpOptions(ctypes.sizeof(OpOptions), 0, 0, SCOPE_NODE, None, 0, None)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     """Set argtypes and restype of every function the package calls."""
     i, u, u32, u64, sz = ctypes.c_int, ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t
-    vp, cp = ctypes.c_void_p, ctypes.c_char_p
+    i64, vp, cp = ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p
     P = ctypes.POINTER
     sig = {
+        "gpumem_version": (i, []),
+        "gpumem_version_string": (cp, []),
         "gpumem_connect": (i, [cp, cp, i, u, P(c_client_p)]),
         "gpumem_disconnect": (None, [c_client_p]),
+        "gpumem_set_request_timeout": (None, [c_client_p, u]),
         "gpumem_backend": (cp, [c_client_p]),
         "gpumem_granularity": (u64, [c_client_p]),
         "gpumem_device_count": (u, [c_client_p]),
-        "gpumem_alloc": (i, [c_client_p, cp, u, u64, u, P(c_buffer_p)]),
+        "gpumem_alloc": (i, [c_client_p, cp, i, u64, u, P(c_buffer_p)]),
         "gpumem_free": (i, [c_client_p, c_buffer_p]),
+        "gpumem_malloc": (i, [c_client_p, cp, i, u64, u, P(vp)]),
+        "gpumem_free_ptr": (i, [c_client_p, vp]),
+        "gpumem_trim": (i64, [c_client_p]),
+        "gpumem_pool_stats": (i, [c_client_p, P(PoolStats)]),
         "gpumem_buffer_ptr": (vp, [c_buffer_p]),
         "gpumem_buffer_size": (u64, [c_buffer_p]),
         "gpumem_buffer_tag": (cp, [c_buffer_p]),
-        "gpumem_buffer_device": (u, [c_buffer_p]),
+        "gpumem_buffer_device": (i, [c_buffer_p]),
         "gpumem_buffer_id": (u64, [c_buffer_p]),
         "gpumem_buffer_flags": (u, [c_buffer_p]),
         "gpumem_buffer_mapped": (i, [c_buffer_p]),
@@ -250,18 +308,23 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gpumem_buffer_read": (i, [c_client_p, c_buffer_p, u64, vp, u64]),
         "gpumem_buffer_write": (i, [c_client_p, c_buffer_p, u64, vp, u64]),
         "gpumem_buffer_fill32": (i, [c_client_p, c_buffer_p, u64, u64, u32]),
-        "gpumem_sync": (i, [c_client_p, u]),
+        "gpumem_sync": (i, [c_client_p, i]),
         "gpumem_set_hooks": (None, [c_client_p, HOOK, HOOK, vp]),
-        "gpumem_pause_ex": (i, [c_client_p, P(cp), sz, P(u), sz, P(OpOptions), P(P(OpReport))]),
-        "gpumem_resume_ex": (i, [c_client_p, P(cp), sz, P(u), sz, P(OpOptions), P(P(OpReport))]),
+        "gpumem_pause": (i, [c_client_p, P(cp), sz, P(i), sz, P(OpOptions), P(P(OpReport))]),
+        "gpumem_resume": (i, [c_client_p, P(cp), sz, P(i), sz, P(OpOptions), P(P(OpReport))]),
         "gpumem_op_report_free": (None, [P(OpReport)]),
         "gpumem_status": (i, [c_client_p, P(P(Status))]),
         "gpumem_status_free": (None, [P(Status)]),
-        "gpumem_list": (i, [c_client_p, P(P(BufferInfo))]),
-        "gpumem_list_free": (None, [P(BufferInfo)]),
+        "gpumem_list": (i, [c_client_p, P(P(BufferList))]),
+        "gpumem_list_free": (None, [P(BufferList)]),
         "gpumem_strerror": (cp, [i]),
+        "gpumem_error_name": (cp, [i]),
         "gpumem_last_error": (cp, []),
         "gpumem_state_name": (cp, [i]),
+        "gpumem_set_thread_tag": (i, [cp, u]),
+        "gpumem_thread_tag": (cp, [P(u)]),
+        "gpumem_set_default_client": (None, [c_client_p]),
+        "gpumem_default_client": (c_client_p, []),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -292,11 +355,38 @@ def candidates() -> List[str]:
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
+_path: Optional[str] = None
+
+
+def _loaded_path(name: str) -> str:
+    """The file the loader took for name (a bare soname is looked up in
+    /proc/self/maps), else name itself."""
+    if os.sep in name:
+        return os.path.realpath(name)
+    base = os.path.basename(name)
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith("libgpumem.so"):
+                    path = parts[5].strip()
+                    if base.startswith("libgpumem") or os.path.basename(path) == base:
+                        return path
+    except OSError:
+        pass
+    return name
+
+
+def library_path() -> str:
+    """The path of the libgpumem loaded (loading it first)."""
+    load()
+    assert _path is not None
+    return _path
 
 
 def load() -> ctypes.CDLL:
     """Load libgpumem once (see candidates()); OSError when not found."""
-    global _lib
+    global _lib, _path
     with _lock:
         if _lib is not None:
             return _lib
@@ -309,6 +399,7 @@ def load() -> ctypes.CDLL:
                 continue
             _declare(lib)
             _lib = lib
+            _path = _loaded_path(path)
             return lib
         raise OSError(
             "cannot load libgpumem (set GPUMEM_LIB to its path): " + "; ".join(errors)

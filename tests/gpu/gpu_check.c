@@ -26,13 +26,32 @@ static gpumem_client *ctl;
 
 static double gib(uint64_t b) { return (double)b / (double)GiB; }
 
-static int pause_tag(const char *tag, struct gpumem_op_result *r) {
-  return gpumem_pause(ctl, &tag, 1, NULL, 0, 0, r);
+/* The figures of a pause's or resume's report that these checks print. */
+struct op_sum {
+  uint64_t buffers, bytes, backup_bytes, skipped, elapsed_us, backup_us;
+};
+
+/* Pause or resume one tag on the node, keeping the report's figures. */
+static int op_tag(bool resume, const char *tag, struct op_sum *r) {
+  struct gpumem_op_report *rep = NULL;
+  int rc = resume ? gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, &rep)
+                  : gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, &rep);
+  memset(r, 0, sizeof *r);
+  if (rep) {
+    r->buffers = rep->buffers;
+    r->bytes = rep->bytes;
+    r->backup_bytes = rep->backup_bytes;
+    r->skipped = rep->skipped;
+    r->elapsed_us = rep->elapsed_us;
+    r->backup_us = rep->backup_us;
+  }
+  gpumem_op_report_free(rep);
+  return rc;
 }
 
-static int resume_tag(const char *tag, struct gpumem_op_result *r) {
-  return gpumem_resume(ctl, &tag, 1, NULL, 0, 0, r);
-}
+static int pause_tag(const char *tag, struct op_sum *r) { return op_tag(false, tag, r); }
+
+static int resume_tag(const char *tag, struct op_sum *r) { return op_tag(true, tag, r); }
 
 static uint64_t fnv(const uint8_t *p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
@@ -110,7 +129,7 @@ static void alloc_pause_resume(gpumem_client *w) {
   check(f0 - f1 >= n * size && f0 - f1 <= n * (size + gran) + 64 * MiB, "alloc takes device memory",
         "free %.3f -> %.3f GiB, dropped %.3f GiB for %d x %.2f GiB", gib(f0), gib(f1), drop, n,
         gib(size));
-  struct gpumem_op_result r;
+  struct op_sum r;
   int rc = pause_tag("t_basic", &r);
   uint64_t f2 = settled_free();
   check(rc == 0 && f2 > f1 && f2 - f1 + n * gran >= n * size, "pause gives it back",
@@ -150,7 +169,7 @@ static void backup_contents(gpumem_client *w) {
   uint64_t h0 = fnv(host, size, 0xcbf29ce484222325ull);
   gpumem_buffer_write(w, b, 0, host, size);
   memset(host, 0, size);
-  struct gpumem_op_result rp, rr;
+  struct op_sum rp, rr;
   int rc = pause_tag("t_backup", &rp) | resume_tag("t_backup", &rr);
   int rd = gpumem_buffer_read(w, b, 0, host, size);
   uint64_t h1 = fnv(host, size, 0xcbf29ce484222325ull);
@@ -171,8 +190,8 @@ static void backup_contents(gpumem_client *w) {
         (double)rr.backup_bytes / (double)rr.backup_us / 1e3);
   struct gpumem_status *s;
   gpumem_status(ctl, &s);
-  check(s->devices[0].daemon_context == 1, "daemon holds a context only for backups",
-        "with a BACKUP buffer: context %d", s->devices[0].daemon_context);
+  check(s->devices[0]->daemon_context == 1, "daemon holds a context only for backups",
+        "with a BACKUP buffer: context %d", s->devices[0]->daemon_context);
   gpumem_status_free(s);
   free(host);
   gpumem_free(w, b);
@@ -189,7 +208,7 @@ static void four_workers(void) {
     w[i] = worker(out[i], args);
   }
   uint64_t f1 = settled_free();
-  struct gpumem_op_result r;
+  struct op_sum r;
   int rc = pause_tag("t_four", &r);
   uint64_t f2 = settled_free();
   int rc2 = resume_tag("t_four", &r);
@@ -230,7 +249,7 @@ static void scenario(void) {
     check(false, "scenario", "setup failed: %d %s", cr, gpumem_last_error());
     return;
   }
-  uint64_t managed = s->devices[0].managed, unmanaged = s->devices[0].unmanaged;
+  uint64_t managed = s->devices[0]->managed, unmanaged = s->devices[0]->unmanaged;
   gpumem_status_free(s);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "%s/gpumemctl --socket %s status", bin, sock);
@@ -241,7 +260,7 @@ static void scenario(void) {
         "managed %.2f GiB (20 x 1.87 GiB = %.2f), unmanaged %.2f GiB (>= 2 GiB allocated outside)",
         gib(managed), gib(expect), gib(unmanaged));
   uint64_t f0 = settled_free();
-  struct gpumem_op_result r;
+  struct op_sum r;
   int rc = pause_tag("kv_cache", &r);
   uint64_t f1 = settled_free();
   check(rc == 0 && f1 - f0 >= expect, "scenario pause frees the pools",
@@ -259,7 +278,7 @@ static void ipc_legacy(gpumem_client *w) {
     check(false, "ipc alloc", "%s", gpumem_last_error());
     return;
   }
-  struct gpumem_op_result r;
+  struct op_sum r;
   int rc = pause_tag("t_ipc", &r);
   uint32_t word = 0;
   bool usable = gpumem_buffer_fill32(w, ipc, 0, 256 * MiB, 0xABCDu) == 0 &&
@@ -284,10 +303,10 @@ static void bad_requests(gpumem_client *w) {
   check(rc == GPUMEM_E_INVALID, "device beyond the GPUs is refused", "%s", gpumem_last_error());
   struct gpumem_status *s;
   gpumem_status(ctl, &s);
-  check(s->devices[0].managed == 0, "nothing half-made remains", "managed %llu bytes",
-        (unsigned long long)s->devices[0].managed);
-  check(s->devices[0].daemon_context == 0, "idle daemon holds no context",
-        "no BACKUP or IPC buffers: context %d", s->devices[0].daemon_context);
+  check(s->devices[0]->managed == 0, "nothing half-made remains", "managed %llu bytes",
+        (unsigned long long)s->devices[0]->managed);
+  check(s->devices[0]->daemon_context == 0, "idle daemon holds no context",
+        "no BACKUP or IPC buffers: context %d", s->devices[0]->daemon_context);
   gpumem_status_free(s);
 }
 

@@ -375,8 +375,8 @@ static int op(bool resume, const char *tag, unsigned timeout_ms, uint64_t max_re
   o.max_residual = max_residual;
   *r = NULL;
   if (!ctl) return GPUMEM_E_DISCONNECTED;
-  return resume ? gpumem_resume_ex(ctl, &tag, 1, NULL, 0, &o, r)
-                : gpumem_pause_ex(ctl, &tag, 1, NULL, 0, &o, r);
+  return resume ? gpumem_resume(ctl, &tag, 1, NULL, 0, &o, r)
+                : gpumem_pause(ctl, &tag, 1, NULL, 0, &o, r);
 }
 
 /* A pause or resume on its own thread and controller session. */
@@ -435,9 +435,10 @@ static struct tagview tag_status(const char *name) {
   struct gpumem_status *s;
   if (!ctl || gpumem_status(ctl, &s) < 0) return v;
   for (size_t i = 0; i < s->ntags; i++)
-    if (strcmp(s->tags[i].name, name) == 0) {
+    if (strcmp(s->tags[i]->name, name) == 0) {
       v.found = true;
-      v.t = s->tags[i];
+      v.t = *s->tags[i];
+      v.t.name = NULL; /* freed with the status */
     }
   gpumem_status_free(s);
   return v;
@@ -492,8 +493,9 @@ static bool session_of(pid_t pid, struct gpumem_session_status *out) {
   bool found = false;
   if (!ctl || gpumem_status(ctl, &s) < 0) return false;
   for (size_t i = 0; i < s->nsessions; i++)
-    if (s->sessions[i].pid == (uint32_t)pid) {
-      *out = s->sessions[i];
+    if (s->sessions[i]->pid == (uint32_t)pid) {
+      *out = *s->sessions[i];
+      out->name = NULL; /* freed with the status */
       found = true;
     }
   gpumem_status_free(s);
@@ -521,8 +523,8 @@ static void *bg_main(void *arg) {
   struct bg *b = arg;
   struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
   o.timeout_ms = b->timeout_ms;
-  b->rc = b->resume ? gpumem_resume_ex(b->c, &b->tag, 1, NULL, 0, &o, &b->r)
-                    : gpumem_pause_ex(b->c, &b->tag, 1, NULL, 0, &o, &b->r);
+  b->rc = b->resume ? gpumem_resume(b->c, &b->tag, 1, NULL, 0, &o, &b->r)
+                    : gpumem_pause(b->c, &b->tag, 1, NULL, 0, &o, &b->r);
   snprintf(b->err, sizeof b->err, "%s", gpumem_last_error());
   atomic_store(&b->done, true);
   return NULL;
@@ -966,15 +968,15 @@ static void residual_by_pid(void) {
   if (gpumem_status(ctl, &s) == 0) {
     known = s->processes_known;
     for (size_t i = 0; i < s->nprocesses; i++)
-      if (s->processes[i].pid == (uint32_t)child && s->processes[i].device == 0) {
+      if (s->processes[i]->pid == (uint32_t)child && s->processes[i]->device == 0) {
         p_found = true;
-        p_res = s->processes[i].residual;
-        p_used = s->processes[i].used;
+        p_res = s->processes[i]->residual;
+        p_used = s->processes[i]->used;
       }
     for (size_t i = 0; i < s->nsessions; i++)
-      if (s->sessions[i].pid == (uint32_t)child && s->sessions[i].residual_known) {
+      if (s->sessions[i]->pid == (uint32_t)child && s->sessions[i]->residual_known) {
         s_found = true;
-        s_res = s->sessions[i].residual;
+        s_res = s->sessions[i]->residual;
       }
     gpumem_status_free(s);
   }
@@ -997,8 +999,8 @@ static void residual_by_pid(void) {
   char pidword[32];
   snprintf(pidword, sizeof pidword, "pid %d (", (int)child);
   bool says_pid = r && r->message && strstr(r->message, pidword);
-  uint64_t c_res = r && r->nchecks ? r->checks[0].residual : 0;
-  bool c_known = r && r->nchecks && r->checks[0].residual_known;
+  uint64_t c_res = r && r->nchecks ? r->checks[0]->residual : 0;
+  bool c_known = r && r->nchecks && r->checks[0]->residual_known;
   struct tagview v = tag_status(tag);
   check(rc == GPUMEM_E_RESIDUAL && says_pid && c_known && c_res >= OUTSIDE_BYTES,
         "outside: pause with max_residual 1 GiB fails naming the pid",
@@ -1009,9 +1011,9 @@ static void residual_by_pid(void) {
         "driver free %.3f -> %.3f GiB: rose %.3f GiB for the tag's %.3f GiB; daemon's check: "
         "released %.3f GiB, free %.3f -> %.3f GiB; %s",
         gib(f1), gib(f2), sgib(f2, f1), gib(OUTSIDE_TAG_BYTES),
-        gib(r && r->nchecks ? r->checks[0].released : 0),
-        gib(r && r->nchecks ? r->checks[0].free_before : 0),
-        gib(r && r->nchecks ? r->checks[0].free_after : 0), tag_words(&v, tb, sizeof tb));
+        gib(r && r->nchecks ? r->checks[0]->released : 0),
+        gib(r && r->nchecks ? r->checks[0]->free_before : 0),
+        gib(r && r->nchecks ? r->checks[0]->free_after : 0), tag_words(&v, tb, sizeof tb));
   gpumem_op_report_free(r);
   r = NULL;
   /* The same through gpumemctl: exit status 1. */
@@ -1063,7 +1065,7 @@ static void daemon_restart(void) {
   struct gpumem_status *s = NULL;
   uint64_t managed0 = 0;
   if (gpumem_status(ctl, &s) == 0) {
-    managed0 = s->devices[0].managed;
+    managed0 = s->devices[0]->managed;
     gpumem_status_free(s);
   }
   check(fb + slack(16) >= f1 + total && managed0 == total, "restart: two workers hold 16 GiB",
@@ -1100,7 +1102,7 @@ static void daemon_restart(void) {
   bool h1 = session_of(w1, &s1), h2 = session_of(w2, &s2);
   uint64_t managed1 = 0;
   if (gpumem_status(ctl, &s) == 0) {
-    managed1 = s->devices[0].managed;
+    managed1 = s->devices[0]->managed;
     gpumem_status_free(s);
   }
   check(re1 >= 1 && re2 >= 1 && k1 == 8 && k2 == 8 && v.found && v.t.state == GPUMEM_ACTIVE &&

@@ -49,10 +49,34 @@ cat /tmp/gpumemd-faults.log
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 # The Python package over the CUDA backend.
 python3 tests/gpu/python_check.py build/bin/gpumemd || status=1
+# The preload library under the real CUDA runtime (libcudart from
+# CUDA_HOME, else PyTorch's nvidia-cuda-runtime wheel): a C program and
+# PyTorch's caching allocator, each with a daemon of its own.
+cudart=$(ls "$CUDA_HOME"/lib64/libcudart.so.[0-9]* 2>/dev/null | head -n1)
+[ -n "$cudart" ] || cudart=$(python3 -c 'import glob, os, nvidia.cuda_runtime as m
+print(sorted(glob.glob(os.path.join(list(m.__path__)[0], "lib", "libcudart.so.*")))[0])' 2>/dev/null)
+if [ -n "$cudart" ]; then
+  cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra tests/gpu/preload_check.c \
+    -o build/tests/preload_check "$cudart" -Wl,-rpath,"$(dirname "$cudart")" || exit 1
+  LD_PRELOAD=$PWD/build/lib/libgpumem_preload.so build/tests/preload_check build/bin || status=1
+  cat /tmp/gpumemd-preload-check.log
+else
+  echo "FAIL preload check: no libcudart.so.* in $CUDA_HOME/lib64 or PyTorch's wheel"; status=1
+fi
+LD_PRELOAD=$PWD/build/lib/libgpumem_preload.so python3 tests/gpu/preload_torch.py build/bin ||
+  status=1
+# PyTorch on gpumemd: regions, CUDA graphs, preload mode and the
+# torch_memory_saver drop-in (needs torch with CUDA; none is installed
+# by this script).
+if python3 -c 'import torch' 2>/dev/null; then
+  python3 tests/gpu/torch_check.py build/bin/gpumemd || status=1
+else
+  echo "torch_check: SKIPPED: python3 cannot import torch"
+fi
 # GPU_BENCH=0 skips the benchmarks (the checks and suites still run).
 if [ "${GPU_BENCH:-1}" != 0 ]; then
 make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt \
-  build/bench/bench_backup build/bench/bench_scale >/dev/null
+  build/bench/bench_backup build/bench/bench_scale build/bench/bench_trace >/dev/null
 mkdir -p build/bench
 : > build/bench/results-gpu.jsonl
 bench() { "$@" 3>>build/bench/results-gpu.jsonl 2>/dev/null || status=1; }
@@ -63,6 +87,7 @@ bench build/bench/bench_backup --backend cuda --size 8G build/bin
 bench build/bench/bench_rtt build/bin
 bench build/bench/bench_rtt --backend cuda build/bin
 bench build/bench/bench_scale build/bin
+bench build/bench/bench_trace --backend cuda build/bin
 bench build/bench/bench_scale --backend cuda --sessions 1000 --buffers 20000 build/bin
 CHUNK=1G bench/plot.sh build cuda 4G 8G 16G 32G > /dev/null 2>&1 || status=1
 cat build/bench/results-gpu.jsonl

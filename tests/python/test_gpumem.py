@@ -3,8 +3,10 @@
 import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import threading
+import time
 import weakref
 
 import pytest
@@ -37,7 +39,7 @@ C_ERRORS = {
     "WRONG_STATE": "WRONG_STATE", "BACKEND": "BACKEND_ERROR", "INTERNAL": "INTERNAL",
     "CONNECT": "CONNECT", "DISCONNECTED": "DISCONNECTED", "NOMEM": "NOMEM", "MAP": "MAP",
     "NOT_RELEASED": "NOT_RELEASED", "RESIDUAL": "RESIDUAL_EXCEEDED",
-    "SHUTTING_DOWN": "SHUTTING_DOWN",
+    "SHUTTING_DOWN": "SHUTTING_DOWN", "TIMEOUT": "TIMEOUT",
 }
 
 
@@ -148,7 +150,9 @@ def test_backup_keeps_contents_and_plain_buffer_is_unmapped(worker, controller, 
     assert r.elapsed_us > 0 and r.error is None
     assert [c["device"] for c in r.checks] == [0] and r.checks[0]["released"] == 4 * MiB
     assert r.checks[0]["free_after"] - r.checks[0]["free_before"] == 4 * MiB
-    assert r.details == [{"tag": wt, "device": 0, "buffers": 1, "bytes": 4 * MiB}]
+    assert r.details == [{"tag": wt, "device": 0, "node_device": 0, "buffers": 1,
+                          "bytes": 4 * MiB}]
+    assert r.checks[0]["node_device"] == 0
     assert r["bytes"] == 4 * MiB and r.as_dict()["error"] is None
     assert not weights.mapped and not kv.mapped
     t = tag_status(controller, wt)
@@ -284,7 +288,6 @@ def test_bad_arguments_raise_before_any_request(worker, controller, tag, monkeyp
         (TypeError, worker.alloc, (ok, MiB), {"device": "0"}),
         (TypeError, worker.alloc, (ok, MiB), {"device": None}),
         (TypeError, worker.alloc, (ok, MiB), {"backup": 1}),
-        (ValueError, controller.pause, (), {}),
         (TypeError, controller.pause, (1,), {}),
         (TypeError, controller.pause, ([ok],), {}),
         (ValueError, controller.pause, ("a b",), {}),
@@ -302,8 +305,29 @@ def test_bad_arguments_raise_before_any_request(worker, controller, tag, monkeyp
         (TypeError, controller.pause, (ok,), {"timeout": "1"}),
         (ValueError, controller.pause, (ok,), {"max_residual": -1}),
         (TypeError, controller.pause, (ok,), {"max_residual": 1.0}),
-        (ValueError, controller.resume, (), {}),
         (ValueError, controller.resume, (ok,), {"timeout": 0}),
+        (TypeError, controller.pause, (ok,), {"own": 1}),
+        (ValueError, controller.pause, (ok,), {"own": True, "pids": [1]}),
+        (ValueError, controller.pause, (ok,), {"own": True, "session_prefix": "rank"}),
+        (ValueError, controller.pause, (ok,), {"pids": [0]}),
+        (ValueError, controller.pause, (ok,), {"pids": [1 << 32]}),
+        (ValueError, controller.pause, (ok,), {"pids": []}),
+        (TypeError, controller.pause, (ok,), {"pids": 5}),
+        (TypeError, controller.pause, (ok,), {"pids": "5"}),
+        (TypeError, controller.resume, (ok,), {"session_prefix": b"rank"}),
+        (ValueError, controller.resume, (ok,), {"session_prefix": ""}),
+        (ValueError, controller.resume, (ok,), {"session_prefix": "a\nb"}),
+        (ValueError, controller.resume, (ok,), {"session_prefix": "x" * 128}),
+        (ValueError, controller.set_request_timeout, (0,), {}),
+        (TypeError, controller.set_request_timeout, ("1",), {}),
+        (ValueError, worker.malloc, (ok, 0), {}),
+        (TypeError, worker.malloc, (ok, MiB), {"device": "0"}),
+        (TypeError, worker.malloc, (ok, MiB), {"backup": "yes"}),
+        (ValueError, worker.free_ptr, (0,), {}),
+        (TypeError, worker.free_ptr, (None,), {}),
+        (TypeError, gpumem.set_thread_tag, (5,), {}),
+        (ValueError, gpumem.set_thread_tag, ("a b",), {}),
+        (TypeError, gpumem.set_default_client, ("client",), {}),
         (ValueError, b.read, (-1, 1), {}),
         (ValueError, b.read, (0, b.size + 1), {}),
         (ValueError, b.read, (b.size + 1,), {}),
@@ -454,3 +478,109 @@ def test_daemon_gone_is_an_error_and_buffers_stay(make_daemon, tag):
     assert b.read(0, 10) == b"still here"  # mappings stay valid
     w.close()
     assert b.freed
+
+
+# API 1.2: version, error names, request timeouts, scopes, sub-allocation.
+
+def test_version_error_names_and_library_path():
+    assert gpumem.version() == (1, 2, 0)
+    assert gpumem.error_name(-7) == "TAG_PAUSED" and gpumem.error_name(0) == "OK"
+    assert gpumem.error_name(-20) == "TIMEOUT" and gpumem.error_name(-99) == "UNKNOWN"
+    assert all(gpumem.error_name(int(c)) == c.name for c in gpumem.ErrorCode)
+    path = gpumem.library_path()
+    assert os.path.isfile(path)
+    assert os.path.realpath(path) == os.path.realpath(os.environ["GPUMEM_LIB"])
+    with pytest.raises(TypeError):
+        gpumem.error_name("x")
+
+
+def test_unanswered_request_times_out_and_the_late_answer_is_dropped(make_daemon, tag):
+    d = make_daemon()
+    w = gpumem.connect(d.sock, name="impatient")
+    w.set_request_timeout(0.2)
+    kt = tag("late")
+    d.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(gpumem.Error) as e:
+            w.alloc(kt, MiB)
+        took = time.monotonic() - t0
+    finally:
+        d.proc.send_signal(signal.SIGCONT)
+    assert e.value.code == gpumem.ErrorCode.TIMEOUT and e.value.code_name == "TIMEOUT"
+    assert "did not answer in 0.2 s" in e.value.message
+    assert 0.19 <= took < 5
+    w.set_request_timeout(None)
+    # The daemon made the buffer late; the library gave it back.
+    wait_for(lambda: not any(b["tag"] == kt for b in d.ctl("list")), 5,
+             "the late buffer to be freed")
+    assert w.list() == [] and w.buffers == []
+    b = w.alloc(kt, MiB)
+    assert b.mapped
+    w.close()
+
+
+def test_worker_pauses_and_resumes_its_own_buffers(worker, controller, daemon, tag):
+    kt = tag("own")
+    mine = worker.alloc(kt, MiB, backup=True)
+    mine.write(0, b"mine")
+    with gpumem.connect(daemon.sock, name="other-rank") as other:
+        theirs = other.alloc(kt, MiB)
+        try:
+            r = worker.pause(kt, own=True)
+        except gpumem.Error as e:
+            if e.code_name == "PERMISSION_DENIED":
+                pytest.skip("this gpumemd has no pause scopes yet: %s" % e)
+            raise
+        assert (r.buffers, r.bytes) == (1, mine.size)
+        assert not mine.mapped and theirs.mapped
+        assert worker.pause(own=True).buffers == 0  # every tag of its own: nothing left
+        r = worker.resume(own=True)
+        assert r.buffers == 1 and mine.mapped and mine.read(0, 4) == b"mine"
+        # A controller's pause of one session by pid.
+        r = controller.pause(kt, pids=[os.getpid()], session_prefix="other-")
+        assert r.buffers == 1 and not theirs.mapped and mine.mapped
+        controller.resume(kt, session_prefix="other-")
+        assert theirs.mapped
+
+
+def test_malloc_free_ptr_trim_and_pool_stats(worker, tag):
+    kt = tag("pool")
+    ptrs = [worker.malloc(kt, 1000 + i) for i in range(8)]
+    assert all(p % 512 == 0 for p in ptrs) and len(set(ptrs)) == 8
+    ctypes.memmove(ptrs[3], b"hello", 5)
+    assert ctypes.string_at(ptrs[3], 5) == b"hello"
+    st = worker.pool_stats()
+    assert st["allocations"] == 8 and st["allocated_bytes"] >= sum(1000 + i for i in range(8))
+    assert st["pooled_buffers"] >= 1 and st["daemon_allocs"] >= 1
+    for p in ptrs:
+        worker.free_ptr(p)
+    with pytest.raises(gpumem.Error) as e:
+        worker.free_ptr(ptrs[0] + 512)
+    assert e.value.code_name == "NOT_FOUND"
+    assert worker.pool_stats()["allocations"] == 0
+    assert worker.trim() >= worker.granularity
+    assert worker.pool_stats()["pooled_bytes"] == 0
+    b = worker.alloc(kt, MiB)
+    worker.free_ptr(b.ptr)  # a whole buffer, by address
+    assert b.freed and b not in worker.buffers
+
+
+def test_thread_tags_and_the_default_client(daemon, worker):
+    assert gpumem.thread_tag() == (None, 0)
+    gpumem.set_thread_tag("weights", backup=True)
+    assert gpumem.thread_tag() == ("weights", gpumem.FLAG_BACKUP)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(gpumem.thread_tag()))
+    t.start()
+    t.join()
+    assert seen == [(None, 0)]  # a tag belongs to its thread
+    gpumem.set_thread_tag(None)
+    assert gpumem.thread_tag() == (None, 0)
+    lib = worker._lib
+    gpumem.set_default_client(worker)
+    assert lib.gpumem_default_client() == worker._ptr()
+    with gpumem.connect(daemon.sock, name="default") as c:
+        gpumem.set_default_client(c)
+        assert lib.gpumem_default_client() == c._ptr()
+    assert gpumem._default is None  # closing the default client cleared it

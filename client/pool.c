@@ -1,0 +1,455 @@
+/* Sub-allocation: gpumem_malloc carves allocations out of slabs, daemon
+ * buffers of the allocation's tag, device and BACKUP flag, so that a
+ * PyTorch segment costs no daemon round trip once its pool has room.
+ *
+ * Each pool's slabs grow (64 MiB, then twice the last, up to 1 GiB); a
+ * request larger than that gets a slab of its own. Inside a slab, blocks
+ * sit in address order and free neighbours merge; the pool keeps its free
+ * blocks in one list, searched best-fit. Allocations are found by address
+ * in a hash map. One mutex guards the bookkeeping; it is never held
+ * across a daemon round trip, so two threads that both find the pool full
+ * may each add a slab. An empty slab goes back to the daemon unless it is
+ * its pool's only empty one (kept, so that a free and a malloc in turn
+ * do not each cost a round trip); gpumem_trim gives those back too. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "common/idmap.h"
+#include "common/size.h"
+#include "pool.h"
+
+#define POOL_ALIGN 512ull         /* allocation sizes and offsets */
+#define SLAB_FIRST (64ull << 20)  /* a pool's first slab */
+#define SLAB_MAX (1ull << 30)     /* slabs grow to this; larger ones are one request's */
+
+struct pool;
+struct slab;
+
+/* A piece of a slab: one allocation, or a free gap. */
+struct block {
+  uint64_t off, size;
+  bool free;
+  struct slab *slab;
+  struct block *prev, *next;   /* the slab's blocks, by address */
+  struct block *fprev, *fnext; /* the pool's free blocks */
+};
+
+/* A daemon buffer that allocations are carved from. */
+struct slab {
+  gpumem_buffer *buf;
+  char *base;
+  uint64_t size;
+  uint64_t used; /* allocations in it */
+  bool attached; /* in its pool (not on its way back to the daemon) */
+  struct pool *pool;
+  struct block *blocks;
+  struct slab *prev, *next;
+};
+
+/* The slabs of one tag, device and BACKUP flag. */
+struct pool {
+  char tag[WIRE_TAG_MAX + 1];
+  int device;
+  unsigned backup;
+  uint64_t next_size; /* of the next slab made from the pool's growth */
+  struct slab *slabs;
+  struct block *free_blocks;
+  struct pool *next;
+};
+
+struct client_pool {
+  pthread_mutex_t mu; /* everything below */
+  struct pool *pools;
+  idmap *allocs; /* address -> block of every live allocation */
+  idmap *slabs;  /* base address -> slab, from attach until freed */
+  struct gpumem_pool_stats st;
+};
+
+/* The key of an address in the maps. */
+static uint64_t addr_key(const void *p) { return (uint64_t)(uintptr_t)p; }
+
+/* The client's pool bookkeeping, made on first use when create is set. */
+static struct client_pool *pool_of(gpumem_client *c, bool create) {
+  struct client_pool *cp = __atomic_load_n(&c->pool, __ATOMIC_ACQUIRE);
+  if (cp || !create) return cp;
+  pthread_mutex_lock(&c->mu);
+  cp = c->pool;
+  if (!cp && (cp = calloc(1, sizeof *cp))) {
+    cp->allocs = idmap_create();
+    cp->slabs = idmap_create();
+    if (!cp->allocs || !cp->slabs) {
+      idmap_destroy(cp->allocs);
+      idmap_destroy(cp->slabs);
+      free(cp);
+      cp = NULL;
+    } else {
+      pthread_mutex_init(&cp->mu, NULL);
+      __atomic_store_n(&c->pool, cp, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return cp;
+}
+
+/* Put a free block on its pool's free list. */
+static void free_push(struct pool *p, struct block *b) {
+  b->fprev = NULL;
+  b->fnext = p->free_blocks;
+  if (p->free_blocks) p->free_blocks->fprev = b;
+  p->free_blocks = b;
+}
+
+/* Take a block off its pool's free list. */
+static void free_unlink(struct pool *p, struct block *b) {
+  if (b->fprev)
+    b->fprev->fnext = b->fnext;
+  else
+    p->free_blocks = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  b->fprev = b->fnext = NULL;
+}
+
+/* The pool of a tag, device and BACKUP flag, or NULL. */
+static struct pool *pool_find(struct client_pool *cp, const char *tag, int device,
+                              unsigned backup) {
+  for (struct pool *p = cp->pools; p; p = p->next)
+    if (p->device == device && p->backup == backup && strcmp(p->tag, tag) == 0) return p;
+  return NULL;
+}
+
+/* Link an empty slab into its pool with one free block over all of it. */
+static int slab_attach(struct client_pool *cp, struct slab *s) {
+  struct block *b = calloc(1, sizeof *b);
+  if (!b || idmap_put(cp->slabs, addr_key(s->base), s) < 0) {
+    free(b);
+    return -ENOMEM;
+  }
+  *b = (struct block){.size = s->size, .free = true, .slab = s};
+  s->blocks = b;
+  s->used = 0;
+  s->attached = true;
+  free_push(s->pool, b);
+  s->prev = NULL;
+  s->next = s->pool->slabs;
+  if (s->next) s->next->prev = s;
+  s->pool->slabs = s;
+  cp->st.pooled_buffers++;
+  cp->st.pooled_bytes += s->size;
+  return 0;
+}
+
+/* Unlink an empty slab from its pool; it stays in the slab map until the
+ * daemon has it back. */
+static void slab_detach(struct client_pool *cp, struct slab *s) {
+  struct pool *p = s->pool;
+  free_unlink(p, s->blocks);
+  free(s->blocks);
+  s->blocks = NULL;
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    p->slabs = s->next;
+  if (s->next) s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+  s->attached = false;
+  cp->st.pooled_buffers--;
+  cp->st.pooled_bytes -= s->size;
+}
+
+/* The smallest free block of at least need bytes in a slab that may be
+ * used now: a paused slab only when allow_paused. */
+static struct block *best_fit(struct pool *p, uint64_t need, bool allow_paused) {
+  struct block *best = NULL;
+  for (struct block *b = p->free_blocks; b; b = b->fnext) {
+    if (b->size < need || (best && b->size >= best->size)) continue;
+    if (!allow_paused && !gpumem_buffer_mapped(b->slab->buf)) continue;
+    best = b;
+    if (b->size == need) break;
+  }
+  return best;
+}
+
+/* Turn the front of free block b into an allocation of need bytes; the
+ * rest stays free. Returns the address, or NULL when out of memory. */
+static void *take(struct client_pool *cp, struct block *b, uint64_t need) {
+  struct slab *s = b->slab;
+  struct block *rest = NULL;
+  if (b->size - need >= POOL_ALIGN && !(rest = calloc(1, sizeof *rest))) return NULL;
+  char *at = s->base + b->off;
+  if (idmap_put(cp->allocs, addr_key(at), b) < 0) {
+    free(rest);
+    return NULL;
+  }
+  free_unlink(s->pool, b);
+  if (rest) {
+    *rest = (struct block){.off = b->off + need, .size = b->size - need, .free = true,
+                           .slab = s, .prev = b, .next = b->next};
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = need;
+    free_push(s->pool, rest);
+  }
+  b->free = false;
+  s->used++;
+  cp->st.allocations++;
+  cp->st.allocated_bytes += b->size;
+  return at;
+}
+
+/* Merge free block n into its free predecessor b. */
+static void merge_next(struct pool *p, struct block *b, struct block *n) {
+  free_unlink(p, n);
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next) n->next->prev = b;
+  free(n);
+}
+
+/* Another empty slab of s's pool that is kept, or NULL. */
+static struct slab *other_empty(struct slab *s) {
+  for (struct slab *x = s->pool->slabs; x; x = x->next)
+    if (x != s && x->used == 0 && x->size <= SLAB_MAX) return x;
+  return NULL;
+}
+
+/* Free an allocation's block, merging it with free neighbours. When its
+ * slab becomes empty, returns the slab to give back (detached), if any. */
+static struct slab *release(struct client_pool *cp, struct block *b) {
+  struct slab *s = b->slab;
+  struct pool *p = s->pool;
+  idmap_del(cp->allocs, addr_key(s->base + b->off));
+  cp->st.allocations--;
+  cp->st.allocated_bytes -= b->size;
+  s->used--;
+  b->free = true;
+  free_push(p, b);
+  if (b->next && b->next->free) merge_next(p, b, b->next);
+  if (b->prev && b->prev->free) merge_next(p, b->prev, b);
+  if (s->used) return NULL;
+  /* Keep one empty slab per pool, the larger of two; never a one-request
+   * slab. */
+  struct slab *victim = s;
+  if (s->size <= SLAB_MAX) {
+    struct slab *o = other_empty(s);
+    if (!o) return NULL;
+    if (o->size < s->size) victim = o;
+  }
+  slab_detach(cp, victim);
+  return victim;
+}
+
+/* Give a detached slab's buffer back to the daemon; if the daemon keeps
+ * it, it goes back into its pool (or, without memory for that, stays an
+ * ordinary buffer of the client until disconnect). A free that timed out
+ * has doomed the buffer: the library destroys it when the reply comes. */
+static int give_back(gpumem_client *c, struct client_pool *cp, struct slab *s) {
+  int rc = gpumem_free(c, s->buf);
+  pthread_mutex_lock(&cp->mu);
+  idmap_del(cp->slabs, addr_key(s->base));
+  if (rc < 0 && rc != GPUMEM_E_TIMEOUT && slab_attach(cp, s) == 0) s = NULL;
+  pthread_mutex_unlock(&cp->mu);
+  free(s);
+  return rc;
+}
+
+/* Make a new slab of the pool for tag, device and flags that holds at
+ * least need bytes, and carve need bytes from it into *ptr. */
+static int grow(gpumem_client *c, struct client_pool *cp, const char *tag, int device,
+                uint64_t need, unsigned flags, void **ptr) {
+  uint64_t gran = gpumem_granularity(c);
+  if (gran < POOL_ALIGN) gran = POOL_ALIGN;
+  uint64_t least = size_round_up(need, gran);
+  if (!least) return client_fail(GPUMEM_E_INVALID, "size %llu is too large",
+                                 (unsigned long long)need);
+  unsigned backup = flags & GPUMEM_BACKUP;
+  pthread_mutex_lock(&cp->mu);
+  struct pool *p = pool_find(cp, tag, device, backup);
+  uint64_t next = p ? p->next_size : SLAB_FIRST;
+  pthread_mutex_unlock(&cp->mu);
+  uint64_t size = least > next ? least : size_round_up(next, gran);
+  gpumem_buffer *buf;
+  int rc = gpumem_alloc(c, tag, device, size, flags, &buf);
+  /* A device (or a backup limit) without room for a whole slab, or
+   * smaller than one (INVALID), may still have room for this request. */
+  if ((rc == GPUMEM_E_OUT_OF_MEMORY || rc == GPUMEM_E_LIMIT || rc == GPUMEM_E_INVALID) &&
+      size > least)
+    rc = gpumem_alloc(c, tag, device, size = least, flags, &buf);
+  if (rc < 0) return rc;
+  struct slab *s = calloc(1, sizeof *s);
+  pthread_mutex_lock(&cp->mu);
+  p = pool_find(cp, tag, device, backup);
+  if (!p && s && (p = calloc(1, sizeof *p))) {
+    snprintf(p->tag, sizeof p->tag, "%s", tag);
+    p->device = device;
+    p->backup = backup;
+    p->next_size = SLAB_FIRST;
+    p->next = cp->pools;
+    cp->pools = p;
+  }
+  void *at = NULL;
+  if (p && s) {
+    *s = (struct slab){.buf = buf, .base = gpumem_buffer_ptr(buf),
+                       .size = gpumem_buffer_size(buf), .pool = p};
+    if (slab_attach(cp, s) == 0) {
+      cp->st.daemon_allocs++;
+      if (size >= p->next_size && p->next_size < SLAB_MAX) p->next_size *= 2;
+      at = take(cp, s->blocks, need);
+      if (!at) {
+        slab_detach(cp, s);
+        idmap_del(cp->slabs, addr_key(s->base));
+      }
+    }
+  }
+  pthread_mutex_unlock(&cp->mu);
+  if (at) {
+    *ptr = at;
+    return 0;
+  }
+  free(s);
+  gpumem_free(c, buf);
+  return client_fail(GPUMEM_E_NOMEM, "out of memory for the pool's bookkeeping");
+}
+
+/* Allocate size bytes out of the pool of tag, device and flags. */
+int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, unsigned flags,
+                  void **ptr) {
+  if (!c || !ptr) return client_fail(GPUMEM_E_INVALID, "no client or no place for the pointer");
+  if (!tag || !wire_tag_valid(tag))
+    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
+                       WIRE_TAG_MAX);
+  if (flags & ~(unsigned)(GPUMEM_BACKUP | GPUMEM_ALLOW_PAUSED))
+    return client_fail(GPUMEM_E_INVALID, "gpumem_malloc takes only GPUMEM_BACKUP and "
+                                         "GPUMEM_ALLOW_PAUSED (flags %#x)", flags);
+  if (device < 0) return client_fail(GPUMEM_E_INVALID, "device %d does not exist", device);
+  uint64_t need = size_round_up(size, POOL_ALIGN);
+  if (!size || !need)
+    return client_fail(GPUMEM_E_INVALID, "cannot allocate %llu bytes", (unsigned long long)size);
+  struct client_pool *cp = pool_of(c, true);
+  if (!cp) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  bool allow_paused = flags & GPUMEM_ALLOW_PAUSED;
+  pthread_mutex_lock(&cp->mu);
+  struct pool *p = pool_find(cp, tag, device, flags & GPUMEM_BACKUP);
+  struct block *b = p ? best_fit(p, need, allow_paused) : NULL;
+  void *at = b ? take(cp, b, need) : NULL;
+  pthread_mutex_unlock(&cp->mu);
+  if (at) {
+    *ptr = at;
+    return 0;
+  }
+  if (b) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  return grow(c, cp, tag, device, need, flags, ptr);
+}
+
+/* The gpumem_alloc buffer (not a slab) that starts at ptr, or NULL. */
+static gpumem_buffer *buffer_at(gpumem_client *c, void *ptr) {
+  pthread_mutex_lock(&c->mu);
+  gpumem_buffer *b = c->all;
+  while (b && (b->va != ptr || b->doomed)) b = b->next;
+  pthread_mutex_unlock(&c->mu);
+  return b;
+}
+
+/* Free the allocation or buffer that starts at ptr. */
+int gpumem_free_ptr(gpumem_client *c, void *ptr) {
+  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
+  struct client_pool *cp = pool_of(c, false);
+  if (ptr && cp) {
+    pthread_mutex_lock(&cp->mu);
+    struct block *b = idmap_get(cp->allocs, addr_key(ptr));
+    struct slab *s = b ? release(cp, b) : NULL;
+    bool slab = !b && idmap_get(cp->slabs, addr_key(ptr));
+    pthread_mutex_unlock(&cp->mu);
+    if (s) give_back(c, cp, s); /* the allocation is freed either way */
+    if (b) return 0;
+    if (slab) return client_fail(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
+  }
+  gpumem_buffer *buf = ptr ? buffer_at(c, ptr) : NULL;
+  if (!buf) return client_fail(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
+  return gpumem_free(c, buf);
+}
+
+/* Give every empty slab back to the daemon. */
+int64_t gpumem_trim(gpumem_client *c) {
+  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
+  struct client_pool *cp = pool_of(c, false);
+  if (!cp) return 0;
+  struct slab *empty = NULL;
+  pthread_mutex_lock(&cp->mu);
+  for (struct pool *p = cp->pools; p; p = p->next) {
+    for (struct slab *s = p->slabs, *n; s; s = n) {
+      n = s->next;
+      if (s->used) continue;
+      slab_detach(cp, s);
+      s->next = empty;
+      empty = s;
+    }
+  }
+  pthread_mutex_unlock(&cp->mu);
+  int64_t bytes = 0;
+  int err = 0;
+  char words[320] = "";
+  for (struct slab *s = empty, *n; s; s = n) {
+    n = s->next;
+    uint64_t size = s->size;
+    int rc = give_back(c, cp, s);
+    if (rc == 0) {
+      bytes += (int64_t)size;
+    } else if (!err) {
+      err = rc;
+      snprintf(words, sizeof words, "%s", gpumem_last_error());
+    }
+  }
+  /* Slabs that did not go back stay in their pools. */
+  return err ? client_fail(err, "%s", words) : bytes;
+}
+
+/* Copy the client's sub-allocation figures. */
+int gpumem_pool_stats(gpumem_client *c, struct gpumem_pool_stats *out) {
+  if (!c || !out || out->size < sizeof out->size)
+    return client_fail(GPUMEM_E_INVALID, "no client, or no size set in the stats struct");
+  struct gpumem_pool_stats st = {0};
+  struct client_pool *cp = pool_of(c, false);
+  if (cp) {
+    pthread_mutex_lock(&cp->mu);
+    st = cp->st;
+    pthread_mutex_unlock(&cp->mu);
+  }
+  size_t n = out->size < sizeof st ? out->size : sizeof st;
+  st.size = n;
+  memcpy(out, &st, n);
+  return 0;
+}
+
+/* Free a slab's blocks and the slab. */
+static void slab_free(struct slab *s) {
+  for (struct block *b = s->blocks, *n; b; b = n) {
+    n = b->next;
+    free(b);
+  }
+  free(s);
+}
+
+/* Free every pool, slab and block record; the buffers are the client's. */
+void client_pool_destroy(gpumem_client *c) {
+  struct client_pool *cp = __atomic_exchange_n(&c->pool, NULL, __ATOMIC_ACQ_REL);
+  if (!cp) return;
+  for (struct pool *p = cp->pools, *pn; p; p = pn) {
+    pn = p->next;
+    for (struct slab *s = p->slabs, *sn; s; s = sn) {
+      sn = s->next;
+      slab_free(s);
+    }
+    free(p);
+  }
+  idmap_destroy(cp->allocs);
+  idmap_destroy(cp->slabs);
+  pthread_mutex_destroy(&cp->mu);
+  free(cp);
+}

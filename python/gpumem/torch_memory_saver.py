@@ -1,0 +1,354 @@
+"""torch_memory_saver's API on gpumemd.
+
+Switching is an import change::
+
+    -from torch_memory_saver import torch_memory_saver
+    +from gpumem.torch_memory_saver import torch_memory_saver
+
+or, for code that imports the package (``torch_memory_saver.torch_memory_saver``,
+``torch_memory_saver.configure_subprocess()``)::
+
+    -import torch_memory_saver
+    +from gpumem import torch_memory_saver
+
+``region``, ``cuda_graph``, ``disable``, ``pause``, ``resume``,
+``hook_mode``, ``enabled``, ``memory_margin_bytes``, ``retain_cpu_backup``,
+``get_cpu_backup``, ``set_disk_backup_dir`` and ``configure_subprocess``
+have torch_memory_saver's names and arguments. What differs (see
+docs/python.md): the memory is gpumemd's, so ``gpumemctl status`` shows it
+per process and tag and an orchestrator can pause it node-wide;
+``pause()`` and ``resume()`` act on this process's own buffers through the
+daemon; ``cuda_graph`` works in both hook modes; CPU backups live in the
+daemon, so ``get_cpu_backup`` is not available; tags are limited to
+``[A-Za-z0-9_.-]{1,63}``.
+
+The hook mode: "torch" serves regions through PyTorch's pluggable
+allocator (:mod:`gpumem.torch`); "preload" relies on libgpumem_preload.so,
+which must be in LD_PRELOAD when the process starts (the setter checks
+that it is loaded). The default is "preload" when that library is loaded,
+else "torch".
+
+PyTorch is imported on first use, not with this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+from typing import Any, Iterator, Literal, Optional, Set, Tuple
+
+import gpumem
+from gpumem import torch as _gt
+
+__all__ = [
+    "HookMode",
+    "PRELOAD_LIBRARY",
+    "TorchMemorySaver",
+    "configure_subprocess",
+    "preload_library_loaded",
+    "preload_library_path",
+    "torch_memory_saver",
+]
+
+HookMode = Literal["torch", "preload"]
+
+#: The file name of the LD_PRELOAD library.
+PRELOAD_LIBRARY = "libgpumem_preload.so"
+
+_DEFAULT_TAG = "default"
+_MODES = ("torch", "preload")
+_MAX_TAGS = 64  # tags one pause or resume may name
+
+# The tags of every region and graph entered through this module: what
+# pause() and resume() without a tag act on.
+_tags_used: Set[str] = set()
+_tags_lock = threading.Lock()
+
+
+def _use_tag(tag: str) -> None:
+    with _tags_lock:
+        _tags_used.add(tag)
+
+
+def preload_library_path() -> str:
+    """The LD_PRELOAD library: $GPUMEM_PRELOAD_LIB, else
+    libgpumem_preload.so next to the libgpumem in use."""
+    env = os.environ.get("GPUMEM_PRELOAD_LIB")
+    if env:
+        return env
+    return os.path.join(os.path.dirname(os.path.realpath(gpumem.library_path())), PRELOAD_LIBRARY)
+
+
+def preload_library_loaded() -> bool:
+    """True when libgpumem_preload is mapped into this process (it was in
+    LD_PRELOAD when the process started)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            for line in f:
+                if b"libgpumem_preload" in line.rsplit(b"/", 1)[-1]:
+                    return True
+    except OSError:  # pragma: no cover (no procfs)
+        pass
+    return False
+
+
+@contextlib.contextmanager
+def configure_subprocess() -> Iterator[None]:
+    """For the duration of the block, put the preload library first in
+    $LD_PRELOAD (keeping what is there), so that processes started in it
+    can use hook_mode "preload". The previous value comes back on exit."""
+    lib = preload_library_path()
+    old = os.environ.get("LD_PRELOAD")
+    os.environ["LD_PRELOAD"] = lib + ":" + old if old else lib
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = old
+
+
+def _preload_error() -> RuntimeError:
+    return RuntimeError(
+        "hook_mode 'preload' needs %s loaded at process start, and it is not (LD_PRELOAD=%r): "
+        "start the process with LD_PRELOAD=%s, or from inside "
+        "gpumem.torch_memory_saver.configure_subprocess(); or use hook_mode 'torch'"
+        % (PRELOAD_LIBRARY, os.environ.get("LD_PRELOAD", ""), preload_library_path()))
+
+
+def _check_tag(tag: Any) -> str:
+    return _gt._check_tag(tag)
+
+
+class TorchMemorySaver:
+    """torch_memory_saver's object; use the :data:`torch_memory_saver`
+    singleton. Every instance works on the same process-wide state (the
+    default client of :mod:`gpumem.torch`)."""
+
+    def __init__(self) -> None:
+        self._mode: Optional[str] = None
+        self._started = False
+        self._margin = 0
+        self._lock = threading.Lock()
+
+    # Configuration.
+
+    @property
+    def hook_mode(self) -> str:
+        """"torch" or "preload" (see the module's doc). May be set until the
+        first region, graph, pause or resume; setting the mode in use
+        again is allowed later."""
+        if self._mode is not None:
+            return self._mode
+        return "preload" if preload_library_loaded() else "torch"
+
+    @hook_mode.setter
+    def hook_mode(self, mode: Any) -> None:
+        if not isinstance(mode, str):
+            raise TypeError("hook_mode must be 'torch' or 'preload', not %s" % type(mode).__name__)
+        if mode not in _MODES:
+            raise ValueError("hook_mode must be 'torch' or 'preload', not %r" % mode)
+        with self._lock:
+            if self._started and mode != self.hook_mode:
+                raise RuntimeError("hook_mode is %r and cannot change after the first region, "
+                                   "graph, pause or resume" % self.hook_mode)
+            if mode == "preload" and not preload_library_loaded():
+                raise _preload_error()
+            self._mode = mode
+
+    @property
+    def enabled(self) -> bool:
+        """True: the saver is available (as in torch_memory_saver)."""
+        return True
+
+    @property
+    def memory_margin_bytes(self) -> int:
+        """Accepted for compatibility and not enforced: the daemon refuses
+        an allocation the device cannot hold (PyTorch then raises its
+        out-of-memory error)."""
+        return self._margin
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError("memory_margin_bytes must be an int, not %s" % type(value).__name__)
+        if value < 0:
+            raise ValueError("memory_margin_bytes must be >= 0, got %d" % value)
+        if value:
+            warnings.warn("gpumem.torch_memory_saver does not enforce memory_margin_bytes: "
+                          "gpumemd refuses allocations the device cannot hold",
+                          RuntimeWarning, stacklevel=2)
+        self._margin = value
+
+    @property
+    def retain_cpu_backup(self) -> bool:
+        """Always True: gpumemd keeps a backup's host memory for the life of
+        the buffer. Setting it is accepted and changes nothing."""
+        return True
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise TypeError("retain_cpu_backup must be a bool, not %s" % type(value).__name__)
+
+    def _start(self) -> str:
+        """Fix the hook mode and find the default client (once)."""
+        with self._lock:
+            mode = self.hook_mode
+            if mode == "preload" and not preload_library_loaded():
+                raise _preload_error()
+            self._mode = mode
+            self._started = True
+        if mode == "preload" and _gt._client is None and hasattr(gpumem, "default_client"):
+            # The preload library may have allocated through the library's
+            # default client already: keep that one, so frees still find
+            # their allocations and an own-scope pause covers them.
+            _gt.init(gpumem.default_client())
+        else:
+            _gt.init()
+        return mode
+
+    # Regions and graphs.
+
+    @contextlib.contextmanager
+    def region(self, tag: str = _DEFAULT_TAG, enable_cpu_backup: bool = False,
+               enable_disk_backup: bool = False,
+               cpu_backup_backend: Optional[str] = None) -> Iterator[None]:
+        """Allocations of the calling thread inside the block are gpumemd
+        memory tagged ``tag``; ``enable_cpu_backup=True`` keeps their
+        contents across a pause. ``enable_disk_backup`` is not supported;
+        ``cpu_backup_backend`` ("pinned" or "mmap") is accepted and the
+        daemon's pinned backup is used."""
+        self._check_region_args(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        _gt._torch()
+        mode = self._start()
+        if mode == "torch":
+            cm = _gt.region(tag, backup=enable_cpu_backup)
+        else:
+            cm = _gt._native_region(tag, enable_cpu_backup, None)
+        with cm:
+            _use_tag(tag)
+            yield
+
+    @staticmethod
+    def _check_region_args(tag: Any, enable_cpu_backup: Any, enable_disk_backup: Any,
+                           cpu_backup_backend: Any) -> None:
+        _check_tag(tag)
+        _gt._check_bool("enable_cpu_backup", enable_cpu_backup)
+        _gt._check_bool("enable_disk_backup", enable_disk_backup)
+        if cpu_backup_backend is not None:
+            if not isinstance(cpu_backup_backend, str):
+                raise TypeError("cpu_backup_backend must be a str or None")
+            if cpu_backup_backend not in ("pinned", "mmap"):
+                raise ValueError("cpu_backup_backend must be 'pinned' or 'mmap', not %r"
+                                 % cpu_backup_backend)
+            if not enable_cpu_backup:
+                raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        if enable_disk_backup:
+            raise NotImplementedError("gpumemd keeps backups in host memory; enable_disk_backup "
+                                      "is not supported (use enable_cpu_backup=True)")
+
+    @contextlib.contextmanager
+    def cuda_graph(self, cuda_graph: Any, pool: Any = None, stream: Any = None,
+                   capture_error_mode: str = "global", tag: str = _DEFAULT_TAG,
+                   enable_cpu_backup: bool = False,
+                   cpu_backup_backend: Optional[str] = None) -> Iterator[None]:
+        """Like ``torch.cuda.graph(cuda_graph, pool, stream,
+        capture_error_mode)``, with the graph's memory pool in gpumemd
+        memory tagged ``tag``, so that pausing the tag releases it. In
+        "torch" mode a ``pool`` that is not gpumem memory (such as
+        ``torch.cuda.graph_pool_handle()``) is replaced by one pool of
+        gpumem memory per handle, so graphs that share a handle still share
+        a pool."""
+        self._check_region_args(tag, enable_cpu_backup, False, cpu_backup_backend)
+        if capture_error_mode not in _gt._CAPTURE_MODES:
+            raise ValueError("capture_error_mode must be one of %s, not %r"
+                             % (", ".join(_gt._CAPTURE_MODES), capture_error_mode))
+        _gt._torch()
+        mode = self._start()
+        if mode == "torch":
+            cm = _gt._capture(cuda_graph, tag, enable_cpu_backup, pool, stream,
+                              capture_error_mode, lenient=True)
+        else:
+            cm = self._preload_capture(cuda_graph, tag, enable_cpu_backup, pool, stream,
+                                       capture_error_mode)
+        with cm:
+            _use_tag(tag)
+            yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _preload_capture(graph: Any, tag: str, backup: bool, pool: Any, stream: Any,
+                         capture_error_mode: str) -> Iterator[None]:
+        torch = _gt._torch()
+        with _gt._thread_tag(tag, backup):
+            with torch.cuda.graph(graph, pool=pool, stream=stream,
+                                  capture_error_mode=capture_error_mode):
+                yield
+
+    @contextlib.contextmanager
+    def disable(self) -> Iterator[None]:
+        """Inside the block the calling thread's allocations are PyTorch's
+        own again (no tag; inside a region, a fresh pool of PyTorch's
+        allocator). In "preload" mode the preload library still serves
+        them, tagged $GPUMEM_DEFAULT_TAG (else "default"), and pause()
+        without a tag leaves them alone."""
+        self._start()
+        with _gt._untagged():
+            yield
+
+    # Pause and resume.
+
+    def pause(self, tag: Optional[str] = None) -> Optional[gpumem.OpResult]:
+        """Release this process's memory of ``tag``; None: of every tag a
+        region or graph of this process used (not the memory the preload
+        library serves outside regions). Pausing what is paused, or a tag
+        this process never allocated, changes nothing. Returns the daemon's
+        report (None when there was nothing to pause)."""
+        tags = self._tags(tag)
+        self._start()
+        return self._op(_gt.pause, tags)
+
+    def resume(self, tag: Optional[str] = None) -> Optional[gpumem.OpResult]:
+        """Take the memory of ``tag`` (None: as for :meth:`pause`) again at
+        the same addresses; raises gpumem.Error OUT_OF_MEMORY, changing
+        nothing, when the device cannot hold it."""
+        tags = self._tags(tag)
+        self._start()
+        return self._op(_gt.resume, tags)
+
+    @staticmethod
+    def _op(fn: Any, tags: Tuple[str, ...]) -> Optional[gpumem.OpResult]:
+        """Run fn over tags, at most _MAX_TAGS a call; the last report."""
+        result = None
+        for i in range(0, len(tags), _MAX_TAGS):
+            result = fn(*tags[i:i + _MAX_TAGS], missing_ok=True) or result
+        return result
+
+    @staticmethod
+    def _tags(tag: Any) -> Tuple[str, ...]:
+        if tag is None:
+            with _tags_lock:
+                return tuple(sorted(_tags_used))
+        return (_check_tag(tag),)
+
+    # What gpumemd does differently.
+
+    def get_cpu_backup(self, x: Any, zero_copy: bool = False) -> Any:
+        """Not available: the backup of a paused tensor is in the daemon's
+        host memory, not this process's. Resume the tag and read the
+        tensor."""
+        raise NotImplementedError("gpumemd keeps CPU backups in the daemon; resume the tag and "
+                                  "read the tensor instead of get_cpu_backup")
+
+    def set_disk_backup_dir(self, path: str) -> None:
+        """Not available: gpumemd keeps backups in host memory."""
+        raise NotImplementedError("gpumemd keeps backups in host memory; disk backups are "
+                                  "not supported")
+
+
+#: The process's saver, as ``torch_memory_saver.torch_memory_saver``.
+torch_memory_saver = TorchMemorySaver()

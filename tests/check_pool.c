@@ -1,0 +1,609 @@
+/* Sub-allocation (gpumem_malloc and co.) and the default client's entry
+ * points, against a real daemon on the host backend: the test process is
+ * the worker, a second client in it is the controller. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpumem.h"
+#include "harness.h"
+
+#define KiB (1ull << 10)
+#define MiB (1ull << 20)
+
+static struct daemon d;
+
+/* Count fds before each test. */
+static void setup(void) { harness_fd_setup(); }
+
+/* Stop the test's daemon and check that no fd leaked. */
+static void teardown(void) {
+  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
+  harness_fd_teardown();
+}
+
+/* Connect in a role (workers with their event thread). */
+static gpumem_client *client(int role) {
+  gpumem_client *c = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, role == GPUMEM_ROLE_WORKER ? "w" : "ctl", role,
+                                  role == GPUMEM_ROLE_WORKER ? 0 : GPUMEM_CONNECT_NO_THREAD, &c),
+                   0);
+  return c;
+}
+
+/* The client's pool figures. */
+static struct gpumem_pool_stats stats(gpumem_client *c) {
+  struct gpumem_pool_stats s = {.size = sizeof s};
+  ck_assert_int_eq(gpumem_pool_stats(c, &s), 0);
+  return s;
+}
+
+/* The pattern byte at offset i of allocation k. */
+static unsigned char pat(size_t k, size_t i) { return (unsigned char)(k * 37 + i * 11 + (i >> 9)); }
+
+/* Write allocation k's pattern over n bytes. */
+static void fill(void *p, size_t k, size_t n) {
+  unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) b[i] = pat(k, i);
+}
+
+/* True if n bytes hold allocation k's pattern. */
+static bool holds(const void *p, size_t k, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != pat(k, i)) return false;
+  return true;
+}
+
+/* Bytes of the host backend's memory the daemon and this process hold. */
+static uint64_t held(void) {
+  pid_t pids[2] = {d.pid, getpid()};
+  return memfd_bytes(pids, 2);
+}
+
+/* A tag in a status, or NULL. */
+static const struct gpumem_tag_status *tag_in(const struct gpumem_status *s, const char *name) {
+  for (size_t i = 0; i < s->ntags; i++)
+    if (!strcmp(s->tags[i]->name, name)) return s->tags[i];
+  return NULL;
+}
+
+/* Pause or resume one tag for the whole node. */
+static int op(gpumem_client *ctl, bool resume, const char *tag, uint64_t *bytes) {
+  struct gpumem_op_report *r = NULL;
+  int rc = resume ? gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, &r)
+                  : gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, &r);
+  if (bytes) *bytes = r ? r->bytes : 0;
+  gpumem_op_report_free(r);
+  return rc;
+}
+
+/* Many sizes, odd ones too: every allocation is aligned, none overlaps
+ * another (each keeps its own pattern), and they share a few slabs. */
+START_TEST(mallocs_are_aligned_and_disjoint) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  enum { N = 200 };
+  static void *p[N];
+  static size_t len[N];
+  unsigned seed = 7;
+  for (size_t k = 0; k < N; k++) {
+    seed = seed * 1103515245u + 12345u;
+    len[k] = 1 + (seed >> 8) % (2 * MiB);
+    ck_assert_int_eq(gpumem_malloc(w, "kv", 0, len[k], 0, &p[k]), 0);
+    ck_assert_uint_eq((uintptr_t)p[k] % 512, 0);
+    fill(p[k], k, len[k]);
+  }
+  /* Free every other one, allocate again into the holes. */
+  for (size_t k = 0; k < N; k += 2) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  for (size_t k = 0; k < N; k += 2) {
+    ck_assert_int_eq(gpumem_malloc(w, "kv", 0, len[k], 0, &p[k]), 0);
+    fill(p[k], k + N, len[k]);
+  }
+  for (size_t k = 0; k < N; k++) ck_assert(holds(p[k], k % 2 ? k : k + N, len[k]));
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(s.allocations, N);
+  ck_assert_uint_le(s.daemon_allocs, 3); /* ~200 MiB in slabs of 64, 128, 256 MiB */
+  ck_assert_uint_eq(s.daemon_allocs, s.pooled_buffers);
+  uint64_t sum = 0;
+  for (size_t k = 0; k < N; k++) sum += (len[k] + 511) / 512 * 512;
+  ck_assert_uint_eq(s.allocated_bytes, sum);
+  for (size_t k = 0; k < N; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  s = stats(w);
+  ck_assert_uint_eq(s.allocations, 0);
+  ck_assert_uint_eq(s.allocated_bytes, 0);
+  ck_assert_uint_eq(s.pooled_buffers, 1); /* one empty slab kept */
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* Bad arguments fail with INVALID and leave no pool or buffer behind. */
+START_TEST(bad_mallocs_are_refused) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  void *p = (void *)&p;
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 0, 0, &p), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 4096, GPUMEM_IPC_LEGACY, &p), GPUMEM_E_INVALID);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "GPUMEM_BACKUP"));
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 4096, 64, &p), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_malloc(w, "kv cache", 0, 4096, 0, &p), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_malloc(w, NULL, 0, 4096, 0, &p), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", -1, 4096, 0, &p), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 9, 4096, 0, &p), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, UINT64_MAX, 0, &p), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 4096, 0, NULL), GPUMEM_E_INVALID);
+  ck_assert_ptr_eq(p, (void *)&p);
+  /* More than the device has: the daemon's answer, nothing kept. */
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 5ull << 30, 0, &p), GPUMEM_E_INVALID);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "larger than device"));
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(s.pooled_buffers + s.allocations + s.daemon_allocs, 0);
+  struct gpumem_pool_stats small = {.size = 0};
+  ck_assert_int_eq(gpumem_pool_stats(w, &small), GPUMEM_E_INVALID);
+  struct gpumem_list *l;
+  ck_assert_int_eq(gpumem_list(w, &l), 0);
+  ck_assert_uint_eq(l->nbuffers, 0);
+  gpumem_list_free(l);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* Pointers that are not an allocation's start fail with NOT_FOUND and
+ * free nothing: unknown ones, a second free, an inside pointer, the base
+ * of a slab; a gpumem_alloc buffer's start frees the buffer. */
+START_TEST(free_ptr_frees_only_what_starts_there) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  void *a, *b;
+  ck_assert_int_eq(gpumem_free_ptr(w, &a), GPUMEM_E_NOT_FOUND); /* before any pool */
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &a), 0);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &b), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, &a), GPUMEM_E_NOT_FOUND);
+  ck_assert_int_eq(gpumem_free_ptr(w, NULL), GPUMEM_E_NOT_FOUND);
+  ck_assert_int_eq(gpumem_free_ptr(w, (char *)b + 512), GPUMEM_E_NOT_FOUND);
+  ck_assert_int_eq(gpumem_free_ptr(w, a), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, a), GPUMEM_E_NOT_FOUND);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "no allocation starts at"));
+  /* a was at the slab's start: the slab is not the caller's to free. */
+  ck_assert_int_eq(gpumem_free_ptr(w, a), GPUMEM_E_NOT_FOUND);
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(s.allocations, 1);
+  ck_assert_uint_eq(s.pooled_buffers, 1);
+  gpumem_buffer *buf;
+  ck_assert_int_eq(gpumem_alloc(w, "weights", 0, 4 * MiB, 0, &buf), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, gpumem_buffer_ptr(buf)), 0);
+  struct gpumem_list *l;
+  ck_assert_int_eq(gpumem_list(w, &l), 1); /* the slab alone */
+  ck_assert_str_eq(l->buffers[0]->tag, "kv");
+  gpumem_list_free(l);
+  ck_assert_int_eq(gpumem_free_ptr(w, b), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* A pause of the tag from a controller releases every pooled byte (the
+ * kernel's figure drops to 0), BACKUP contents and addresses survive the
+ * resume, and a paused tag gives memory only to ALLOW_PAUSED. */
+START_TEST(pause_releases_pooled_memory_and_resume_keeps_it) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER), *ctl = client(GPUMEM_ROLE_CONTROLLER);
+  enum { N = 40 };
+  void *p[N];
+  size_t len[N];
+  for (size_t k = 0; k < N; k++) {
+    len[k] = (k + 1) * 97 * KiB;
+    ck_assert_int_eq(gpumem_malloc(w, "weights", 0, len[k], GPUMEM_BACKUP, &p[k]), 0);
+    fill(p[k], k, len[k]);
+  }
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(held(), s.pooled_bytes);
+  uint64_t bytes;
+  ck_assert_int_eq(op(ctl, false, "weights", &bytes), 0);
+  ck_assert_uint_eq(bytes, s.pooled_bytes);
+  ck_assert_uint_eq(held(), 0);
+  struct gpumem_status *st;
+  ck_assert_int_eq(gpumem_status(ctl, &st), 0);
+  ck_assert_uint_eq(tag_in(st, "weights")->paused_bytes, s.pooled_bytes);
+  gpumem_status_free(st);
+  void *q;
+  ck_assert_int_eq(gpumem_malloc(w, "weights", 0, MiB, GPUMEM_BACKUP, &q), GPUMEM_E_TAG_PAUSED);
+  ck_assert_int_eq(gpumem_malloc(w, "weights", 0, MiB, GPUMEM_BACKUP | GPUMEM_ALLOW_PAUSED, &q),
+                   0);
+  ck_assert_uint_eq(held(), 0);
+  ck_assert_int_eq(op(ctl, true, "weights", &bytes), 0);
+  ck_assert_uint_eq(bytes, s.pooled_bytes);
+  ck_assert_uint_eq(held(), s.pooled_bytes);
+  for (size_t k = 0; k < N; k++) ck_assert_msg(holds(p[k], k, len[k]), "allocation %zu", k);
+  fill(q, N, MiB);
+  for (size_t k = 0; k < N; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  ck_assert(holds(q, N, MiB));
+  ck_assert_int_eq(gpumem_free_ptr(w, q), 0);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* Freeing keeps one empty slab per pool (the larger); trim gives it back
+ * and the daemon's memory drops with it. */
+START_TEST(trim_gives_empty_slabs_back) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  void *p[3];
+  for (int k = 0; k < 3; k++) ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &p[k]), 0);
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(s.pooled_buffers, 2); /* 64 MiB, then 128 MiB */
+  ck_assert_uint_eq(s.pooled_bytes, 192 * MiB);
+  ck_assert_uint_eq(s.daemon_allocs, 2);
+  ck_assert_uint_eq(held(), 192 * MiB);
+  for (int k = 0; k < 3; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  s = stats(w);
+  ck_assert_uint_eq(s.pooled_buffers, 1);
+  ck_assert_uint_eq(s.pooled_bytes, 128 * MiB);
+  ck_assert_uint_eq(held(), 128 * MiB);
+  ck_assert_int_eq(gpumem_trim(w), 128 * MiB);
+  ck_assert_uint_eq(stats(w).pooled_bytes, 0);
+  ck_assert_uint_eq(held(), 0);
+  ck_assert_int_eq(gpumem_trim(w), 0);
+  /* The pool grows on from where it was. */
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &p[0]), 0);
+  ck_assert_uint_eq(stats(w).pooled_bytes, 256 * MiB);
+  ck_assert_int_eq(gpumem_trim(w), 0); /* not empty */
+  ck_assert_int_eq(gpumem_free_ptr(w, p[0]), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* A device without room for the next slab still serves a request that
+ * fits: the slab shrinks to it; beyond that, the daemon's OUT_OF_MEMORY. */
+START_TEST(slab_shrinks_to_fit_a_full_device) {
+  daemon_start(&d, "--host-device-size", "96M", NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  void *a, *b, *c = (void *)&c;
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &a), 0);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 30 * MiB, 0, &b), 0);
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(s.pooled_buffers, 2);
+  ck_assert_uint_eq(s.pooled_bytes, 94 * MiB); /* 64 MiB, then 30 MiB, not 128 MiB */
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 30 * MiB, 0, &c), GPUMEM_E_OUT_OF_MEMORY);
+  ck_assert_ptr_eq(c, (void *)&c);
+  ck_assert_uint_eq(stats(w).daemon_allocs, 2);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 20 * MiB, 0, &c), 0); /* the first slab's rest */
+  ck_assert_uint_eq(stats(w).daemon_allocs, 2);
+  ck_assert_int_eq(gpumem_free_ptr(w, a), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, b), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, c), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* Connection events seen by a hook: how many losses and restorations. */
+struct conn_events {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int lost, restored;
+  size_t count; /* buffers re-registered at the last restoration */
+};
+
+/* Count a connection event and wake the waiter. */
+static void on_conn(gpumem_client *c, int event, int code, const char *words, size_t count,
+                    void *user) {
+  (void)c;
+  (void)code;
+  (void)words;
+  struct conn_events *e = user;
+  pthread_mutex_lock(&e->mu);
+  if (event == GPUMEM_CONN_LOST) e->lost++;
+  if (event == GPUMEM_CONN_RESTORED) {
+    e->restored++;
+    e->count = count;
+  }
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Wait up to 20 s until *n reaches 1. */
+static bool await_event(struct conn_events *e, int *n) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 20;
+  pthread_mutex_lock(&e->mu);
+  while (*n < 1 && pthread_cond_timedwait(&e->cv, &e->mu, &until) == 0) continue;
+  bool ok = *n >= 1;
+  pthread_mutex_unlock(&e->mu);
+  return ok;
+}
+
+/* While the daemon is away, a free that empties a slab keeps the slab
+ * (the daemon cannot take it); the new daemon adopts every slab, the
+ * allocations stay usable, and trim then gives the empty ones back. */
+START_TEST(slabs_survive_a_daemon_restart) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  struct conn_events e = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  gpumem_set_connection_hook(w, on_conn, &e);
+  void *p[3];
+  for (int k = 0; k < 3; k++) {
+    ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &p[k]), 0);
+    fill(p[k], k, 40 * MiB);
+  }
+  ck_assert_int_eq(gpumem_free_ptr(w, p[0]), 0); /* the 64 MiB slab: empty, kept */
+  kill(d.pid, SIGKILL);
+  waitpid(d.pid, NULL, 0);
+  ck_assert(await_event(&e, &e.lost));
+  /* Empties the 128 MiB slab: the smaller empty one would go back, but
+   * there is no daemon to take it. */
+  ck_assert_int_eq(gpumem_free_ptr(w, p[1]), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, p[2]), 0);
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(s.allocations, 0);
+  ck_assert_uint_eq(s.pooled_buffers, 2);
+  ck_assert_int_eq(gpumem_trim(w), GPUMEM_E_DISCONNECTED);
+  ck_assert_uint_eq(stats(w).pooled_buffers, 2);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &p[0]), 0); /* from a kept slab */
+  ck_assert_uint_eq(stats(w).daemon_allocs, 2);
+  fill(p[0], 9, 40 * MiB);
+  d.pid = daemon_spawn(d.socket, d.log, NULL);
+  ck_assert(await_event(&e, &e.restored));
+  ck_assert_uint_eq(e.count, 2);
+  ck_assert(holds(p[0], 9, 40 * MiB));
+  pid_t dp = d.pid;
+  ck_assert_uint_eq(memfd_bytes(&dp, 1), 192 * MiB);
+  ck_assert_int_eq(gpumem_trim(w), 128 * MiB); /* p[0] is in the 64 MiB one (best fit) */
+  ck_assert_uint_eq(memfd_bytes(&dp, 1), 64 * MiB);
+  ck_assert_int_eq(gpumem_free_ptr(w, p[0]), 0);
+  ck_assert_int_eq(gpumem_trim(w), 64 * MiB);
+  ck_assert_uint_eq(memfd_bytes(&dp, 1), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* Pools are per tag, device and BACKUP flag: each is its own buffer. */
+START_TEST(pools_split_by_tag_device_and_backup) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  void *p[4];
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &p[0]), 0);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 1, MiB, 0, &p[1]), 0);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, GPUMEM_BACKUP, &p[2]), 0);
+  ck_assert_int_eq(gpumem_malloc(w, "act", 0, MiB, 0, &p[3]), 0);
+  struct gpumem_list *l;
+  ck_assert_int_eq(gpumem_list(w, &l), 4);
+  int backups = 0, dev1 = 0, act = 0;
+  for (size_t i = 0; i < l->nbuffers; i++) {
+    backups += (l->buffers[i]->flags & GPUMEM_BACKUP) != 0;
+    dev1 += l->buffers[i]->device == 1;
+    act += !strcmp(l->buffers[i]->tag, "act");
+  }
+  ck_assert_int_eq(backups, 1);
+  ck_assert_int_eq(dev1, 1);
+  ck_assert_int_eq(act, 1);
+  gpumem_list_free(l);
+  for (int k = 0; k < 4; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* One churning thread's client, number and verdict. */
+struct churn {
+  gpumem_client *w;
+  unsigned id;
+  bool ok;
+};
+
+/* One thread's mallocs and frees, each allocation checked before its free. */
+static void *churn(void *arg) {
+  struct churn *t = arg;
+  enum { LIVE = 16, OPS = 1500 };
+  void *p[LIVE] = {0};
+  size_t len[LIVE] = {0}, key[LIVE] = {0};
+  unsigned seed = t->id * 7919 + 1;
+  t->ok = true;
+  for (size_t op = 0; op < OPS && t->ok; op++) {
+    seed = seed * 1103515245u + 12345u;
+    size_t i = (seed >> 8) % LIVE;
+    if (p[i]) {
+      t->ok = holds(p[i], key[i], len[i]) && gpumem_free_ptr(t->w, p[i]) == 0;
+      p[i] = NULL;
+    } else {
+      len[i] = 512 + (seed >> 4) % (512 * KiB);
+      key[i] = t->id * 100000 + op;
+      t->ok = gpumem_malloc(t->w, "kv", 0, len[i], 0, &p[i]) == 0;
+      if (t->ok) fill(p[i], key[i], len[i]);
+    }
+  }
+  for (size_t i = 0; i < LIVE; i++)
+    if (p[i] && !(holds(p[i], key[i], len[i]) && gpumem_free_ptr(t->w, p[i]) == 0))
+      t->ok = false;
+  return NULL;
+}
+
+/* Four threads allocating and freeing at once never share memory. */
+START_TEST(threads_malloc_and_free_concurrently) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  pthread_t th[4];
+  struct churn t[4];
+  for (unsigned i = 0; i < 4; i++) {
+    t[i] = (struct churn){.w = w, .id = i};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, churn, &t[i]), 0);
+  }
+  for (unsigned i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_msg(t[i].ok, "thread %u: %s", i, gpumem_last_error());
+  }
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(s.allocations, 0);
+  ck_assert_uint_eq(s.allocated_bytes, 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* Disconnecting with live allocations unmaps them here and the daemon
+ * frees their slabs (no fd leaks: the fixture counts). */
+START_TEST(disconnect_with_live_allocations_frees_everything) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER), *ctl = client(GPUMEM_ROLE_CONTROLLER);
+  void *p;
+  for (int k = 0; k < 50; k++) ck_assert_int_eq(gpumem_malloc(w, "kv", k % 2, 3 * MiB, 0, &p), 0);
+  ck_assert_uint_gt(held(), 0);
+  gpumem_disconnect(w);
+  pid_t self = getpid();
+  ck_assert_uint_eq(memfd_bytes(&self, 1), 0);
+  /* The daemon frees them when it sees the session end. */
+  double end = now_ms() + 5000;
+  uint64_t managed = 1;
+  while (managed && now_ms() < end) {
+    struct gpumem_status *st;
+    ck_assert_int_eq(gpumem_status(ctl, &st), 0);
+    managed = 0;
+    for (size_t i = 0; i < st->ndevices; i++) managed += st->devices[i]->managed;
+    gpumem_status_free(st);
+  }
+  ck_assert_uint_eq(managed, 0);
+  ck_assert_uint_eq(held(), 0);
+  gpumem_disconnect(ctl);
+}
+END_TEST
+
+/* The tag another thread sees. */
+static void *other_thread_tag(void *arg) {
+  (void)arg;
+  return (void *)gpumem_thread_tag(NULL);
+}
+
+/* The buffers of a list by tag: how many, and how many with BACKUP. */
+static int count_tag(gpumem_client *c, const char *tag, int *backup) {
+  struct gpumem_list *l;
+  ck_assert_int_ge(gpumem_list(c, &l), 0);
+  int n = 0;
+  *backup = 0;
+  for (size_t i = 0; i < l->nbuffers; i++)
+    if (!strcmp(l->buffers[i]->tag, tag)) {
+      n++;
+      *backup += (l->buffers[i]->flags & GPUMEM_BACKUP) != 0;
+    }
+  gpumem_list_free(l);
+  return n;
+}
+
+/* The CUDAPluggableAllocator entry points: the thread's tag and flags,
+ * else $GPUMEM_DEFAULT_TAG and $GPUMEM_DEFAULT_FLAGS, else "default";
+ * tags are per thread. */
+START_TEST(torch_entry_points_follow_the_thread_tag) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  gpumem_set_default_client(w);
+  ck_assert_ptr_eq(gpumem_default_client(), w);
+  ck_assert_ptr_null(gpumem_torch_alloc(0, 0, NULL));
+  unsetenv("GPUMEM_DEFAULT_TAG");
+  void *a = gpumem_torch_alloc(3 * MiB, 0, NULL);
+  ck_assert_ptr_nonnull(a);
+  int backup;
+  ck_assert_int_eq(count_tag(w, "default", &backup), 1);
+  ck_assert_int_eq(gpumem_set_thread_tag("bad tag", 0), GPUMEM_E_INVALID);
+  ck_assert_int_eq(gpumem_set_thread_tag("kv", GPUMEM_IPC_LEGACY), GPUMEM_E_INVALID);
+  ck_assert_ptr_null(gpumem_thread_tag(NULL));
+  ck_assert_int_eq(gpumem_set_thread_tag("kv", GPUMEM_BACKUP), 0);
+  unsigned flags;
+  ck_assert_str_eq(gpumem_thread_tag(&flags), "kv");
+  ck_assert_uint_eq(flags, GPUMEM_BACKUP);
+  pthread_t th;
+  void *seen = (void *)1;
+  ck_assert_int_eq(pthread_create(&th, NULL, other_thread_tag, NULL), 0);
+  pthread_join(th, &seen);
+  ck_assert_ptr_null(seen);
+  void *b = gpumem_torch_alloc(MiB, 1, NULL);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_int_eq(count_tag(w, "kv", &backup), 1);
+  ck_assert_int_eq(backup, 1);
+  ck_assert_int_eq(gpumem_set_thread_tag(NULL, 0), 0);
+  ck_assert_ptr_null(gpumem_thread_tag(&flags));
+  ck_assert_uint_eq(flags, 0);
+  setenv("GPUMEM_DEFAULT_TAG", "weights", 1);
+  setenv("GPUMEM_DEFAULT_FLAGS", "backup", 1);
+  void *c = gpumem_torch_alloc(MiB, 0, NULL);
+  ck_assert_ptr_nonnull(c);
+  ck_assert_int_eq(count_tag(w, "weights", &backup), 1);
+  ck_assert_int_eq(backup, 1);
+  setenv("GPUMEM_DEFAULT_FLAGS", "backup,sparkly", 1);
+  ck_assert_ptr_null(gpumem_torch_alloc(MiB, 0, NULL));
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "sparkly"));
+  unsetenv("GPUMEM_DEFAULT_FLAGS");
+  ck_assert_ptr_null(gpumem_torch_alloc(MiB, 7, NULL)); /* no such device */
+  gpumem_torch_free(a, 3 * MiB, 0, NULL);
+  gpumem_torch_free(b, MiB, 1, NULL);
+  gpumem_torch_free(c, MiB, 0, NULL);
+  gpumem_torch_free(NULL, 0, 0, NULL);
+  ck_assert_uint_eq(stats(w).allocations, 0);
+  gpumem_torch_free(c, MiB, 0, NULL); /* a second free changes nothing */
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "no allocation starts at"));
+  gpumem_set_default_client(NULL);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* In a child process, so that the connection it makes goes with it: the
+ * default client connects on first use to $GPUMEM_SOCKET as pid-<pid>,
+ * once; with no daemon it answers NULL and says why. Exit status: the
+ * number of the first step that failed. */
+static int default_client_child(const char *socket) {
+  setenv("GPUMEM_SOCKET", "/nonexistent/gpumemd.sock", 1);
+  if (gpumem_default_client()) return 1;
+  if (!strstr(gpumem_last_error(), "no default gpumem client")) return 2;
+  if (gpumem_torch_alloc(MiB, 0, NULL)) return 3;
+  setenv("GPUMEM_SOCKET", socket, 1);
+  double end = now_ms() + 5000; /* the retry comes after a second */
+  gpumem_client *c = NULL;
+  while (!c && now_ms() < end) {
+    usleep(10000);
+    c = gpumem_default_client();
+  }
+  if (!c || gpumem_default_client() != c) return 4;
+  void *p = gpumem_torch_alloc(MiB, 0, NULL);
+  if (!p) return 5;
+  struct gpumem_list *l;
+  char name[32];
+  snprintf(name, sizeof name, "pid-%d", (int)getpid());
+  struct gpumem_status *st;
+  if (gpumem_status(c, &st) < 0) return 6;
+  bool named = st->nsessions == 1 && !strcmp(st->sessions[0]->name, name);
+  gpumem_status_free(st);
+  if (!named) return 7;
+  if (gpumem_list(c, &l) != 1 || strcmp(l->buffers[0]->tag, "default")) return 8;
+  gpumem_list_free(l);
+  gpumem_torch_free(p, MiB, 0, NULL);
+  struct gpumem_pool_stats s = {.size = sizeof s};
+  return gpumem_pool_stats(c, &s) == 0 && s.allocations == 0 ? 0 : 9;
+}
+
+/* The default client connects on first use (in a child process). */
+START_TEST(default_client_connects_on_first_use) {
+  daemon_start(&d, NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) _exit(default_client_child(d.socket));
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed at step %d",
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+END_TEST
+
+/* Run the suite. */
+int main(void) {
+  return HARNESS_RUN("pool", 60, setup, teardown, mallocs_are_aligned_and_disjoint,
+                     bad_mallocs_are_refused, free_ptr_frees_only_what_starts_there,
+                     pause_releases_pooled_memory_and_resume_keeps_it,
+                     trim_gives_empty_slabs_back, slab_shrinks_to_fit_a_full_device,
+                     slabs_survive_a_daemon_restart,
+                     pools_split_by_tag_device_and_backup,
+                     threads_malloc_and_free_concurrently,
+                     disconnect_with_live_allocations_frees_everything,
+                     torch_entry_points_follow_the_thread_tag,
+                     default_client_connects_on_first_use);
+}

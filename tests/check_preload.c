@@ -1,0 +1,333 @@
+/* libgpumem_preload.so in front of a stand-in vendor runtime
+ * (tests/preload/fake_cudart.c): an unmodified program's cudaMalloc and
+ * hipMalloc are served by a real daemon on the host backend, its foreign
+ * frees reach the runtime, and pausing the default tag releases the
+ * memory under it. The program (tests/preload/preload_app.c) runs one
+ * command per line, so the test decides when each step happens. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpumem.h"
+#include "harness.h"
+
+#define MiB (1ull << 20)
+
+extern char **environ;
+
+static struct daemon d;
+
+/* Count fds before each test. */
+static void setup(void) { harness_fd_setup(); }
+
+/* Stop the test's daemon and check that no fd leaked. */
+static void teardown(void) {
+  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
+  harness_fd_teardown();
+}
+
+/* The program under LD_PRELOAD, with pipes to its stdin and stdout. */
+struct app {
+  pid_t pid;
+  FILE *in, *out;
+  char reply[256];
+};
+
+/* A path in the build directory. */
+static const char *built(const char *rel) {
+  static char path[2][512];
+  static int next;
+  const char *build = getenv("GPUMEM_BUILD");
+  char *p = path[next++ % 2];
+  snprintf(p, sizeof path[0], "%s/%s", build ? build : "build", rel);
+  return p;
+}
+
+/* Start the program against socket with extra "NAME=value" settings
+ * (NULL-terminated). */
+static void app_start(struct app *a, const char *socket, ...) {
+  static char preload[600], sock[600];
+  snprintf(preload, sizeof preload, "LD_PRELOAD=%s", built("lib/libgpumem_preload.so"));
+  snprintf(sock, sizeof sock, "GPUMEM_SOCKET=%s", socket);
+  const char *env[256];
+  size_t n = 0;
+  for (char **e = environ; *e && n < 200; e++)
+    if (strncmp(*e, "GPUMEM_", 7) && strncmp(*e, "LD_PRELOAD=", 11)) env[n++] = *e;
+  env[n++] = preload;
+  env[n++] = sock;
+#if defined(__SANITIZE_ADDRESS__)
+  /* The preloaded library comes before the ASan runtime in the list. */
+  env[n++] = "ASAN_OPTIONS=verify_asan_link_order=0";
+#endif
+  va_list ap;
+  va_start(ap, socket);
+  for (const char *s; n < 254 && (s = va_arg(ap, const char *));) env[n++] = s;
+  va_end(ap);
+  env[n] = NULL;
+  int to[2], from[2];
+  ck_assert_int_eq(pipe2(to, O_CLOEXEC), 0);
+  ck_assert_int_eq(pipe2(from, O_CLOEXEC), 0);
+  const char *path = built("tests/preload_app");
+  a->pid = fork();
+  ck_assert_int_ge(a->pid, 0);
+  if (a->pid == 0) {
+    dup2(to[0], 0);
+    dup2(from[1], 1);
+    close_range(3, ~0u, 0);
+    char *argv[] = {(char *)path, NULL};
+    execve(path, argv, (char *const *)env);
+    _exit(127);
+  }
+  close(to[0]);
+  close(from[1]);
+  a->in = fdopen(to[1], "w");
+  a->out = fdopen(from[0], "r");
+  setvbuf(a->in, NULL, _IOLBF, 0);
+}
+
+/* Send one command; its reply line, without the newline. */
+__attribute__((format(printf, 2, 3))) static const char *app_do(struct app *a, const char *fmt,
+                                                               ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(a->in, fmt, ap);
+  va_end(ap);
+  fputc('\n', a->in);
+  fflush(a->in);
+  ck_assert_msg(fgets(a->reply, sizeof a->reply, a->out), "the program ended");
+  a->reply[strcspn(a->reply, "\n")] = '\0';
+  return a->reply;
+}
+
+/* Allocate through api; the return code, and the pointer in *ptr. */
+static int app_malloc(struct app *a, const char *api, uint64_t size, unsigned long *ptr) {
+  int rc = -100;
+  ck_assert_int_eq(sscanf(app_do(a, "malloc %s %llu", api, (unsigned long long)size),
+                          "rc %d ptr %lx", &rc, ptr), 2);
+  return rc;
+}
+
+/* Free through api; the return code. */
+static int app_free(struct app *a, const char *api, unsigned long ptr) {
+  int rc = -100;
+  ck_assert_int_eq(sscanf(app_do(a, "free %s %lx", api, ptr), "rc %d", &rc), 1);
+  return rc;
+}
+
+/* End the program; its exit status. */
+static int app_stop(struct app *a) {
+  fprintf(a->in, "quit\n");
+  fclose(a->in);
+  fclose(a->out);
+  int status;
+  ck_assert_int_eq(waitpid(a->pid, &status, 0), a->pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Bytes of the host backend's memory the daemon and the program hold. */
+static uint64_t held(const struct app *a) {
+  pid_t pids[2] = {d.pid, a->pid};
+  return memfd_bytes(pids, 2);
+}
+
+/* A controller session of the test's daemon. */
+static gpumem_client *controller(void) {
+  gpumem_client *c = NULL;
+  ck_assert_int_eq(
+      gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c), 0);
+  return c;
+}
+
+/* The one buffer of a list with this tag and device (the test fails if
+ * there is not exactly one); its flags, and its owner in *pid. */
+static unsigned only_buffer(gpumem_client *c, const char *tag, int device, uint32_t *pid) {
+  struct gpumem_list *l;
+  ck_assert_int_ge(gpumem_list(c, &l), 0);
+  int n = 0;
+  unsigned flags = 0;
+  for (size_t i = 0; i < l->nbuffers; i++)
+    if (!strcmp(l->buffers[i]->tag, tag) && l->buffers[i]->device == device) {
+      n++;
+      flags = l->buffers[i]->flags;
+      if (pid) *pid = l->buffers[i]->pid;
+    }
+  gpumem_list_free(l);
+  ck_assert_msg(n == 1, "%d buffers of tag %s on device %d", n, tag, device);
+  return flags;
+}
+
+/* cudaMalloc returns memory mapped from the daemon's memfd, listed under
+ * the default tag as the program's; cudaFree waits for the device and
+ * gives it back, the runtime never sees either. */
+START_TEST(cuda_malloc_is_served_by_the_daemon) {
+  daemon_start(&d, NULL);
+  gpumem_client *c = controller();
+  struct app a;
+  app_start(&a, d.socket, NULL);
+  unsigned long p;
+  ck_assert_int_eq(app_malloc(&a, "cuda", 8 * MiB + 3, &p), 0);
+  ck_assert_str_eq(app_do(&a, "where %lx", p), "memfd");
+  ck_assert_str_eq(app_do(&a, "fill %lx %llu 1", p, 8 * MiB + 3), "ok");
+  ck_assert_str_eq(app_do(&a, "check %lx %llu 1", p, 8 * MiB + 3), "ok");
+  uint32_t pid = 0;
+  only_buffer(c, "default", 0, &pid);
+  ck_assert_int_eq(pid, a.pid);
+  struct gpumem_status *st;
+  ck_assert_int_eq(gpumem_status(c, &st), 0);
+  char name[32];
+  snprintf(name, sizeof name, "pid-%d", (int)a.pid);
+  bool named = false;
+  for (size_t i = 0; i < st->nsessions; i++) named |= !strcmp(st->sessions[i]->name, name);
+  gpumem_status_free(st);
+  ck_assert(named);
+  ck_assert_int_eq(app_free(&a, "cuda", p), 0);
+  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 1");
+  ck_assert_int_eq(app_free(&a, "cuda", p), 1); /* now foreign: the runtime says no */
+  ck_assert_int_eq(app_stop(&a), 0);
+  gpumem_disconnect(c);
+}
+END_TEST
+
+/* A controller's pause of the default tag releases the program's memory
+ * (the kernel's figure drops to 0); the resume maps it back at the same
+ * addresses with its contents (GPUMEM_DEFAULT_FLAGS=backup). */
+START_TEST(pause_of_the_default_tag_releases_the_program_memory) {
+  daemon_start(&d, NULL);
+  gpumem_client *c = controller();
+  struct app a;
+  app_start(&a, d.socket, "GPUMEM_DEFAULT_FLAGS=backup", NULL);
+  unsigned long p, q;
+  ck_assert_int_eq(app_malloc(&a, "cuda", 8 * MiB, &p), 0);
+  ck_assert_int_eq(app_malloc(&a, "cuda", 3 * MiB, &q), 0);
+  ck_assert_str_eq(app_do(&a, "fill %lx %llu 1", p, 8 * MiB), "ok");
+  ck_assert_str_eq(app_do(&a, "fill %lx %llu 2", q, 3 * MiB), "ok");
+  ck_assert_uint_eq(only_buffer(c, "default", 0, NULL) & GPUMEM_BACKUP, GPUMEM_BACKUP);
+  uint64_t before = held(&a);
+  ck_assert_uint_ge(before, 11 * MiB);
+  const char *tag = "default";
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(gpumem_pause(c, &tag, 1, NULL, 0, NULL, &r), 0);
+  ck_assert_uint_eq(r->bytes, before);
+  gpumem_op_report_free(r);
+  ck_assert_uint_eq(held(&a), 0);
+  ck_assert_int_eq(gpumem_resume(c, &tag, 1, NULL, 0, NULL, &r), 0);
+  gpumem_op_report_free(r);
+  ck_assert_uint_eq(held(&a), before);
+  ck_assert_str_eq(app_do(&a, "check %lx %llu 1", p, 8 * MiB), "ok");
+  ck_assert_str_eq(app_do(&a, "check %lx %llu 2", q, 3 * MiB), "ok");
+  ck_assert_int_eq(app_free(&a, "cuda", p), 0);
+  ck_assert_int_eq(app_free(&a, "cuda", q), 0);
+  ck_assert_int_eq(app_stop(&a), 0);
+  gpumem_disconnect(c);
+}
+END_TEST
+
+/* What the daemon refuses (a full device, or no daemon at all) is the
+ * runtime's out-of-memory error, *ptr untouched, and the program goes on. */
+START_TEST(refused_allocations_are_out_of_memory) {
+  daemon_start(&d, "--host-device-size", "64M", NULL);
+  struct app a;
+  app_start(&a, d.socket, NULL);
+  unsigned long p;
+  ck_assert_int_eq(app_malloc(&a, "cuda", 100 * MiB, &p), 2);
+  ck_assert_uint_eq(p, 0x5a5a);
+  ck_assert_int_eq(app_malloc(&a, "hip", 1 * MiB, &p), 0);
+  ck_assert_str_eq(app_do(&a, "where %lx", p), "memfd");
+  unsigned long q;
+  ck_assert_int_eq(app_malloc(&a, "cuda", 70 * MiB, &q), 2);
+  ck_assert_uint_eq(q, 0x5a5a);
+  ck_assert_int_eq(app_free(&a, "hip", p), 0);
+  ck_assert_int_eq(app_stop(&a), 0);
+  char nowhere[128];
+  snprintf(nowhere, sizeof nowhere, "%s/none.sock", d.dir);
+  app_start(&a, nowhere, NULL);
+  ck_assert_int_eq(app_malloc(&a, "cuda", MiB, &p), 2);
+  ck_assert_uint_eq(p, 0x5a5a);
+  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 0");
+  ck_assert_int_eq(app_stop(&a), 0);
+}
+END_TEST
+
+/* Frees of memory the runtime made, NULL, and zero-byte allocations go
+ * to the runtime, and never connect to the daemon. */
+START_TEST(foreign_pointers_and_zero_sizes_reach_the_runtime) {
+  daemon_start(&d, NULL);
+  gpumem_client *c = controller();
+  struct app a;
+  app_start(&a, d.socket, NULL);
+  unsigned long p;
+  ck_assert_int_eq(sscanf(app_do(&a, "stub 4096"), "ptr %lx", &p), 1);
+  ck_assert_uint_ne(p, 0);
+  ck_assert_int_eq(app_free(&a, "cuda", p), 0);
+  ck_assert_int_eq(app_free(&a, "hip", 0), 0);
+  ck_assert_int_eq(app_free(&a, "cuda_async", 0xdead000), 1);
+  ck_assert_int_eq(app_malloc(&a, "cuda", 0, &p), 0);
+  ck_assert_uint_eq(p, 0);
+  ck_assert_int_eq(app_malloc(&a, "hip_async", 0, &p), 0);
+  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 3 frees 3 stream_syncs 0 device_syncs 0");
+  struct gpumem_status *st;
+  ck_assert_int_eq(gpumem_status(c, &st), 0);
+  ck_assert_uint_eq(st->nsessions, 1); /* the controller alone */
+  gpumem_status_free(st);
+  ck_assert_int_eq(app_stop(&a), 0);
+  gpumem_disconnect(c);
+}
+END_TEST
+
+/* The async and hip names are served too; an async free waits for its
+ * stream, a plain free for the device. */
+START_TEST(async_and_hip_names_are_served) {
+  daemon_start(&d, NULL);
+  struct app a;
+  app_start(&a, d.socket, NULL);
+  const char *apis[] = {"cuda_async", "hip", "hip_async"};
+  for (int i = 0; i < 3; i++) {
+    unsigned long p;
+    ck_assert_int_eq(app_malloc(&a, apis[i], 2 * MiB, &p), 0);
+    ck_assert_str_eq(app_do(&a, "where %lx", p), "memfd");
+    ck_assert_int_eq(app_free(&a, apis[i], p), 0);
+  }
+  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 2 device_syncs 1");
+  ck_assert_int_eq(app_stop(&a), 0);
+}
+END_TEST
+
+/* $GPUMEM_DEFAULT_TAG names the tag, a thread tag set through libgpumem
+ * overrides it, and the runtime's current device is the device. */
+START_TEST(tags_and_devices_route_allocations) {
+  daemon_start(&d, NULL);
+  gpumem_client *c = controller();
+  struct app a;
+  app_start(&a, d.socket, "GPUMEM_DEFAULT_TAG=weights", NULL);
+  unsigned long p[4];
+  ck_assert_int_eq(app_malloc(&a, "cuda", MiB, &p[0]), 0);
+  ck_assert_uint_eq(only_buffer(c, "weights", 0, NULL), 0);
+  ck_assert_str_eq(app_do(&a, "tag kv 1"), "rc 0");
+  ck_assert_int_eq(app_malloc(&a, "cuda", MiB, &p[1]), 0);
+  ck_assert_uint_eq(only_buffer(c, "kv", 0, NULL), GPUMEM_BACKUP);
+  ck_assert_str_eq(app_do(&a, "device 1"), "rc 0");
+  ck_assert_int_eq(app_malloc(&a, "cuda", MiB, &p[2]), 0);
+  only_buffer(c, "kv", 1, NULL);
+  ck_assert_str_eq(app_do(&a, "tag - 0"), "rc 0");
+  ck_assert_int_eq(app_malloc(&a, "cuda", MiB, &p[3]), 0);
+  only_buffer(c, "weights", 1, NULL);
+  ck_assert_str_eq(app_do(&a, "tag bad/tag 0"), "rc -1");
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(app_free(&a, "cuda", p[i]), 0);
+  ck_assert_int_eq(app_stop(&a), 0);
+  gpumem_disconnect(c);
+}
+END_TEST
+
+/* Run the suite. */
+int main(void) {
+  return HARNESS_RUN("preload", 60, setup, teardown, cuda_malloc_is_served_by_the_daemon,
+                     pause_of_the_default_tag_releases_the_program_memory,
+                     refused_allocations_are_out_of_memory,
+                     foreign_pointers_and_zero_sizes_reach_the_runtime,
+                     async_and_hip_names_are_served, tags_and_devices_route_allocations);
+}

@@ -1,0 +1,144 @@
+/* libgpumem_preload.so under the real CUDA runtime: a program that only
+ * knows cudaMalloc gets gpumemd's memory, and pausing the default tag
+ * gives it back to the device, judged by the runtime's own free-memory
+ * figure (cudaMemGetInfo). Declares the few runtime calls it makes, so
+ * it builds against any libcudart.so, without CUDA headers.
+ *
+ * usage: LD_PRELOAD=build/lib/libgpumem_preload.so preload_check BIN_DIR
+ * (it starts its own gpumemd --backend cuda on a socket of its own). */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+int cudaMalloc(void **p, size_t size);
+int cudaFree(void *p);
+int cudaMemcpy(void *dst, const void *src, size_t n, int kind);
+int cudaMemset(void *p, int value, size_t n);
+int cudaMemGetInfo(size_t *free_bytes, size_t *total);
+int cudaDeviceSynchronize(void);
+int cudaSetDevice(int device);
+
+#define TO_DEVICE 1
+#define TO_HOST 2
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+static const char *bin, *sock = "/tmp/gpumemd-preload-check.sock";
+
+static double gib(uint64_t b) { return (double)b / (double)GiB; }
+
+/* How far a is above b (0 when it is not). */
+static uint64_t above(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+/* The runtime's free memory once it stops moving. */
+static uint64_t settled(void) {
+  size_t f = 0, t = 0, prev = 0;
+  cudaMemGetInfo(&prev, &t);
+  for (int i = 0; i < 50; i++) {
+    usleep(20000);
+    cudaMemGetInfo(&f, &t);
+    if (f == prev) break;
+    prev = f;
+  }
+  return f;
+}
+
+/* Run gpumemctl with one command on the daemon's socket; 0 on success. */
+static int ctl(const char *args) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "env -u LD_PRELOAD %s/gpumemctl --socket %s %s >/dev/null", bin, sock,
+           args);
+  return system(cmd);
+}
+
+/* Start gpumemd --backend cuda (without the preload library) and wait
+ * for its socket. */
+static pid_t start_daemon(void) {
+  unlink(sock);
+  pid_t pid = fork();
+  if (pid == 0) {
+    unsetenv("LD_PRELOAD");
+    char path[512];
+    snprintf(path, sizeof path, "%s/gpumemd", bin);
+    if (!freopen("/tmp/gpumemd-preload-check.log", "w", stderr)) _exit(126);
+    execl(path, path, "--backend", "cuda", "--socket", sock, "--log-level", "info",
+          (char *)NULL);
+    _exit(127);
+  }
+  struct stat st;
+  for (int i = 0; i < 1000 && stat(sock, &st) != 0; i++) usleep(10000);
+  return pid;
+}
+
+/* Fill host memory with a pattern of seed. */
+static void pattern(uint8_t *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed * 131 + i * 7 + (i >> 13));
+}
+
+int main(int argc, char **argv) {
+  bin = argc > 1 ? argv[1] : "build/bin";
+  pid_t d = start_daemon();
+  /* The preload library reads these on its first allocation. */
+  setenv("GPUMEM_SOCKET", sock, 1);
+  setenv("GPUMEM_DEFAULT_FLAGS", "backup", 1);
+  setenv("GPUMEM_NAME", "preload-check", 1);
+  cudaSetDevice(0);
+  cudaFree(NULL); /* not ours: the runtime makes its context */
+  const size_t size = 4 * GiB, probe = 64 * MiB;
+  uint8_t *host = malloc(probe), *back = malloc(probe);
+  pattern(host, probe, 3);
+  uint64_t f0 = settled();
+  void *p = NULL;
+  int rc = cudaMalloc(&p, size);
+  check(rc == 0 && p, "preload cudaMalloc", "4 GiB: rc %d ptr %p", rc, p);
+  if (rc || !p) return 1;
+  cudaMemset(p, 0x5a, size);
+  cudaMemcpy((char *)p + size - probe, host, probe, TO_DEVICE);
+  cudaDeviceSynchronize();
+  uint64_t f1 = settled();
+  check(above(f0, f1) >= size, "preload cudaMalloc takes device memory",
+        "driver free -%.3f GiB", gib(above(f0, f1)));
+  void *small[3];
+  for (int i = 0; i < 3; i++) rc |= cudaMalloc(&small[i], 3 * MiB);
+  check(rc == 0, "preload small cudaMallocs", "three 3 MiB allocations: rc %d", rc);
+  rc = ctl("pause default");
+  uint64_t f2 = settled();
+  /* 4 GiB and the 64 MiB slab of the small ones come back. */
+  check(rc == 0 && above(f2, f1) >= size + 64 * MiB - 2 * MiB, "preload pause releases",
+        "gpumemctl %d; driver free +%.3f GiB", rc, gib(above(f2, f1)));
+  rc = ctl("resume default");
+  uint64_t f3 = settled();
+  check(rc == 0 && above(f2, f3) >= size, "preload resume takes it again",
+        "driver free -%.3f GiB", gib(above(f2, f3)));
+  memset(back, 0, probe);
+  cudaMemcpy(back, (char *)p + size - probe, probe, TO_HOST);
+  bool kept = memcmp(back, host, probe) == 0;
+  cudaMemcpy(back, p, probe, TO_HOST);
+  for (size_t i = 0; kept && i < probe; i++) kept = back[i] == 0x5a;
+  check(kept, "preload contents survive (backup)", "first and last 64 MiB compared");
+  rc = cudaFree(p);
+  for (int i = 0; i < 3; i++) rc |= cudaFree(small[i]);
+  check(rc == 0, "preload cudaFree", "rc %d", rc);
+  void *huge = (void *)0x5a5a;
+  rc = cudaMalloc(&huge, 1ull << 40);
+  check(rc == 2 && huge == (void *)0x5a5a, "preload refusal is out of memory",
+        "1 TiB: rc %d, ptr %s", rc, huge == (void *)0x5a5a ? "untouched" : "changed");
+  void *zero = (void *)0x5a5a;
+  rc = cudaMalloc(&zero, 0);
+  check(rc == 0, "preload zero bytes go to the runtime", "rc %d ptr %p", rc, zero);
+  free(host);
+  free(back);
+  kill(d, SIGTERM);
+  waitpid(d, NULL, 0);
+  printf("preload checks: %d failed\n", failures);
+  return failures;
+}

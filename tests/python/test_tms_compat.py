@@ -1,0 +1,373 @@
+"""gpumem.torch and the torch_memory_saver-compatible module, the parts that
+need no PyTorch, against a real gpumemd on the host backend.
+
+Allocations are made through gpumem_torch_alloc, the C entry point that
+PyTorch's pluggable allocator calls inside a region, with the thread tag
+a region sets (on the host backend the memory is host memory, so the
+test can read and write it)."""
+
+import ctypes
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from conftest import BUILD, REPO, wait_for
+
+import gpumem
+import gpumem.torch as gt
+from gpumem import torch_memory_saver as tms_module
+from gpumem.torch_memory_saver import TorchMemorySaver
+
+MiB = 1 << 20
+
+
+def lib():
+    """libgpumem as PyTorch's CUDAPluggableAllocator loads it."""
+    so = ctypes.CDLL(gpumem.library_path())
+    so.gpumem_torch_alloc.restype = ctypes.c_void_p
+    so.gpumem_torch_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    so.gpumem_torch_free.restype = None
+    so.gpumem_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                     ctypes.c_void_p]
+    return so
+
+
+def torch_alloc(tag, size, backup=False, device=0):
+    """What the allocator does for PyTorch inside region(tag, backup)."""
+    prev = gpumem.thread_tag()
+    gpumem.set_thread_tag(tag, backup=backup)
+    try:
+        p = lib().gpumem_torch_alloc(size, device, None)
+    finally:
+        if prev[0] is None:
+            gpumem.set_thread_tag(None)
+        else:
+            gpumem.set_thread_tag(prev[0], backup=bool(prev[1] & gpumem.FLAG_BACKUP))
+    assert p, "gpumem_torch_alloc refused: %s" % gpumem.thread_tag()
+    return p
+
+
+def tag_status(ctl, name):
+    for t in ctl.status()["tags"]:
+        if t["name"] == name:
+            return t
+    raise AssertionError("no tag %s in status" % name)
+
+
+def device_free(ctl, device=0):
+    return ctl.status()["devices"][device]["free"]
+
+
+def run_python(code, env_extra=None):
+    """Run code in a fresh python3 with this checkout's package and library."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "python")
+    env["GPUMEM_LIB"] = str(BUILD / "lib" / "libgpumem.so.1")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture
+def saver(worker):
+    """A TorchMemorySaver whose default client is the test's worker."""
+    gt.init(worker)
+    try:
+        yield TorchMemorySaver()
+    finally:
+        gt.shutdown()
+        gpumem.set_thread_tag(None)
+
+
+# Without PyTorch.
+
+NO_TORCH = "import sys; sys.modules['torch'] = None\n"
+
+
+def test_modules_import_without_torch():
+    r = run_python(NO_TORCH + (
+        "import gpumem.torch, gpumem.torch_memory_saver as m\n"
+        "from gpumem.torch_memory_saver import torch_memory_saver, configure_subprocess\n"
+        "from gpumem import torch_memory_saver as pkg\n"
+        "assert pkg.torch_memory_saver is torch_memory_saver\n"
+        "assert torch_memory_saver.enabled is True\n"
+        "assert sys.modules['torch'] is None\n"
+        "print('ok')\n"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n"
+
+
+@pytest.mark.parametrize("call", [
+    "torch_memory_saver.region('kv_cache')",
+    "torch_memory_saver.region(tag='weights', enable_cpu_backup=True)",
+    "torch_memory_saver.cuda_graph(object())",
+    "gt.region('kv_cache')",
+    "gt.cuda_graph(object())",
+])
+def test_region_without_torch_is_an_import_error(call, daemon):
+    r = run_python(NO_TORCH + (
+        "import gpumem.torch as gt\n"
+        "from gpumem.torch_memory_saver import torch_memory_saver\n"
+        "try:\n"
+        "    with %s:\n"
+        "        pass\n"
+        "except ImportError as e:\n"
+        "    print('ImportError:', e)\n") % call, {"GPUMEM_SOCKET": daemon.sock})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ImportError: gpumem.torch needs PyTorch"), r.stdout
+
+
+# Arguments.
+
+def test_arguments_are_checked_first():
+    s = TorchMemorySaver()
+    for bad, exc in [((5,), TypeError), (("kv cache",), ValueError), (("",), ValueError)]:
+        with pytest.raises(exc):
+            with s.region(*bad):
+                pass
+    with pytest.raises(TypeError):
+        with s.region("kv", enable_cpu_backup=1):
+            pass
+    with pytest.raises(ValueError, match="requires enable_cpu_backup"):
+        with s.region("kv", cpu_backup_backend="mmap"):
+            pass
+    with pytest.raises(ValueError):
+        with s.region("kv", enable_cpu_backup=True, cpu_backup_backend="disk"):
+            pass
+    with pytest.raises(NotImplementedError):
+        with s.region("kv", enable_disk_backup=True):
+            pass
+    with pytest.raises(ValueError, match="capture_error_mode"):
+        with s.cuda_graph(object(), capture_error_mode="strict"):
+            pass
+    with pytest.raises(TypeError):
+        s.pause(3)
+    with pytest.raises(ValueError):
+        s.resume("a/b")
+    with pytest.raises(TypeError):
+        with gt.region("kv", backup="yes"):
+            pass
+    with pytest.raises(ValueError, match="capture_error_mode"):
+        with gt.cuda_graph(object(), capture_error_mode="strict"):
+            pass
+    with pytest.raises(TypeError):
+        gt.pause("kv", missing_ok=1)
+    with pytest.raises(TypeError):
+        gt.init("socket")
+    with pytest.raises(ValueError):
+        gt.init(gpumem.Client.__new__(gpumem.Client), socket="x")
+    with pytest.raises(NotImplementedError, match="resume the tag"):
+        s.get_cpu_backup(object())
+    with pytest.raises(NotImplementedError):
+        s.set_disk_backup_dir("/tmp")
+
+
+def test_memory_margin_and_retain_cpu_backup():
+    s = TorchMemorySaver()
+    with pytest.raises(TypeError):
+        s.memory_margin_bytes = "1G"
+    with pytest.raises(TypeError):
+        s.memory_margin_bytes = True
+    with pytest.raises(ValueError):
+        s.memory_margin_bytes = -1
+    with pytest.warns(RuntimeWarning, match="does not enforce"):
+        s.memory_margin_bytes = 1 << 30
+    assert s.memory_margin_bytes == 1 << 30
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.memory_margin_bytes = 0
+    assert s.retain_cpu_backup is True
+    s.retain_cpu_backup = False
+    assert s.retain_cpu_backup is True
+    with pytest.raises(TypeError):
+        s.retain_cpu_backup = 1
+
+
+def test_controller_cannot_be_the_default_client(controller):
+    with pytest.raises(ValueError, match="worker"):
+        gt.init(controller)
+
+
+# Hook modes.
+
+def test_hook_mode_validation():
+    s = TorchMemorySaver()
+    assert not tms_module.preload_library_loaded()
+    assert s.hook_mode == "torch"
+    with pytest.raises(TypeError):
+        s.hook_mode = None
+    with pytest.raises(ValueError, match="'torch' or 'preload'"):
+        s.hook_mode = "cuda"
+    with pytest.raises(RuntimeError) as e:
+        s.hook_mode = "preload"
+    msg = str(e.value)
+    assert "LD_PRELOAD" in msg and "configure_subprocess" in msg
+    assert tms_module.preload_library_path() in msg
+    assert s.hook_mode == "torch"
+    s.hook_mode = "torch"
+    assert s.hook_mode == "torch"
+
+
+def test_hook_mode_is_fixed_once_started(saver):
+    saver.hook_mode = "torch"
+    with saver.disable():  # starts the saver
+        pass
+    saver.hook_mode = "torch"
+    with pytest.raises(RuntimeError, match="cannot change"):
+        saver.hook_mode = "preload"
+
+
+def test_hook_mode_preload_when_the_library_is_preloaded(daemon):
+    path = tms_module.preload_library_path()
+    if not os.path.exists(path):
+        pytest.skip("no %s: build it first" % path)
+    r = run_python(NO_TORCH + (
+        "from gpumem import torch_memory_saver as m\n"
+        "s = m.TorchMemorySaver()\n"
+        "assert m.preload_library_loaded()\n"
+        "assert s.hook_mode == 'preload', s.hook_mode\n"
+        "s.hook_mode = 'preload'\n"
+        "s.hook_mode = 'torch'\n"
+        "s.hook_mode = 'preload'\n"
+        "print(s.pause())\n"), {"LD_PRELOAD": path, "GPUMEM_SOCKET": daemon.sock})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "None\n"
+
+
+def test_configure_subprocess(monkeypatch):
+    path = tms_module.preload_library_path()
+    assert path.endswith("/libgpumem_preload.so")
+    assert os.path.dirname(path) == os.path.dirname(os.path.realpath(gpumem.library_path()))
+    monkeypatch.setenv("LD_PRELOAD", "/opt/other.so")
+    with tms_module.configure_subprocess():
+        assert os.environ["LD_PRELOAD"] == path + ":/opt/other.so"
+        child = subprocess.run([sys.executable, "-c",
+                                "import os; print(os.environ['LD_PRELOAD'])"],
+                               capture_output=True, text=True, timeout=30)
+        assert child.stdout.strip() == path + ":/opt/other.so"
+    assert os.environ["LD_PRELOAD"] == "/opt/other.so"
+    monkeypatch.delenv("LD_PRELOAD")
+    with pytest.raises(KeyError):
+        with tms_module.configure_subprocess():
+            assert os.environ["LD_PRELOAD"] == path
+            raise KeyError("inside")
+    assert "LD_PRELOAD" not in os.environ
+    monkeypatch.setenv("GPUMEM_PRELOAD_LIB", "/elsewhere/libgpumem_preload.so")
+    assert tms_module.preload_library_path() == "/elsewhere/libgpumem_preload.so"
+
+
+# Pause and resume of the process's own buffers.
+
+def test_pause_and_resume_release_own_buffers(daemon, saver, worker, controller, tag):
+    import gpumem as g
+
+    kv, weights = tag("kv"), tag("weights")
+    p = torch_alloc(kv, 64 * MiB)
+    q = torch_alloc(weights, 8 * MiB, backup=True)
+    ctypes.memmove(q, b"weights kept", 12)
+    ctypes.memset(p, 0x5A, 64 * MiB)
+    with g.connect(daemon.sock, name="other-engine") as other:
+        theirs = other.alloc(kv, 16 * MiB)
+        free0 = device_free(controller)
+
+        r = saver.pause(kv)
+        assert r is not None and r.bytes >= 64 * MiB
+        t = tag_status(controller, kv)
+        assert t["paused_bytes"] >= 64 * MiB and t["mixed"]  # theirs stays active
+        assert theirs.mapped
+        assert tag_status(controller, weights)["state"] == "ACTIVE"
+        assert device_free(controller) - free0 >= 64 * MiB
+
+        assert saver.pause(kv).bytes == 0  # paused already: nothing changes
+        saver.resume(kv)
+        assert tag_status(controller, kv)["state"] == "ACTIVE"
+        assert device_free(controller) == free0
+        ctypes.memset(p, 0x33, 64 * MiB)  # mapped again, at the same address
+        assert ctypes.string_at(p + 64 * MiB - 4, 4) == b"\x33" * 4
+
+        # Every tag of this process, through gpumem.torch: the other
+        # engine's buffer is not this process's.
+        r = gt.pause()
+        assert r.bytes >= 72 * MiB
+        assert tag_status(controller, weights)["state"] == "PAUSED"
+        assert theirs.mapped
+        gt.resume()
+        assert ctypes.string_at(q, 12) == b"weights kept"
+        assert tag_status(controller, weights)["state"] == "ACTIVE"
+        theirs.free()
+    lib().gpumem_torch_free(p, 64 * MiB, 0, None)
+    lib().gpumem_torch_free(q, 8 * MiB, 0, None)
+    assert gt.empty_cache() >= 0
+
+
+def test_pause_of_nothing(saver, worker, controller, tag):
+    kv = tag("kv")
+    p = torch_alloc(kv, 4 * MiB)
+    # No region was entered: pause() without a tag has nothing to pause.
+    assert saver.pause() is None and saver.resume() is None
+    assert tag_status(controller, kv)["state"] == "ACTIVE"
+    # A tag this process never used: nothing to do, no error.
+    assert saver.pause(tag("never")) is None
+    assert saver.resume(tag("never")) is None
+    # gpumem.torch says so unless told not to.
+    with pytest.raises(gpumem.Error) as e:
+        gt.pause(tag("never"))
+    assert e.value.code == gpumem.ErrorCode.NOT_FOUND
+    assert gt.pause(tag("never"), missing_ok=True) is None
+    lib().gpumem_torch_free(p, 4 * MiB, 0, None)
+
+
+def test_resume_without_room_changes_nothing(make_daemon, tag):
+    d = make_daemon()
+    kv = tag("kv")
+    with gpumem.connect(d.sock, name="engine") as w, \
+            gpumem.connect(d.sock, name="ctl", role="controller") as ctl:
+        gt.init(w)
+        try:
+            s = TorchMemorySaver()
+            p = torch_alloc(kv, 160 * MiB)
+            s.pause(kv)
+            with gpumem.connect(d.sock, name="trainer") as trainer:
+                hog = trainer.alloc("train", 160 * MiB)
+                with pytest.raises(gpumem.Error) as e:
+                    s.resume(kv)
+                assert e.value.code == gpumem.ErrorCode.OUT_OF_MEMORY
+                assert tag_status(ctl, kv)["state"] == "PAUSED"
+                hog.free()
+            s.resume(kv)
+            assert tag_status(ctl, kv)["state"] == "ACTIVE"
+            ctypes.memset(p, 1, 160 * MiB)
+            lib().gpumem_torch_free(p, 160 * MiB, 0, None)
+        finally:
+            gt.shutdown()
+
+
+def test_disable_clears_the_thread_tag(saver):
+    gpumem.set_thread_tag("outer", backup=True)
+    with saver.disable():
+        assert gpumem.thread_tag() == (None, 0)
+    assert gpumem.thread_tag() == ("outer", gpumem.FLAG_BACKUP)
+    with pytest.raises(RuntimeError):
+        with saver.disable():
+            raise RuntimeError("inside")
+    assert gpumem.thread_tag() == ("outer", gpumem.FLAG_BACKUP)
+
+
+def test_init_connects_and_shutdown_closes(daemon, controller, tag):
+    c = gt.init(socket=daemon.sock, name="torch-test")
+    try:
+        assert gt.init() is c and gt.client() is c
+        assert any(s["name"] == "torch-test" for s in controller.status()["sessions"])
+        kv = tag("kv")
+        torch_alloc(kv, 2 * MiB)
+        assert tag_status(controller, kv)["buffers"] >= 1
+    finally:
+        gt.shutdown()
+    assert c.closed
+
+    def gone():
+        return all(t["name"] != kv or t["buffers"] == 0 for t in controller.status()["tags"])
+    wait_for(gone, what="the closed client's buffers to go")
