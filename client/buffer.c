@@ -52,7 +52,7 @@ int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
   if (b->ipc) return 0;
   /* Reads, writes and fills in flight finish first; new ones are refused. */
   pthread_mutex_lock(&c->mu);
-  b->unmapping = true;
+  __atomic_store_n(&b->unmapping, true, __ATOMIC_RELEASE); /* read unlocked by the pool */
   while (b->copies) pthread_cond_wait(&c->cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
   uint64_t off = 0;
@@ -69,7 +69,7 @@ int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
   }
   pthread_mutex_lock(&c->mu);
   __atomic_store_n(&b->mapped, false, __ATOMIC_RELEASE);
-  b->unmapping = false;
+  __atomic_store_n(&b->unmapping, false, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&c->mu);
   return rc;
 }
@@ -153,6 +153,7 @@ void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *e
   b->local = a->local;
   b->size = r->size;
   b->flags = a->flags;
+  b->pooled = a->pooled;
   b->nchunks = r->n_chunk_sizes;
   memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
   int rc = 0;
@@ -191,9 +192,10 @@ void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *e
   a->buf = b;
 }
 
-/* Allocate a tagged buffer; the thread that routes the reply maps it. */
-int gpumem_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
-                 unsigned flags, gpumem_buffer **out) {
+/* Allocate a tagged buffer (a pool's slab when pooled); the thread that
+ * routes the reply maps it. */
+int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
+                 unsigned flags, bool pooled, gpumem_buffer **out) {
   if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the buffer");
   if (!tag || !wire_tag_valid(tag))
     return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
@@ -217,7 +219,8 @@ int gpumem_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
   wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
   req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
   req.alloc = &ar;
-  struct alloc_ctx a = {.tag = tag, .device = index, .local = (unsigned)device, .flags = flags};
+  struct alloc_ctx a = {.tag = tag, .device = index, .local = (unsigned)device, .flags = flags,
+                        .pooled = pooled};
   struct pending reply = {0};
   reply.alloc = &a;
   int rc = client_call_with(c, &req, &reply);
@@ -228,19 +231,29 @@ int gpumem_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
     if (rc == 0) *out = a.buf;
     return rc;
   }
-  /* Made at the daemon but not here: give it back (a free that times out
-   * destroys a.buf itself when its reply comes). */
+  /* Made at the daemon but not here: give it back. A free that times out
+   * is finished by the library; one the daemon refuses (a pause has the
+   * buffer) is sent again until it goes through. */
   uint64_t id = reply.env->alloc_reply->buffer_id;
   client_reply_free(&reply);
-  if (send_free(c, id, a.buf) != GPUMEM_E_TIMEOUT && a.buf) client_buffer_destroy(c, a.buf);
+  int freed = send_free(c, id, a.buf);
+  if (a.buf && (freed == 0 || freed == GPUMEM_E_NOT_FOUND || freed == GPUMEM_E_DISCONNECTED))
+    client_buffer_destroy(c, a.buf);
+  else if (a.buf && freed != GPUMEM_E_TIMEOUT)
+    client_free_later(c, a.buf);
   return client_fail(a.rc ? a.rc : GPUMEM_E_NOMEM, "%s", a.words);
+}
+
+/* Allocate a tagged buffer. */
+int gpumem_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
+                 unsigned flags, gpumem_buffer **out) {
+  return client_alloc(c, tag, device, size, flags, false, out);
 }
 
 /* Free a buffer: the daemon first, so that a pause in flight keeps it. A
  * buffer that no daemon knows (one that was not re-registered) is only
  * released here. */
-int gpumem_free(gpumem_client *c, gpumem_buffer *b) {
-  if (!c || !b) return client_fail(GPUMEM_E_INVALID, "no client or no buffer");
+int client_free_buffer(gpumem_client *c, gpumem_buffer *b) {
   pthread_mutex_lock(&c->mu);
   bool orphan = c->state == CONN_LIVE && !b->registered;
   if (orphan) client_buffer_forget(c, b);
@@ -251,6 +264,17 @@ int gpumem_free(gpumem_client *c, gpumem_buffer *b) {
   }
   client_buffer_destroy(c, b);
   return 0;
+}
+
+/* Free a buffer of gpumem_alloc; a pool's slab is the pool's to free. */
+int gpumem_free(gpumem_client *c, gpumem_buffer *b) {
+  if (!c || !b) return client_fail(GPUMEM_E_INVALID, "no client or no buffer");
+  if (b->pooled)
+    return client_fail(GPUMEM_E_INVALID,
+                       "buffer %llu belongs to the gpumem_malloc pool: free its allocations "
+                       "with gpumem_free_ptr",
+                       (unsigned long long)gpumem_buffer_id(b));
+  return client_free_buffer(c, b);
 }
 
 /* The failures of one event, for its ack. */

@@ -29,9 +29,14 @@ struct gpumem_buffer {
   /* Every chunk is mapped and accessible. Written under mu with an atomic
    * store; read atomically (gpumem_buffer_mapped) or under mu. */
   bool mapped;
-  bool unmapping;  /* under mu: an Unmap event is taking it; copies refused */
+  /* An Unmap event is taking it; copies refused. Written under mu with
+   * atomic stores; read under mu, or atomically (the pool). */
+  bool unmapping;
   unsigned copies; /* under mu: reads, writes and fills in flight */
-  bool doomed; /* its alloc failed here: being freed, never re-registered */
+  /* No longer the caller's: its alloc failed here, or the library finishes
+   * a free the caller gave up on (struct late_free). Never re-registered. */
+  bool doomed;
+  bool pooled; /* a slab of gpumem_malloc's pool: gpumem_free refuses it */
   struct gpumem_buffer *prev, *next; /* every buffer of the client */
 };
 
@@ -40,6 +45,7 @@ struct gpumem_buffer {
 struct alloc_ctx {
   const char *tag;
   unsigned device, local, flags;
+  bool pooled;        /* the buffer is to be a pool's slab */
   gpumem_buffer *buf; /* the result, or NULL */
   int rc;             /* the routing thread's failure */
   char words[320];
@@ -67,10 +73,12 @@ struct pending {
   struct pending *next;
 };
 
-/* A FreeRequest whose caller stopped waiting: its buffer is destroyed
- * when the reply (or the end of the connection) comes. */
+/* A free the caller gave up on (it timed out, or is the library's own):
+ * the buffer is destroyed when the daemon frees it (FreeReply, or
+ * NOT_FOUND) or the connection ends; a refusal (the buffer is being paused
+ * or resumed) sends the FreeRequest again after a back-off. */
 struct late_free {
-  uint64_t id;
+  uint64_t id; /* the FreeRequest in flight; 0 while waiting to be sent */
   gpumem_buffer *buf;
   struct late_free *next;
 };
@@ -111,7 +119,10 @@ struct gpumem_client {
   uint64_t next_id;
   unsigned request_timeout_ms; /* how long a request waits for its reply */
   struct pending *pending;
-  struct late_free *late; /* frees whose callers timed out */
+  struct late_free *late; /* frees the library finishes for callers */
+  size_t late_waiting;    /* of which waiting to be sent again */
+  double late_at_ms;      /* monotonic time of the next such send */
+  int late_backoff_ms;    /* the wait after the next refusal */
   idmap *buffers; /* registered buffers by id */
   gpumem_buffer *all; /* every buffer, registered or not */
   gpumem_hook pre_unmap, post_remap;
@@ -130,6 +141,11 @@ struct gpumem_client {
  * pools' own memory, talks to no daemon. */
 void client_pool_destroy(gpumem_client *c);
 
+/* Forget a client that is being disconnected in the default client's
+ * bookkeeping (client/default.c): the pointers gpumem_torch_alloc made
+ * with it, and its place as the default. */
+void client_default_forget(gpumem_client *c);
+
 /* Record words for this thread's last failure and return err. */
 int client_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -144,13 +160,30 @@ int client_call_with(gpumem_client *c, wire_env *req, struct pending *reply);
 /* Free a reply got from client_call (closing fds not taken). */
 void client_reply_free(struct pending *reply);
 
-/* Send a message without waiting (acks) on the current connection. */
+/* Send a message without waiting (acks) on the current connection; a
+ * daemon that takes nothing for the request timeout loses the connection. */
 int client_send(gpumem_client *c, const wire_env *env);
 
 /* Send a message with fds (consumed) if the connection is still number
- * gen. */
+ * gen: a request with its deadline until_ms (monotonic; GPUMEM_E_TIMEOUT
+ * when the daemon has not read earlier messages by then, nothing sent),
+ * other messages with until_ms < 0 (as client_send). */
 int client_send_fds(gpumem_client *c, uint64_t gen, const wire_env *env, const int *fds,
-                    size_t nfds);
+                    size_t nfds, double until_ms);
+
+/* Take over the free of a buffer the daemon refused to free now, for a
+ * caller that gave it up: it is sent again until the daemon frees it or
+ * the connection ends. */
+void client_free_later(gpumem_client *c, gpumem_buffer *b);
+
+/* Free a buffer at the daemon, then here (gpumem_free without its check
+ * that the buffer is not a pool's slab). */
+int client_free_buffer(gpumem_client *c, gpumem_buffer *b);
+
+/* Allocate a buffer (gpumem_alloc); pooled marks it a pool's slab from the
+ * start. */
+int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
+                 unsigned flags, bool pooled, gpumem_buffer **out);
 
 /* Handle an Unmap or Remap event from the daemon (on the reading thread). */
 void client_handle_event(gpumem_client *c, const wire_env *env, struct frame *f);

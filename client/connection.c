@@ -63,28 +63,87 @@ int client_buffer_register(gpumem_client *c, gpumem_buffer *b) {
   return 0;
 }
 
+/* Lock the send mutex, giving up at the monotonic time until_ms (turned
+ * into the real-time clock that pthread_mutex_timedlock takes). Returns 0
+ * or ETIMEDOUT. */
+static int send_lock(gpumem_client *c, double until_ms) {
+  if (pthread_mutex_trylock(&c->send_mu) == 0) return 0;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  double left = until_ms - mono_ms();
+  double at = (double)now.tv_sec * 1e3 + (double)now.tv_nsec / 1e6 + (left > 0 ? left : 0);
+  struct timespec ts;
+  ts.tv_sec = (time_t)(at / 1e3);
+  ts.tv_nsec = (long)((at - (double)ts.tv_sec * 1e3) * 1e6);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  if (ts.tv_nsec < 0) ts.tv_nsec = 0;
+  int rc;
+  while ((rc = pthread_mutex_timedlock(&c->send_mu, &ts)) == EINTR) continue;
+  return rc == 0 ? 0 : ETIMEDOUT;
+}
+
+/* Send what the writer holds, waiting for room until the monotonic time
+ * until_ms. Called with send_mu held and a connection open. Returns 0 when
+ * all went, -ETIMEDOUT when the socket stayed full, another -errno. */
+static int drain(gpumem_client *c, double until_ms) {
+  int rc;
+  while ((rc = frame_writer_flush(c->writer, c->fd)) == -EAGAIN) {
+    double left = until_ms - mono_ms();
+    if (left <= 0) return -ETIMEDOUT;
+    struct pollfd p = {c->fd, POLLOUT, 0};
+    if (poll(&p, 1, left > 1e9 ? 1000000000 : (int)left + 1) < 0 && errno != EINTR)
+      return -errno;
+  }
+  return rc;
+}
+
 /* Send one message with fds (consumed) on connection gen (0: the current
- * one), waiting for room as needed. */
+ * one). A request passes its deadline (until_ms >= 0, monotonic): it is
+ * not queued behind bytes the daemon has not read by then (GPUMEM_E_TIMEOUT,
+ * nothing sent), and once queued it counts as sent even if part of it
+ * still waits for room (the next send pushes the rest). Other messages
+ * (acks, until_ms < 0) wait up to the request timeout for room; a daemon
+ * that reads nothing for that long has its connection dropped. */
 int client_send_fds(gpumem_client *c, uint64_t gen, const wire_env *env, const int *fds,
-                    size_t nfds) {
+                    size_t nfds, double until_ms) {
+  bool request = until_ms >= 0;
+  pthread_mutex_lock(&c->mu);
+  double limit_ms = c->request_timeout_ms;
+  pthread_mutex_unlock(&c->mu);
+  if (!request) until_ms = mono_ms() + limit_ms;
   size_t len;
   uint8_t *bytes = wire_pack(env, &len);
-  if (!bytes) {
+  if (!bytes || send_lock(c, until_ms) != 0) {
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
-    return client_fail(GPUMEM_E_NOMEM, "out of memory");
+    if (!bytes) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+    free(bytes);
+    if (request)
+      return client_fail(GPUMEM_E_TIMEOUT,
+                         "gpumemd did not take the request in time: another message is "
+                         "still waiting for it to read");
+    /* Whoever holds the lock waits for a daemon that does not read. */
+    pthread_mutex_lock(&c->mu);
+    if (c->fd >= 0 && (!gen || gen == c->gen)) shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&c->mu);
+    return client_fail(GPUMEM_E_DISCONNECTED,
+                       "gpumemd read nothing for %.1f s; the connection is dropped",
+                       limit_ms / 1e3);
   }
-  pthread_mutex_lock(&c->send_mu);
   int rc;
+  bool stalled = false;
   if (c->fd < 0 || (gen && gen != c->gen)) {
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
     rc = -ENOTCONN;
+  } else if (request && frame_writer_queued(c->writer) &&
+             (rc = drain(c, until_ms)) < 0) {
+    /* Earlier messages are still unread: this one is not queued. */
+    for (size_t i = 0; i < nfds; i++) close(fds[i]);
+    stalled = rc == -ETIMEDOUT;
   } else {
     rc = frame_writer_push(c->writer, bytes, len, fds, nfds);
-    while (rc == 0 && (rc = frame_writer_flush(c->writer, c->fd)) == -EAGAIN) {
-      struct pollfd p = {c->fd, POLLOUT, 0};
-      poll(&p, 1, -1);
-      rc = 0;
-    }
+    if (rc == 0) rc = drain(c, until_ms);
+    if (rc == -ETIMEDOUT && request) rc = 0; /* queued; the rest goes later */
+    if (rc == -ETIMEDOUT) shutdown(c->fd, SHUT_RDWR);
   }
   /* A daemon that said why before it closed: give its words. */
   char said[320] = "";
@@ -95,6 +154,14 @@ int client_send_fds(gpumem_client *c, uint64_t gen, const wire_env *env, const i
   pthread_mutex_unlock(&c->mu);
   pthread_mutex_unlock(&c->send_mu);
   free(bytes);
+  if (stalled)
+    return client_fail(GPUMEM_E_TIMEOUT,
+                       "gpumemd did not take the request in time: it has not read earlier "
+                       "messages");
+  if (rc == -ETIMEDOUT)
+    return client_fail(GPUMEM_E_DISCONNECTED,
+                       "gpumemd read nothing for %.1f s; the connection is dropped",
+                       limit_ms / 1e3);
   if (rc < 0)
     return client_fail(GPUMEM_E_DISCONNECTED, "send to gpumemd: %s%s", strerror(-rc), said);
   return 0;
@@ -102,7 +169,7 @@ int client_send_fds(gpumem_client *c, uint64_t gen, const wire_env *env, const i
 
 /* Send a message without waiting (acks) on the current connection. */
 int client_send(gpumem_client *c, const wire_env *env) {
-  return client_send_fds(c, 0, env, NULL, 0);
+  return client_send_fds(c, 0, env, NULL, 0, -1);
 }
 
 /* The connection ended (or a reconnection attempt failed): close it, fail
@@ -152,6 +219,8 @@ static void conn_lost(gpumem_client *c, const char *why) {
   }
   struct late_free *late = c->late;
   c->late = NULL;
+  c->late_waiting = 0;
+  c->late_backoff_ms = BACKOFF_FIRST_MS;
   for (struct late_free *l = late; l; l = l->next) client_buffer_forget(c, l->buf);
   c->state = (c->closing || (c->flags & GPUMEM_CONNECT_NO_RECONNECT)) ? CONN_CLOSED
                                                                      : CONN_RECONNECTING;
@@ -209,23 +278,116 @@ static int adopt_apply(gpumem_client *c, struct adopt_ctx *a, const Gpumem__Wire
   return 0;
 }
 
-/* A reply whose caller stopped waiting: a free's buffer is destroyed now,
- * an allocation's memory given back; anything else is dropped. */
+/* A free the caller gave up on waits to be sent again, after the back-off.
+ * Called with mu held. */
+static void late_wait(gpumem_client *c, struct late_free *l) {
+  l->id = 0;
+  c->late_waiting++;
+  c->late_at_ms = mono_ms() + c->late_backoff_ms;
+  c->late_backoff_ms = c->late_backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                               : c->late_backoff_ms * 2;
+  pthread_cond_broadcast(&c->cv);
+}
+
+/* Take over the free of a buffer the caller has given up: request id is
+ * in flight for it, or (id 0) it waits to be sent. The buffer is doomed:
+ * no longer the caller's, never re-registered. Called with mu held.
+ * Returns false when out of memory (the buffer stays the client's). */
+static bool late_add(gpumem_client *c, gpumem_buffer *b, uint64_t id) {
+  struct late_free *l = malloc(sizeof *l);
+  if (!l) return false;
+  l->buf = b;
+  l->next = c->late;
+  c->late = l;
+  b->doomed = true;
+  l->id = id;
+  if (!id) late_wait(c, l);
+  return true;
+}
+
+/* Finish the free of a buffer the daemon refused to free now, for a
+ * caller that has given it up; done when the daemon frees it or the
+ * connection ends. */
+void client_free_later(gpumem_client *c, gpumem_buffer *b) {
+  pthread_mutex_lock(&c->mu);
+  bool registered = b->registered;
+  bool taken = c->state == CONN_LIVE && registered && late_add(c, b, 0);
+  pthread_mutex_unlock(&c->mu);
+  /* Off a live connection the daemon has freed it with the session. */
+  if (!taken && !registered) client_buffer_destroy(c, b);
+}
+
+/* Send again the frees that wait, when their back-off has passed (all
+ * of them unless due_only). */
+static void late_retry(gpumem_client *c, bool due_only) {
+  pthread_mutex_lock(&c->mu);
+  size_t n = c->late_waiting;
+  if (c->state != CONN_LIVE || !n || (due_only && mono_ms() < c->late_at_ms)) {
+    pthread_mutex_unlock(&c->mu);
+    return;
+  }
+  uint64_t *ids = calloc(2 * n, sizeof *ids);
+  size_t k = 0;
+  for (struct late_free *l = c->late; ids && l && k < n; l = l->next) {
+    if (l->id || !l->buf->registered) continue;
+    l->id = c->next_id++;
+    ids[2 * k] = l->id;
+    ids[2 * k + 1] = l->buf->id;
+    k++;
+  }
+  c->late_waiting -= k;
+  uint64_t gen = c->gen;
+  pthread_mutex_unlock(&c->mu);
+  /* A send that fails ends the connection, which settles these frees. */
+  for (size_t i = 0; i < k; i++) {
+    Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+    fr.buffer_id = ids[2 * i + 1];
+    wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+    req.id = ids[2 * i];
+    req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+    req.free = &fr;
+    client_send_fds(c, gen, &req, NULL, 0, -1);
+  }
+  free(ids);
+}
+
+/* Milliseconds until a waiting free is due (0: now), -1 if none waits. */
+static int late_due_ms(gpumem_client *c) {
+  pthread_mutex_lock(&c->mu);
+  int ms = -1;
+  if (c->state == CONN_LIVE && c->late_waiting) {
+    double left = c->late_at_ms - mono_ms();
+    ms = left <= 0 ? 0 : (int)left + 1;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return ms;
+}
+
+/* A reply whose caller stopped waiting. A free's buffer is destroyed when
+ * the daemon freed it (or does not know it); a free it refused (the buffer
+ * is being paused or resumed) is sent again later (late_retry). An
+ * allocation's memory is given back; anything else is dropped. */
 static void late_reply(gpumem_client *c, const wire_env *env) {
   pthread_mutex_lock(&c->mu);
   struct late_free **lp = &c->late;
-  while (*lp && (*lp)->id != env->id) lp = &(*lp)->next;
+  while (*lp && ((*lp)->id == 0 || (*lp)->id != env->id)) lp = &(*lp)->next;
   struct late_free *l = *lp;
-  if (l) {
+  bool gone = l && (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY ||
+                    (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR &&
+                     env->error->code == GPUMEM__WIRE__ERROR_CODE__NOT_FOUND));
+  if (gone) {
     *lp = l->next;
     client_buffer_forget(c, l->buf);
+    c->late_backoff_ms = BACKOFF_FIRST_MS;
+  } else if (l) {
+    late_wait(c, l);
   }
   pthread_mutex_unlock(&c->mu);
-  if (l) {
+  if (gone) {
     client_buffer_destroy(c, l->buf);
     free(l);
-    return;
   }
+  if (l) return;
   if (env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY) return;
   /* Its fds close with the frame; the daemon frees the rest. */
   Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
@@ -260,6 +422,8 @@ static int route(gpumem_client *c, struct frame *f, char *why, size_t whylen) {
       env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_REMAP) {
     client_handle_event(c, env, f);
     wire_env_free(env);
+    /* An event moves buffers on: a refused free may go through now. */
+    late_retry(c, false);
     return 1;
   }
   if (env->id == 0 && env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
@@ -395,24 +559,22 @@ static int pending_result(struct pending *p) {
   return 0;
 }
 
-/* A request got no reply in time: its reply will be dropped when it
- * comes, and a free's buffer is destroyed then (or when the connection
+/* A request got no reply in time (sent), or could not even be sent: its
+ * reply will be dropped when it comes, and the library takes over a
+ * free's buffer, freeing it when the daemon agrees (or the connection
  * ends). Called with mu held, the request off the pending list. */
-static int call_timed_out(gpumem_client *c, struct pending *p, double wait_ms) {
+static int call_timed_out(gpumem_client *c, struct pending *p, double wait_ms, bool sent) {
   const char *also = "";
   if (p->freeing) {
-    struct late_free *l = malloc(sizeof *l);
-    if (l) {
-      l->id = p->id;
-      l->buf = p->freeing;
-      l->next = c->late;
-      c->late = l;
-      p->freeing->doomed = true;
-      also = "; the buffer is released when it does";
-    } else {
+    if (late_add(c, p->freeing, sent ? p->id : 0))
+      also = "; the library releases the buffer once gpumemd frees it";
+    else
       also = "; the buffer stays until gpumem_disconnect (out of memory)";
-    }
   }
+  if (!sent)
+    return client_fail(GPUMEM_E_TIMEOUT,
+                       "gpumemd did not read the request in %.1f s (it has not read earlier "
+                       "messages)%s", wait_ms / 1e3, also);
   return client_fail(GPUMEM_E_TIMEOUT, "gpumemd did not answer in %.1f s%s", wait_ms / 1e3,
                      also);
 }
@@ -448,15 +610,17 @@ int client_call_with(gpumem_client *c, wire_env *req, struct pending *reply) {
   }
   uint64_t gen = c->gen;
   double wait_ms = (double)c->request_timeout_ms + reply->extra_ms;
-  pthread_mutex_unlock(&c->mu);
-  int rc = client_send_fds(c, gen, req, NULL, 0);
   double until = mono_ms() + wait_ms;
+  pthread_mutex_unlock(&c->mu);
+  late_retry(c, true);
+  int rc = client_send_fds(c, gen, req, NULL, 0, until);
   pthread_mutex_lock(&c->mu);
   /* A reply being built is waited for: that is local work. */
   while (rc == 0 && !reply->done && (reply->routing || mono_ms() < until))
     pump_locked(c, reply->routing ? -1 : until);
   pending_del(c, reply);
-  if (rc == 0 && !reply->done) rc = call_timed_out(c, reply, wait_ms);
+  if ((rc == 0 && !reply->done) || rc == GPUMEM_E_TIMEOUT)
+    rc = call_timed_out(c, reply, wait_ms, rc == 0);
   pthread_mutex_unlock(&c->mu);
   if (rc < 0) {
     client_reply_free(reply);
@@ -491,7 +655,7 @@ static bool reader_calls(gpumem_client *c, wire_env **reqs, struct pending **ps,
       for (size_t k = 0; k < nfds[i]; k++) close(fds[i][k]);
       continue;
     }
-    if (client_send_fds(c, gen, reqs[i], fds ? fds[i] : NULL, nfds ? nfds[i] : 0) < 0)
+    if (client_send_fds(c, gen, reqs[i], fds ? fds[i] : NULL, nfds ? nfds[i] : 0, until) < 0)
       sent = false;
   }
   if (!sent) conn_lost(c, gpumem_last_error());
@@ -872,10 +1036,12 @@ static void *reader_main(void *arg) {
     bool closing = c->closing;
     pthread_mutex_unlock(&c->mu);
     if (closing || st == CONN_CLOSED) return NULL;
-    if (st == CONN_RECONNECTING)
+    if (st == CONN_RECONNECTING) {
       reconnect(c);
-    else
-      pump(c, -1);
+    } else {
+      pump(c, late_due_ms(c));
+      late_retry(c, true);
+    }
   }
 }
 
@@ -912,6 +1078,7 @@ int gpumem_dispatch(gpumem_client *c, int timeout_ms) {
     rc = pump_locked(c, timeout_ms < 0 ? -1.0 : mono_ms() + timeout_ms);
   }
   pthread_mutex_unlock(&c->mu);
+  if (rc >= 0) late_retry(c, true);
   return rc;
 }
 
@@ -963,6 +1130,7 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
   c->role = role;
   c->flags = flags;
   c->backoff_ms = BACKOFF_FIRST_MS;
+  c->late_backoff_ms = BACKOFF_FIRST_MS;
   c->request_timeout_ms = GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS;
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->send_mu, NULL);
@@ -1001,6 +1169,7 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
 /* Unmap everything, stop the thread (and any reconnecting), and close. */
 void gpumem_disconnect(gpumem_client *c) {
   if (!c) return;
+  client_default_forget(c);
   pthread_mutex_lock(&c->mu);
   c->closing = true;
   if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);

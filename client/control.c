@@ -10,9 +10,6 @@
  * in daemon/engine.c): a pause with timeout 0 waits that long at most. */
 #define OP_OWNER_WAIT_MAX_MS (10u * 60u * 1000u)
 
-/* Pids in one pause or resume: as many as fit a request frame with room
- * to spare (a pid takes at most 5 bytes on the wire). */
-#define OP_MAX_PIDS 4096
 
 /* True if s is valid UTF-8 without control characters. */
 static bool text_ok(const char *s) {
@@ -69,9 +66,9 @@ static int op_check(bool resume, const char *const *tags, size_t ntags, const in
   if (o->scope != GPUMEM_SCOPE_NODE && o->scope != GPUMEM_SCOPE_OWN)
     return client_fail(GPUMEM_E_INVALID, "unknown scope %d", o->scope);
   if (o->npids && !o->pids) return client_fail(GPUMEM_E_INVALID, "no pid list given");
-  if (o->npids > OP_MAX_PIDS)
+  if (o->npids > WIRE_MAX_PIDS)
     return client_fail(GPUMEM_E_INVALID, "too many pids (%zu, at most %d)", o->npids,
-                       OP_MAX_PIDS);
+                       WIRE_MAX_PIDS);
   for (size_t i = 0; i < o->npids; i++)
     if (o->pids[i] == 0) return client_fail(GPUMEM_E_INVALID, "pid 0 names no process");
   if (o->session_prefix && !*o->session_prefix) o->session_prefix = NULL;

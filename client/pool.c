@@ -163,13 +163,26 @@ static void slab_detach(struct client_pool *cp, struct slab *s) {
   cp->st.pooled_bytes -= s->size;
 }
 
+/* True if allocations may come from a slab now: it is mapped and not
+ * being unmapped (or the caller allows paused memory), and the daemon
+ * knows it, so that a pause releases it (while reconnecting, mapped
+ * slabs serve: the daemon that comes back re-registers them). */
+static bool slab_usable(const struct slab *s, bool allow_paused, bool live) {
+  const gpumem_buffer *b = s->buf;
+  if (live && !gpumem_buffer_registered(b)) return false;
+  if (allow_paused) return true;
+  /* unmapping first: it is cleared only after mapped is. */
+  bool unmapping = __atomic_load_n(&b->unmapping, __ATOMIC_ACQUIRE);
+  return !unmapping && gpumem_buffer_mapped(b);
+}
+
 /* The smallest free block of at least need bytes in a slab that may be
- * used now: a paused slab only when allow_paused. */
-static struct block *best_fit(struct pool *p, uint64_t need, bool allow_paused) {
+ * used now (slab_usable). */
+static struct block *best_fit(struct pool *p, uint64_t need, bool allow_paused, bool live) {
   struct block *best = NULL;
   for (struct block *b = p->free_blocks; b; b = b->fnext) {
     if (b->size < need || (best && b->size >= best->size)) continue;
-    if (!allow_paused && !gpumem_buffer_mapped(b->slab->buf)) continue;
+    if (!slab_usable(b->slab, allow_paused, live)) continue;
     best = b;
     if (b->size == need) break;
   }
@@ -246,16 +259,18 @@ static struct slab *release(struct client_pool *cp, struct block *b) {
 }
 
 /* Give a detached slab's buffer back to the daemon; if the daemon keeps
- * it, it goes back into its pool (or, without memory for that, stays an
- * ordinary buffer of the client until disconnect). A free that timed out
- * has doomed the buffer: the library destroys it when the reply comes. */
+ * it, it goes back into its pool (or, without memory for that, the
+ * library frees it once the daemon agrees). A free that timed out is the
+ * library's to finish (client_free_later). */
 static int give_back(gpumem_client *c, struct client_pool *cp, struct slab *s) {
-  int rc = gpumem_free(c, s->buf);
+  gpumem_buffer *buf = s->buf;
+  int rc = client_free_buffer(c, buf);
   pthread_mutex_lock(&cp->mu);
   idmap_del(cp->slabs, addr_key(s->base));
-  if (rc < 0 && rc != GPUMEM_E_TIMEOUT && slab_attach(cp, s) == 0) s = NULL;
+  bool kept = rc < 0 && rc != GPUMEM_E_TIMEOUT && slab_attach(cp, s) == 0;
   pthread_mutex_unlock(&cp->mu);
-  free(s);
+  if (!kept) free(s);
+  if (!kept && rc < 0 && rc != GPUMEM_E_TIMEOUT) client_free_later(c, buf);
   return rc;
 }
 
@@ -275,12 +290,12 @@ static int grow(gpumem_client *c, struct client_pool *cp, const char *tag, int d
   pthread_mutex_unlock(&cp->mu);
   uint64_t size = least > next ? least : size_round_up(next, gran);
   gpumem_buffer *buf;
-  int rc = gpumem_alloc(c, tag, device, size, flags, &buf);
+  int rc = client_alloc(c, tag, device, size, flags, true, &buf);
   /* A device (or a backup limit) without room for a whole slab, or
    * smaller than one (INVALID), may still have room for this request. */
   if ((rc == GPUMEM_E_OUT_OF_MEMORY || rc == GPUMEM_E_LIMIT || rc == GPUMEM_E_INVALID) &&
       size > least)
-    rc = gpumem_alloc(c, tag, device, size = least, flags, &buf);
+    rc = client_alloc(c, tag, device, size = least, flags, true, &buf);
   if (rc < 0) return rc;
   struct slab *s = calloc(1, sizeof *s);
   pthread_mutex_lock(&cp->mu);
@@ -313,7 +328,8 @@ static int grow(gpumem_client *c, struct client_pool *cp, const char *tag, int d
     return 0;
   }
   free(s);
-  gpumem_free(c, buf);
+  rc = client_free_buffer(c, buf);
+  if (rc < 0 && rc != GPUMEM_E_TIMEOUT) client_free_later(c, buf);
   return client_fail(GPUMEM_E_NOMEM, "out of memory for the pool's bookkeeping");
 }
 
@@ -334,9 +350,12 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
   struct client_pool *cp = pool_of(c, true);
   if (!cp) return client_fail(GPUMEM_E_NOMEM, "out of memory");
   bool allow_paused = flags & GPUMEM_ALLOW_PAUSED;
+  pthread_mutex_lock(&c->mu);
+  bool live = c->state == CONN_LIVE;
+  pthread_mutex_unlock(&c->mu);
   pthread_mutex_lock(&cp->mu);
   struct pool *p = pool_find(cp, tag, device, flags & GPUMEM_BACKUP);
-  struct block *b = p ? best_fit(p, need, allow_paused) : NULL;
+  struct block *b = p ? best_fit(p, need, allow_paused, live) : NULL;
   void *at = b ? take(cp, b, need) : NULL;
   pthread_mutex_unlock(&cp->mu);
   if (at) {
@@ -351,7 +370,7 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
 static gpumem_buffer *buffer_at(gpumem_client *c, void *ptr) {
   pthread_mutex_lock(&c->mu);
   gpumem_buffer *b = c->all;
-  while (b && (b->va != ptr || b->doomed)) b = b->next;
+  while (b && (b->va != ptr || b->doomed || b->pooled)) b = b->next;
   pthread_mutex_unlock(&c->mu);
   return b;
 }
@@ -406,8 +425,10 @@ int64_t gpumem_trim(gpumem_client *c) {
       snprintf(words, sizeof words, "%s", gpumem_last_error());
     }
   }
-  /* Slabs that did not go back stay in their pools. */
-  return err ? client_fail(err, "%s", words) : bytes;
+  /* Slabs that did not go back stay in their pools; the bytes that did
+   * go count more than the failure of others. */
+  if (err && !bytes) return client_fail(err, "%s", words);
+  return bytes;
 }
 
 /* Copy the client's sub-allocation figures. */

@@ -152,8 +152,8 @@ static wire_code get_backup_memory(registry *r, struct buffer *b, struct fault *
   if (b->making) {
     rc = hostmem_take(b->making, &b->backup, why, sizeof why);
     b->making = NULL;
-  } else if ((rc = gpu_backup_alloc(r->gpu, b->device, b->size, &b->backup)) < 0) {
-    snprintf(why, sizeof why, "%s", gpu_error());
+  } else {
+    rc = hostmem_make(r->gpu, b->device, b->size, &b->backup, why, sizeof why);
   }
   if (rc < 0) {
     b->backup = NULL;
@@ -197,10 +197,12 @@ static void backup_made(void *ctx, void *arg, void *host, const char *why) {
  * its first pause finds it made. */
 static void start_backup_memory(registry *r, struct buffer *b) {
   if (!(b->flags & BUF_FLAG_BACKUP) || b->ipc || !r->opt.loop) return;
-  b->making = hostmem_start(r->opt.loop, r->gpu, b->device, b->size, backup_made, r, b);
+  char why[256] = "";
+  b->making = hostmem_start(r->opt.loop, r->gpu, b->device, b->size, backup_made, r, b, why,
+                            sizeof why);
   if (!b->making)
-    log_warn("buffer %llu: cannot queue its backup memory; its first pause makes it",
-             (unsigned long long)b->id);
+    log_warn("buffer %llu: cannot queue its backup memory (%s); its first pause makes it",
+             (unsigned long long)b->id, why);
 }
 
 /* Free a buffer's backup memory, or give up the job making it. */
@@ -210,7 +212,7 @@ static void drop_backup(registry *r, struct buffer *b) {
   if (b->backup_valid) r->backup_bytes -= b->size;
   b->backup_valid = false;
   if (b->backup) {
-    gpu_backup_free(r->gpu, b->device, b->backup, b->size);
+    hostmem_free(r->gpu, b->device, b->backup, b->size);
     r->backup_ready -= b->size;
   }
   b->backup = NULL;

@@ -29,6 +29,10 @@ struct gpu_ops {
                         uint64_t size);
   int (*chunks_copy)(void *state, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
                      size_t n, void *host, bool to_host);
+  int (*backup_reserve)(void *state, unsigned dev, uint64_t size, void **host);
+  int (*backup_make)(void *state, unsigned dev, void *host, uint64_t size, uint64_t off,
+                     bool background);
+  void (*backup_release)(void *state, unsigned dev, void *host, uint64_t size, uint64_t made);
   int (*backup_alloc)(void *state, unsigned dev, uint64_t size, void **host);
   void (*backup_free)(void *state, unsigned dev, void *host, uint64_t size);
   int (*hold)(void *state, unsigned dev);
@@ -60,5 +64,15 @@ extern const struct gpu_ops gpu_hip_ops;  /* where built (HAVE_HIP) */
 
 /* Record what went wrong on this thread (for gpu_error) and return err. */
 int gpu_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Fault in len bytes of private anonymous memory at p and write them once,
+ * a small step at a time (never long under the process's mmap lock). 0,
+ * or a negative errno with words through gpu_fail. */
+int gpu_populate(void *p, uint64_t len);
+
+/* Bytes of the backup piece at off of a backup of size bytes. */
+static inline uint64_t gpu_piece_len(uint64_t size, uint64_t off) {
+  return size - off < GPU_BACKUP_PIECE ? size - off : GPU_BACKUP_PIECE;
+}
 
 #endif

@@ -20,12 +20,12 @@
   X(cuDeviceGetByPCIBusId) X(cuMemGetAllocationGranularity) X(cuMemCreate)              \
   X(cuMemRelease) X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)     \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) \
-  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent)            \
-  X(cuCtxSynchronize) X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuMemsetD32) X(cuMemGetInfo)     \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent)           \
+  X(cuCtxPopCurrent) X(cuCtxSynchronize) X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuMemsetD32) X(cuMemGetInfo)     \
   X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)                  \
   X(cuIpcCloseMemHandle) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)     \
   X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)          \
-  X(cuMemGetAllocationPropertiesFromHandle)
+  X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemGetAllocationPropertiesFromHandle)
 
 #define DECLARE(fn) static __typeof__(&fn) p_##fn;
 CUDA_CALLS(DECLARE)
@@ -215,7 +215,18 @@ static int cuda_ctx_release(int dev) {
   return rc ? (int)rc : (int)p_cuDevicePrimaryCtxRelease(d);
 }
 
-static int cuda_ctx_use(int dev) { return p_cuCtxSetCurrent(contexts[dev]); }
+/* The caller's context stays under ours on the thread's stack, and comes
+ * back (or none) when ours is popped. */
+static int cuda_ctx_enter(int dev, int *saved) {
+  (void)saved;
+  return p_cuCtxPushCurrent(contexts[dev]);
+}
+
+static int cuda_ctx_leave(int saved) {
+  CUcontext popped;
+  (void)saved;
+  return p_cuCtxPopCurrent(&popped);
+}
 
 static int cuda_sync(void) { return p_cuCtxSynchronize(); }
 
@@ -250,6 +261,12 @@ static int cuda_host_alloc(void **p, uint64_t size) {
 
 static int cuda_host_free(void *p) { return p_cuMemFreeHost(p); }
 
+static int cuda_host_register(void *p, uint64_t size) {
+  return p_cuMemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE);
+}
+
+static int cuda_host_unregister(void *p) { return p_cuMemHostUnregister(p); }
+
 static int cuda_memset32(uint64_t dst, uint32_t value, uint64_t count) {
   return p_cuMemsetD32(dst, value, count);
 }
@@ -268,7 +285,10 @@ static int cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total) {
   int rc = cuda_ctx_retain(dev);
   if (rc) return rc;
   size_t f = 0, t = 0;
-  if (!(rc = (int)p_cuCtxSetCurrent(contexts[dev]))) rc = (int)p_cuMemGetInfo(&f, &t);
+  if (!(rc = cuda_ctx_enter(dev, NULL))) {
+    rc = (int)p_cuMemGetInfo(&f, &t);
+    cuda_ctx_leave(0);
+  }
   cuda_ctx_release(dev);
   *free_bytes = f;
   *total = t;
@@ -421,7 +441,8 @@ const struct vmm_vendor vmm_cuda = {
     .set_access = cuda_set_access,
     .ctx_retain = cuda_ctx_retain,
     .ctx_release = cuda_ctx_release,
-    .ctx_use = cuda_ctx_use,
+    .ctx_enter = cuda_ctx_enter,
+    .ctx_leave = cuda_ctx_leave,
     .sync = cuda_sync,
     .dtoh = cuda_dtoh,
     .htod = cuda_htod,
@@ -432,6 +453,8 @@ const struct vmm_vendor vmm_cuda = {
     .htod_async = cuda_htod_async,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
     .memset32 = cuda_memset32,
     .mem_info = cuda_mem_info,
     .handle_device = cuda_handle_device,

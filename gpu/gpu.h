@@ -106,15 +106,46 @@ int gpu_chunk_export(gpu *g, uint64_t handle, int *fd);
 void gpu_chunk_release(gpu *g, unsigned dev, uint64_t handle, uint64_t size);
 
 /* Daemon side: copy whole chunks of dev, in order, to host memory at host
- * (to_host) or from it; on GPUs in pieces overlapped on several streams. */
+ * (to_host) or from it; on GPUs in pieces overlapped on several streams,
+ * no piece crossing a multiple of GPU_BACKUP_PIECE from host (so that
+ * each lies within one pinned piece of a backup made in pieces). */
 int gpu_chunks_copy(gpu *g, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
                     size_t n, void *host, bool to_host);
 
-/* Daemon side: host memory for backups of dev, kept across pauses (pinned
- * on GPUs, so that copies run at the link's speed). */
+/* Backup host memory made in pieces (gpu_backup_reserve, gpu_backup_make)
+ * is made ready this much at a time: on GPUs each piece is pinned by a
+ * driver call of its own, which holds the driver's lock only for that
+ * piece, so that the daemon's other driver calls (creating and exporting
+ * the next buffer) get in between pieces instead of waiting for a whole
+ * buffer's pinning (about 450 ms per GiB on an H200). */
+#define GPU_BACKUP_PIECE (64ull << 20)
+
+/* Daemon side: an address range of size bytes for a backup of dev with
+ * nothing made yet (no driver call beyond holding dev's context, counted,
+ * until gpu_backup_release). */
+int gpu_backup_reserve(gpu *g, unsigned dev, uint64_t size, void **host);
+
+/* Daemon side: make the piece of a reserved backup that starts at off (a
+ * multiple of GPU_BACKUP_PIECE below size) ready for copies: faulted in
+ * and written once, and pinned on GPUs. Each piece is made once. On GPUs
+ * one piece is pinned at a time process-wide, never while another driver
+ * call of the process is in progress; a background piece (made ahead of
+ * need) also waits until the process's other driver calls have been quiet
+ * for a few milliseconds, so that a burst of allocations runs as if no
+ * backup were being made. */
+int gpu_backup_make(gpu *g, unsigned dev, void *host, uint64_t size, uint64_t off,
+                    bool background);
+
+/* Daemon side: free a reserved backup whose first made bytes (a multiple
+ * of GPU_BACKUP_PIECE, or size) were made. */
+void gpu_backup_release(gpu *g, unsigned dev, void *host, uint64_t size, uint64_t made);
+
+/* Host memory for plain copies of any range (benchmarks' baselines): one
+ * pinned allocation on GPUs, so that a copy may span all of it. The
+ * daemon's backups are made in pieces instead. */
 int gpu_backup_alloc(gpu *g, unsigned dev, uint64_t size, void **host);
 
-/* Daemon side: free memory from gpu_backup_alloc. */
+/* Free memory from gpu_backup_alloc. */
 void gpu_backup_free(gpu *g, unsigned dev, void *host, uint64_t size);
 
 /* Daemon side: hold what backups on dev need (a device context on GPUs),

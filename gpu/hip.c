@@ -28,12 +28,12 @@
   X(hipDeviceGetByPCIBusId) X(hipMemGetAllocationGranularity) X(hipMemCreate)             \
   X(hipMemRelease) X(hipMemExportToShareableHandle) X(hipMemImportFromShareableHandle)    \
   X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap) X(hipMemUnmap)                \
-  X(hipMemSetAccess) X(hipSetDevice) X(hipDeviceSynchronize) X(hipMemcpyDtoH)             \
+  X(hipMemSetAccess) X(hipSetDevice) X(hipGetDevice) X(hipDeviceSynchronize) X(hipMemcpyDtoH)             \
   X(hipMemcpyHtoD) X(hipMemsetD32) X(hipMemGetInfo) X(hipMalloc) X(hipFree)               \
   X(hipIpcGetMemHandle) X(hipIpcOpenMemHandle) X(hipIpcCloseMemHandle)                   \
   X(hipStreamCreateWithFlags) X(hipStreamDestroy) X(hipStreamSynchronize)                 \
   X(hipMemcpyDtoHAsync) X(hipMemcpyHtoDAsync) X(hipHostMalloc) X(hipHostFree)             \
-  X(hipMemGetAllocationPropertiesFromHandle)
+  X(hipHostRegister) X(hipHostUnregister) X(hipMemGetAllocationPropertiesFromHandle)
 
 #define DECLARE(fn) static __typeof__(&fn) p_##fn;
 HIP_CALLS(DECLARE)
@@ -211,15 +211,28 @@ static int hip_set_access(uint64_t va, uint64_t size, int dev) {
 }
 
 /* The HIP runtime keeps its own per-device context; choosing the device
- * is all there is to it. */
-static int hip_ctx_retain(int dev) { return p_hipSetDevice(dev); }
+ * is all there is to it. Retaining checks the device and sets it up, and
+ * gives the thread back the device it had. */
+static int hip_ctx_retain(int dev) {
+  int was = 0;
+  hipError_t rc = p_hipGetDevice(&was);
+  if (rc == hipSuccess) rc = p_hipSetDevice(dev);
+  if (rc == hipSuccess) rc = p_hipSetDevice(was);
+  return (int)rc;
+}
 
 static int hip_ctx_release(int dev) {
   (void)dev;
   return 0;
 }
 
-static int hip_ctx_use(int dev) { return p_hipSetDevice(dev); }
+/* The thread's device is saved and put back by hip_ctx_leave. */
+static int hip_ctx_enter(int dev, int *saved) {
+  hipError_t rc = p_hipGetDevice(saved);
+  return rc == hipSuccess ? (int)p_hipSetDevice(dev) : (int)rc;
+}
+
+static int hip_ctx_leave(int saved) { return p_hipSetDevice(saved); }
 
 static int hip_sync(void) { return p_hipDeviceSynchronize(); }
 
@@ -254,6 +267,12 @@ static int hip_host_alloc(void **p, uint64_t size) {
 
 static int hip_host_free(void *p) { return p_hipHostFree(p); }
 
+static int hip_host_register(void *p, uint64_t size) {
+  return p_hipHostRegister(p, size, hipHostRegisterPortable);
+}
+
+static int hip_host_unregister(void *p) { return p_hipHostUnregister(p); }
+
 static int hip_memset32(uint64_t dst, uint32_t value, uint64_t count) {
   return p_hipMemsetD32(ptr(dst), (int)value, count);
 }
@@ -262,8 +281,12 @@ static int hip_memset32(uint64_t dst, uint32_t value, uint64_t count) {
  * have disagreed with it). */
 static int hip_mem_info(int dev, uint64_t *free_bytes, uint64_t *total) {
   size_t f = 0, t = 0;
-  hipError_t rc = p_hipSetDevice(dev);
-  if (rc == hipSuccess) rc = p_hipMemGetInfo(&f, &t);
+  int was = 0;
+  hipError_t rc = (hipError_t)hip_ctx_enter(dev, &was);
+  if (rc == hipSuccess) {
+    rc = p_hipMemGetInfo(&f, &t);
+    p_hipSetDevice(was);
+  }
   *free_bytes = f;
   *total = t;
   return (int)rc;
@@ -423,7 +446,8 @@ const struct vmm_vendor vmm_hip = {
     .set_access = hip_set_access,
     .ctx_retain = hip_ctx_retain,
     .ctx_release = hip_ctx_release,
-    .ctx_use = hip_ctx_use,
+    .ctx_enter = hip_ctx_enter,
+    .ctx_leave = hip_ctx_leave,
     .sync = hip_sync,
     .dtoh = hip_dtoh,
     .htod = hip_htod,
@@ -434,6 +458,8 @@ const struct vmm_vendor vmm_hip = {
     .htod_async = hip_htod_async,
     .host_alloc = hip_host_alloc,
     .host_free = hip_host_free,
+    .host_register = hip_host_register,
+    .host_unregister = hip_host_unregister,
     .memset32 = hip_memset32,
     .mem_info = hip_mem_info,
     .handle_device = hip_handle_device,

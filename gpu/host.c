@@ -248,43 +248,46 @@ static int host_chunks_copy(void *state, unsigned dev, const uint64_t *handles,
   return 0;
 }
 
-/* Backups are made ready this much at a time (see host_backup_alloc). */
-#define BACKUP_POPULATE_PIECE (64ull << 20)
-
 /* Backups live in anonymous memory, made ready once and then reused. */
-static int host_backup_alloc(void *state, unsigned dev, uint64_t size, void **host) {
+static int host_backup_reserve(void *state, unsigned dev, uint64_t size, void **host) {
   (void)state;
   (void)dev;
-  char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return gpu_fail(-ENOMEM, "backup of %llu bytes: %s", (unsigned long long)size,
                     strerror(errno));
-  /* A piece at a time: MAP_POPULATE over the whole range would hold the
-   * process's mmap lock throughout, stalling every mmap of the daemon's
-   * other threads while a backup is made in the background. Each piece
-   * is written once too: on the development VM the first write to memory
-   * just faulted in ran at 0.3-0.5 GB/s and the next at 15 GB/s, a cost
-   * that belongs here and not in a pause. */
-  for (uint64_t off = 0; off < size; off += BACKUP_POPULATE_PIECE) {
-    uint64_t len = size - off < BACKUP_POPULATE_PIECE ? size - off : BACKUP_POPULATE_PIECE;
-    if (madvise(p + off, len, MADV_POPULATE_WRITE) < 0) {
-      int err = errno;
-      if (err != EINVAL) { /* EINVAL: before Linux 5.14, the memset faults it in */
-        munmap(p, size);
-        return gpu_fail(-ENOMEM, "backup of %llu bytes: %s", (unsigned long long)size,
-                        strerror(err));
-      }
-    }
-    memset(p + off, 0, len);
-  }
   *host = p;
   return 0;
 }
 
-static void host_backup_free(void *state, unsigned dev, void *host, uint64_t size) {
+/* A piece is made ready by faulting it in and writing it once. */
+static int host_backup_make(void *state, unsigned dev, void *host, uint64_t size, uint64_t off,
+                            bool background) {
   (void)state;
   (void)dev;
+  (void)background;
+  return gpu_populate((char *)host + off, gpu_piece_len(size, off));
+}
+
+/* Unmap a backup (nothing is pinned on the host backend). */
+static void host_backup_release(void *state, unsigned dev, void *host, uint64_t size,
+                                uint64_t made) {
+  (void)state;
+  (void)dev;
+  (void)made;
   munmap(host, size);
+}
+
+/* All of it made ready at once. */
+static int host_backup_alloc(void *state, unsigned dev, uint64_t size, void **host) {
+  int rc = host_backup_reserve(state, dev, size, host);
+  if (rc == 0 && (rc = gpu_populate(*host, size)) < 0) munmap(*host, size);
+  return rc;
+}
+
+/* Free memory from host_backup_alloc. */
+static void host_backup_free(void *state, unsigned dev, void *host, uint64_t size) {
+  host_backup_release(state, dev, host, size, size);
 }
 
 /* Host memory needs no context. */
@@ -724,6 +727,9 @@ const struct gpu_ops gpu_host_ops = {
     .chunk_export = host_chunk_export,
     .chunk_release = host_chunk_release,
     .chunks_copy = host_chunks_copy,
+    .backup_reserve = host_backup_reserve,
+    .backup_make = host_backup_make,
+    .backup_release = host_backup_release,
     .backup_alloc = host_backup_alloc,
     .backup_free = host_backup_free,
     .hold = host_hold,

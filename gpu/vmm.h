@@ -32,11 +32,15 @@ struct vmm_vendor {
   int (*map)(uint64_t va, uint64_t size, uint64_t handle);
   int (*unmap)(uint64_t va, uint64_t size);
   int (*set_access)(uint64_t va, uint64_t size, int dev);
-  /* Hold (retain) the device's primary context, or let go of it. */
+  /* Hold (retain) the device's primary context, or let go of it; neither
+   * changes what is current on the calling thread. */
   int (*ctx_retain)(int dev);
   int (*ctx_release)(int dev);
-  /* Make the retained context of dev current on this thread. */
-  int (*ctx_use)(int dev);
+  /* Make the retained context of dev current on this thread over what was
+   * (CUDA: pushed; HIP: the device chosen, the one before kept in *saved);
+   * ctx_leave puts back what was current, context or none. */
+  int (*ctx_enter)(int dev, int *saved);
+  int (*ctx_leave)(int saved);
   int (*sync)(void);
   int (*dtoh)(void *dst, uint64_t src, uint64_t n);
   int (*htod)(uint64_t dst, const void *src, uint64_t n);
@@ -48,6 +52,10 @@ struct vmm_vendor {
   /* Pinned host memory, usable from every context. */
   int (*host_alloc)(void **p, uint64_t size);
   int (*host_free)(void *p);
+  /* Pin (page-lock) host memory the process has, for every context, or
+   * let go of a pinned range by its start. */
+  int (*host_register)(void *p, uint64_t size);
+  int (*host_unregister)(void *p);
   int (*memset32)(uint64_t dst, uint32_t value, uint64_t count);
   /* Free and total device memory, without a context where possible. */
   int (*mem_info)(int dev, uint64_t *free_bytes, uint64_t *total);

@@ -168,7 +168,11 @@ GPUMEM_EXPORT void gpumem_disconnect(gpumem_client *c);
  * GPUMEM_E_TIMEOUT (ms; 0: GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS). A pause or
  * resume waits this long on top of its own owner timeout. A reply that
  * arrives later is dropped; memory an allocation got by then is given
- * back. */
+ * back. The same limit bounds sending: a request that cannot even be
+ * sent by then (the daemon has not read what came before it) fails with
+ * GPUMEM_E_TIMEOUT, and a daemon that reads nothing for this long while
+ * the library has an ack (or another message that is not a request) to
+ * send loses the connection, as if it had gone away. */
 GPUMEM_EXPORT void gpumem_set_request_timeout(gpumem_client *c, unsigned ms);
 
 /* The daemon's backend ("host", "cuda", "hip"). */
@@ -191,8 +195,15 @@ GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, const char *tag, int device,
 
 /* Free a buffer (active or paused); its pointer becomes invalid. The
  * buffer is gone for the caller even when this fails with
- * GPUMEM_E_TIMEOUT: the library finishes the free when the daemon
- * answers or the connection ends. */
+ * GPUMEM_E_TIMEOUT: the library finishes the free. It keeps the buffer
+ * (answering pause and resume events for it) until the daemon frees it,
+ * sending the free again after a back-off while the daemon refuses it (a
+ * pause or resume has the buffer), or until the connection ends (the
+ * daemon frees it then). Any other failure (GPUMEM_E_WRONG_STATE while a
+ * pause or resume has it, ...) leaves the buffer the caller's, unchanged.
+ * A buffer of gpumem_malloc's pool (hooks show them with the buffers of
+ * gpumem_alloc) fails with GPUMEM_E_INVALID: free its allocations with
+ * gpumem_free_ptr. */
 GPUMEM_EXPORT int gpumem_free(gpumem_client *c, gpumem_buffer *b);
 
 /* Allocate size bytes (> 0) tagged tag on device and store the address in
@@ -200,18 +211,25 @@ GPUMEM_EXPORT int gpumem_free(gpumem_client *c, gpumem_buffer *b);
  * larger daemon buffers of the same tag, device and flags (one daemon
  * round trip per such buffer, not per allocation); a pause of the tag
  * releases them like any buffer, and the address stays valid across pause
- * and resume. Flags: GPUMEM_BACKUP, GPUMEM_ALLOW_PAUSED. Free with
- * gpumem_free_ptr. */
+ * and resume. Flags: GPUMEM_BACKUP, GPUMEM_ALLOW_PAUSED. Memory comes only
+ * from a pool buffer that is mapped (not paused, nor being paused) unless
+ * flags has GPUMEM_ALLOW_PAUSED, and never from one that the daemon does
+ * not know (one a restarted daemon did not re-register; while the library
+ * reconnects, mapped ones still serve). Free with gpumem_free_ptr. */
 GPUMEM_EXPORT int gpumem_malloc(gpumem_client *c, const char *tag, int device,
                                 uint64_t size, unsigned flags, void **ptr);
 
 /* Free the allocation that starts at ptr: one made by gpumem_malloc, or a
- * buffer from gpumem_alloc. Unknown pointers fail with
- * GPUMEM_E_NOT_FOUND and change nothing. */
+ * buffer from gpumem_alloc. The address of a pool buffer frees the
+ * allocation that starts there, never the pool buffer. Unknown pointers
+ * fail with GPUMEM_E_NOT_FOUND and change nothing. */
 GPUMEM_EXPORT int gpumem_free_ptr(gpumem_client *c, void *ptr);
 
 /* Give the daemon back every pooled buffer of this client that holds no
- * allocation of gpumem_malloc; returns the bytes given back. */
+ * allocation of gpumem_malloc; returns the bytes given back. Buffers the
+ * daemon does not take (it is away, or a pause has them) stay in the
+ * pool: the call fails with the first one's error only when none went
+ * back, and otherwise returns the bytes of those that did. */
 GPUMEM_EXPORT int64_t gpumem_trim(gpumem_client *c);
 
 /* Sub-allocation figures of a client, for gpumem_pool_stats. */
@@ -553,15 +571,22 @@ GPUMEM_EXPORT int gpumem_set_thread_tag(const char *tag, unsigned flags);
  * NULL, its flags. */
 GPUMEM_EXPORT const char *gpumem_thread_tag(unsigned *flags);
 
-/* Make c the process's default client, used by gpumem_torch_alloc,
- * gpumem_torch_free and the preload library (NULL: none). The caller
- * keeps ownership and must clear it before disconnecting c. */
+/* Make c the process's default client, used by gpumem_torch_alloc and the
+ * preload library for new allocations (NULL: none). Allocations keep the
+ * client that made them: gpumem_torch_free and the preload library's
+ * frees go to that client whatever the default is by then, so switching
+ * the default strands nothing. The caller keeps ownership of c;
+ * gpumem_disconnect(c) clears it as the default and forgets the pointers
+ * made with it (their frees then change nothing). */
 GPUMEM_EXPORT void gpumem_set_default_client(gpumem_client *c);
 
 /* The process's default client: the one set, or else one connected on
  * first use as a worker to $GPUMEM_SOCKET (else the default path) with
  * the name $GPUMEM_NAME (else "pid-<pid>"). NULL when it cannot connect
- * (gpumem_last_error says why). */
+ * (gpumem_last_error says why). A forked child gets its own: the child
+ * forgets the parent's default client (without touching the parent's
+ * connection, whose struct it leaks) and the pointers the entry points
+ * below handed out, and connects its own on first use. */
 GPUMEM_EXPORT gpumem_client *gpumem_default_client(void);
 
 /* The allocation entry point for torch.cuda.memory.CUDAPluggableAllocator:
@@ -575,7 +600,7 @@ GPUMEM_EXPORT gpumem_client *gpumem_default_client(void);
 GPUMEM_EXPORT void *gpumem_torch_alloc(size_t size, int device, void *stream);
 
 /* The free entry point for CUDAPluggableAllocator: frees what
- * gpumem_torch_alloc returned. */
+ * gpumem_torch_alloc returned, through the client that allocated it. */
 GPUMEM_EXPORT void gpumem_torch_free(void *ptr, size_t size, int device, void *stream);
 
 #ifdef __cplusplus

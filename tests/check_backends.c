@@ -361,6 +361,63 @@ START_TEST(host_export_hands_an_imported_chunk_to_a_new_daemon) {
 }
 END_TEST
 
+/* How many of the pages of [p, p + len) are resident. */
+static size_t resident_pages(void *p, uint64_t len) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (len + page - 1) / page, in = 0;
+  unsigned char *vec = malloc(n);
+  ck_assert_int_eq(mincore(p, len, vec), 0);
+  for (size_t i = 0; i < n; i++) in += vec[i] & 1;
+  free(vec);
+  return in;
+}
+
+/* Backup memory is reserved with nothing in it and made a piece at a
+ * time, each piece only when asked; copies of chunks run through all of
+ * it, in and out. */
+START_TEST(host_backup_is_made_a_piece_at_a_time) {
+  struct gpu_options o = {.backend = "host", .host_devices = 1, .host_device_size = 256 * MiB};
+  gpu *g = NULL;
+  char err[256];
+  ck_assert_msg(gpu_open(&o, &g, err, sizeof err) == 0, "%s", err);
+  const uint64_t piece = GPU_BACKUP_PIECE, size = 2 * piece + 2 * MiB;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  void *host;
+  ck_assert_int_eq(gpu_backup_reserve(g, 0, size, &host), 0);
+  char *p = host;
+  ck_assert_uint_eq(resident_pages(p, size), 0);
+  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, MiB, true), -EINVAL);
+  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, size, true), -EINVAL);
+  /* The middle piece alone: the others stay untouched. */
+  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, piece, true), 0);
+  ck_assert_uint_eq(resident_pages(p + piece, piece), piece / page);
+  ck_assert_uint_eq(resident_pages(p, piece), 0);
+  ck_assert_uint_eq(resident_pages(p + 2 * piece, 2 * MiB), 0);
+  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, 0, true), 0);
+  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, 2 * piece, true), 0);
+  ck_assert_uint_eq(resident_pages(p, size), size / page);
+  for (uint64_t i = 0; i < size; i += 4096) ck_assert_int_eq(p[i], 0);
+  /* Two chunks across the piece boundaries, out and back in. */
+  uint64_t sizes[2] = {piece + 2 * MiB, piece}, h[2];
+  ck_assert_int_eq(gpu_chunk_create(g, 0, sizes[0], &h[0]), 0);
+  ck_assert_int_eq(gpu_chunk_create(g, 0, sizes[1], &h[1]), 0);
+  uint32_t word = 0x600df00du;
+  for (uint64_t off = 0; off < sizes[0]; off += MiB)
+    ck_assert_int_eq(pwrite((int)h[0], &word, 4, (off_t)off), 4);
+  ck_assert_int_eq(gpu_chunks_copy(g, 0, h, sizes, 2, host, true), 0);
+  for (uint64_t off = 0; off < sizes[0]; off += MiB) ck_assert_uint_eq(*(uint32_t *)(p + off), word);
+  memset(p + sizes[0], 0x7e, sizes[1]);
+  ck_assert_int_eq(gpu_chunks_copy(g, 0, h, sizes, 2, host, false), 0);
+  char back[64];
+  ck_assert_int_eq(pread((int)h[1], back, sizeof back, (off_t)(sizes[1] - sizeof back)),
+                   (ssize_t)sizeof back);
+  for (size_t i = 0; i < sizeof back; i++) ck_assert_int_eq(back[i], 0x7e);
+  gpu_chunk_release(g, 0, h[0], sizes[0]);
+  gpu_chunk_release(g, 0, h[1], sizes[1]);
+  gpu_backup_release(g, 0, host, size, size);
+  gpu_close(g);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("backends", 30, NULL, NULL,
                      hip_backend_without_a_device_fails_cleanly,
@@ -370,5 +427,6 @@ int main(void) {
                      host_processes_names_who_holds_memory_outside_the_daemon,
                      host_chunk_held_by_follows_fds_and_mappings,
                      host_chunk_adopt_takes_only_whole_chunks_of_the_device,
-                     host_export_hands_an_imported_chunk_to_a_new_daemon);
+                     host_export_hands_an_imported_chunk_to_a_new_daemon,
+                     host_backup_is_made_a_piece_at_a_time);
 }

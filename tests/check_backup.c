@@ -396,6 +396,55 @@ START_TEST(pause_racing_the_background_allocation_backs_up_right) {
 }
 END_TEST
 
+/* The debug line in which a pause that took a running job says how many
+ * bytes of a backup of size bytes were made in the background and how
+ * many on its own path; false if there is none. */
+static bool taken_split(uint64_t size, unsigned long long *background,
+                        unsigned long long *on_path) {
+  char want[96], line[1024];
+  snprintf(want, sizeof want, "backup memory of %llu bytes: ", (unsigned long long)size);
+  FILE *f = fopen(d.log, "r");
+  bool found = false;
+  while (f && !found && fgets(line, sizeof line, f)) {
+    const char *at = strstr(line, want);
+    found = at && sscanf(at + strlen(want), "%llu made in the background, %llu on the pause",
+                         background, on_path) == 2;
+  }
+  if (f) fclose(f);
+  return found;
+}
+
+/* A pause that comes while the thread pool is making its buffer's host
+ * memory (a piece at a time) takes the job: the piece in progress is
+ * waited for, the rest made on the pause path, each piece once, and the
+ * backup is right. */
+START_TEST(pause_taking_a_running_job_makes_each_piece_once) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  uint64_t size = 512 * MiB, piece = 64 * MiB;
+  struct pbuf big;
+  send_alloc(&w, "big", 0, size);
+  take_alloc(&w, &big);
+  send_own(&w, false, "big");
+  ck_assert_uint_eq(own_cycle(&w, "big", &big, 4 * MiB, 0xb16), size);
+  unsigned long long background = 0, on_path = 0;
+  if (taken_split(size, &background, &on_path)) {
+    ck_assert_uint_eq(background + on_path, size);
+    ck_assert_uint_eq(background % piece, 0);
+  } else { /* the pool had not started it: all of it on the pause path */
+    ck_assert_int_eq(log_count("still queued: made on the pause path"), 1);
+  }
+  /* Made once: the daemon holds exactly the buffer's backup. */
+  ck_assert(wait_ready(&c, size));
+  peer_unmap(&big);
+  peer_close(&w);
+  ck_assert(wait_ready(&c, 0));
+  peer_close(&c);
+}
+END_TEST
+
 /* BACKUP buffers freed (or their session gone) while their host memory is
  * being made leave nothing behind, and a daemon stopped meanwhile waits
  * for the work and exits cleanly (ASan checks the rest). */
@@ -526,6 +575,7 @@ int main(void) {
                      pause_without_room_for_a_backup_releases_nothing_of_it,
                      backup_memory_is_made_at_allocation,
                      pause_racing_the_background_allocation_backs_up_right,
+                     pause_taking_a_running_job_makes_each_piece_once,
                      buffers_freed_while_their_backup_memory_is_made_leak_nothing,
                      gpumemctl_exit_codes,
                      only_controllers_pause_but_anyone_may_look);

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/frame.h"
@@ -1176,7 +1177,7 @@ START_TEST(test_unanswered_requests_time_out_and_late_replies_are_handled) {
   ck_assert(maps_memfd_at(va));
   gpumem_set_request_timeout(c, 200);
   ck_assert_int_eq(gpumem_free(c, b), GPUMEM_E_TIMEOUT);
-  ck_assert_msg(strstr(gpumem_last_error(), "released when it does"), "%s",
+  ck_assert_msg(strstr(gpumem_last_error(), "releases the buffer once gpumemd frees it"), "%s",
                 gpumem_last_error());
   await(&s, 4);
   ck_assert_msg(maps_memfd_at(va), "the buffer went before gpumemd freed it");
@@ -1184,6 +1185,279 @@ START_TEST(test_unanswered_requests_time_out_and_late_replies_are_handled) {
   await(&s, 6);
   ck_assert(own_memfds_gone());
   ck_assert(!maps_memfd_at(va));
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* Queue an Error answering request id. */
+static void push_error(struct fake *f, uint64_t id, wire_code code, const char *text) {
+  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
+  e.code = code;
+  e.message = (char *)text;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = id;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  out.error = &e;
+  fake_push(f, &out, NULL, 0);
+}
+
+/* Read the next message, which must be a FreeRequest of buffer bid;
+ * returns its request id (0 if it is not). */
+static uint64_t recv_free_of(struct fake *f, uint64_t bid) {
+  struct frame fr;
+  wire_env *in = fake_recv(f, &fr);
+  uint64_t id = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE &&
+                        in->free->buffer_id == bid ? in->id : 0;
+  wire_env_free(in);
+  if (in) frame_release(&fr);
+  return id;
+}
+
+/* Script: hold a free until its caller timed out, then refuse it (the
+ * buffer is being paused) and send an Unmap of the buffer in the same
+ * write; take the ack and the free sent again (in either order), refuse
+ * that too, and free the buffer at the third try. */
+static void run_refused_free(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  uint64_t id = recv_alloc(&s->f), bid = 11;
+  EXPECT(s, id != 0);
+  push_alloc_reply(&s->f, id, bid, false);
+  fake_flush(&s->f);
+  uint64_t fid = recv_free_of(&s->f, bid);
+  EXPECT(s, fid != 0);
+  reach(s, 1);
+  hold(s, 2);
+  push_error(&s->f, fid, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+             "buffer 11 is PAUSING; free it when that is done");
+  push_unmap(&s->f, 300, &bid, 1);
+  fake_flush(&s->f);
+  int acks = 0, frees = 0;
+  for (int i = 0; i < 2; i++) {
+    struct frame fr;
+    wire_env *in = fake_recv(&s->f, &fr);
+    if (in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ACK && in->id == 300) {
+      acks++;
+      s->acks[0].id = in->id;
+      s->acks[0].code = in->ack->code;
+      snprintf(s->acks[0].message, sizeof s->acks[0].message, "%s", in->ack->message);
+    } else if (in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE &&
+               in->free->buffer_id == bid) {
+      frees++;
+      fid = in->id;
+    }
+    wire_env_free(in);
+    if (in) frame_release(&fr);
+  }
+  EXPECT(s, acks == 1 && frees == 1);
+  push_error(&s->f, fid, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, "buffer 11 is still PAUSING");
+  fake_flush(&s->f);
+  fid = recv_free_of(&s->f, bid);
+  EXPECT(s, fid != 0);
+  reach(s, 3);
+  Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
+  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+  out.id = fid;
+  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
+  out.free_reply = &r;
+  fake_send(&s->f, &out, NULL, 0);
+  reach(s, 4);
+  struct frame fr;
+  wire_env *end = fake_recv(&s->f, &fr);
+  EXPECT(s, end == NULL);
+}
+
+/* A free that timed out and that the daemon then refuses (a pause has the
+ * buffer) does not destroy the buffer: the pause's Unmap still finds it
+ * (the ack says done, not "no buffer"), the library sends the free again
+ * after a back-off until the daemon frees it, and only then lets the
+ * memory go. For the caller the buffer is gone from the timeout on. */
+START_TEST(test_refused_late_free_keeps_the_buffer_and_retries) {
+  struct script s;
+  script_start(&s, run_refused_free);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
+  void *va = gpumem_buffer_ptr(b);
+  gpumem_set_request_timeout(c, 200);
+  ck_assert_int_eq(gpumem_free(c, b), GPUMEM_E_TIMEOUT);
+  await(&s, 1);
+  ck_assert_int_eq(gpumem_free_ptr(c, va), GPUMEM_E_NOT_FOUND); /* not the caller's */
+  ck_assert(maps_memfd_at(va));
+  release(&s, 2);
+  await(&s, 3);
+  ck_assert_msg(s.ok, "%s", s.note);
+  ck_assert_msg(s.acks[0].code == 0, "ack %d: %s", s.acks[0].code, s.acks[0].message);
+  await(&s, 4);
+  ck_assert(own_memfds_gone());
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* Script: greet, then read nothing until the test says; then send an
+ * Unmap event and again read nothing until the test says; then read
+ * until the client goes. */
+static void run_deaf(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  reach(s, 1);
+  hold(s, 2);
+  uint64_t bid = 99;
+  push_unmap(&s->f, 400, &bid, 1);
+  fake_flush(&s->f);
+  reach(s, 3);
+  hold(s, 4);
+  struct frame fr;
+  wire_env *in;
+  while ((in = fake_recv(&s->f, &fr))) {
+    wire_env_free(in);
+    frame_release(&fr);
+  }
+}
+
+/* Connection events for a hook: losses counted, the waiter woken. */
+struct losses {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int lost;
+  char words[400];
+};
+
+/* Count a lost connection. */
+static void on_loss(gpumem_client *c, int event, int code, const char *words, size_t count,
+                    void *user) {
+  (void)c;
+  (void)code;
+  (void)count;
+  struct losses *l = user;
+  pthread_mutex_lock(&l->mu);
+  if (event == GPUMEM_CONN_LOST && l->lost++ == 0) snprintf(l->words, sizeof l->words, "%s", words);
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* A daemon that reads nothing: requests fail with GPUMEM_E_TIMEOUT within
+ * the request timeout even once the socket is full (they are then not
+ * sent at all), and an ack that cannot be sent for that long drops the
+ * connection. */
+START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
+  struct script s;
+  script_start(&s, run_deaf);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "deaf", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  struct losses l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  gpumem_set_connection_hook(c, on_loss, &l);
+  await(&s, 1);
+  int small = 4096;
+  ck_assert_int_eq(setsockopt(gpumem_fd(c), SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+  gpumem_set_request_timeout(c, 100);
+  /* Pauses of 64 long tags: about 4 KiB each, so the socket fills fast. */
+  static char names[64][64];
+  const char *tags[64];
+  for (int i = 0; i < 64; i++) {
+    snprintf(names[i], sizeof names[i], "t%02d%060d", i, 0);
+    tags[i] = names[i];
+  }
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.timeout_ms = 1;
+  o.scope = GPUMEM_SCOPE_OWN;
+  bool unsent = false;
+  for (int i = 0; i < 16; i++) {
+    double t0 = now_ms();
+    ck_assert_int_eq(gpumem_pause(c, tags, 64, NULL, 0, &o, NULL), GPUMEM_E_TIMEOUT);
+    double took = now_ms() - t0;
+    ck_assert_msg(took < 2000, "pause %d took %.0f ms", i, took);
+    unsent |= strstr(gpumem_last_error(), "did not read the request") != NULL;
+  }
+  ck_assert_msg(unsent, "the socket never filled: %s", gpumem_last_error());
+  gpumem_buffer *b = NULL;
+  double t0 = now_ms();
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_TIMEOUT);
+  ck_assert_msg(now_ms() - t0 < 2000, "alloc took %.0f ms", now_ms() - t0);
+  /* The ack of an Unmap cannot be sent: the connection is dropped. */
+  release(&s, 2);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 20;
+  pthread_mutex_lock(&l.mu);
+  while (l.lost < 1 && pthread_cond_timedwait(&l.cv, &l.mu, &until) == 0) continue;
+  int lost = l.lost;
+  pthread_mutex_unlock(&l.mu);
+  ck_assert_int_eq(lost, 1);
+  ck_assert_msg(strstr(l.words, "gpumemd closed the connection") ||
+                    strstr(l.words, "read nothing"),
+                "%s", l.words);
+  release(&s, 4);
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
+}
+END_TEST
+
+/* Script: serve two allocations (2 MiB buffers 21 and 22), then answer the
+ * first free with FreeReply and the second with WRONG_STATE; the next free
+ * gets a FreeReply. */
+static void run_trim(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  for (uint64_t bid = 21; bid <= 22; bid++) {
+    uint64_t id = recv_alloc(&s->f);
+    EXPECT(s, id != 0);
+    push_alloc_reply(&s->f, id, bid, false);
+    fake_flush(&s->f);
+  }
+  for (int i = 0; i < 3; i++) {
+    struct frame fr;
+    wire_env *in = fake_recv(&s->f, &fr);
+    bool ok = in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+    EXPECT(s, ok);
+    if (ok && i == 1) {
+      push_error(&s->f, in->id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, "buffer is PAUSING");
+    } else if (ok) {
+      Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
+      wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
+      out.id = in->id;
+      out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
+      out.free_reply = &r;
+      fake_push(&s->f, &out, NULL, 0);
+    }
+    fake_flush(&s->f);
+    wire_env_free(in);
+    if (in) frame_release(&fr);
+  }
+  struct frame fr;
+  wire_env *end = fake_recv(&s->f, &fr);
+  EXPECT(s, end == NULL);
+}
+
+/* A trim where one empty pool buffer goes back and the daemon keeps the
+ * other returns the bytes that went; the kept one stays in its pool and
+ * the next trim gives it back. */
+START_TEST(test_trim_returns_bytes_when_some_buffers_stay) {
+  struct script s;
+  script_start(&s, run_trim);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "trim", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  void *a, *b;
+  ck_assert_int_eq(gpumem_malloc(c, "a", 0, MIB, 0, &a), 0);
+  ck_assert_int_eq(gpumem_malloc(c, "b", 0, MIB, 0, &b), 0);
+  ck_assert_int_eq(gpumem_free_ptr(c, a), 0);
+  ck_assert_int_eq(gpumem_free_ptr(c, b), 0);
+  struct gpumem_pool_stats st = {.size = sizeof st};
+  ck_assert_int_eq(gpumem_pool_stats(c, &st), 0);
+  ck_assert_uint_eq(st.pooled_buffers, 2);
+  ck_assert_int_eq(gpumem_trim(c), 2 * MIB);
+  ck_assert_int_eq(gpumem_pool_stats(c, &st), 0);
+  ck_assert_uint_eq(st.pooled_buffers, 1);
+  ck_assert_int_eq(gpumem_trim(c), 2 * MIB);
+  ck_assert_int_eq(gpumem_pool_stats(c, &st), 0);
+  ck_assert_uint_eq(st.pooled_buffers, 0);
+  ck_assert(own_memfds_gone());
   gpumem_disconnect(c);
   script_end(&s);
   ck_assert_msg(s.ok, "%s", s.note);
@@ -1362,5 +1636,8 @@ int main(void) {
                      test_scopes_and_devices_reach_the_daemon_as_meant,
                      test_unanswered_requests_time_out_and_late_replies_are_handled,
                      test_no_thread_request_handles_events_while_waiting,
-                     test_reads_race_pauses_safely, test_version_and_error_names);
+                     test_reads_race_pauses_safely, test_version_and_error_names,
+                     test_refused_late_free_keeps_the_buffer_and_retries,
+                     test_a_daemon_that_reads_nothing_blocks_no_call,
+                     test_trim_returns_bytes_when_some_buffers_stay);
 }

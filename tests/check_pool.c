@@ -594,6 +594,184 @@ START_TEST(default_client_connects_on_first_use) {
 }
 END_TEST
 
+/* The buffers hooks were given. */
+struct seen {
+  pthread_mutex_t mu;
+  gpumem_buffer *bufs[8];
+  size_t n;
+};
+
+/* A pre-unmap hook that remembers its buffers. */
+static void remember(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, void *user) {
+  (void)c;
+  struct seen *s = user;
+  pthread_mutex_lock(&s->mu);
+  for (size_t i = 0; i < n && s->n < 8; i++) s->bufs[s->n++] = bufs[i];
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* A pool buffer, as hooks show it, is not the caller's to free:
+ * gpumem_free refuses it and the allocations in it live on; its address
+ * given to gpumem_free_ptr frees the allocation that starts there, never
+ * the pool buffer. */
+START_TEST(pool_buffers_refuse_gpumem_free) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER), *ctl = client(GPUMEM_ROLE_CONTROLLER);
+  void *p, *q;
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, GPUMEM_BACKUP, &p), 0);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, GPUMEM_BACKUP, &q), 0);
+  fill(p, 1, MiB);
+  fill(q, 2, MiB);
+  struct seen seen = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  gpumem_set_hooks(w, remember, NULL, &seen);
+  ck_assert_int_eq(op(ctl, false, "kv", NULL), 0);
+  ck_assert_int_eq(op(ctl, true, "kv", NULL), 0);
+  pthread_mutex_lock(&seen.mu);
+  size_t n = seen.n;
+  gpumem_buffer *slab = seen.bufs[0];
+  pthread_mutex_unlock(&seen.mu);
+  ck_assert_uint_eq(n, 1);
+  ck_assert_ptr_eq(gpumem_buffer_ptr(slab), p); /* the first allocation starts the slab */
+  ck_assert_int_eq(gpumem_free(w, slab), GPUMEM_E_INVALID);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "belongs to the gpumem_malloc pool"));
+  ck_assert(gpumem_buffer_mapped(slab));
+  ck_assert(holds(p, 1, MiB));
+  ck_assert(holds(q, 2, MiB));
+  ck_assert_uint_eq(stats(w).allocations, 2);
+  ck_assert_int_eq(gpumem_free_ptr(w, gpumem_buffer_ptr(slab)), 0); /* that is p */
+  struct gpumem_pool_stats s = stats(w);
+  ck_assert_uint_eq(s.allocations, 1);
+  ck_assert_uint_eq(s.pooled_buffers, 1);
+  ck_assert(holds(q, 2, MiB));
+  ck_assert_int_eq(gpumem_free_ptr(w, p), GPUMEM_E_NOT_FOUND);
+  ck_assert_uint_eq(stats(w).pooled_buffers, 1);
+  ck_assert_int_eq(gpumem_free_ptr(w, q), 0);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* The torch entry points free each pointer through the client that
+ * allocated it, whatever the default is by then; disconnecting a client
+ * forgets its pointers and its place as the default. */
+START_TEST(torch_frees_go_to_the_allocating_client) {
+  daemon_start(&d, NULL);
+  gpumem_client *a = client(GPUMEM_ROLE_WORKER), *b = client(GPUMEM_ROLE_WORKER);
+  unsetenv("GPUMEM_DEFAULT_TAG");
+  unsetenv("GPUMEM_DEFAULT_FLAGS");
+  gpumem_set_default_client(a);
+  void *pa = gpumem_torch_alloc(MiB, 0, NULL);
+  ck_assert_ptr_nonnull(pa);
+  gpumem_set_default_client(b);
+  void *pb = gpumem_torch_alloc(MiB, 0, NULL);
+  ck_assert_ptr_nonnull(pb);
+  ck_assert_uint_eq(stats(a).allocations, 1);
+  ck_assert_uint_eq(stats(b).allocations, 1);
+  gpumem_torch_free(pa, MiB, 0, NULL);
+  ck_assert_uint_eq(stats(a).allocations, 0);
+  ck_assert_uint_eq(stats(b).allocations, 1);
+  gpumem_disconnect(b); /* the default, with pb live */
+  gpumem_torch_free(pb, MiB, 0, NULL);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "no default gpumem client"));
+  ck_assert_uint_eq(stats(a).allocations, 0);
+  gpumem_disconnect(a);
+}
+END_TEST
+
+/* Pool buffers that a restarted daemon did not re-register (their device
+ * is gone from it) serve no allocation, even with GPUMEM_ALLOW_PAUSED: a
+ * pause could not release them. They stay mapped for the allocations
+ * already in them; pools the new daemon took serve as before. */
+START_TEST(slabs_a_restarted_daemon_did_not_take_serve_nothing) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  struct conn_events e = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  gpumem_set_connection_hook(w, on_conn, &e);
+  void *p0, *p1, *q;
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &p0), 0);
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 1, MiB, 0, &p1), 0);
+  fill(p1, 1, MiB);
+  kill(d.pid, SIGKILL);
+  waitpid(d.pid, NULL, 0);
+  ck_assert(await_event(&e, &e.lost));
+  const char *one_device[] = {"--host-devices", "1", NULL};
+  d.pid = daemon_spawn(d.socket, d.log, one_device);
+  ck_assert(await_event(&e, &e.restored));
+  ck_assert_uint_eq(e.count, 1);
+  ck_assert_int_ne(gpumem_malloc(w, "kv", 1, MiB, 0, &q), 0);
+  ck_assert_int_ne(gpumem_malloc(w, "kv", 1, MiB, GPUMEM_ALLOW_PAUSED, &q), 0);
+  ck_assert(holds(p1, 1, MiB));
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &q), 0);
+  ck_assert_uint_eq(stats(w).daemon_allocs, 2);
+  ck_assert_int_eq(gpumem_free_ptr(w, q), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, p0), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, p1), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* In a forked child of a process whose default client is parent: the
+ * child gets a client of its own, connected to socket as pid-<pid>, and
+ * the parent's pointer is not freed through the parent's client. Exit
+ * status: the number of the first step that failed. */
+static int forked_child(gpumem_client *parent, void *parents, const char *socket) {
+  setenv("GPUMEM_SOCKET", socket, 1);
+  gpumem_client *c = gpumem_default_client();
+  if (!c) return 1;
+  if (c == parent) return 2;
+  void *p = gpumem_torch_alloc(MiB, 0, NULL);
+  if (!p) return 3;
+  struct gpumem_status *st;
+  if (gpumem_status(c, &st) < 0) return 4;
+  char name[32];
+  snprintf(name, sizeof name, "pid-%d", (int)getpid());
+  bool mine = false;
+  for (size_t i = 0; i < st->nsessions; i++) mine |= !strcmp(st->sessions[i]->name, name);
+  gpumem_status_free(st);
+  if (!mine) return 5;
+  gpumem_torch_free(parents, MiB, 0, NULL); /* not this process's: changes nothing */
+  gpumem_torch_free(p, MiB, 0, NULL);
+  struct gpumem_pool_stats s = {.size = sizeof s};
+  if (gpumem_pool_stats(c, &s) < 0 || s.allocations != 0) return 6;
+  gpumem_disconnect(c);
+  return 0;
+}
+
+/* A forked child forgets the parent's default client and connects its
+ * own; the parent's connection and allocations are untouched. (The
+ * parent's client has no thread: TSan forbids threads in a child forked
+ * from a threaded process.) */
+START_TEST(forked_child_gets_its_own_default_client) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = NULL;
+  ck_assert_int_eq(
+      gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD, &w), 0);
+  unsetenv("GPUMEM_DEFAULT_TAG");
+  unsetenv("GPUMEM_DEFAULT_FLAGS");
+  gpumem_set_default_client(w);
+  void *p = gpumem_torch_alloc(MiB, 0, NULL);
+  ck_assert_ptr_nonnull(p);
+  fill(p, 5, MiB);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) _exit(forked_child(w, p, d.socket));
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed at step %d",
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  ck_assert_ptr_eq(gpumem_default_client(), w);
+  ck_assert(holds(p, 5, MiB));
+  ck_assert_uint_eq(stats(w).allocations, 1);
+  void *q = gpumem_torch_alloc(MiB, 0, NULL);
+  ck_assert_ptr_nonnull(q);
+  gpumem_torch_free(q, MiB, 0, NULL);
+  gpumem_torch_free(p, MiB, 0, NULL);
+  ck_assert_uint_eq(stats(w).allocations, 0);
+  gpumem_set_default_client(NULL);
+  gpumem_disconnect(w);
+}
+END_TEST
+
 /* Run the suite. */
 int main(void) {
   return HARNESS_RUN("pool", 60, setup, teardown, mallocs_are_aligned_and_disjoint,
@@ -605,5 +783,8 @@ int main(void) {
                      threads_malloc_and_free_concurrently,
                      disconnect_with_live_allocations_frees_everything,
                      torch_entry_points_follow_the_thread_tag,
-                     default_client_connects_on_first_use);
+                     default_client_connects_on_first_use, pool_buffers_refuse_gpumem_free,
+                     torch_frees_go_to_the_allocating_client,
+                     slabs_a_restarted_daemon_did_not_take_serve_nothing,
+                     forked_child_gets_its_own_default_client);
 }

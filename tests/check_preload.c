@@ -4,8 +4,10 @@
  * frees reach the runtime, and pausing the default tag releases the
  * memory under it. The program (tests/preload/preload_app.c) runs one
  * command per line, so the test decides when each step happens. */
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,9 +50,10 @@ static const char *built(const char *rel) {
   return p;
 }
 
-/* Start the program against socket with extra "NAME=value" settings
- * (NULL-terminated). */
-static void app_start(struct app *a, const char *socket, ...) {
+/* Start the program at path (with argument arg unless NULL) against
+ * socket, with extra "NAME=value" settings. */
+static void app_startv(struct app *a, const char *path, const char *arg, const char *socket,
+                       va_list ap) {
   static char preload[600], sock[600];
   snprintf(preload, sizeof preload, "LD_PRELOAD=%s", built("lib/libgpumem_preload.so"));
   snprintf(sock, sizeof sock, "GPUMEM_SOCKET=%s", socket);
@@ -64,22 +67,18 @@ static void app_start(struct app *a, const char *socket, ...) {
   /* The preloaded library comes before the ASan runtime in the list. */
   env[n++] = "ASAN_OPTIONS=verify_asan_link_order=0";
 #endif
-  va_list ap;
-  va_start(ap, socket);
   for (const char *s; n < 254 && (s = va_arg(ap, const char *));) env[n++] = s;
-  va_end(ap);
   env[n] = NULL;
   int to[2], from[2];
   ck_assert_int_eq(pipe2(to, O_CLOEXEC), 0);
   ck_assert_int_eq(pipe2(from, O_CLOEXEC), 0);
-  const char *path = built("tests/preload_app");
   a->pid = fork();
   ck_assert_int_ge(a->pid, 0);
   if (a->pid == 0) {
     dup2(to[0], 0);
     dup2(from[1], 1);
     close_range(3, ~0u, 0);
-    char *argv[] = {(char *)path, NULL};
+    char *argv[] = {(char *)path, (char *)(arg ? "--user" : NULL), (char *)arg, NULL};
     execve(path, argv, (char *const *)env);
     _exit(127);
   }
@@ -88,6 +87,35 @@ static void app_start(struct app *a, const char *socket, ...) {
   a->in = fdopen(to[1], "w");
   a->out = fdopen(from[0], "r");
   setvbuf(a->in, NULL, _IOLBF, 0);
+}
+
+/* Start the test program (tests/preload/preload_app.c) against socket
+ * with extra "NAME=value" settings (NULL-terminated). */
+static void app_start(struct app *a, const char *socket, ...) {
+  va_list ap;
+  va_start(ap, socket);
+  app_startv(a, built("tests/preload_app"), NULL, socket, ap);
+  va_end(ap);
+}
+
+/* Start this suite's own binary in user mode (see user_mode) against
+ * socket, with extra "NAME=value" settings (NULL-terminated). */
+static void user_start(struct app *a, const char *socket, ...) {
+  static char self[512];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ck_assert_int_gt(n, 0);
+  self[n] = '\0';
+  va_list ap;
+  va_start(ap, socket);
+  app_startv(a, self, built("tests/libcudart_stub.so"), socket, ap);
+  va_end(ap);
+}
+
+/* The next line the program writes, without the newline. */
+static const char *app_line(struct app *a) {
+  ck_assert_msg(fgets(a->reply, sizeof a->reply, a->out), "the program ended");
+  a->reply[strcspn(a->reply, "\n")] = '\0';
+  return a->reply;
 }
 
 /* Send one command; its reply line, without the newline. */
@@ -323,11 +351,114 @@ START_TEST(tags_and_devices_route_allocations) {
 }
 END_TEST
 
-/* Run the suite. */
-int main(void) {
+/* A free waits for the device the pointer was allocated on, switching to
+ * it and back when another device is current. */
+START_TEST(frees_wait_for_the_pointers_device) {
+  daemon_start(&d, NULL);
+  struct app a;
+  app_start(&a, d.socket, NULL);
+  ck_assert_str_eq(app_do(&a, "device 1"), "rc 0");
+  unsigned long p;
+  ck_assert_int_eq(app_malloc(&a, "cuda", MiB, &p), 0);
+  ck_assert_str_eq(app_do(&a, "device 0"), "rc 0");
+  ck_assert_int_eq(app_free(&a, "cuda", p), 0);
+  ck_assert_str_eq(app_do(&a, "synced"), "synced 1 current 0");
+  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 1");
+  ck_assert_int_eq(app_stop(&a), 0);
+}
+END_TEST
+
+/* During a graph capture an async free does not wait for its stream (not
+ * allowed then): the memory stays taken until the next allocation on a
+ * stream that is not capturing, which waits for the device and frees it
+ * (the same address is then handed out again). */
+START_TEST(async_frees_during_graph_capture_are_deferred) {
+  daemon_start(&d, NULL);
+  struct app a;
+  app_start(&a, d.socket, NULL);
+  ck_assert_str_eq(app_do(&a, "capture 1"), "ok");
+  unsigned long p, q, r;
+  ck_assert_int_eq(app_malloc(&a, "cuda_async", MiB, &p), 0);
+  ck_assert_int_eq(app_free(&a, "cuda_async", p), 0);
+  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 0");
+  ck_assert_int_eq(app_malloc(&a, "cuda_async", MiB, &q), 0);
+  ck_assert_uint_ne(q, p); /* p is not free yet */
+  ck_assert_str_eq(app_do(&a, "capture 0"), "ok");
+  ck_assert_int_eq(app_malloc(&a, "cuda_async", MiB, &r), 0);
+  ck_assert_uint_eq(r, p);
+  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 1");
+  ck_assert_int_eq(app_free(&a, "cuda_async", q), 0);
+  ck_assert_int_eq(app_free(&a, "cuda_async", r), 0);
+  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 2 device_syncs 1");
+  ck_assert_int_eq(app_stop(&a), 0);
+}
+END_TEST
+
+/* A runtime the program loaded with dlopen(RTLD_LOCAL), as a library that
+ * uses it: dlsym(RTLD_NEXT) cannot see it, the preload library finds it
+ * all the same. The current device (1) is the allocation's, a malloc of 0
+ * bytes, a free of NULL and a free of the runtime's own memory reach the
+ * runtime and succeed. */
+START_TEST(runtime_loaded_locally_is_found) {
+  daemon_start(&d, NULL);
+  gpumem_client *c = controller();
+  struct app a;
+  user_start(&a, d.socket, NULL);
+  unsigned long p = 0;
+  const char *line = app_line(&a);
+  ck_assert_int_eq(sscanf(line, "rc0 0 rc1 0 rc2 0 rc3 0 ptr %lx", &p), 1);
+  ck_assert_uint_ne(p, 0);
+  uint32_t pid = 0;
+  only_buffer(c, "default", 1, &pid);
+  ck_assert_int_eq(pid, a.pid);
+  ck_assert_str_eq(app_do(&a, "free"), "rc 0 mallocs 2 frees 2 device_syncs 1");
+  ck_assert_int_eq(app_stop(&a), 0);
+  gpumem_disconnect(c);
+}
+END_TEST
+
+/* User mode, run under the preload library by runtime_loaded_locally_is_found:
+ * load the stand-in runtime lib with RTLD_LOCAL and run its "application
+ * library" part; print its codes and pointer, then on the next input line
+ * free the pointer through it and print the code and what reached the
+ * runtime. */
+static int user_mode(const char *lib) {
+  void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    printf("dlopen: %s\n", dlerror());
+    return 1;
+  }
+  void (*run)(char *, size_t, void **) =
+      (void (*)(char *, size_t, void **))dlsym(h, "stub_user_run");
+  int (*user_free)(void *) = (int (*)(void *))dlsym(h, "stub_user_free");
+  void (*counts)(int *, int *, int *, int *) =
+      (void (*)(int *, int *, int *, int *))dlsym(h, "stub_counts");
+  if (!run || !user_free || !counts) return 2;
+  char out[128];
+  void *p = NULL;
+  run(out, sizeof out, &p);
+  printf("%s ptr %lx\n", out, (unsigned long)(uintptr_t)p);
+  fflush(stdout);
+  char line[64];
+  if (!fgets(line, sizeof line, stdin)) return 3;
+  int rc = user_free(p);
+  int m, f, ss, ds;
+  counts(&m, &f, &ss, &ds);
+  printf("rc %d mallocs %d frees %d device_syncs %d\n", rc, m, f, ds);
+  fflush(stdout);
+  while (fgets(line, sizeof line, stdin)) continue;
+  return 0;
+}
+
+/* Run the suite (or, with --user LIB, user_mode). */
+int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--user")) return user_mode(argv[2]);
   return HARNESS_RUN("preload", 60, setup, teardown, cuda_malloc_is_served_by_the_daemon,
                      pause_of_the_default_tag_releases_the_program_memory,
                      refused_allocations_are_out_of_memory,
                      foreign_pointers_and_zero_sizes_reach_the_runtime,
-                     async_and_hip_names_are_served, tags_and_devices_route_allocations);
+                     async_and_hip_names_are_served, tags_and_devices_route_allocations,
+                     frees_wait_for_the_pointers_device,
+                     async_frees_during_graph_capture_are_deferred,
+                     runtime_loaded_locally_is_found);
 }

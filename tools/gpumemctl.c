@@ -9,10 +9,11 @@
 #include <string.h>
 
 #include "common/size.h"
+#include "common/wire.h"
 #include "gpumem.h"
 
 #define MAX_DEVICES 64
-#define MAX_PIDS 4096
+#define MAX_PIDS WIRE_MAX_PIDS /* the daemon takes no more in one operation */
 
 /* Print the usage text. */
 static void usage(FILE *out) {

@@ -66,6 +66,7 @@ __all__ = [
     "Hook",
     "OpResult",
     "connect",
+    "default_client",
     "error_name",
     "library_path",
     "set_default_client",
@@ -347,8 +348,8 @@ def _check_flags(backup: Any, allow_paused: Any) -> int:
         FLAG_ALLOW_PAUSED if _check_bool("allow_paused", allow_paused) else 0)
 
 
-# As many pids as libgpumem takes in one pause or resume.
-_MAX_PIDS = 4096
+# As many pids as the daemon takes in one pause or resume scope.
+_MAX_PIDS = _native.MAX_PIDS
 _I32 = (1 << 31) - 1
 
 
@@ -605,16 +606,32 @@ class Client:
         if role not in _ROLES:
             raise ValueError("role must be 'worker' or 'controller', not %r" % role)
         _check_bool("reconnect", reconnect)
+        self._setup(role, name)
+        lib = self._lib
+        out = _native.c_client_p()
+        flags = 0 if reconnect else _native.CONNECT_NO_RECONNECT
+        rc = lib.gpumem_connect(path, bname, _ROLES[role], flags, ctypes.byref(out))
+        if rc < 0:
+            raise _last_error(lib, rc)
+        self._c = out.value
+        _live_hooks[self._c] = (self._c_pre, self._c_post)
+
+    def _setup(self, role: str, name: str) -> None:
+        """The state of a client object, before it has a library client."""
         self._c: Optional[int] = None
+        self._borrowed = False
         self._lock = threading.Lock()
         self._buffers: Dict[int, Buffer] = {}
         self._freeing: Dict[int, Buffer] = {}
+        # Buffers that only hooks have seen (the library's sub-allocation
+        # buffers, or a buffer whose alloc has not returned yet): handed to
+        # hooks, never freed or closed through here.
+        self._seen: "weakref.WeakValueDictionary[int, Buffer]" = weakref.WeakValueDictionary()
         self._hooks: Dict[str, Optional[Hook]] = {"pre_unmap": None, "post_remap": None}
         self._hook_errors: List[BaseException] = []
         self.role = role
         self.name = name
-        lib = _native.load()
-        self._lib = lib
+        self._lib = _native.load()
         # The C hooks are made once and live as long as the client: the
         # library's thread may be about to call one while set_hooks runs.
         me = weakref.ref(self)
@@ -631,13 +648,17 @@ class Client:
 
         self._c_pre = _native.HOOK(pre)
         self._c_post = _native.HOOK(post)
-        out = _native.c_client_p()
-        flags = 0 if reconnect else _native.CONNECT_NO_RECONNECT
-        rc = lib.gpumem_connect(path, bname, _ROLES[role], flags, ctypes.byref(out))
-        if rc < 0:
-            raise _last_error(lib, rc)
-        self._c = out.value
-        _live_hooks[self._c] = (self._c_pre, self._c_post)
+
+    @classmethod
+    def _borrow(cls, ptr: int, name: str) -> "Client":
+        """A client object over a library client that Python did not
+        connect (the default client): never disconnected from here."""
+        self = cls.__new__(cls)
+        self._setup("worker", name)
+        self._c = ptr
+        self._borrowed = True
+        _live_hooks[ptr] = (self._c_pre, self._c_post)
+        return self
 
     # Plumbing.
 
@@ -653,23 +674,35 @@ class Client:
             raise RuntimeError("a gpumem hook must not call functions that talk to the daemon")
         return self._ptr()
 
-    def _wrap(self, handle: int) -> Buffer:
-        """The one Buffer of a library handle (a hook may see a buffer
-        before alloc returns it, or while it is being freed)."""
+    def _wrap(self, handle: int, own: bool = True) -> Buffer:
+        """The one Buffer of a library handle. own: the handle is this
+        client's to free (alloc returned it) and joins :attr:`buffers`;
+        otherwise (a hook's) the object is only looked up or made: a hook
+        also sees the buffers the library sub-allocates from, which must
+        never be freed as a whole from here."""
         with self._lock:
             b = self._buffers.get(handle) or self._freeing.get(handle)
             if b is None:
-                b = Buffer(self, handle)
-                self._buffers[handle] = b
+                b = self._seen.pop(handle, None) if own else self._seen.get(handle)
+                if b is None:
+                    b = Buffer(self, handle)
+                if own:
+                    self._buffers[handle] = b
+                else:
+                    self._seen[handle] = b
             return b
 
-    def _free(self, b: Buffer) -> None:
+    def _free(self, b: Buffer, by_ptr: bool = False) -> None:
         c = self._talk()
         h = b._handle()
         with self._lock:
-            self._buffers.pop(h, None)
+            if h not in self._buffers:
+                raise ValueError("buffer %s at 0x%x is not one this client allocated (a hook "
+                                 "shows the buffers the library sub-allocates from too)"
+                                 % (b.tag, b.ptr))
+            del self._buffers[h]
             self._freeing[h] = b
-        rc = self._lib.gpumem_free(c, h)
+        rc = (self._lib.gpumem_free_ptr(c, b.ptr) if by_ptr else self._lib.gpumem_free(c, h))
         with self._lock:
             del self._freeing[h]
             # A free that timed out leaves the buffer to the library, which
@@ -684,7 +717,7 @@ class Client:
     def _run_hook(self, which: str, bufs: Any, n: int) -> None:
         """Run on the library's thread for each unmap and remap event."""
         try:
-            buffers = [self._wrap(bufs[i]) for i in range(n)]
+            buffers = [self._wrap(bufs[i], own=False) for i in range(n)]
         except BaseException as e:  # pragma: no cover (out of memory)
             self._hook_errors.append(e)
             return
@@ -886,7 +919,9 @@ class Client:
         with self._lock:
             b = next((x for x in self._buffers.values() if x.ptr == ptr), None)
         if b is not None:
-            self._free(b)
+            # The library decides what starts at ptr; the object only
+            # follows (a buffer of alloc never holds sub-allocations).
+            self._free(b, by_ptr=True)
             return
         rc = self._lib.gpumem_free_ptr(self._talk(), ptr)
         if rc < 0:
@@ -989,7 +1024,9 @@ class Client:
     def close(self) -> None:
         """Disconnect: every buffer of this client is unmapped and freed by
         the daemon, and every :class:`Buffer` object becomes freed. Closing
-        a closed client does nothing."""
+        a closed client does nothing. The object :func:`default_client`
+        returns for the library's own client only lets go of it: that
+        client stays connected, with its buffers."""
         if self._c is None:
             return
         if _in_hook():
@@ -997,15 +1034,20 @@ class Client:
         global _default
         with _default_lock:
             if _default is self:
-                self._lib.gpumem_set_default_client(None)
+                if not self._borrowed:
+                    self._lib.gpumem_set_default_client(None)
                 _default = None
-        c, self._c = self._c, None
-        self._lib.gpumem_disconnect(c)
-        _live_hooks.pop(c, None)
+            c, self._c = self._c, None
+            if self._borrowed:
+                _borrowed.pop(c, None)
+        if not self._borrowed:
+            self._lib.gpumem_disconnect(c)
+            _live_hooks.pop(c, None)
         with self._lock:
-            for b in self._buffers.values():
+            for b in list(self._buffers.values()) + list(self._seen.values()):
                 b._h = None
             self._buffers.clear()
+            self._seen.clear()
 
     def __enter__(self) -> "Client":
         return self
@@ -1016,8 +1058,9 @@ class Client:
     def __repr__(self) -> str:
         if self._c is None:
             return "<gpumem.Client %s %r closed>" % (self.role, self.name)
-        return "<gpumem.Client %s %r backend=%s buffers=%d>" % (
-            self.role, self.name, self.backend, len(self._buffers))
+        return "<gpumem.Client %s %r backend=%s buffers=%d%s>" % (
+            self.role, self.name, self.backend, len(self._buffers),
+            " (the library's default client)" if self._borrowed else "")
 
 
 def connect(socket: Union[str, "os.PathLike[str]", None] = None, name: Optional[str] = None,
@@ -1039,6 +1082,30 @@ def connect(socket: Union[str, "os.PathLike[str]", None] = None, name: Optional[
 # library; kept here so that the object outlives its registration.
 _default: Optional[Client] = None
 _default_lock = threading.Lock()
+# The objects over library clients that Python did not connect, by pointer.
+_borrowed: Dict[int, Client] = {}
+
+
+def default_client() -> Client:
+    """The process's default client (gpumem_default_client): the one
+    :func:`set_default_client` made, else the one the library uses, which
+    it connects on first use (as a worker, to $GPUMEM_SOCKET, named
+    $GPUMEM_NAME, else "pid-<pid>"), as libgpumem_preload.so does. That
+    library client is lent, not owned: ``close()`` on its object only
+    lets go of it, and it stays connected with its buffers. Raises
+    :class:`Error` when no client can be connected."""
+    lib = _native.load()
+    p = lib.gpumem_default_client()
+    if not p:
+        raise _last_error(lib, ErrorCode.CONNECT)
+    with _default_lock:
+        if _default is not None and _default._c == p:
+            return _default
+        c = _borrowed.get(p)
+        if c is None:
+            c = Client._borrow(p, os.environ.get("GPUMEM_NAME") or "pid-%d" % os.getpid())
+            _borrowed[p] = c
+        return c
 
 
 def set_default_client(client: Optional[Client]) -> None:

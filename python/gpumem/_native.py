@@ -39,6 +39,7 @@ TAG_MAX = 63
 NAME_MAX = 127
 MAX_TAGS = 64
 MAX_DEVICES = 64
+MAX_PIDS = 256  # pids in one pause or resume scope (WIRE_MAX_PIDS)
 
 c_client_p = ctypes.c_void_p
 c_buffer_p = ctypes.c_void_p

@@ -202,10 +202,11 @@ class TorchMemorySaver:
                 raise _preload_error()
             self._mode = mode
             self._started = True
-        if mode == "preload" and _gt._client is None and hasattr(gpumem, "default_client"):
-            # The preload library may have allocated through the library's
-            # default client already: keep that one, so frees still find
-            # their allocations and an own-scope pause covers them.
+        if mode == "preload" and _gt._client is None:
+            # The preload library allocates through the library's default
+            # client (connected on its first cudaMalloc): use that one, never
+            # a second connection, so that frees find their allocations and
+            # an own-scope pause covers them.
             _gt.init(gpumem.default_client())
         else:
             _gt.init()
@@ -284,7 +285,7 @@ class TorchMemorySaver:
     def _preload_capture(graph: Any, tag: str, backup: bool, pool: Any, stream: Any,
                          capture_error_mode: str) -> Iterator[None]:
         torch = _gt._torch()
-        with _gt._thread_tag(tag, backup):
+        with _gt._capture_block(tag, backup):
             with torch.cuda.graph(graph, pool=pool, stream=stream,
                                   capture_error_mode=capture_error_mode):
                 yield
@@ -292,10 +293,10 @@ class TorchMemorySaver:
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         """Inside the block the calling thread's allocations are PyTorch's
-        own again (no tag; inside a region, a fresh pool of PyTorch's
-        allocator). In "preload" mode the preload library still serves
-        them, tagged $GPUMEM_DEFAULT_TAG (else "default"), and pause()
-        without a tag leaves them alone."""
+        own again: no tag, and an enclosing region's routing is suspended
+        (its pool comes back when the block ends). In "preload" mode the
+        preload library still serves them, tagged $GPUMEM_DEFAULT_TAG
+        (else "default"), and pause() without a tag leaves them alone."""
         self._start()
         with _gt._untagged():
             yield

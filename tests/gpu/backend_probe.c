@@ -1,13 +1,20 @@
 /* The CUDA backend's driver-facing operations, checked against the driver:
  * memory figures with the reserve apart (NVML v2), the per-process list,
  * re-export of an imported chunk and its adoption by a daemon with no
- * context. Built from the gpu/ sources alone (no libuv, protobuf-c), one
- * PASS or FAIL line per check; the exit status is the number of failures.
+ * context; that no call changes the calling thread's current context; and
+ * that backup memory pinned in the background, a piece at a time, holds
+ * the process's other driver calls up by no more than a piece. Built from
+ * the gpu/ sources alone (no libuv, protobuf-c), one PASS or FAIL line per
+ * check; the exit status is the number of failures.
  *
  *   cc -std=c11 -D_GNU_SOURCE -DHAVE_CUDA -I. -I$CUDA_HOME/include \
  *     tests/gpu/backend_probe.c gpu/gpu.c gpu/host.c gpu/vmm.c gpu/cuda.c \
  *     common/idmap.c -ldl -lpthread -o backend_probe && ./backend_probe */
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -174,6 +181,215 @@ static void check_adopt_refuses(gpu *d) {
   check(rc == -ENODEV, "adopt on no device", "rc %d: %s", rc, gpu_error());
 }
 
+/* The driver's context calls, from libcuda itself (the probe links no
+ * CUDA library): cuCtxCreate_v2 is the old, flag-only signature every
+ * driver still exports. */
+struct cu_ctx_calls {
+  int (*get)(void **ctx);
+  int (*set)(void *ctx);
+  int (*create)(void **ctx, unsigned flags, int dev);
+  int (*destroy)(void *ctx);
+};
+
+/* Look up the context calls; false if libcuda lacks one. */
+static bool cu_ctx_calls(struct cu_ctx_calls *c) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return false;
+  *(void **)&c->get = dlsym(lib, "cuCtxGetCurrent");
+  *(void **)&c->set = dlsym(lib, "cuCtxSetCurrent");
+  *(void **)&c->create = dlsym(lib, "cuCtxCreate_v2");
+  *(void **)&c->destroy = dlsym(lib, "cuCtxDestroy_v2");
+  return c->get && c->set && c->create && c->destroy;
+}
+
+/* Every library call with want current: the name of the first call that
+ * failed or left another context current, or NULL. */
+static const char *calls_keep(gpu *d, gpu *c, const struct cu_ctx_calls *cu, void *want,
+                              uint64_t chunk, uint64_t size) {
+  static char why[512];
+  void *now = NULL, *va = NULL, *host = NULL;
+  uint64_t h = 0, dptr = 0, free_b, total;
+  uint8_t ipc[GPU_IPC_HANDLE_SIZE];
+  int fd = -1;
+  char *buf = malloc(4096);
+#define STEP(name, expr)                                                                   \
+  do {                                                                                     \
+    int rc_ = (expr);                                                                      \
+    cu->get(&now);                                                                         \
+    if (rc_ < 0 || now != want) {                                                          \
+      snprintf(why, sizeof why, "%s: rc %d %s, current %p (want %p)", name, rc_,           \
+               rc_ < 0 ? gpu_error() : "", now, want);                                      \
+      free(buf);                                                                           \
+      return why;                                                                          \
+    }                                                                                      \
+  } while (0)
+  STEP("gpu_chunk_export", gpu_chunk_export(d, chunk, &fd));
+  STEP("gpu_va_reserve", gpu_va_reserve(c, 0, size, &va));
+  STEP("gpu_import", gpu_import(c, 0, fd, size, &h));
+  STEP("gpu_map", gpu_map(c, 0, va, size, h));
+  STEP("gpu_set_access", gpu_set_access(c, 0, va, size));
+  STEP("gpu_fill32", gpu_fill32(c, 0, va, size, 0x5eed5eedu));
+  STEP("gpu_copy_from", gpu_copy_from(c, 0, buf, va, 4096));
+  STEP("gpu_copy_to", gpu_copy_to(c, 0, va, buf, 4096));
+  STEP("gpu_sync", gpu_sync(c, 0));
+  STEP("gpu_unmap", gpu_unmap(c, 0, va, size));
+  STEP("gpu_release", (gpu_release(c, 0, h), 0));
+  STEP("gpu_va_free", (gpu_va_free(c, 0, va, size), 0));
+  STEP("gpu_hold", gpu_hold(d, 0));
+  STEP("gpu_backup_reserve", gpu_backup_reserve(d, 0, size, &host));
+  for (uint64_t off = 0; off < size; off += GPU_BACKUP_PIECE)
+    STEP("gpu_backup_make", gpu_backup_make(d, 0, host, size, off, false));
+  STEP("gpu_chunks_copy", gpu_chunks_copy(d, 0, &chunk, &size, 1, host, true));
+  STEP("gpu_chunks_copy back", gpu_chunks_copy(d, 0, &chunk, &size, 1, host, false));
+  STEP("gpu_backup_release", (gpu_backup_release(d, 0, host, size, size), 0));
+  STEP("gpu_backup_alloc", gpu_backup_alloc(d, 0, size, &host));
+  STEP("gpu_backup_free", (gpu_backup_free(d, 0, host, size), 0));
+  STEP("gpu_ipc_alloc", gpu_ipc_alloc(d, 0, 2 * MiB, &dptr, ipc));
+  STEP("gpu_ipc_free", (gpu_ipc_free(d, 0, dptr, 2 * MiB), 0));
+  STEP("gpu_mem_info", gpu_mem_info(d, 0, &free_b, &total));
+  STEP("gpu_unhold", (gpu_unhold(d, 0), 0));
+#undef STEP
+  free(buf);
+  return NULL;
+}
+
+/* No library call changes the calling thread's current context: with none
+ * current, none stays current; with an application's own context current,
+ * it stays current (a multi-GPU application's device is its own). */
+static void check_context_kept(gpu *d) {
+  struct cu_ctx_calls cu;
+  if (!cu_ctx_calls(&cu)) {
+    check(false, "context kept", "libcuda lacks cuCtxGetCurrent/SetCurrent/Create_v2/Destroy_v2");
+    return;
+  }
+  gpu *c = open_cuda(true);
+  uint64_t size = GPU_BACKUP_PIECE + 2 * MiB, chunk;
+  void *own = NULL;
+  int rc = gpu_chunk_create(d, 0, size, &chunk);
+  int made = cu.create(&own, 0, 0); /* current on this thread from here */
+  if (rc < 0 || made != 0) {
+    check(false, "context kept", "setup: rc %d %s, cuCtxCreate_v2 %d", rc, gpu_error(), made);
+    return;
+  }
+  cu.set(NULL);
+  const char *moved = calls_keep(d, c, &cu, NULL, chunk, size);
+  check(!moved, "context kept: none current stays none", "%s", moved ? moved : "every call");
+  cu.set(own);
+  moved = calls_keep(d, c, &cu, own, chunk, size);
+  check(!moved, "context kept: the application's own context stays current", "%s",
+        moved ? moved : "every call");
+  cu.set(NULL);
+  cu.destroy(own);
+  gpu_chunk_release(d, 0, chunk, size);
+  gpu_close(c);
+}
+
+/* Milliseconds on the monotonic clock. */
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Backup memory made on a thread of its own, as the daemon's pool does:
+ * in pieces, or in one pinned allocation (as before pieces). */
+struct background {
+  gpu *g;
+  uint64_t size;
+  bool pieces;
+  void *host;
+  int rc;
+  double ms, piece_max;
+  atomic_bool done;
+};
+
+/* The background thread: make the memory, timing it (and each piece). */
+static void *make_backup(void *arg) {
+  struct background *b = arg;
+  double t0 = now_ms();
+  if (!b->pieces) {
+    b->rc = gpu_backup_alloc(b->g, 0, b->size, &b->host);
+  } else if ((b->rc = gpu_backup_reserve(b->g, 0, b->size, &b->host)) == 0) {
+    for (uint64_t off = 0; off < b->size && b->rc == 0; off += GPU_BACKUP_PIECE) {
+      double p0 = now_ms();
+      b->rc = gpu_backup_make(b->g, 0, b->host, b->size, off, true);
+      if (now_ms() - p0 > b->piece_max) b->piece_max = now_ms() - p0;
+    }
+  }
+  b->ms = now_ms() - t0;
+  atomic_store(&b->done, true);
+  return NULL;
+}
+
+/* What the daemon's loop does for each allocation of a BACKUP buffer:
+ * create a 1 GiB chunk, export it and map an address range for its backup
+ * (then, here, let them go); milliseconds, or -1. The mmap waits for the
+ * process's mmap lock, which faulting memory in holds. */
+static double one_alloc(gpu *d) {
+  uint64_t h;
+  int fd = -1;
+  double t0 = now_ms();
+  if (gpu_chunk_create(d, 0, GiB, &h) < 0) return -1;
+  int rc = gpu_chunk_export(d, h, &fd);
+  void *range = mmap(NULL, GiB, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (fd >= 0) close(fd);
+  gpu_chunk_release(d, 0, h, GiB);
+  if (range != MAP_FAILED) munmap(range, GiB);
+  double ms = now_ms() - t0;
+  return rc < 0 || range == MAP_FAILED ? -1 : ms;
+}
+
+/* Allocations every 10 ms (requests arriving, with room between them for
+ * the background, which waits for 5 ms of quiet) while a backup of size
+ * bytes is made in the background: the longest one, and how many ran. */
+static double alloc_during(gpu *d, struct background *b, int *n) {
+  pthread_t t;
+  double longest = 0;
+  *n = 0;
+  atomic_store(&b->done, false);
+  if (pthread_create(&t, NULL, make_backup, b) != 0) return -1;
+  while (!atomic_load(&b->done)) {
+    double ms = one_alloc(d);
+    if (ms < 0) longest = 1e9;
+    if (ms > longest) longest = ms;
+    ++*n;
+    usleep(10000);
+  }
+  pthread_join(t, NULL);
+  if (b->rc == 0 && b->pieces) gpu_backup_release(d, 0, b->host, b->size, b->size);
+  if (b->rc == 0 && !b->pieces) gpu_backup_free(d, 0, b->host, b->size);
+  return longest;
+}
+
+/* Backup memory made in the background in one pinned allocation held the
+ * driver's lock throughout, and the loop's allocations waited for all of
+ * it; made a piece at a time, an allocation waits for one piece at most. */
+static void check_background_pieces(gpu *d) {
+  uint64_t size = 2 * GiB;
+  double alone[16], base_max = 0;
+  gpu_hold(d, 0); /* the daemon holds the context while BACKUP buffers exist */
+  for (int i = 0; i < 16; i++) {
+    alone[i] = one_alloc(d);
+    if (alone[i] > base_max) base_max = alone[i];
+  }
+  struct background whole = {.g = d, .size = size}, pieces = {.g = d, .size = size, .pieces = true};
+  int n_whole, n_pieces;
+  double during_whole = alloc_during(d, &whole, &n_whole);
+  double during_pieces = alloc_during(d, &pieces, &n_pieces);
+  gpu_unhold(d, 0);
+  printf("  allocation (create, export, release of 1 GiB, mmap of a range) alone: longest "
+         "%.1f ms; while 2 GiB of backup memory is pinned in one piece (%.0f ms): longest %.1f ms of %d; in %llu MiB pieces "
+         "(%.0f ms, longest piece %.1f ms): longest %.1f ms of %d\n",
+         base_max, whole.ms, during_whole, n_whole,
+         (unsigned long long)(GPU_BACKUP_PIECE / MiB), pieces.ms, pieces.piece_max,
+         during_pieces, n_pieces);
+  check(whole.rc == 0 && pieces.rc == 0 && during_pieces <= pieces.piece_max + base_max + 2 &&
+            during_pieces < 20,
+        "background backup memory holds allocations up by a piece at most",
+        "longest allocation %.1f ms (alone %.1f, a piece %.1f; in one piece %.1f); rc %d %d",
+        during_pieces, base_max, pieces.piece_max, during_whole, whole.rc, pieces.rc);
+}
+
 /* The worker is forked before this process touches CUDA (a forked child
  * cannot use a driver its parent initialized), and gets the chunk over a
  * socket, as from a daemon. */
@@ -224,6 +440,8 @@ int main(void) {
         "adopted memory freed by its release",
         "free %.0f MiB with only the adopted handle left, %.0f after its release", mib(before),
         mib(after));
+  check_context_kept(fresh);
+  check_background_pieces(fresh);
   gpu_close(fresh);
   gpu_close(d);
   printf("%d failures\n", failures);

@@ -9,10 +9,13 @@ daemon's reports. Phases, each a process of its own:
 - torch: gpumem.torch (pluggable allocator), plus a process whose pool is
   allocated outside any region and served by libgpumem_preload.so
   (GPUMEM_DEFAULT_TAG=compress_state), paused node-wide by a controller;
+  then nested regions with disable() and a capture inside them, the
+  cache given back by empty_cache(), and shutdown();
 - graph: one decode step captured with gpumem.torch.cuda_graph, replayed
-  across a pause of its pool;
+  across a pause of its pool, then everything given back;
 - tms: the same flow through gpumem.torch_memory_saver (hook_mode torch),
-  with disable(), a partial pause and a captured graph;
+  with disable() inside a region, a partial pause and a graph captured
+  inside a region;
 - tms-preload: the same through hook_mode preload (LD_PRELOAD).
 
     python3 tests/gpu/torch_check.py build/bin/gpumemd
@@ -353,16 +356,100 @@ def phase_torch(sock):
         child.stdin.flush()
         check(child.wait(timeout=60) == 0, "preload exit", "status %s" % child.returncode)
 
+    nesting(torch, gt, ctl, dev)
+
     # The cache: freed blocks stay in the region's pool until empty_cache().
+    # step holds kv (a view of pool) too.
     before = tag_of(ctl, "kv_cache")["bytes"]
-    del kv, pool
+    del kv, pool, step
+    cached = tag_of(ctl, "kv_cache")["bytes"]
     back = gt.empty_cache("kv_cache")
     after = tag_of(ctl, "kv_cache")["bytes"]
-    check(before - after >= n * 4 - SLACK, "empty_cache",
-          "kv_cache %s -> %s once the pool's tensors were freed and empty_cache() ran "
-          "(trim handed back %s)" % (gib(before), gib(after), gib(back)))
-    gt.shutdown()
+    check(cached == before and before - after >= n * 4 - SLACK, "empty_cache",
+          "kv_cache %s, still %s once the pool's tensors were freed (cached by PyTorch), %s "
+          "after empty_cache() (trim handed back %s)"
+          % (gib(before), gib(cached), gib(after), gib(back)))
+    keep = [model]
+    del model
+    shutdown_check(torch, gt, ctl, ["weights", "kv_cache", "nest_outer", "nest_inner",
+                                    "nest_graph"], keep)
     ctl.close()
+
+
+def shutdown_check(torch, gt, ctl, tags, keep):
+    """Refused while the tensors in keep (the last references to them)
+    live; once they are gone, empty_cache() gives every byte of the tags
+    back and shutdown() works."""
+    try:
+        gt.shutdown()
+        refused = "not refused"
+    except RuntimeError as e:
+        refused = "refused (%s...)" % str(e)[:60]
+    keep.clear()
+    import gc
+    gc.collect()
+    torch.cuda.synchronize()
+    # cuBLAS keeps a workspace per stream, made on first use: one made in
+    # a capture sits in the graph's pool.
+    getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
+    gt.empty_cache()
+    left = {t: tag_of(ctl, t)["bytes"] for t in tags}
+    try:
+        gt.shutdown()
+        done = "shut down"
+    except RuntimeError as e:
+        done = "shutdown failed: %s" % e
+    check(refused.startswith("refused") and not any(left.values()) and done == "shut down",
+          "shutdown", "with tensors live: %s; after they went and empty_cache(): %s; %s"
+          % (refused, ", ".join("%s %s" % (t, gib(b)) for t, b in left.items()), done))
+
+
+def nesting(torch, gt, ctl, dev):
+    """Regions inside regions, disable() and a capture inside them: each
+    allocation in the pool of the innermost block, each segment with its
+    tag, and no pool destroyed under an open block (PyTorch aborts then)."""
+    from gpumem.torch_memory_saver import torch_memory_saver as tms
+    size = 32 * MiB
+
+    def pool_of(t):
+        p = t.data_ptr()
+        for name in ("nest_outer", "nest_inner"):
+            for sg in torch.cuda.memory_snapshot(gt.mem_pool(name).id):
+                if sg["address"] <= p < sg["address"] + sg["total_size"]:
+                    return name
+        for sg in torch.cuda.memory_snapshot(g.pool()):
+            if sg["address"] <= p < sg["address"] + sg["total_size"]:
+                return "graph"
+        return "torch"
+
+    g = torch.cuda.CUDAGraph()
+    with gt.region("nest_outer"):
+        a = torch.empty(size, dtype=torch.uint8, device=dev)
+        with gt.region("nest_inner"):
+            b = torch.empty(size, dtype=torch.uint8, device=dev)
+            with tms.disable():
+                c = torch.empty(size, dtype=torch.uint8, device=dev)
+            x = torch.ones(size // 4, device=dev)
+            with gt.cuda_graph(g, tag="nest_graph"):
+                y = x * 2
+            z = torch.empty(size, dtype=torch.uint8, device=dev)
+        d = torch.empty(size, dtype=torch.uint8, device=dev)
+        with gt.region("nest_inner"):
+            with gt.region("nest_outer"):
+                e = torch.empty(size, dtype=torch.uint8, device=dev)
+    g.replay()
+    torch.cuda.synchronize()
+    got = {k: pool_of(t) for k, t in dict(a=a, b=b, c=c, x=x, y=y, z=z, d=d, e=e).items()}
+    want = dict(a="nest_outer", b="nest_inner", c="torch", x="nest_inner", y="graph",
+                z="nest_inner", d="nest_outer", e="nest_outer")
+    tags = {t: tag_of(ctl, t)["bytes"] for t in ("nest_outer", "nest_inner", "nest_graph")}
+    ok = (got == want and bool((y == 2).all().item()) and tags["nest_outer"] >= 3 * size
+          and tags["nest_inner"] >= 2 * size and tags["nest_graph"] > 0
+          and gpumem.thread_tag() == (None, 0))
+    check(ok, "nesting", "pools %s; tags %s" % (
+        " ".join("%s:%s%s" % (k, v, "" if v == want[k] else "(want %s)" % want[k])
+                 for k, v in got.items()),
+        ", ".join("%s %s" % (t, gib(b)) for t, b in tags.items())))
 
 
 def capture(torch, model, kv, graph_ctx):
@@ -418,8 +505,9 @@ def phase_graph(sock):
     got = generate(torch, gstep, kv, lambda: cycle(
         torch, ctl, "own", gt.pause, gt.resume, n * 4))
     compare(torch, "graph generation", ref, got)
-    del g
-    gt.shutdown()
+    keep = [model]
+    del g, gstep, estep, kv, pool, model
+    shutdown_check(torch, gt, ctl, ["weights", "kv_cache", "cuda_graph"], keep)
     ctl.close()
 
 
@@ -465,8 +553,11 @@ def phase_tms(sock, preload):
               % (kv_grew >> 20, a_grew >> 20))
     del x, y
 
-    g, gstep = capture(torch, model, kv, lambda g: tms.cuda_graph(
-        g, pool=torch.cuda.graph_pool_handle(), tag="cuda_graph"))
+    # Captured inside a region (its static inputs are the region's), as
+    # engines that wrap their graph runner in a region do.
+    with tms.region("weights", enable_cpu_backup=True):
+        g, gstep = capture(torch, model, kv, lambda g: tms.cuda_graph(
+            g, pool=torch.cuda.graph_pool_handle(), tag="cuda_graph"))
     check(tag_of(ctl, "cuda_graph")["bytes"] > 0, "capture", "tag cuda_graph %s"
           % gib(tag_of(ctl, "cuda_graph")["bytes"]))
     with torch.no_grad():

@@ -3,6 +3,7 @@
  * host memory, with counters the test program reads through stub_*
  * entries. It plays libcudart/libamdhip64; it is never shipped. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #define STUB_EXPORT __attribute__((visibility("default")))
@@ -11,6 +12,8 @@
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static void *live[STUB_MAX]; /* what this runtime allocated */
 static int device, frees, stream_syncs, device_syncs, mallocs;
+static int synced_device = -1; /* the current device at the last device sync */
+static int capture;            /* 1: every stream is being captured */
 
 /* Allocate from host memory and remember it (0 bytes: success, NULL). */
 static int stub_malloc(void **p, size_t size) {
@@ -54,9 +57,19 @@ static int stub_stream_sync(void *stream) {
   return 0;
 }
 
-/* Count a device synchronization. */
+/* Count a device synchronization, and note which device it waited for. */
 static int stub_device_sync(void) {
+  __atomic_store_n(&synced_device, __atomic_load_n(&device, __ATOMIC_RELAXED),
+                   __ATOMIC_RELAXED);
   __atomic_add_fetch(&device_syncs, 1, __ATOMIC_RELAXED);
+  return 0;
+}
+
+/* Say whether a stream is being captured (all are while capture is set). */
+static int stub_stream_capturing(void *stream, int *status) {
+  (void)stream;
+  if (!status) return 1;
+  *status = __atomic_load_n(&capture, __ATOMIC_RELAXED);
   return 0;
 }
 
@@ -105,6 +118,12 @@ int cudaStreamSynchronize(void *stream) { return stub_stream_sync(stream); }
 STUB_EXPORT int cudaDeviceSynchronize(void);
 int cudaDeviceSynchronize(void) { return stub_device_sync(); }
 
+/* cudaStreamIsCapturing of the stand-in. */
+STUB_EXPORT int cudaStreamIsCapturing(void *stream, int *status);
+int cudaStreamIsCapturing(void *stream, int *status) {
+  return stub_stream_capturing(stream, status);
+}
+
 /* hipMalloc of the stand-in. */
 STUB_EXPORT int hipMalloc(void **p, size_t size);
 int hipMalloc(void **p, size_t size) { return stub_malloc(p, size); }
@@ -136,6 +155,12 @@ int hipStreamSynchronize(void *stream) { return stub_stream_sync(stream); }
 STUB_EXPORT int hipDeviceSynchronize(void);
 int hipDeviceSynchronize(void) { return stub_device_sync(); }
 
+/* hipStreamIsCapturing of the stand-in. */
+STUB_EXPORT int hipStreamIsCapturing(void *stream, int *status);
+int hipStreamIsCapturing(void *stream, int *status) {
+  return stub_stream_capturing(stream, status);
+}
+
 /* Memory only this runtime made (as if allocated before the preload). */
 STUB_EXPORT void *stub_alloc(size_t size);
 void *stub_alloc(size_t size) {
@@ -152,3 +177,29 @@ void stub_counts(int *m, int *f, int *ss, int *ds) {
   *ds = __atomic_load_n(&device_syncs, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&mu);
 }
+/* Start (1) or end (0) a graph capture on every stream. */
+STUB_EXPORT void stub_set_capture(int on);
+void stub_set_capture(int on) { __atomic_store_n(&capture, on, __ATOMIC_RELAXED); }
+/* The device the last device sync waited for (-1: none yet). */
+STUB_EXPORT int stub_synced_device(void);
+int stub_synced_device(void) { return __atomic_load_n(&synced_device, __ATOMIC_RELAXED); }
+
+/* A library of the application that uses the runtime, for a program that
+ * loads this one with dlopen(RTLD_LOCAL) (its calls bind to the preload
+ * library first): on device 1, a malloc of 0 bytes, one of 1 MiB (kept in
+ * *kept), a free of NULL, a free of memory only the runtime made. Writes
+ * the return codes as "rc0 A rc1 B rc2 C rc3 D" to out. */
+STUB_EXPORT void stub_user_run(char *out, size_t len, void **kept);
+void stub_user_run(char *out, size_t len, void **kept) {
+  cudaSetDevice(1);
+  void *zero = (void *)1, *p = NULL;
+  int r0 = cudaMalloc(&zero, 0);
+  int r1 = cudaMalloc(&p, 1 << 20);
+  int r2 = cudaFree(NULL);
+  int r3 = cudaFree(stub_alloc(4096));
+  snprintf(out, len, "rc0 %d rc1 %d rc2 %d rc3 %d", r0, r1, r2, r3);
+  *kept = p;
+}
+/* The same library's free (through whatever cudaFree binds to). */
+STUB_EXPORT int stub_user_free(void *p);
+int stub_user_free(void *p) { return cudaFree(p); }

@@ -10,6 +10,9 @@
  *   where HEX           the mapping of an address -> memfd | other | none
  *   tag NAME|- FLAGS    gpumem_set_thread_tag, if libgpumem is loaded -> rc N
  *   device N            cudaSetDevice -> rc N
+ *   capture 1|0         start or end a graph capture of every stream -> ok
+ *   synced              the device the last device sync waited for, and
+ *                       the current one -> synced N current M
  *   quit */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -22,12 +25,15 @@ int cudaFree(void *p);
 int cudaMallocAsync(void **p, size_t size, void *stream);
 int cudaFreeAsync(void *p, void *stream);
 int cudaSetDevice(int d);
+int cudaGetDevice(int *d);
 int hipMalloc(void **p, size_t size);
 int hipFree(void *p);
 int hipMallocAsync(void **p, size_t size, void *stream);
 int hipFreeAsync(void *p, void *stream);
 void *stub_alloc(size_t size);
 void stub_counts(int *m, int *f, int *ss, int *ds);
+void stub_set_capture(int on);
+int stub_synced_device(void);
 
 #define SENTINEL ((void *)(uintptr_t)0x5a5a)
 #define STREAM ((void *)(uintptr_t)0x77)
@@ -113,6 +119,13 @@ static int run(char *line) {
       printf("rc missing\n");
   } else if (!strcmp(cmd, "device")) {
     printf("rc %d\n", cudaSetDevice(atoi(a)));
+  } else if (!strcmp(cmd, "capture")) {
+    stub_set_capture(atoi(a));
+    printf("ok\n");
+  } else if (!strcmp(cmd, "synced")) {
+    int cur = -1;
+    cudaGetDevice(&cur);
+    printf("synced %d current %d\n", stub_synced_device(), cur);
   } else {
     printf("unknown command\n");
   }

@@ -2,9 +2,11 @@
 
 import ctypes
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -564,6 +566,90 @@ def test_malloc_free_ptr_trim_and_pool_stats(worker, tag):
     b = worker.alloc(kt, MiB)
     worker.free_ptr(b.ptr)  # a whole buffer, by address
     assert b.freed and b not in worker.buffers
+
+
+def test_free_ptr_frees_one_allocation_after_hooks_saw_its_buffer(worker, controller, tag):
+    kt = tag("slab")
+    seen = []
+    worker.set_hooks(pre_unmap=lambda bufs: seen.extend(bufs))
+    p = worker.malloc(kt, MiB)
+    q = worker.malloc(kt, MiB)  # the same sub-allocation buffer as p
+    ctypes.memset(q, 0x5A, MiB)
+    controller.pause(kt)
+    controller.resume(kt)
+    slab = [b for b in seen if b.tag == kt]
+    assert slab and slab[0].ptr <= p < slab[0].ptr + slab[0].size
+    assert worker.buffers == []  # the library's own buffers are not the caller's
+    worker.free_ptr(p)  # the first allocation: its address is the buffer's too
+    st = worker.pool_stats()
+    assert st["allocations"] == 1 and st["pooled_buffers"] >= 1
+    ctypes.memset(q, 0x33, MiB)  # q is still there, mapped
+    assert ctypes.string_at(q + MiB - 4, 4) == b"\x33" * 4
+    with pytest.raises(ValueError, match="not one this client allocated"):
+        slab[0].free()
+    assert worker.pool_stats()["allocations"] == 1
+    worker.set_hooks(None, None)
+    worker.free_ptr(q)
+    assert worker.pool_stats()["allocations"] == 0
+    worker.trim()
+
+
+def test_wire_limits_match_the_library():
+    wire = (REPO / "common" / "wire.h").read_text()
+    defines = dict(re.findall(r"#define (WIRE_\w+) (\d+)", wire))
+    assert int(defines["WIRE_TAG_MAX"]) == _native.TAG_MAX
+    assert int(defines["WIRE_NAME_MAX"]) == _native.NAME_MAX
+    assert int(defines["WIRE_MAX_TAGS"]) == _native.MAX_TAGS
+    assert int(defines["WIRE_MAX_DEVICES"]) == _native.MAX_DEVICES
+    assert int(defines["WIRE_MAX_PIDS"]) == _native.MAX_PIDS == gpumem._MAX_PIDS
+
+
+def test_too_many_pids_are_refused_before_the_daemon(controller):
+    with pytest.raises(ValueError, match="at most %d pids" % _native.MAX_PIDS):
+        controller.pause("x", pids=list(range(1, _native.MAX_PIDS + 2)))
+
+
+def test_default_client_is_the_librarys_and_lent(daemon):
+    """In a fresh process: the library connects its default client on
+    first use; Python wraps it without owning it."""
+    code = (
+        "import gpumem\n"
+        "c = gpumem.default_client()\n"
+        "lib = c._lib\n"
+        "assert c is gpumem.default_client() and c._c == lib.gpumem_default_client()\n"
+        "assert c.role == 'worker' and c.name == 'lent-test', c.name\n"
+        "ptr = c.malloc('lent', 4096)\n"
+        "c.close()\n"
+        "assert c.closed and lib.gpumem_default_client()  # still connected\n"
+        "d = gpumem.default_client()\n"
+        "assert d is not c and d._c == lib.gpumem_default_client()\n"
+        "d.free_ptr(ptr)  # the allocation is the library client's\n"
+        "w = gpumem.connect(name='mine')\n"
+        "gpumem.set_default_client(w)\n"
+        "assert gpumem.default_client() is w\n"
+        "w.close()\n"
+        "assert gpumem.default_client()._c == d._c  # the library's again\n"
+        "print('ok', len([s for s in gpumem.connect(role='controller').status()['sessions']\n"
+        "                 if s['name'] == 'lent-test']))\n")
+    env = dict(os.environ, GPUMEM_SOCKET=daemon.sock, GPUMEM_NAME="lent-test",
+               PYTHONPATH=str(REPO / "python"))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok 1\n"
+
+
+def test_default_client_without_a_daemon(tmp_path):
+    code = ("import gpumem\n"
+            "try:\n"
+            "    gpumem.default_client()\n"
+            "except gpumem.Error as e:\n"
+            "    print(e.code_name)\n")
+    env = dict(os.environ, GPUMEM_SOCKET=str(tmp_path / "none"), PYTHONPATH=str(REPO / "python"))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "CONNECT\n"
 
 
 def test_thread_tags_and_the_default_client(daemon, worker):

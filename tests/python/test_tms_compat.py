@@ -237,6 +237,40 @@ def test_hook_mode_preload_when_the_library_is_preloaded(daemon):
     assert r.stdout == "None\n"
 
 
+def test_preload_mode_uses_the_librarys_default_client(daemon):
+    """The preload library allocated before the saver started: the saver
+    takes that same client (no second connection), so frees and an
+    own-scope pause find those allocations."""
+    preload = tms_module.preload_library_path()
+    stub = BUILD / "tests" / "libcudart_stub.so"
+    if not os.path.exists(preload) or not stub.exists():
+        pytest.skip("no %s or %s: build them first (make test)" % (preload, stub))
+    r = run_python(NO_TORCH + (
+        "import ctypes, os\n"
+        "ctypes.CDLL(%r, mode=ctypes.RTLD_GLOBAL)\n"
+        "rt = ctypes.CDLL(None)\n"
+        "rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]\n"
+        "rt.cudaFree.argtypes = [ctypes.c_void_p]\n"
+        "p = ctypes.c_void_p()\n"
+        "assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n"
+        "import gpumem, gpumem.torch as gt\n"
+        "from gpumem.torch_memory_saver import torch_memory_saver as tms\n"
+        "assert tms.hook_mode == 'preload'\n"
+        "with tms.disable():\n"
+        "    pass\n"
+        "c = gt.client()\n"
+        "assert c._borrowed and c._c == c._lib.gpumem_default_client()\n"
+        "assert c.pool_stats()['allocations'] == 1\n"
+        "assert rt.cudaFree(p) == 0\n"
+        "assert c.pool_stats()['allocations'] == 0\n"
+        "ctl = gpumem.connect(name='ctl', role='controller')\n"
+        "print(sorted(x['name'] for x in ctl.status()['sessions']\n"
+        "             if x['pid'] == os.getpid() and x['role'] == 'worker'))\n") % str(stub),
+        {"LD_PRELOAD": preload, "GPUMEM_SOCKET": daemon.sock, "GPUMEM_NAME": "preloaded"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "['preloaded']\n"  # one worker session: the library's
+
+
 def test_configure_subprocess(monkeypatch):
     path = tms_module.preload_library_path()
     assert path.endswith("/libgpumem_preload.so")
@@ -362,8 +396,16 @@ def test_init_connects_and_shutdown_closes(daemon, controller, tag):
         assert gt.init() is c and gt.client() is c
         assert any(s["name"] == "torch-test" for s in controller.status()["sessions"])
         kv = tag("kv")
-        torch_alloc(kv, 2 * MiB)
+        p = torch_alloc(kv, 2 * MiB)
         assert tag_status(controller, kv)["buffers"] >= 1
+        # What PyTorch allocated is live: the client stays.
+        with pytest.raises(RuntimeError, match="1 allocations .* are live"):
+            gt.shutdown()
+        with gpumem.connect(daemon.sock, name="another") as other:
+            with pytest.raises(RuntimeError, match="cannot replace its client"):
+                gt.init(other)
+        assert gt.client() is c and not c.closed
+        lib().gpumem_torch_free(p, 2 * MiB, 0, None)
     finally:
         gt.shutdown()
     assert c.closed
