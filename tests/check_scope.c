@@ -35,20 +35,7 @@ static uint64_t held_by(pid_t pid) { return memfd_bytes(&pid, 1); }
 /* Connect to d and say hello in a role under a name. */
 static void open_named(struct peer *p, int role, const char *name) {
   peer_connect(p, &d);
-  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
-  h.version_major = WIRE_VERSION_MAJOR;
-  h.version_minor = WIRE_VERSION_MINOR;
-  h.role = role;
-  h.name = (char *)name;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
-  env.hello = &h;
-  peer_put(p, &env, NULL, 0);
-  wire_env *r = peer_get(p, NULL);
-  ck_assert_ptr_nonnull(r);
-  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
-  wire_env_free(r);
+  wire_env_free(peer_hello_as(p, role, name));
 }
 
 /* A scope as a test writes it. */

@@ -358,11 +358,17 @@ void peer_connect(struct peer *p, const struct daemon *d) {
 
 /* Say hello in a role; the HelloReply. */
 wire_env *peer_hello(struct peer *p, int role) {
+  return peer_hello_as(p, role,
+                       role == GPUMEM__WIRE__ROLE__ROLE_WORKER ? "raw-worker" : "raw-ctl");
+}
+
+/* Say hello in a role under a name; returns the HelloReply. */
+wire_env *peer_hello_as(struct peer *p, int role, const char *name) {
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
   h.version_major = WIRE_VERSION_MAJOR;
   h.version_minor = WIRE_VERSION_MINOR;
   h.role = role;
-  h.name = role == GPUMEM__WIRE__ROLE__ROLE_WORKER ? "raw-worker" : "raw-ctl";
+  h.name = (char *)name;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = p->next_id++;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;

@@ -109,6 +109,9 @@ void peer_connect(struct peer *p, const struct daemon *d);
  * with wire_env_free). */
 wire_env *peer_hello(struct peer *p, int role);
 
+/* Say hello in a role under a name; returns the HelloReply. */
+wire_env *peer_hello_as(struct peer *p, int role, const char *name);
+
 /* Connect to d and say hello in a role (GPUMEM__WIRE__ROLE__...). */
 void peer_open(struct peer *p, const struct daemon *d, int role);
 
