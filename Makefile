@@ -1,25 +1,51 @@
 # gpumemd: `make` builds into build/, `make check` runs every test (also
 # under ASan+UBSan), `make demo` shows a pause and resume with real workers.
 
+# Where `make install` puts things (GNU names; DESTDIR for staging).
+# Debian multiarch: make install PREFIX=/usr LIBDIR=/usr/lib/x86_64-linux-gnu
 PREFIX ?= /usr/local
 DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= $(PREFIX)/sbin
+LIBDIR ?= $(PREFIX)/lib
+LIBEXECDIR ?= $(PREFIX)/libexec
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+LDCONFIG ?= ldconfig
 O ?= build
 SAN ?= 0
 
 CC ?= cc
 PKGS := libuv libprotobuf-c
+# sd_notify and socket activation come from libsystemd where its headers
+# are (make deps installs them); a node without them (a GPU node with no
+# package registry) builds a daemon that refuses NOTIFY_SOCKET and
+# LISTEN_FDS with a clear error instead.
+SYSTEMD ?= $(shell pkg-config --exists libsystemd 2>/dev/null && echo 1 || echo 0)
+ifeq ($(SYSTEMD),1)
+PKGS += libsystemd
+CFLAGS_SYSTEMD := -DHAVE_SYSTEMD
+endif
 WERROR ?= -Werror
 WARN := -Wall -Wextra $(WERROR) -Wshadow -Wformat=2 -Wmissing-prototypes \
         -Wstrict-prototypes -Wpointer-arith -Wno-unused-parameter
+# CPPFLAGS, CFLAGS and LDFLAGS from the environment or the command line
+# (Debian's hardening flags) are kept and added to; packagers who want no
+# -Werror pass WERROR=.
 CFLAGS ?= -O2 -g
-CFLAGS += -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -I. -I$(O)/gen -Iinclude
+# The values given, before this Makefile adds to them: the environment of
+# a make run from a recipe gets these (it would get the added-to values).
+ENV_CFLAGS := $(CFLAGS)
+ENV_LDFLAGS := $(LDFLAGS)
+SUBMAKE_ENV = CFLAGS=$(call sq,$(ENV_CFLAGS)) LDFLAGS=$(call sq,$(ENV_LDFLAGS))
+override CFLAGS += $(CPPFLAGS) -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -I. -I$(O)/gen -Iinclude $(CFLAGS_SYSTEMD)
 ifeq ($(SAN),1)
-CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-LDFLAGS += -fsanitize=address,undefined
+override CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+override LDFLAGS += -fsanitize=address,undefined
 endif
 ifeq ($(SAN),thread)
-CFLAGS += -fsanitize=thread -fno-omit-frame-pointer
-LDFLAGS += -fsanitize=thread
+override CFLAGS += -fsanitize=thread -fno-omit-frame-pointer
+override LDFLAGS += -fsanitize=thread
 endif
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -37,13 +63,13 @@ HIP ?= $(if $(HIP_INCLUDE),1,0)
 GPU_SRC := gpu/gpu.c gpu/host.c
 ifeq ($(CUDA),1)
 GPU_SRC += gpu/cuda.c gpu/vmm.c
-CFLAGS += -DHAVE_CUDA
-$(O)/obj/gpu/cuda.o: CFLAGS += -isystem $(CUDA_HOME)/include
+override CFLAGS += -DHAVE_CUDA
+$(O)/obj/gpu/cuda.o: override CFLAGS += -isystem $(CUDA_HOME)/include
 endif
 ifeq ($(HIP),1)
 GPU_SRC += gpu/hip.c gpu/vmm.c
-CFLAGS += -DHAVE_HIP
-$(O)/obj/gpu/hip.o: CFLAGS += -isystem $(HIP_INCLUDE) -Wno-strict-prototypes
+override CFLAGS += -DHAVE_HIP
+$(O)/obj/gpu/hip.o: override CFLAGS += -isystem $(HIP_INCLUDE) -Wno-strict-prototypes
 endif
 GPU_SRC := $(sort $(GPU_SRC))
 
@@ -63,8 +89,10 @@ LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc $(O)/lib/libgpumem_preload.so
 TESTS := $(patsubst tests/%.c,$(O)/tests/%,$(wildcard tests/check_*.c))
 BENCHES := $(patsubst bench/%.c,$(O)/bench/%,$(wildcard bench/*.c))
 
-.PHONY: all deps check test test-asan test-tsan fuzz demo bench install clean FORCE
-all: $(BINS) $(LIBS) $(EXAMPLES)
+.PHONY: all deps check test test-asan test-tsan fuzz demo bench install uninstall clean FORCE
+# The programs make install installs, linked without RUNPATH (below).
+INST_BINS := $(O)/inst/bin/gpumemctl $(O)/inst/bin/gpumem-worker
+all: $(BINS) $(LIBS) $(EXAMPLES) $(INST_BINS)
 
 # Install missing packages: only demo and check do it, never plain make.
 deps:
@@ -124,9 +152,14 @@ $(O)/lib/libgpumem_preload.so: $(O)/obj/preload/preload.o $(O)/obj/common/idmap.
 	@$(CC) $(LDFLAGS) -shared -o $@ $(filter %.o,$^) -L$(O)/lib -lgpumem \
 	  -Wl,-rpath,'$$ORIGIN' -ldl -lpthread
 
+# gpumem.pc for PREFIX, LIBDIR and INCLUDEDIR (under ${prefix} where they
+# are below it); make install writes its own for the place it installs to.
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+make_pc = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(call pc_dir,$(LIBDIR))|g' \
+  -e 's|@INCLUDEDIR@|$(call pc_dir,$(INCLUDEDIR))|g' client/gpumem.pc.in
 $(O)/lib/gpumem.pc: client/gpumem.pc.in
 	@mkdir -p $(@D)
-	@sed 's|@PREFIX@|$(PREFIX)|g' $< > $@
+	@$(call make_pc) > $@
 
 RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
 $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
@@ -178,6 +211,7 @@ $(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 # pytest skips them, saying so.
 test: all $(TESTS)
 	@GPUMEM_BUILD=$(abspath $(O)) ./tests/run.sh $(TESTS)
+	@./systemd/verify.sh $(abspath $(O))
 	@if [ "$(SAN)" != 0 ]; then echo "tests/python: skipped under SAN=$(SAN)"; \
 	elif [ -n "$$GPUMEM_NO_APT" ] && ! python3 -c 'import pytest' 2>/dev/null && \
 	     ! /usr/bin/python3 -c 'import pytest' 2>/dev/null; then \
@@ -185,9 +219,11 @@ test: all $(TESTS)
 	else py=python3; python3 -c 'import pytest' 2>/dev/null || py=/usr/bin/python3; \
 	  GPUMEM_BUILD=$(abspath $(O)) PYTHONPATH=python PYTHONDONTWRITEBYTECODE=1 \
 	    $$py -m pytest -q -p no:cacheprovider tests/python; fi
+	@if [ "$(SAN)" != 0 ]; then echo "tests/build/check_install.sh: skipped under SAN=$(SAN)"; \
+	else $(SUBMAKE_ENV) GPUMEM_O=$(O) ./tests/build/check_install.sh; fi
 
 test-asan:
-	@$(MAKE) --no-print-directory O=build/asan SAN=1 test
+	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory O=build/asan SAN=1 test
 
 # Fuzzers (clang's libFuzzer, with ASan): `make fuzz` runs each for
 # FUZZ_SECONDS (default 60) on a corpus in build/fuzz/.
@@ -207,31 +243,59 @@ fuzz: $(FUZZERS)
 
 # Data races: not part of check (ThreadSanitizer is slow), run by hand.
 test-tsan:
-	@$(MAKE) --no-print-directory O=build/tsan SAN=thread test
+	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory O=build/tsan SAN=thread test
 
 # demo and check install what is missing, then build in a new make that
 # sees what was installed.
 check: deps
-	@$(MAKE) --no-print-directory test
-	@./tests/build/check_rebuild.sh
-	@$(MAKE) --no-print-directory test-asan
+	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory test
+	@$(SUBMAKE_ENV) ./tests/build/check_rebuild.sh
+	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory test-asan
 
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory all
 	@./tools/demo.sh $(abspath $(O))
 
 bench: all $(BENCHES)
 	@./tools/install-deps.sh bench
 	@./bench/run.sh $(abspath $(O))
 
-install: $(BINS) $(LIBS)
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
-	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 755 $(O)/lib/libgpumem.so $(DESTDIR)$(PREFIX)/lib/libgpumem.so.1
-	install -m 755 $(O)/lib/libgpumem_preload.so $(DESTDIR)$(PREFIX)/lib/
-	ln -sf libgpumem.so.1 $(DESTDIR)$(PREFIX)/lib/libgpumem.so
-	install -m 644 $(O)/lib/gpumem.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
-	install -m 644 include/gpumem.h $(DESTDIR)$(PREFIX)/include/
+# Installed programs carry no RUNPATH: gpumemctl and gpumem-worker are
+# linked again without the build tree's $ORIGIN/../lib, and find
+# libgpumem.so.1 through the system loader (ldconfig runs after an install
+# as root without DESTDIR; LDCONFIG=: skips it). libgpumem_preload.so keeps
+# its RUNPATH $ORIGIN: libgpumem.so.1 is installed next to it. gpumem.pc is
+# written at install with the PREFIX, LIBDIR and INCLUDEDIR it is installed
+# under. gpumem-worker, a test tool, goes to LIBEXECDIR/gpumemd, not BINDIR.
+$(O)/inst/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
+	  $(shell pkg-config --libs libprotobuf-c) -ldl -lm
+
+INSTALLED := $(SBINDIR)/gpumemd $(BINDIR)/gpumemctl $(LIBEXECDIR)/gpumemd/gpumem-worker \
+  $(LIBDIR)/libgpumem.so.1 $(LIBDIR)/libgpumem.so $(LIBDIR)/libgpumem_preload.so \
+  $(PKGCONFIGDIR)/gpumem.pc $(INCLUDEDIR)/gpumem.h
+
+install: $(O)/bin/gpumemd $(INST_BINS) $(LIBS)
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBEXECDIR)/gpumemd \
+	  $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(INCLUDEDIR)
+	install -m 755 $(O)/bin/gpumemd $(DESTDIR)$(SBINDIR)/
+	install -m 755 $(O)/inst/bin/gpumemctl $(DESTDIR)$(BINDIR)/
+	install -m 755 $(O)/inst/bin/gpumem-worker $(DESTDIR)$(LIBEXECDIR)/gpumemd/
+	install -m 755 $(O)/lib/libgpumem.so $(DESTDIR)$(LIBDIR)/libgpumem.so.1
+	ln -sf libgpumem.so.1 $(DESTDIR)$(LIBDIR)/libgpumem.so
+	install -m 755 $(O)/lib/libgpumem_preload.so $(DESTDIR)$(LIBDIR)/
+	$(call make_pc) > $(DESTDIR)$(PKGCONFIGDIR)/gpumem.pc
+	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/gpumem.pc
+	install -m 644 include/gpumem.h $(DESTDIR)$(INCLUDEDIR)/
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then $(LDCONFIG) 2>/dev/null || true; fi
+
+# Removes what install put, given the same PREFIX, LIBDIR... and DESTDIR.
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	rmdir $(DESTDIR)$(LIBEXECDIR)/gpumemd 2>/dev/null || true
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then $(LDCONFIG) 2>/dev/null || true; fi
 
 clean:
 	rm -rf build

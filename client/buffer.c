@@ -157,7 +157,13 @@ void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *e
   b->nchunks = r->n_chunk_sizes;
   memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
   int rc = 0;
-  if (r->ipc_handle.len) {
+  if (!c->gpu) {
+    /* Connected with GPUMEM_CONNECT_NODE_DEVICES: no backend to map with. */
+    rc = client_fail(GPUMEM_E_PERMISSION,
+                     "this client maps no memory (GPUMEM_CONNECT_NODE_DEVICES)");
+    buffer_free_struct(b);
+    b = NULL;
+  } else if (r->ipc_handle.len) {
     b->ipc = true;
     if (gpu_ipc_open(c->gpu, b->local, r->ipc_handle.data, &b->va) < 0) {
       rc = client_fail(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
@@ -340,7 +346,7 @@ static void sync_devices(gpumem_client *c, gpumem_buffer *const *bufs, size_t n)
     unsigned d = bufs[i]->local;
     if (d < 64 && (done & (1ull << d))) continue;
     if (d < 64) done |= 1ull << d;
-    gpu_sync(c->gpu, d);
+    if (c->gpu) gpu_sync(c->gpu, d);
   }
 }
 
@@ -524,6 +530,7 @@ int gpumem_sync(gpumem_client *c, int device) {
     return client_fail(GPUMEM_E_INVALID,
                        "device %d is not one of the %u gpumemd devices this process sees",
                        device, seen);
+  if (!c->gpu) return 0; /* it maps nothing: nothing to wait for */
   if (gpu_sync(c->gpu, (unsigned)device) < 0)
     return client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
   return 0;

@@ -703,7 +703,9 @@ static int open_socket(const char *path) {
 }
 
 /* Say hello and learn the devices; the first time also open the backend
- * for mapping. As the reading thread (or before there is one). */
+ * for mapping, unless the client maps nothing (GPUMEM_CONNECT_NODE_DEVICES:
+ * then it loads no GPU driver and numbers devices as the daemon does). As
+ * the reading thread (or before there is one). */
 static int greet(gpumem_client *c, bool first) {
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
   h.version_major = WIRE_VERSION_MAJOR;
@@ -735,9 +737,9 @@ static int greet(gpumem_client *c, bool first) {
       snprintf(c->backend, sizeof c->backend, "%s", r->backend);
       struct gpu_options opt = {.backend = c->backend, .client = true};
       char err[256] = "";
-      if (gpu_open(&opt, &c->gpu, err, sizeof err) < 0)
+      if (!(c->flags & GPUMEM_CONNECT_NODE_DEVICES) && gpu_open(&opt, &c->gpu, err, sizeof err) < 0)
         rc = client_fail(GPUMEM_E_BACKEND, "backend %s: %s", c->backend, err);
-    } else if (strcmp(c->backend, r->backend) != 0) {
+    } else if (c->gpu && strcmp(c->backend, r->backend) != 0) {
       rc = client_fail(GPUMEM_E_BACKEND,
                        "gpumemd came back with backend %s; this process maps %s memory",
                        r->backend, c->backend);
@@ -749,7 +751,7 @@ static int greet(gpumem_client *c, bool first) {
     c->ndevices = (unsigned)r->n_devices;
     for (size_t i = 0; i < WIRE_MAX_DEVICES; i++) c->local_of[i] = -1;
     for (size_t i = 0; rc == 0 && i < r->n_devices && i < WIRE_MAX_DEVICES; i++)
-      c->local_of[i] = gpu_device_by_bus_id(c->gpu, r->devices[i]->bus_id);
+      c->local_of[i] = c->gpu ? gpu_device_by_bus_id(c->gpu, r->devices[i]->bus_id) : (int)i;
     pthread_mutex_unlock(&c->mu);
   }
   client_reply_free(&reply);
@@ -1118,7 +1120,8 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
     return client_fail(GPUMEM_E_INVALID, "role must be worker or controller");
   if (name && strlen(name) > WIRE_NAME_MAX)
     return client_fail(GPUMEM_E_INVALID, "name longer than %d bytes", WIRE_NAME_MAX);
-  if (flags & ~(unsigned)(GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT))
+  if (flags & ~(unsigned)(GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT |
+                          GPUMEM_CONNECT_NODE_DEVICES))
     return client_fail(GPUMEM_E_INVALID, "unknown connect flags 0x%x", flags);
   if (!socket_path || !*socket_path) socket_path = getenv("GPUMEM_SOCKET");
   if (!socket_path || !*socket_path) socket_path = GPUMEM_DEFAULT_SOCKET;

@@ -421,7 +421,7 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   int map[WIRE_MAX_DEVICES];
   client_local_map(c, map);
   struct gpumem_status *s = sized(sizeof *s);
-  if (!s || !(s->backend = dup_text(r->backend)) || !copy_devices(map, s, r) ||
+  if (!s || !(s->backend = dup_text(r->backend)) || !(s->version = dup_text(r->version)) || !copy_devices(map, s, r) ||
       !copy_tags(s, r) || !copy_sessions(s, r) || !copy_processes(map, s, r) ||
       !copy_checks(map, &s->last_pause_checks, &s->nlast_pause_checks, r->last_pause_checks,
                    r->n_last_pause_checks)) {
@@ -456,6 +456,7 @@ void gpumem_status_free(struct gpumem_status *s) {
   free_array((void **)s->processes, s->nprocesses);
   free_array((void **)s->last_pause_checks, s->nlast_pause_checks);
   free((char *)s->backend);
+  free((char *)s->version);
   free(s);
 }
 

@@ -68,3 +68,22 @@ uint64_t size_round_up(uint64_t n, uint64_t align) {
   if (n > UINT64_MAX - (align - 1)) return 0;
   return (n + align - 1) & ~(align - 1);
 }
+
+/* Parse "500ms", "10s", "2m" or plain seconds into milliseconds. */
+int duration_parse(const char *text, uint64_t max_ms, uint64_t *ms) {
+  if (!text || !(isdigit((unsigned char)text[0]) || text[0] == '.')) return -EINVAL;
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (errno == ERANGE) return -ERANGE;
+  if (end == text || v != v) return -EINVAL;
+  double mult;
+  if (strcmp(end, "ms") == 0) mult = 1;
+  else if (*end == '\0' || strcmp(end, "s") == 0) mult = 1000;
+  else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0) mult = 60000;
+  else return -EINVAL;
+  double r = v * mult;
+  if (r < 1 || r > (double)max_ms) return -ERANGE;
+  *ms = (uint64_t)(r + 0.5);
+  return 0;
+}

@@ -15,4 +15,9 @@ const char *size_format(uint64_t bytes, char *buf, size_t buflen);
 /* Round n up to a multiple of align (a power of two); 0 on overflow. */
 uint64_t size_round_up(uint64_t n, uint64_t align);
 
+/* Parse a duration into milliseconds: "500ms", "10s", "2m", or a plain
+ * number of seconds ("2" is 2s; fractions allowed, "1.5s"). Returns 0, or
+ * -EINVAL for malformed text and -ERANGE above max_ms or below 1 ms. */
+int duration_parse(const char *text, uint64_t max_ms, uint64_t *ms);
+
 #endif

@@ -25,6 +25,9 @@ struct config {
   unsigned max_buffers_per_session;
   uid_t controller_uid; /* (uid_t)-1: none beyond root and our own uid */
   gid_t controller_gid; /* (gid_t)-1: none */
+  gid_t socket_gid;     /* (gid_t)-1: keep the daemon's group */
+  mode_t socket_mode;   /* for a socket the daemon binds itself */
+  int listen_fd;        /* -1, or a socket passed by systemd: never unlinked */
 };
 
 #endif

@@ -27,7 +27,7 @@ static int listen_err(int e, char *err, size_t errlen, const char *what, const c
 }
 
 /* Bind and listen on path, after making sure nobody else serves it. */
-int listener_open(const char *path, char *err, size_t errlen) {
+int listener_open(const char *path, mode_t mode, gid_t gid, char *err, size_t errlen) {
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof addr.sun_path) {
     snprintf(err, errlen, "socket path too long: %s", path);
@@ -62,7 +62,17 @@ int listener_open(const char *path, char *err, size_t errlen) {
   if (rc < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
     if (rc == 0) e = errno;
     close(fd);
+    if (rc == 0) unlink(path);
     return listen_err(e, err, errlen, "binding", path);
+  }
+  const char *what = NULL;
+  if (gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) what = "chown of";
+  else if (chmod(path, mode) < 0) what = "chmod of";
+  if (what) {
+    e = errno;
+    close(fd);
+    unlink(path);
+    return listen_err(e, err, errlen, what, path);
   }
   return fd;
 }

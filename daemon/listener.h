@@ -4,9 +4,12 @@
 
 #include <stddef.h>
 
-/* Bind and listen on path with mode 0660. Refuses when another daemon
- * answers there or the path is not a socket; replaces a stale socket file.
- * Returns a non-blocking fd or a negative errno with err filled. */
-int listener_open(const char *path, char *err, size_t errlen);
+#include <sys/types.h>
+
+/* Bind and listen on path with mode and, unless (gid_t)-1, group gid.
+ * Refuses when another daemon answers there or the path is not a socket;
+ * replaces a stale socket file. Returns a non-blocking fd or a negative
+ * errno with err filled; on failure no socket is left behind. */
+int listener_open(const char *path, mode_t mode, gid_t gid, char *err, size_t errlen);
 
 #endif

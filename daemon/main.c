@@ -1,6 +1,7 @@
 /* gpumemd: the per-node GPU memory daemon. */
 #include <errno.h>
 #include <getopt.h>
+#include <glob.h>
 #include <grp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -16,13 +17,19 @@
 #include "common/wire.h"
 #include "config.h"
 #include "gpu/gpu.h"
+#include "gpumem.h"
+#include "notify.h"
 #include "server.h"
 
+/* Print the command-line help to out. */
 static void usage(FILE *out) {
   fprintf(out,
           "usage: gpumemd [options]\n"
           "  --socket PATH             socket to serve (default $GPUMEM_SOCKET or %s)\n"
-          "  --backend NAME            auto, cuda, hip, host (default auto: the GPU present)\n"
+          "  --socket-group GROUP      group of the socket the daemon binds itself\n"
+          "  --socket-mode OCTAL       mode of the socket the daemon binds (default 0660)\n"
+          "  --backend NAME            auto, cuda, hip, host (default auto: the GPU present;\n"
+          "                            host only on a node without GPU device nodes)\n"
           "  --host-devices N          host backend: simulated devices (default 2)\n"
           "  --host-device-size SIZE   host backend: bytes per device (default 4G)\n"
           "  --host-granularity SIZE   host backend: allocation granularity (default 2M)\n"
@@ -53,6 +60,7 @@ static int parse_duration(const char *s, uint32_t *ms) {
   return 0;
 }
 
+/* Parse a decimal number no larger than max. */
 static int parse_uint(const char *s, unsigned long max, unsigned long *out) {
   char *end;
   errno = 0;
@@ -62,6 +70,7 @@ static int parse_uint(const char *s, unsigned long max, unsigned long *out) {
   return 0;
 }
 
+/* Report a bad option value; returns the usage exit status. */
 static int die_usage(const char *opt, const char *val) {
   fprintf(stderr, "gpumemd: invalid value for --%s: '%s'\n", opt, val);
   return 2;
@@ -76,8 +85,32 @@ static void raise_fd_limit(void) {
   }
 }
 
-/* Open the configured backend; "auto" takes the vendor whose GPU is
- * present, else host, and says why. */
+/* Whether the node has device nodes of a vendor: /dev/nvidia0... for cuda,
+ * /dev/kfd for hip. */
+static bool has_device_nodes(const char *vendor) {
+  if (strcmp(vendor, "hip") == 0) return access("/dev/kfd", F_OK) == 0;
+  glob_t gl;
+  bool found = glob("/dev/nvidia[0-9]*", 0, NULL, &gl) == 0 && gl.gl_pathc > 0;
+  globfree(&gl);
+  return found;
+}
+
+/* Print the version and the backends built in. */
+static void print_version(void) {
+  printf("gpumemd %d.%d.%d (protocol %d.%d)\nbackends: host", GPUMEM_VERSION_MAJOR,
+         GPUMEM_VERSION_MINOR, GPUMEM_VERSION_PATCH, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
+#ifdef HAVE_CUDA
+  printf(" cuda");
+#endif
+#ifdef HAVE_HIP
+  printf(" hip");
+#endif
+  printf("\n");
+}
+
+/* Open the configured backend; "auto" takes the vendor whose GPU device
+ * nodes are present and fails with its driver's error, host only when the
+ * node has no GPU device nodes at all. */
 static int open_backend(struct config *cfg, gpu **g) {
   /* The host backend's devices belong to this socket: a daemon restarted
    * on it finds its memory again, one on another socket has its own. */
@@ -92,7 +125,10 @@ static int open_backend(struct config *cfg, gpu **g) {
   char err[256] = "", why[600] = "";
   if (strcmp(cfg->backend, "auto") == 0) {
     static const char *const vendors[] = {"cuda", "hip"};
+    bool any = false;
     for (size_t i = 0; i < 2; i++) {
+      if (!has_device_nodes(vendors[i])) continue;
+      any = true;
       o.backend = vendors[i];
       if (gpu_open(&o, g, err, sizeof err) == 0) {
         cfg->backend = vendors[i];
@@ -102,8 +138,12 @@ static int open_backend(struct config *cfg, gpu **g) {
       size_t len = strlen(why);
       snprintf(why + len, sizeof why - len, "%s%s: %s", len ? "; " : "", vendors[i], err);
     }
+    if (any) {
+      log_error("backend auto: GPU device nodes are present but no driver opened: %s", why);
+      return -1;
+    }
     cfg->backend = o.backend = "host";
-    log_info("backend auto: host (%s)", why);
+    log_info("backend auto: host (no /dev/nvidia0... or /dev/kfd on this node)");
   }
   if (gpu_open(&o, g, err, sizeof err) < 0) {
     log_error("backend %s: %s", cfg->backend, err);
@@ -112,6 +152,7 @@ static int open_backend(struct config *cfg, gpu **g) {
   return 0;
 }
 
+/* Parse the flags, take systemd's socket or bind one, and serve. */
 int main(int argc, char **argv) {
   const char *env_socket = getenv("GPUMEM_SOCKET");
   struct config cfg = {
@@ -127,9 +168,14 @@ int main(int argc, char **argv) {
       .max_buffers_per_session = 1000000,
       .controller_uid = (uid_t)-1,
       .controller_gid = (gid_t)-1,
+      .socket_gid = (gid_t)-1,
+      .socket_mode = 0660,
+      .listen_fd = -1,
   };
   static const struct option opts[] = {
       {"socket", required_argument, 0, 's'},
+      {"socket-group", required_argument, 0, 'O'},
+      {"socket-mode", required_argument, 0, 'M'},
       {"backend", required_argument, 0, 'b'},
       {"host-devices", required_argument, 0, 'n'},
       {"host-device-size", required_argument, 0, 'z'},
@@ -154,6 +200,24 @@ int main(int argc, char **argv) {
     const char *name = c == '?' ? "" : opts[idx].name;
     switch (c) {
     case 's': cfg.socket_path = optarg; break;
+    case 'O': {
+      struct group *gr = getgrnam(optarg);
+      if (gr) cfg.socket_gid = gr->gr_gid;
+      else if (parse_uint(optarg, UINT32_MAX - 1, &v) == 0) cfg.socket_gid = (gid_t)v;
+      else {
+        fprintf(stderr, "gpumemd: --socket-group: no group named '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    }
+    case 'M': {
+      char *end;
+      errno = 0;
+      v = strtoul(optarg, &end, 8);
+      if (errno || *end || end == optarg || v > 07777) return die_usage(name, optarg);
+      cfg.socket_mode = (mode_t)v;
+      break;
+    }
     case 'b': cfg.backend = optarg; break;
     case 'n':
       if (parse_uint(optarg, 64, &v) || v == 0) return die_usage(name, optarg);
@@ -207,9 +271,7 @@ int main(int argc, char **argv) {
       log_set_level((enum log_level)lvl);
       break;
     }
-    case 'V':
-      printf("gpumemd protocol %d.%d\n", WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
-      return 0;
+    case 'V': print_version(); return 0;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -219,11 +281,23 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  /* systemd's environment is checked before anything is created. */
+  char err[256] = "";
+  static char activated_path[108];
+  cfg.listen_fd = activation_take(activated_path, sizeof activated_path, err, sizeof err);
+  if (cfg.listen_fd == -2 || notify_check(err, sizeof err) < 0) {
+    log_error("%s", err);
+    if (cfg.listen_fd >= 0) close(cfg.listen_fd);
+    return 1;
+  }
+  if (cfg.listen_fd >= 0 && activated_path[0]) cfg.socket_path = activated_path;
   signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
   gpu *g;
-  if (open_backend(&cfg, &g) < 0) return 1;
-  char err[256] = "";
+  if (open_backend(&cfg, &g) < 0) {
+    if (cfg.listen_fd >= 0) close(cfg.listen_fd);
+    return 1;
+  }
   uint64_t gran = gpu_granularity(g);
   if (cfg.chunk_size < gran) cfg.chunk_size = gran;
   uv_loop_t loop;
@@ -244,7 +318,14 @@ int main(int argc, char **argv) {
     gpu_close(g);
     return 1;
   }
+  bool notify_failed =
+      notify_ready(gpu_name(g), gpu_device_count(g), cfg.socket_path, err, sizeof err) < 0;
+  if (notify_failed) {
+    log_error("%s", err);
+    raise(SIGTERM);
+  }
   int status = server_run(srv);
+  if (notify_failed) status = 1;
   server_destroy(srv);
   uv_loop_close(&loop);
   gpu_close(g);

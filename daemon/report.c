@@ -6,6 +6,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpumem.h"
+
+#define VSTR_(x) #x
+#define VSTR(x) VSTR_(x)
+/* The daemon's version as text, from the same macros as the library's. */
+#define DAEMON_VERSION \
+  VSTR(GPUMEM_VERSION_MAJOR) "." VSTR(GPUMEM_VERSION_MINOR) "." VSTR(GPUMEM_VERSION_PATCH)
+
 #define REPORT_BUS_ID_LEN 32
 #define REPORT_MAX_PROCESSES 256
 
@@ -158,6 +166,7 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
                    size_t nlast) {
   Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
   r.backend = (char *)gpu_name(g);
+  r.version = (char *)DAEMON_VERSION;
   r.granularity = gpu_granularity(g);
   r.devices = report_devices(reg, g, &r.n_devices);
   size_t ntags = 0, nsessions = 0;

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "engine.h"
 #include "listener.h"
+#include "notify.h"
 #include "registry.h"
 #include "report.h"
 #include "session.h"
@@ -59,7 +60,9 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   srv->gpu = g;
   srv->next_session_id = 1;
   list_init(&srv->sessions);
-  srv->listen_fd = listener_open(cfg->socket_path, err, errlen);
+  srv->listen_fd = cfg->listen_fd >= 0 ? cfg->listen_fd
+                                       : listener_open(cfg->socket_path, cfg->socket_mode,
+                                                       cfg->socket_gid, err, errlen);
   if (srv->listen_fd < 0) {
     free(srv);
     return NULL;
@@ -74,7 +77,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
     snprintf(err, errlen, "out of memory");
     registry_destroy(srv->reg);
     close(srv->listen_fd);
-    unlink(cfg->socket_path);
+    if (cfg->listen_fd < 0) unlink(cfg->socket_path);
     free(srv);
     return NULL;
   }
@@ -141,6 +144,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   if (srv->stopping) return;
   srv->stopping = true;
   log_info("%s: shutting down", strsignal(signum));
+  notify_stopping();
   engine_destroy(srv->eng);
   srv->eng = NULL;
   uv_timer_init(srv->loop, &srv->stop_timer);
@@ -159,7 +163,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   uv_close((uv_handle_t *)&srv->reaper, NULL);
   close(srv->listen_fd);
-  unlink(srv->cfg->socket_path);
+  /* A socket systemd passed is systemd's: it stays for the next start. */
+  if (srv->cfg->listen_fd < 0) unlink(srv->cfg->socket_path);
   /* Still caught while sessions drain (a second SIGTERM must not kill us
    * half-way), but no longer keeping the loop alive. */
   uv_unref((uv_handle_t *)&srv->sigterm);

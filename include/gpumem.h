@@ -11,7 +11,9 @@
  * is the calling process's own (the CUDA/HIP runtime's numbering, as
  * CUDA_VISIBLE_DEVICES or HIP_VISIBLE_DEVICES make it). Results also give
  * node_device, the daemon's number, for display; a device this process
- * cannot see has device -1.
+ * cannot see has device -1. A client connected with
+ * GPUMEM_CONNECT_NODE_DEVICES loads no GPU driver and uses the daemon's
+ * numbers instead (device == node_device).
  *
  * Errors: functions that can fail return 0 (or a count) on success and a
  * negative GPUMEM_E_* code on failure; the daemon's errors arrive as the
@@ -119,6 +121,11 @@ enum gpumem_connect_flag {
    * GPUMEM_E_DISCONNECTED from then on and buffers stay mapped, unmanaged,
    * until freed. */
   GPUMEM_CONNECT_NO_RECONNECT = 2,
+  /* This client maps no memory (status, lists, pause and resume only): it
+   * loads no GPU driver, numbers devices as the daemon does (device ==
+   * node_device), and its allocations fail with GPUMEM_E_PERMISSION.
+   * gpumemctl connects this way. */
+  GPUMEM_CONNECT_NODE_DEVICES = 4,
 };
 
 /* The default socket path, used when neither an argument nor the
@@ -515,6 +522,8 @@ struct gpumem_status {
    * the driver's free memory before and after (none before the first). */
   size_t nlast_pause_checks;
   struct gpumem_device_check **last_pause_checks;
+  /* The daemon's version ("1.2.0"); "" from a daemon that does not say. */
+  const char *version;
 };
 
 /* Ask for the status; free it with gpumem_status_free. */

@@ -33,6 +33,9 @@ struct fake {
 
 static struct fake fk;
 
+/* The backend the scripted daemon names in its HelloReply. */
+static const char *fake_backend = "host";
+
 /* What gpumemctl printed, and where the files go. */
 static char out_buf[1 << 16], err_buf[1 << 16];
 
@@ -272,7 +275,7 @@ static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status
   Gpumem__Wire__HelloReply hr = GPUMEM__WIRE__HELLO_REPLY__INIT;
   hr.version_major = WIRE_VERSION_MAJOR;
   hr.version_minor = WIRE_VERSION_MINOR;
-  hr.backend = "host";
+  hr.backend = (char *)fake_backend;
   hr.granularity = 2 * MiB;
   hr.devices = devs;
   hr.n_devices = 4;
@@ -368,7 +371,7 @@ START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
   op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
   op.error = &e;
   fake_start(&fk, &op, NULL);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --max-residual 1G --timeout 500 kv"), 1);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --max-residual 1G --timeout 500ms kv"), 1);
   ck_assert_msg(strstr(err_buf, "pause failed: NOT_RELEASED: 2 buffers of tag kv were not released"),
                 "%s", err_buf);
   ck_assert_msg(strstr(err_buf, "2 buffers, 8.00 GiB still held by pids 4121, 4122"), "%s", err_buf);
@@ -627,6 +630,234 @@ START_TEST(status_says_when_the_driver_gives_no_per_process_figures) {
 }
 END_TEST
 
+/* --version names this tool, the library and the daemon that answers;
+ * status says the daemon's version too; with no daemon the version is
+ * still printed and the daemon said to be unreachable. */
+START_TEST(version_names_tool_library_and_daemon) {
+  daemon_start(&d, NULL);
+  char v[32];
+  snprintf(v, sizeof v, "%d.%d.%d", GPUMEM_VERSION_MAJOR, GPUMEM_VERSION_MINOR,
+           GPUMEM_VERSION_PATCH);
+  char want[3][64];
+  snprintf(want[0], sizeof want[0], "gpumemctl %s\n", v);
+  snprintf(want[1], sizeof want[1], "libgpumem %s\n", gpumem_version_string());
+  snprintf(want[2], sizeof want[2], "gpumemd %s\n", v);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "--version"), 0);
+  for (int i = 0; i < 3; i++) ck_assert_msg(strstr(out_buf, want[i]), "%s", out_buf);
+  char expr[256];
+  snprintf(expr, sizeof expr, "j=={'gpumemctl':'%s','libgpumem':'%s','daemon':'%s'}", v,
+           gpumem_version_string(), v);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "--json --version"), 0);
+  ck_assert_int_eq(json_check(d.dir, expr), 0);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "status"), 0);
+  snprintf(want[2], sizeof want[2], "gpumemd %s, backend host", v);
+  ck_assert_msg(strncmp(out_buf, want[2], strlen(want[2])) == 0, "%s", out_buf);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
+  snprintf(expr, sizeof expr, "j['version']=='%s'", v);
+  ck_assert_int_eq(json_check(d.dir, expr), 0);
+  /* No daemon: the versions here, and why the daemon's is missing. */
+  char gone[160];
+  snprintf(gone, sizeof gone, "%s/none.sock", d.dir);
+  ck_assert_int_eq(ctl(d.dir, gone, "--version"), 0);
+  ck_assert_msg(strstr(out_buf, want[0]) && strstr(out_buf, "gpumemd: not reachable"), "%s",
+                out_buf);
+  ck_assert_int_eq(ctl(d.dir, gone, "--json --version"), 0);
+  ck_assert_int_eq(json_check(d.dir, "j['daemon'] is None"), 0);
+}
+END_TEST
+
+/* Under --json every failure is one error object on stdout, with the
+ * exit status kept: 2 for usage, 1 for the daemon or the library. */
+START_TEST(json_failures_print_an_error_object) {
+  daemon_start(&d, NULL);
+  static const struct {
+    const char *args;
+    int status;
+    const char *code;
+  } cases[] = {
+      {"--json pause", 2, "USAGE"},
+      {"--json --timeout 5x pause kv", 2, "USAGE"},
+      {"--json --no-such-option status", 2, "USAGE"},
+      {"--json frobnicate", 2, "USAGE"},
+      {"status --json --device 1", 2, "USAGE"},
+      {"--json --pid 0 pause kv", 2, "USAGE"},
+      {"--json resume nosuchtag", 1, "NOT_FOUND"},
+  };
+  char expr[256];
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_msg(ctl(d.dir, d.socket, cases[i].args) == cases[i].status, "%s: %s",
+                  cases[i].args, err_buf);
+    snprintf(expr, sizeof expr,
+             "j['error']['code']=='%s' and isinstance(j['error']['message'],str)"
+             " and len(j['error']['message'])>0 and isinstance(j['error']['pids'],list)",
+             cases[i].code);
+    ck_assert_msg(json_check(d.dir, expr) == 0, "%s", cases[i].args);
+    ck_assert_msg(err_buf[0], "%s: nothing on stderr", cases[i].args);
+  }
+  /* A daemon that is not there: CONNECT, for every command. */
+  char gone[160];
+  snprintf(gone, sizeof gone, "%s/none.sock", d.dir);
+  const char *cmds[] = {"--json status", "--json list", "--json pause kv", "--json metrics"};
+  for (size_t i = 0; i < 4; i++) {
+    ck_assert_int_eq(ctl(d.dir, gone, cmds[i]), 1);
+    ck_assert_int_eq(json_check(d.dir, "j['error']['code']=='CONNECT' and 'none.sock' in "
+                                       "j['error']['message'] and j['error']['pids']==[]"),
+                     0);
+  }
+}
+END_TEST
+
+/* --timeout takes the daemon's duration syntax (500ms, 10s, 2m; a plain
+ * number is seconds) and rejects anything else as a usage error. */
+START_TEST(timeout_takes_durations) {
+  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
+  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_FOUND;
+  e.message = "no tag";
+  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
+  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  op.error = &e;
+  fake_start(&fk, &op, NULL);
+  static const struct {
+    const char *arg;
+    const char *ms;
+  } ok[] = {{"500ms", "500"}, {"10s", "10000"}, {"2m", "120000"}, {"3", "3000"},
+            {"1.5s", "1500"}};
+  char args[128], want[128], asked[512];
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    snprintf(args, sizeof args, "pause --timeout %s kv", ok[i].arg);
+    ck_assert_int_eq(ctl(fk.dir, fk.socket, args), 1);
+    slurp(fk.asked, asked, sizeof asked);
+    snprintf(want, sizeof want, "timeout=%s tags=kv\n", ok[i].ms);
+    ck_assert_msg(strstr(asked, want), "%s: %s", ok[i].arg, asked);
+  }
+  const char *bad[] = {"0", "5x", "-1s", "ms", "10 s", "2h", "86401s"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(args, sizeof args, "pause --timeout '%s' kv", bad[i]);
+    ck_assert_msg(ctl(fk.dir, fk.socket, args) == 2, "%s", bad[i]);
+    ck_assert_msg(strstr(err_buf, "invalid timeout"), "%s: %s", bad[i], err_buf);
+  }
+}
+END_TEST
+
+/* Session names, tags and process names with control characters or bytes
+ * that are not UTF-8 reach neither the terminal nor the JSON raw: words
+ * escape them as \xNN, JSON stays valid, metrics stay one line each. */
+START_TEST(names_are_escaped_whatever_bytes_they_hold) {
+  Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
+  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
+  s1.id = 1;
+  s1.pid = 10;
+  s1.name = "r0\x1b[2J\n\xff";
+  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  Gpumem__Wire__SessionInfo *sessions[] = {&s1};
+  Gpumem__Wire__TagInfo t1 = GPUMEM__WIRE__TAG_INFO__INIT;
+  t1.name = "kv\x07\"\\\xc3";
+  t1.transit_buffers = 1;
+  t1.mixed = 1;
+  Gpumem__Wire__TagInfo *tags[] = {&t1};
+  sr.backend = "host";
+  sr.version = "9.9.9\x1b";
+  sr.granularity = 2 * MiB;
+  sr.sessions = sessions;
+  sr.n_sessions = 1;
+  sr.tags = tags;
+  sr.n_tags = 1;
+  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
+  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  st.status_reply = &sr;
+  fake_start(&fk, NULL, &st);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
+  for (const char *p = out_buf; *p; p++)
+    ck_assert_msg((unsigned char)*p >= 0x20 || *p == '\n', "raw control byte 0x%02x in: %s",
+                  (unsigned char)*p, out_buf);
+  ck_assert_msg(!strchr(out_buf, '\xff') && !strchr(out_buf, '\xc3'), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "r0\\x1b[2J\\x0a\\xff"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "kv\\x07\"\\\\\\xc3"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "gpumemd 9.9.9\\x1b, backend host"), "%s", out_buf);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
+  ck_assert_int_eq(json_check(fk.dir, "j['sessions'][0]['name'].startswith('r0\\x1b[2J\\n')"
+                                      " and j['tags'][0]['name'].startswith('kv\\x07\"\\\\')"
+                                      " and len(j['tags'][0]['name'])==6"),
+                   0);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "metrics"), 0);
+  for (const char *p = out_buf; *p; p++)
+    ck_assert_msg((unsigned char)*p >= 0x20 || *p == '\n', "raw control byte in: %s", out_buf);
+  ck_assert_msg(strstr(out_buf, "{tag=\"kv\xef\xbf\xbd\\\"\\\\\xef\xbf\xbd\"}"), "%s", out_buf);
+}
+END_TEST
+
+/* Whether this process maps a file whose name contains text. */
+static bool maps_contain(const char *text) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  ck_assert_ptr_nonnull(f);
+  char line[4096];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f)) found = strstr(line, text) != NULL;
+  fclose(f);
+  return found;
+}
+
+/* A controller loads no GPU driver: against a daemon whose backend this
+ * process could not open (or would have to load a vendor library for),
+ * gpumemctl and a controller session work, device numbers are the
+ * daemon's, and no driver is mapped; a worker still needs the backend. */
+START_TEST(controllers_open_no_gpu_backend) {
+  Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
+  sr.backend = "cuda";
+  sr.granularity = 2 * MiB;
+  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
+  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  st.status_reply = &sr;
+  fake_backend = "cuda";
+  fake_start(&fk, NULL, &st);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
+  ck_assert_msg(strstr(out_buf, "backend cuda"), "%s", out_buf);
+  const unsigned flags = GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT;
+  const unsigned node = flags | GPUMEM_CONNECT_NODE_DEVICES;
+  gpumem_client *c = NULL;
+  ck_assert_int_eq(gpumem_connect(fk.socket, "ctl", GPUMEM_ROLE_CONTROLLER, node, &c), 0);
+  ck_assert_uint_eq(gpumem_device_count(c), 4);
+  ck_assert_int_eq(gpumem_sync(c, 3), 0);
+  ck_assert_int_eq(gpumem_sync(c, 4), GPUMEM_E_INVALID);
+  ck_assert_msg(!maps_contain("libcuda") && !maps_contain("libamdhip64"), "a driver is mapped");
+  gpumem_disconnect(c);
+  fake_stop(&fk);
+  /* A backend no build has: the controller does not care, a worker does. */
+  fake_backend = "no-such-backend";
+  fake_start(&fk, NULL, &st);
+  ck_assert_int_eq(gpumem_connect(fk.socket, "ctl", GPUMEM_ROLE_CONTROLLER, node, &c), 0);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(gpumem_connect(fk.socket, "w", GPUMEM_ROLE_WORKER, flags, &c), GPUMEM_E_BACKEND);
+  ck_assert_msg(strstr(gpumem_last_error(), "no-such-backend"), "%s", gpumem_last_error());
+}
+END_TEST
+
+/* Metrics an operator can alert on: gpumem_up, a tag's pause as its own
+ * gauge (series stay the same across a pause), and gpumemctl's own
+ * controller session not counted; with no daemon, gpumem_up 0. */
+START_TEST(metrics_say_up_and_paused_and_count_workers) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_up 1\n"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_sessions 1\n"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_tag_paused{tag=\"kv\"} 0\n"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_tag_bytes{tag=\"kv\"} 4194304\n"), "%s", out_buf);
+  ck_assert_msg(!strstr(out_buf, "state="), "%s", out_buf);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 0);
+  ck_assert(worker_wait_for(&w, "paused buffer", 1, 5000));
+  ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_tag_paused{tag=\"kv\"} 1\n"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_tag_bytes{tag=\"kv\"} 4194304\n"), "%s", out_buf);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+  char gone[160];
+  snprintf(gone, sizeof gone, "%s/none.sock", d.dir);
+  ck_assert_int_eq(ctl(d.dir, gone, "metrics"), 1);
+  ck_assert_msg(strstr(out_buf, "# TYPE gpumem_up gauge\ngpumem_up 0\n"), "%s", out_buf);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("ctl", 60, setup, teardown,
                      unknown_tag_is_not_found_and_fails, pause_and_resume_select_sessions,
@@ -636,5 +867,9 @@ int main(void) {
                      a_failed_pause_says_what_is_held_and_by_whom,
                      the_library_reports_failures_whole,
                      status_names_the_largest_holders_outside_gpumemd,
-                     status_says_when_the_driver_gives_no_per_process_figures);
+                     status_says_when_the_driver_gives_no_per_process_figures,
+                     version_names_tool_library_and_daemon, json_failures_print_an_error_object,
+                     timeout_takes_durations, names_are_escaped_whatever_bytes_they_hold,
+                     controllers_open_no_gpu_backend,
+                     metrics_say_up_and_paused_and_count_workers);
 }

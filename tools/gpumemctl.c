@@ -2,6 +2,7 @@
  * operation failed (the daemon's words on stderr), 2 usage error. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -12,6 +13,12 @@
 #include "common/wire.h"
 #include "gpumem.h"
 
+#define VSTR_(x) #x
+#define VSTR(x) VSTR_(x)
+/* This tool's version: that of the header it was built with. */
+#define GPUMEM_CTL_VERSION \
+  VSTR(GPUMEM_VERSION_MAJOR) "." VSTR(GPUMEM_VERSION_MINOR) "." VSTR(GPUMEM_VERSION_PATCH)
+
 #define MAX_DEVICES 64
 #define MAX_PIDS WIRE_MAX_PIDS /* the daemon takes no more in one operation */
 
@@ -19,6 +26,7 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: gpumemctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+          "       gpumemctl [--socket PATH] [--json] --version\n"
           "commands:\n"
           "  status                    devices, tags, sessions and memory held outside gpumemd\n"
           "  list                      every buffer\n"
@@ -32,11 +40,15 @@ static void usage(FILE *out) {
           "  --device N                pause/resume: only device N (repeatable)\n"
           "  --pid PID                 pause/resume: only the sessions of PID (repeatable)\n"
           "  --session-prefix NAME     pause/resume: only sessions whose name starts with NAME\n"
-          "  --timeout MS              pause/resume: ack timeout per worker\n"
+          "  --timeout DURATION        pause/resume: ack timeout per worker (500ms, 10s,\n"
+          "                            2m; a plain number is seconds)\n"
           "  --max-residual SIZE       pause: fail when a device still holds more than\n"
           "                            SIZE outside gpumemd after the release\n"
           "  --unmanaged-warn SIZE     status: flag devices with more unmanaged memory\n"
-          "                            than this (default 1G)\n",
+          "                            than this (default 1G)\n"
+          "  --version                 this tool's, the library's and the daemon's versions\n"
+          "Under --json every failure prints {\"error\":{\"code\",\"message\",\"pids\"}} on\n"
+          "stdout as well; the exit status is kept.\n",
           GPUMEM_DEFAULT_SOCKET);
 }
 
@@ -64,13 +76,55 @@ static void json_str(const char *s) {
   putchar('"');
 }
 
-/* A name fit for a terminal: control characters become '?'. */
+/* A name fit for a terminal: control characters and bytes that are not
+ * UTF-8 become \xNN, a backslash \\; cut to fit buf. */
 static const char *printable(const char *s, char *buf, size_t len) {
-  size_t i = 0;
-  for (; s[i] && i + 1 < len; i++)
-    buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
-  buf[i] = '\0';
+  size_t o = 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    size_t n = utf8_len(p);
+    bool esc = n == 0 || *p < 0x20 || *p == 0x7f || *p == '\\';
+    size_t need = esc ? (*p == '\\' ? 2 : 4) : n;
+    if (o + need + 1 > len) break;
+    if (*p == '\\') o += (size_t)snprintf(buf + o, len - o, "\\\\");
+    else if (esc) o += (size_t)snprintf(buf + o, len - o, "\\x%02x", *p);
+    else memcpy(buf + o, p, n), o += n;
+    p += n ? n : 1;
+  }
+  buf[o] = '\0';
   return buf;
+}
+
+/* Room for a name of up to 255 bytes, each escaped as \xNN. */
+#define NAME_BUF 1024
+
+/* Print a JSON error object on stdout: {"error":{"code","message","pids"}}. */
+static void json_error(const char *code, const char *message, const uint32_t *pids,
+                       size_t npids) {
+  printf("{\"error\":{\"code\":");
+  json_str(code);
+  printf(",\"message\":");
+  json_str(message);
+  printf(",\"pids\":[");
+  for (size_t i = 0; i < npids; i++) printf("%s%u", i ? "," : "", pids[i]);
+  printf("]}}\n");
+}
+
+/* Under --json: also say failures on stdout as JSON. */
+static bool json_mode;
+
+/* Report a failure: words on stderr, and under --json one error object on
+ * stdout; returns the exit status given. */
+static int fail(int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(int status, const char *code, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "gpumemctl: %s\n", msg);
+  if (json_mode) json_error(code, msg, NULL, 0);
+  return status;
 }
 
 /* The word for a session role. */
@@ -136,7 +190,9 @@ static void print_checks(FILE *out, struct gpumem_device_check *const *v, size_t
 
 /* The status as one JSON object; keys are only ever added. */
 static void print_status_json(const struct gpumem_status *s) {
-  printf("{\"backend\":");
+  printf("{\"version\":");
+  json_str(s->version ? s->version : "");
+  printf(",\"backend\":");
   json_str(s->backend);
   printf(",\"granularity\":%llu,\"devices\":[", (unsigned long long)s->granularity);
   for (size_t i = 0; i < s->ndevices; i++) {
@@ -236,7 +292,7 @@ static void print_holders(const struct gpumem_status *s, uint64_t threshold) {
   qsort(v, n, sizeof *v, by_residual);
   printf("\n");
   if (n == 0) printf("no process holds device memory outside gpumemd\n");
-  char a[32], name[64], dev[32];
+  char a[32], name[NAME_BUF], dev[32];
   for (size_t i = 0; i < n && i < HOLDERS_SHOWN; i++)
     printf("%spid %u (%s) holds %s on device %s outside gpumemd\n",
            v[i]->residual > threshold ? "! " : "", v[i]->pid,
@@ -250,24 +306,26 @@ static void print_holders(const struct gpumem_status *s, uint64_t threshold) {
 
 /* Tags with buffers in transit or in both states, in words. */
 static void print_tag_notes(const struct gpumem_status *s) {
-  char a[32];
+  char a[32], name[NAME_BUF];
   for (size_t i = 0; i < s->ntags; i++) {
     const struct gpumem_tag_status *t = s->tags[i];
     if (t->transit_buffers)
       printf("! %s: %llu buffers (%s) %s: an owner has not answered; their memory is "
              "still held\n",
-             t->name, (unsigned long long)t->transit_buffers,
+             printable(t->name, name, sizeof name), (unsigned long long)t->transit_buffers,
              size_format(t->transit_bytes, a, sizeof a), gpumem_state_name(t->state));
     if (t->mixed)
-      printf("%s: mixed, %llu of %llu buffers paused\n", t->name,
+      printf("%s: mixed, %llu of %llu buffers paused\n", printable(t->name, name, sizeof name),
              (unsigned long long)t->paused_buffers, (unsigned long long)t->buffers);
   }
 }
 
 /* The status for people. */
 static void print_status(const struct gpumem_status *s, uint64_t threshold) {
-  char a[32], b[32], c[32], d[32], e[32], name[64], dev[32];
-  printf("backend %s, granularity %s\n\n", s->backend, size_format(s->granularity, a, sizeof a));
+  char a[32], b[32], c[32], d[32], e[32], name[NAME_BUF], dev[32];
+  printf("gpumemd %s, backend %s, granularity %s\n\n",
+         s->version && s->version[0] ? printable(s->version, name, sizeof name) : "(unknown)",
+         printable(s->backend, e, sizeof e), size_format(s->granularity, a, sizeof a));
   printf("%-6s %11s %11s %11s %11s %11s\n", "DEVICE", "TOTAL", "FREE", "RESERVED", "MANAGED",
          "UNMANAGED");
   for (size_t i = 0; i < s->ndevices; i++) {
@@ -296,7 +354,8 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
          "RELEASED", "BACKUP", "IN TRANSIT");
   for (size_t i = 0; i < s->ntags; i++) {
     const struct gpumem_tag_status *t = s->tags[i];
-    printf("%-20s %-9s %7llu %11s %11s %11s %11s\n", t->name, tag_state(t),
+    printf("%-20s %-9s %7llu %11s %11s %11s %11s\n", printable(t->name, name, sizeof name),
+           tag_state(t),
            (unsigned long long)t->buffers, size_format(t->bytes, a, sizeof a),
            size_format(t->paused_bytes, b, sizeof b), size_format(t->backup_bytes, e, sizeof e),
            size_format(t->transit_bytes, c, sizeof c));
@@ -317,12 +376,16 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   }
 }
 
-/* A Prometheus label value, escaped as the text format wants. */
+/* A Prometheus label value, escaped as the text format wants; other
+ * control characters and bytes that are not UTF-8 become U+FFFD. */
 static void label_value(const char *s) {
-  for (; *s; s++) {
-    if (*s == '\\' || *s == '"') printf("\\%c", *s);
-    else if (*s == '\n') printf("\\n");
-    else putchar(*s);
+  for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    size_t n = utf8_len(p);
+    if (*p == '\\' || *p == '"') printf("\\%c", *p);
+    else if (*p == '\n') printf("\\n");
+    else if (n == 0 || *p < 0x20 || *p == 0x7f) fputs("\xef\xbf\xbd", stdout);
+    else fwrite(p, 1, n, stdout);
+    p += n ? n : 1;
   }
 }
 
@@ -334,6 +397,8 @@ static void metric(const char *name, const char *type, const char *help) {
 /* The status in the Prometheus text format, for node_exporter's textfile
  * collector. */
 static void print_metrics(const struct gpumem_status *s) {
+  metric("up", "gauge", "1 when gpumemd answered gpumemctl.");
+  printf("gpumem_up 1\n");
   static const struct {
     const char *name, *help;
     size_t off;
@@ -351,27 +416,46 @@ static void print_metrics(const struct gpumem_status *s) {
              *(const unsigned long long *)((const char *)s->devices[i] + dev[k].off));
   }
   metric("tag_bytes", "gauge", "Bytes of a tag's buffers.");
-  for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_bytes{tag=\"%s\",state=\"%s\"} %llu\n", s->tags[i]->name,
-           gpumem_state_name(s->tags[i]->state), (unsigned long long)s->tags[i]->bytes);
+  for (size_t i = 0; i < s->ntags; i++) {
+    printf("gpumem_tag_bytes{tag=\"");
+    label_value(s->tags[i]->name);
+    printf("\"} %llu\n", (unsigned long long)s->tags[i]->bytes);
+  }
+  metric("tag_paused", "gauge", "1 when a tag is paused (its memory given back), else 0.");
+  for (size_t i = 0; i < s->ntags; i++) {
+    printf("gpumem_tag_paused{tag=\"");
+    label_value(s->tags[i]->name);
+    printf("\"} %d\n", s->tags[i]->state == GPUMEM_PAUSED ? 1 : 0);
+  }
   metric("tag_buffers", "gauge", "Buffers of a tag.");
-  for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_buffers{tag=\"%s\"} %llu\n", s->tags[i]->name,
-           (unsigned long long)s->tags[i]->buffers);
+  for (size_t i = 0; i < s->ntags; i++) {
+    printf("gpumem_tag_buffers{tag=\"");
+    label_value(s->tags[i]->name);
+    printf("\"} %llu\n", (unsigned long long)s->tags[i]->buffers);
+  }
   metric("tag_released_bytes", "gauge", "Bytes of a tag given back to the devices while paused.");
-  for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_released_bytes{tag=\"%s\"} %llu\n", s->tags[i]->name,
-           (unsigned long long)s->tags[i]->paused_bytes);
+  for (size_t i = 0; i < s->ntags; i++) {
+    printf("gpumem_tag_released_bytes{tag=\"");
+    label_value(s->tags[i]->name);
+    printf("\"} %llu\n", (unsigned long long)s->tags[i]->paused_bytes);
+  }
   metric("tag_backup_bytes", "gauge", "Bytes of a tag held as backups in host memory.");
-  for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_backup_bytes{tag=\"%s\"} %llu\n", s->tags[i]->name,
-           (unsigned long long)s->tags[i]->backup_bytes);
+  for (size_t i = 0; i < s->ntags; i++) {
+    printf("gpumem_tag_backup_bytes{tag=\"");
+    label_value(s->tags[i]->name);
+    printf("\"} %llu\n", (unsigned long long)s->tags[i]->backup_bytes);
+  }
   metric("tag_transit_bytes", "gauge", "Bytes of a tag's buffers in transit (an owner's ack missing).");
-  for (size_t i = 0; i < s->ntags; i++)
-    printf("gpumem_tag_transit_bytes{tag=\"%s\"} %llu\n", s->tags[i]->name,
-           (unsigned long long)s->tags[i]->transit_bytes);
-  metric("sessions", "gauge", "Connected sessions.");
-  printf("gpumem_sessions %zu\n", s->nsessions);
+  for (size_t i = 0; i < s->ntags; i++) {
+    printf("gpumem_tag_transit_bytes{tag=\"");
+    label_value(s->tags[i]->name);
+    printf("\"} %llu\n", (unsigned long long)s->tags[i]->transit_bytes);
+  }
+  size_t workers = 0;
+  for (size_t i = 0; i < s->nsessions; i++)
+    if (s->sessions[i]->role == GPUMEM_ROLE_WORKER) workers++;
+  metric("sessions", "gauge", "Connected worker sessions (controllers such as gpumemctl left out).");
+  printf("gpumem_sessions %zu\n", workers);
   metric("processes_known", "gauge", "1 where the driver gives per-process figures.");
   printf("gpumem_processes_known %d\n", s->processes_known ? 1 : 0);
   metric("process_residual_bytes", "gauge", "Device memory a process holds outside gpumemd.");
@@ -395,7 +479,7 @@ static void print_metrics(const struct gpumem_status *s) {
 
 /* The buffers, as a table or JSON. */
 static void print_list(const struct gpumem_list *l, bool json) {
-  char a[32], dev[32];
+  char a[32], dev[32], name[NAME_BUF];
   if (json) printf("[");
   else printf("%-8s %-8s %-20s %6s %11s %-9s %s\n", "BUFFER", "PID", "TAG", "DEVICE", "SIZE",
               "STATE", "FLAGS");
@@ -411,7 +495,7 @@ static void print_list(const struct gpumem_list *l, bool json) {
              gpumem_state_name(b->state));
     } else {
       printf("%-8llu %-8u %-20s %6s %11s %-9s %s%s%s\n", (unsigned long long)b->id, b->pid,
-             b->tag, dev_label(b->device, b->node_device, dev, sizeof dev),
+             printable(b->tag, name, sizeof name), dev_label(b->device, b->node_device, dev, sizeof dev),
              size_format(b->bytes, a, sizeof a), gpumem_state_name(b->state),
              b->flags & GPUMEM_BACKUP ? "backup " : "",
              b->flags & GPUMEM_IPC_LEGACY ? "ipc-legacy " : "",
@@ -468,6 +552,8 @@ static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
   if (rc < 0) {
     if (r)
       fprintf(stderr, "gpumemctl: %s failed: %s: %s\n", verb, r->code, r->message);
+    else if (json)
+      fail(1, gpumem_error_name(rc), "%s failed: %s", verb, gpumem_last_error());
     else
       fprintf(stderr, "gpumemctl: %s failed: %s\n", verb, gpumem_last_error());
     if (r && (r->buffers_held || r->bytes_held || r->npids)) {
@@ -492,6 +578,38 @@ static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
   return 0;
 }
 
+/* Print this tool's, the library's and, when one answers, the daemon's
+ * versions; 0 even when no daemon answers (it is then said). */
+static int print_version(const char *socket_path, bool json) {
+  const unsigned flags =
+      GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT | GPUMEM_CONNECT_NODE_DEVICES;
+  gpumem_client *c = NULL;
+  struct gpumem_status *s = NULL;
+  int rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_CONTROLLER, flags, &c);
+  if (rc == GPUMEM_E_PERMISSION)
+    rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_WORKER, flags, &c);
+  if (rc == 0) rc = gpumem_status(c, &s);
+  char why[400], v[NAME_BUF];
+  snprintf(why, sizeof why, "%s", rc < 0 ? gpumem_last_error() : "");
+  const char *dv = s && s->version[0] ? s->version : NULL;
+  if (json) {
+    printf("{\"gpumemctl\":\"%s\",\"libgpumem\":", GPUMEM_CTL_VERSION);
+    json_str(gpumem_version_string());
+    printf(",\"daemon\":");
+    if (dv) json_str(dv);
+    else printf("null");
+    printf("}\n");
+  } else {
+    printf("gpumemctl %s\nlibgpumem %s\n", GPUMEM_CTL_VERSION, gpumem_version_string());
+    if (dv) printf("gpumemd %s\n", printable(dv, v, sizeof v));
+    else if (s) printf("gpumemd: older than 1.2 (does not say its version)\n");
+    else printf("gpumemd: not reachable: %s\n", printable(why, v, sizeof v));
+  }
+  gpumem_status_free(s);
+  if (c) gpumem_disconnect(c);
+  return 0;
+}
+
 /* Parse the command line, connect, run one command. */
 int main(int argc, char **argv) {
   const char *socket_path = NULL;
@@ -502,7 +620,8 @@ int main(int argc, char **argv) {
   size_t npids = 0;
   const char *prefix = NULL;
   bool all = false;
-  unsigned long timeout = 0;
+  uint64_t timeout = 0;
+  bool version = false;
   uint64_t threshold = 1ull << 30;
   uint64_t max_residual = 0;
   bool has_max_residual = false;
@@ -513,20 +632,24 @@ int main(int argc, char **argv) {
       {"max-residual", required_argument, 0, 'r'},
       {"pid", required_argument, 0, 'p'},    {"session-prefix", required_argument, 0, 'n'},
       {"all", no_argument, 0, 'a'},          {"help", no_argument, 0, 'h'},
+      {"version", no_argument, 0, 'V'},
       {0, 0, 0, 0},
   };
   int ch;
   char *end;
+  /* --json anywhere before "--" decides how even the first usage error is
+   * said. */
+  for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    if (strcmp(argv[i], "--json") == 0) json_mode = true;
   while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (ch) {
     case 's': socket_path = optarg; break;
-    case 'j': json = true; break;
+    case 'j': json = json_mode = true; break;
     case 'd': {
       errno = 0;
       unsigned long v = strtoul(optarg, &end, 10);
       if (errno || *end || end == optarg || v >= MAX_DEVICES || ndevs == MAX_DEVICES) {
-        fprintf(stderr, "gpumemctl: invalid device '%s'\n", optarg);
-        return 2;
+        return fail(2, "USAGE", "invalid device '%s'", optarg);
       }
       devs[ndevs++] = (int)v;
       break;
@@ -536,48 +659,42 @@ int main(int argc, char **argv) {
       unsigned long v = strtoul(optarg, &end, 10);
       if (errno || *end || end == optarg || optarg[0] == '-' || v == 0 || v > UINT32_MAX ||
           npids == MAX_PIDS) {
-        fprintf(stderr, "gpumemctl: invalid pid '%s'\n", optarg);
-        return 2;
+        return fail(2, "USAGE", "invalid pid '%s'", optarg);
       }
       pids[npids++] = (uint32_t)v;
       break;
     }
     case 'n':
-      if (!*optarg) {
-        fprintf(stderr, "gpumemctl: empty session prefix\n");
-        return 2;
-      }
+      if (!*optarg) return fail(2, "USAGE", "empty session prefix");
       prefix = optarg;
       break;
     case 'a': all = true; break;
     case 't':
-      errno = 0;
-      timeout = strtoul(optarg, &end, 10);
-      if (errno || *end || end == optarg || timeout > 86400000) {
-        fprintf(stderr, "gpumemctl: invalid timeout '%s' (milliseconds)\n", optarg);
-        return 2;
-      }
+      if (duration_parse(optarg, 86400000, &timeout))
+        return fail(2, "USAGE", "invalid timeout '%s' (500ms, 10s, 2m; plain numbers are seconds)",
+                    optarg);
       break;
     case 'u':
-      if (size_parse(optarg, &threshold)) {
-        fprintf(stderr, "gpumemctl: invalid size '%s'\n", optarg);
-        return 2;
-      }
+      if (size_parse(optarg, &threshold)) return fail(2, "USAGE", "invalid size '%s'", optarg);
       break;
     case 'r':
-      if (size_parse(optarg, &max_residual)) {
-        fprintf(stderr, "gpumemctl: invalid size '%s'\n", optarg);
-        return 2;
-      }
+      if (size_parse(optarg, &max_residual)) return fail(2, "USAGE", "invalid size '%s'", optarg);
       has_max_residual = true;
       break;
     case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 2;
+    case 'V': version = true; break;
+    default:
+      usage(stderr);
+      return fail(2, "USAGE", "invalid option (see above)");
     }
+  }
+  if (version) {
+    if (optind < argc) return fail(2, "USAGE", "--version takes no command");
+    return print_version(socket_path, json);
   }
   if (optind >= argc) {
     usage(stderr);
-    return 2;
+    return fail(2, "USAGE", "no command given");
   }
   const char *cmd = argv[optind++];
   char **args = argv + optind;
@@ -586,46 +703,46 @@ int main(int argc, char **argv) {
   bool is_view = strcmp(cmd, "status") == 0 || strcmp(cmd, "list") == 0 ||
                  strcmp(cmd, "metrics") == 0;
   if (!is_op && !is_view) {
-    fprintf(stderr, "gpumemctl: unknown command '%s'\n", cmd);
     usage(stderr);
-    return 2;
+    return fail(2, "USAGE", "unknown command '%s'", cmd);
   }
   /* An empty tag list means every tag: ask for that in words, so that a
    * forgotten argument cannot pause a whole node. */
   if (is_op && nargs == 0 && !all) {
-    fprintf(stderr, "gpumemctl: %s needs tags, or --all for every tag\n", cmd);
-    return 2;
+    return fail(2, "USAGE", "%s needs tags, or --all for every tag", cmd);
   }
   if (all && (!is_op || nargs)) {
-    fprintf(stderr, "gpumemctl: --all is for pause and resume without tags\n");
-    return 2;
+    return fail(2, "USAGE", "--all is for pause and resume without tags");
   }
   if (!is_op && (npids || prefix || ndevs || timeout)) {
-    fprintf(stderr, "gpumemctl: --device, --pid, --session-prefix and --timeout are for "
-                    "pause and resume\n");
-    return 2;
+    return fail(2, "USAGE", "--device, --pid, --session-prefix and --timeout are for "
+                            "pause and resume");
   }
   if (has_max_residual && strcmp(cmd, "pause") != 0) {
-    fprintf(stderr, "gpumemctl: --max-residual applies to pause only\n");
-    return 2;
+    return fail(2, "USAGE", "--max-residual applies to pause only");
   }
   if (is_view && nargs) {
-    fprintf(stderr, "gpumemctl: %s takes no arguments\n", cmd);
-    return 2;
+    return fail(2, "USAGE", "%s takes no arguments", cmd);
   }
   /* Looking needs no permission: without a controller's rights, status
    * comes through a plain session (list then shows only its own buffers:
    * none). */
   /* One command, one connection: if the daemon goes away, say so and
    * stop rather than reconnect. */
-  const unsigned flags = GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT;
+  const unsigned flags =
+      GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT | GPUMEM_CONNECT_NODE_DEVICES;
   gpumem_client *c;
   int rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_CONTROLLER, flags, &c);
   if (rc == GPUMEM_E_PERMISSION && is_view)
     rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_WORKER, flags, &c);
   if (rc < 0) {
-    fprintf(stderr, "gpumemctl: %s\n", gpumem_last_error());
-    return 1;
+    /* A scrape still learns that the daemon is down (JSON mode: the
+     * error object alone). */
+    if (strcmp(cmd, "metrics") == 0 && !json) {
+      metric("up", "gauge", "1 when gpumemd answered gpumemctl.");
+      printf("gpumem_up 0\n");
+    }
+    return fail(1, gpumem_error_name(rc), "%s", gpumem_last_error());
   }
   rc = 0;
   if (is_op) {
@@ -640,9 +757,9 @@ int main(int argc, char **argv) {
     rc = run_op(c, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
   } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
     struct gpumem_status *s;
-    if (gpumem_status(c, &s) < 0) {
-      fprintf(stderr, "gpumemctl: %s failed: %s\n", cmd, gpumem_last_error());
-      rc = 1;
+    int err = gpumem_status(c, &s);
+    if (err < 0) {
+      rc = fail(1, gpumem_error_name(err), "%s failed: %s", cmd, gpumem_last_error());
     } else {
       if (strcmp(cmd, "metrics") == 0) print_metrics(s);
       else if (json) print_status_json(s);
@@ -651,9 +768,9 @@ int main(int argc, char **argv) {
     }
   } else {
     struct gpumem_list *l;
-    if (gpumem_list(c, &l) < 0) {
-      fprintf(stderr, "gpumemctl: list failed: %s\n", gpumem_last_error());
-      rc = 1;
+    int err = gpumem_list(c, &l);
+    if (err < 0) {
+      rc = fail(1, gpumem_error_name(err), "list failed: %s", gpumem_last_error());
     } else {
       print_list(l, json);
       gpumem_list_free(l);

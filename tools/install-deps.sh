@@ -20,6 +20,9 @@ have_pkg libuv || need="$need libuv1-dev"
 have_pkg libprotobuf-c || need="$need libprotobuf-c-dev"
 command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
 have_pkg check || need="$need check"
+have_pkg libsystemd || need="$need libsystemd-dev"
+# systemd-analyze, for make check's verify of the units in systemd/.
+command -v systemd-analyze >/dev/null 2>&1 || need="$need systemd"
 # pytest for tests/python (make test runs it with python3, else /usr/bin/python3).
 python3 -c 'import pytest' 2>/dev/null || /usr/bin/python3 -c 'import pytest' 2>/dev/null ||
   need="$need python3-pytest"

@@ -981,6 +981,7 @@ class Client:
                 "session_id": q.session_id, "name": _text(q.name),
             } for q in (s.processes[i][0] for i in range(s.nprocesses))]
             return {
+                "version": _text(s.version),
                 "backend": _text(s.backend),
                 "granularity": s.granularity,
                 "devices": devices,

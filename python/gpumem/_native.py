@@ -208,6 +208,7 @@ class Status(ctypes.Structure):
         ("processes_known", ctypes.c_int),
         ("nlast_pause_checks", ctypes.c_size_t),
         ("last_pause_checks", ctypes.POINTER(ctypes.POINTER(DeviceCheck))),
+        ("version", ctypes.c_char_p),
     ]
 
 
