@@ -32,7 +32,10 @@ int cudaSetDevice(int device);
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
-static const char *bin, *sock = "/tmp/gpumemd-preload-check.sock";
+/* The build's bin folder, and the daemon's socket and log in a folder of
+ * this run's own. */
+static const char *bin;
+static char dir[] = "/tmp/gpumem-preload-check.XXXXXX", sock[64], logpath[64];
 
 static double gib(uint64_t b) { return (double)b / (double)GiB; }
 
@@ -77,13 +80,12 @@ static int ctl_op(const char *args, uint64_t *buffers, uint64_t *bytes) {
 /* Start gpumemd --backend cuda (without the preload library) and wait
  * for its socket. */
 static pid_t start_daemon(void) {
-  unlink(sock);
   pid_t pid = fork();
   if (pid == 0) {
     unsetenv("LD_PRELOAD");
     char path[512];
     snprintf(path, sizeof path, "%s/gpumemd", bin);
-    if (!freopen("/tmp/gpumemd-preload-check.log", "w", stderr)) _exit(126);
+    if (!freopen(logpath, "w", stderr)) _exit(126);
     execl(path, path, "--backend", "cuda", "--socket", sock, "--log-level", "info",
           (char *)NULL);
     _exit(127);
@@ -100,6 +102,9 @@ static void pattern(uint8_t *p, size_t n, unsigned seed) {
 
 int main(int argc, char **argv) {
   bin = argc > 1 ? argv[1] : "build/bin";
+  if (!mkdtemp(dir)) return 1;
+  snprintf(sock, sizeof sock, "%s/sock", dir);
+  snprintf(logpath, sizeof logpath, "%s/gpumemd.log", dir);
   pid_t d = start_daemon();
   /* The preload library reads these on its first allocation. */
   setenv("GPUMEM_SOCKET", sock, 1);
@@ -163,5 +168,11 @@ int main(int argc, char **argv) {
   kill(d, SIGTERM);
   waitpid(d, NULL, 0);
   printf("preload checks: %d failed\n", failures);
+  /* The daemon's log, then nothing of this run is left behind. */
+  FILE *log = fopen(logpath, "r");
+  for (int ch; log && (ch = fgetc(log)) != EOF;) putchar(ch);
+  if (log) fclose(log);
+  unlink(logpath);
+  rmdir(dir);
   return failures;
 }

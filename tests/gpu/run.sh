@@ -59,7 +59,6 @@ if [ -n "$cudart" ]; then
   cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra tests/gpu/preload_check.c \
     -o build/tests/preload_check "$cudart" -Wl,-rpath,"$(dirname "$cudart")" || exit 1
   LD_PRELOAD=$PWD/build/lib/libgpumem_preload.so build/tests/preload_check build/bin || status=1
-  cat /tmp/gpumemd-preload-check.log
 else
   echo "FAIL preload check: no libcudart.so.* in $CUDA_HOME/lib64 or PyTorch's wheel"; status=1
 fi
