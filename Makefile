@@ -77,11 +77,13 @@ GEN := $(O)/gen/proto/gpumemd.pb-c.c
 COMMON_SRC := common/frame.c common/hash.c common/idmap.c common/log.c common/size.c common/wire.c $(GPU_SRC)
 DAEMON_SRC := $(wildcard daemon/*.c)
 CLIENT_SRC := $(wildcard client/*.c)
+CTL_SRC := $(wildcard ctl/*.c)
 
 obj = $(patsubst %.c,$(O)/obj/%.o,$(1))
 COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(O)/obj/gen/gpumemd.pb-c.o
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+CTL_OBJ := $(call obj,$(CTL_SRC))
 
 BINS := $(O)/bin/gpumemd $(O)/bin/gpumemctl $(O)/bin/gpumem-worker
 EXAMPLES := $(O)/examples/worker
@@ -162,6 +164,17 @@ $(O)/lib/gpumem.pc: client/gpumem.pc.in
 	@$(call make_pc) > $@
 
 RPATH := -Wl,-rpath,'$$ORIGIN/../lib'
+# gpumemctl is ctl/: one module per view (status, metrics, top).
+CTL_LINK = $(CC) $(LDFLAGS) -o $@ $(CTL_OBJ) -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
+  $(shell pkg-config --libs libprotobuf-c) $(CTL_LIBS) -ldl -lm
+$(O)/bin/gpumemctl: $(CTL_OBJ) $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CTL_LINK) $(RPATH)
+$(O)/inst/bin/gpumemctl: $(CTL_OBJ) $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CTL_LINK)
 $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
 	@echo "  LD      $@"

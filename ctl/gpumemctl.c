@@ -52,47 +52,8 @@ static void usage(FILE *out) {
           GPUMEM_DEFAULT_SOCKET);
 }
 
-/* Length of the UTF-8 sequence at s, or 0 if it is not one. */
-static size_t utf8_len(const unsigned char *s) {
-  size_t n = s[0] < 0x80 ? 1 : (s[0] & 0xe0) == 0xc0 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3
-           : (s[0] & 0xf8) == 0xf0 ? 4 : 0;
-  if (n == 2 && s[0] < 0xc2) return 0;
-  for (size_t i = 1; i < n; i++)
-    if ((s[i] & 0xc0) != 0x80) return 0;
-  return n;
-}
-
-/* Print s as a JSON string; bytes that are not UTF-8 become U+00XX, so
- * that the output always parses. */
-static void json_str(const char *s) {
-  putchar('"');
-  for (const unsigned char *p = (const unsigned char *)s; *p;) {
-    size_t n = utf8_len(p);
-    if (*p == '"' || *p == '\\') printf("\\%c", *p);
-    else if (*p < 0x20 || *p == 0x7f || n == 0) printf("\\u%04x", *p);
-    else fwrite(p, 1, n, stdout);
-    p += n ? n : 1;
-  }
-  putchar('"');
-}
-
-/* A name fit for a terminal: control characters and bytes that are not
- * UTF-8 become \xNN, a backslash \\; cut to fit buf. */
-static const char *printable(const char *s, char *buf, size_t len) {
-  size_t o = 0;
-  for (const unsigned char *p = (const unsigned char *)s; *p;) {
-    size_t n = utf8_len(p);
-    bool esc = n == 0 || *p < 0x20 || *p == 0x7f || *p == '\\';
-    size_t need = esc ? (*p == '\\' ? 2 : 4) : n;
-    if (o + need + 1 > len) break;
-    if (*p == '\\') o += (size_t)snprintf(buf + o, len - o, "\\\\");
-    else if (esc) o += (size_t)snprintf(buf + o, len - o, "\\x%02x", *p);
-    else memcpy(buf + o, p, n), o += n;
-    p += n ? n : 1;
-  }
-  buf[o] = '\0';
-  return buf;
-}
+#include "ctl/metrics.h"
+#include "ctl/text.h"
 
 /* Room for a name of up to 255 bytes, each escaped as \xNN. */
 #define NAME_BUF 1024
@@ -376,107 +337,6 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   }
 }
 
-/* A Prometheus label value, escaped as the text format wants; other
- * control characters and bytes that are not UTF-8 become U+FFFD. */
-static void label_value(const char *s) {
-  for (const unsigned char *p = (const unsigned char *)s; *p;) {
-    size_t n = utf8_len(p);
-    if (*p == '\\' || *p == '"') printf("\\%c", *p);
-    else if (*p == '\n') printf("\\n");
-    else if (n == 0 || *p < 0x20 || *p == 0x7f) fputs("\xef\xbf\xbd", stdout);
-    else fwrite(p, 1, n, stdout);
-    p += n ? n : 1;
-  }
-}
-
-/* One Prometheus metric family's header. */
-static void metric(const char *name, const char *type, const char *help) {
-  printf("# HELP gpumem_%s %s\n# TYPE gpumem_%s %s\n", name, help, name, type);
-}
-
-/* The status in the Prometheus text format, for node_exporter's textfile
- * collector. */
-static void print_metrics(const struct gpumem_status *s) {
-  metric("up", "gauge", "1 when gpumemd answered gpumemctl.");
-  printf("gpumem_up 1\n");
-  static const struct {
-    const char *name, *help;
-    size_t off;
-  } dev[] = {
-      {"device_total_bytes", "Device memory in total.", offsetof(struct gpumem_device_status, total)},
-      {"device_free_bytes", "Device memory free, as the driver says.", offsetof(struct gpumem_device_status, free)},
-      {"device_managed_bytes", "Device memory gpumemd holds for its buffers.", offsetof(struct gpumem_device_status, managed)},
-      {"device_unmanaged_bytes", "Device memory in use that gpumemd does not manage (the driver's reserve left out).", offsetof(struct gpumem_device_status, unmanaged)},
-      {"device_reserved_bytes", "Device memory the driver keeps for itself.", offsetof(struct gpumem_device_status, reserved)},
-  };
-  for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
-    metric(dev[k].name, "gauge", dev[k].help);
-    for (size_t i = 0; i < s->ndevices; i++)
-      printf("gpumem_%s{device=\"%u\"} %llu\n", dev[k].name, s->devices[i]->node_device,
-             *(const unsigned long long *)((const char *)s->devices[i] + dev[k].off));
-  }
-  metric("tag_bytes", "gauge", "Bytes of a tag's buffers.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_bytes{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->bytes);
-  }
-  metric("tag_paused", "gauge", "1 when a tag is paused (its memory given back), else 0.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_paused{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %d\n", s->tags[i]->state == GPUMEM_PAUSED ? 1 : 0);
-  }
-  metric("tag_buffers", "gauge", "Buffers of a tag.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_buffers{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->buffers);
-  }
-  metric("tag_released_bytes", "gauge", "Bytes of a tag given back to the devices while paused.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_released_bytes{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->paused_bytes);
-  }
-  metric("tag_backup_bytes", "gauge", "Bytes of a tag held as backups in host memory.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_backup_bytes{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->backup_bytes);
-  }
-  metric("tag_transit_bytes", "gauge", "Bytes of a tag's buffers in transit (an owner's ack missing).");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_transit_bytes{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->transit_bytes);
-  }
-  size_t workers = 0;
-  for (size_t i = 0; i < s->nsessions; i++)
-    if (s->sessions[i]->role == GPUMEM_ROLE_WORKER) workers++;
-  metric("sessions", "gauge", "Connected worker sessions (controllers such as gpumemctl left out).");
-  printf("gpumem_sessions %zu\n", workers);
-  metric("processes_known", "gauge", "1 where the driver gives per-process figures.");
-  printf("gpumem_processes_known %d\n", s->processes_known ? 1 : 0);
-  metric("process_residual_bytes", "gauge", "Device memory a process holds outside gpumemd.");
-  for (size_t i = 0; i < s->nprocesses; i++) {
-    const struct gpumem_process_status *p = s->processes[i];
-    printf("gpumem_process_residual_bytes{pid=\"%u\",device=\"%u\",name=\"", p->pid,
-           p->node_device);
-    label_value(p->name ? p->name : "");
-    printf("\"} %llu\n", (unsigned long long)p->residual);
-  }
-  metric("backup_reserved_bytes", "gauge", "Host memory reserved by BACKUP buffers.");
-  printf("gpumem_backup_reserved_bytes %llu\n", (unsigned long long)s->backup_reserved);
-  metric("backup_limit_bytes", "gauge", "The --backup-limit.");
-  printf("gpumem_backup_limit_bytes %llu\n", (unsigned long long)s->backup_limit);
-  metric("last_copy_bytes_per_second", "gauge", "Bandwidth of the last backup and restore.");
-  printf("gpumem_last_copy_bytes_per_second{direction=\"backup\"} %.0f\n",
-         s->last_backup_us ? (double)s->last_backup_bytes * 1e6 / (double)s->last_backup_us : 0.0);
-  printf("gpumem_last_copy_bytes_per_second{direction=\"restore\"} %.0f\n",
-         s->last_restore_us ? (double)s->last_restore_bytes * 1e6 / (double)s->last_restore_us : 0.0);
-}
-
 /* The buffers, as a table or JSON. */
 static void print_list(const struct gpumem_list *l, bool json) {
   char a[32], dev[32], name[NAME_BUF];
@@ -739,8 +599,7 @@ int main(int argc, char **argv) {
     /* A scrape still learns that the daemon is down (JSON mode: the
      * error object alone). */
     if (strcmp(cmd, "metrics") == 0 && !json) {
-      metric("up", "gauge", "1 when gpumemd answered gpumemctl.");
-      printf("gpumem_up 0\n");
+      metrics_print_down();
     }
     return fail(1, gpumem_error_name(rc), "%s", gpumem_last_error());
   }
@@ -761,7 +620,7 @@ int main(int argc, char **argv) {
     if (err < 0) {
       rc = fail(1, gpumem_error_name(err), "%s failed: %s", cmd, gpumem_last_error());
     } else {
-      if (strcmp(cmd, "metrics") == 0) print_metrics(s);
+      if (strcmp(cmd, "metrics") == 0) metrics_print(s);
       else if (json) print_status_json(s);
       else print_status(s, threshold);
       gpumem_status_free(s);
