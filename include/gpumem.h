@@ -500,6 +500,45 @@ struct gpumem_process_status {
   const char *name;     /* the session's name, or the process's comm */
 };
 
+/* One pause or resume the daemon ran or is running (1.3). */
+struct gpumem_op_record {
+  size_t size;
+  const char *op;       /* "pause" or "resume" */
+  size_t ntags;         /* 0: every tag */
+  const char **tags;
+  uint32_t pid;         /* the process that asked */
+  int done;             /* 0 while it runs */
+  int result;           /* 0 or a GPUMEM_E_* code, once done */
+  uint64_t bytes_done;  /* device bytes released (pause) or taken (resume) so far */
+  uint64_t bytes_total; /* device bytes the operation covers */
+  uint64_t copied_bytes;/* bytes backed up or restored */
+  uint64_t started_ms;  /* when it started, Unix time in milliseconds */
+  uint64_t duration_us; /* how long it took, or has run so far */
+};
+
+/* A count kept since the daemon started (1.3): of operations ("pause" or
+ * "resume") by result ("OK" or an error name), or of errors answered to
+ * any request by error name (op ""). */
+struct gpumem_counter {
+  size_t size;
+  const char *op;
+  const char *name;
+  uint64_t count;
+};
+
+/* Durations of one operation since the daemon started (1.3): count[i]
+ * operations took at most le_us[i] microseconds (cumulative; the last
+ * bound is UINT64_MAX, "+Inf"). */
+struct gpumem_histogram {
+  size_t size;
+  const char *op; /* "pause" or "resume" */
+  size_t nbuckets;
+  const uint64_t *le_us;
+  const uint64_t *count;
+  uint64_t total;  /* operations */
+  uint64_t sum_us; /* their durations added */
+};
+
 /* The daemon's view of the node. */
 struct gpumem_status {
   size_t size;
@@ -524,6 +563,19 @@ struct gpumem_status {
   struct gpumem_device_check **last_pause_checks;
   /* The daemon's version ("1.2.0"); "" from a daemon that does not say. */
   const char *version;
+  /* Since the daemon started (1.3; empty and 0 from an older daemon). */
+  uint64_t uptime_ms;
+  uint64_t bytes_released, bytes_restored; /* by pauses and resumes */
+  size_t nop_counts;      /* operations by op and result */
+  struct gpumem_counter **op_counts;
+  size_t nerror_counts;   /* errors answered, by name (op "") */
+  struct gpumem_counter **error_counts;
+  size_t nhistograms;     /* one per op */
+  struct gpumem_histogram **histograms;
+  /* The operations running now, then the last ones done, newest first
+   * (at most 16 done). */
+  size_t nrecent_ops;
+  struct gpumem_op_record **recent_ops;
 };
 
 /* Ask for the status; free it with gpumem_status_free. */
