@@ -16,7 +16,8 @@ O ?= build
 SAN ?= 0
 
 CC ?= cc
-PKGS := libuv libprotobuf-c
+# xxHash (XXH3) checks backups and names the host backend's devices.
+PKGS := libuv libprotobuf-c libxxhash
 # sd_notify and socket activation come from libsystemd where its headers
 # are (make deps installs them); a node without them (a GPU node with no
 # package registry) builds a daemon that refuses NOTIFY_SOCKET and
@@ -74,7 +75,7 @@ endif
 GPU_SRC := $(sort $(GPU_SRC))
 
 GEN := $(O)/gen/proto/gpumemd.pb-c.c
-COMMON_SRC := common/frame.c common/hash.c common/idmap.c common/log.c common/size.c common/wire.c $(GPU_SRC)
+COMMON_SRC := common/frame.c common/idmap.c common/log.c common/size.c common/wire.c $(GPU_SRC)
 DAEMON_SRC := $(wildcard daemon/*.c)
 CLIENT_SRC := $(wildcard client/*.c)
 CTL_SRC := $(wildcard ctl/*.c)

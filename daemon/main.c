@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "common/hash.h"
+#include <xxhash.h>
 #include "common/log.h"
 #include "common/size.h"
 #include "common/wire.h"
@@ -116,7 +116,7 @@ static int open_backend(struct config *cfg, gpu **g) {
    * on it finds its memory again, one on another socket has its own. */
   char node[17];
   snprintf(node, sizeof node, "%016llx",
-           (unsigned long long)hash64(cfg->socket_path, strlen(cfg->socket_path), 0));
+           (unsigned long long)XXH3_64bits(cfg->socket_path, strlen(cfg->socket_path)));
   struct gpu_options o = {.backend = cfg->backend,
                           .host_devices = cfg->host_devices,
                           .host_device_size = cfg->host_device_size,

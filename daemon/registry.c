@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "common/frame.h"
-#include "common/hash.h"
+#include <xxhash.h>
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
@@ -172,7 +172,7 @@ wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
   if (copy(r, b, b->backup, true) < 0)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "backup of buffer %llu: %s",
                      (unsigned long long)b->id, gpu_error());
-  if (r->opt.verify_backups) b->backup_hash = hash64(b->backup, b->size, 0);
+  if (r->opt.verify_backups) b->backup_hash = XXH3_64bits(b->backup, b->size);
   b->backup_valid = true;
   r->backup_bytes += b->size;
   return GPUMEM__WIRE__ERROR_CODE__OK;
@@ -222,7 +222,7 @@ static void drop_backup(registry *r, struct buffer *b) {
 wire_code registry_restore(registry *r, struct buffer *b, struct fault *f) {
   if (!b->backup_valid) return GPUMEM__WIRE__ERROR_CODE__OK;
   unsigned long long id = (unsigned long long)b->id;
-  if (r->opt.verify_backups && hash64(b->backup, b->size, 0) != b->backup_hash)
+  if (r->opt.verify_backups && XXH3_64bits(b->backup, b->size) != b->backup_hash)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
                      "backup of buffer %llu changed while paused", id);
   if (copy(r, b, b->backup, false) < 0)
@@ -234,7 +234,7 @@ wire_code registry_restore(registry *r, struct buffer *b, struct fault *f) {
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL,
                        "no host memory to verify buffer %llu", id);
     int rc = gpu_chunks_copy(r->gpu, b->device, b->handles, b->chunk_sizes, b->nchunks, back, true);
-    uint64_t h = rc == 0 ? hash64(back, b->size, 0) : 0;
+    uint64_t h = rc == 0 ? XXH3_64bits(back, b->size) : 0;
     free(back);
     if (rc < 0 || h != b->backup_hash) {
       log_error("restore of buffer %llu does not match its backup (hash %016llx, backup %016llx)",

@@ -20,6 +20,7 @@ have_pkg libuv || need="$need libuv1-dev"
 have_pkg libprotobuf-c || need="$need libprotobuf-c-dev"
 command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
 have_pkg check || need="$need check"
+have_pkg libxxhash || need="$need libxxhash-dev"
 have_pkg libsystemd || need="$need libsystemd-dev"
 # systemd-analyze, for make check's verify of the units in systemd/.
 command -v systemd-analyze >/dev/null 2>&1 || need="$need systemd"

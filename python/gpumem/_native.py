@@ -183,6 +183,50 @@ class ProcessStatus(ctypes.Structure):
     ]
 
 
+class OpRecord(ctypes.Structure):
+    """struct gpumem_op_record (1.3)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("op", ctypes.c_char_p),
+        ("ntags", ctypes.c_size_t),
+        ("tags", ctypes.POINTER(ctypes.c_char_p)),
+        ("pid", ctypes.c_uint32),
+        ("done", ctypes.c_int),
+        ("result", ctypes.c_int),
+        ("bytes_done", ctypes.c_uint64),
+        ("bytes_total", ctypes.c_uint64),
+        ("copied_bytes", ctypes.c_uint64),
+        ("started_ms", ctypes.c_uint64),
+        ("duration_us", ctypes.c_uint64),
+    ]
+
+
+class Counter(ctypes.Structure):
+    """struct gpumem_counter (1.3)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("op", ctypes.c_char_p),
+        ("name", ctypes.c_char_p),
+        ("count", ctypes.c_uint64),
+    ]
+
+
+class Histogram(ctypes.Structure):
+    """struct gpumem_histogram (1.3)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("op", ctypes.c_char_p),
+        ("nbuckets", ctypes.c_size_t),
+        ("le_us", ctypes.POINTER(ctypes.c_uint64)),
+        ("count", ctypes.POINTER(ctypes.c_uint64)),
+        ("total", ctypes.c_uint64),
+        ("sum_us", ctypes.c_uint64),
+    ]
+
+
 class Status(ctypes.Structure):
     """struct gpumem_status (allocated by the library; read only)."""
 
@@ -209,6 +253,17 @@ class Status(ctypes.Structure):
         ("nlast_pause_checks", ctypes.c_size_t),
         ("last_pause_checks", ctypes.POINTER(ctypes.POINTER(DeviceCheck))),
         ("version", ctypes.c_char_p),
+        ("uptime_ms", ctypes.c_uint64),
+        ("bytes_released", ctypes.c_uint64),
+        ("bytes_restored", ctypes.c_uint64),
+        ("nop_counts", ctypes.c_size_t),
+        ("op_counts", ctypes.POINTER(ctypes.POINTER(Counter))),
+        ("nerror_counts", ctypes.c_size_t),
+        ("error_counts", ctypes.POINTER(ctypes.POINTER(Counter))),
+        ("nhistograms", ctypes.c_size_t),
+        ("histograms", ctypes.POINTER(ctypes.POINTER(Histogram))),
+        ("nrecent_ops", ctypes.c_size_t),
+        ("recent_ops", ctypes.POINTER(ctypes.POINTER(OpRecord))),
     ]
 
 

@@ -3,7 +3,7 @@
  * named like the host backend's device 0 (GPU_FAULTS_FAKE_SOCK: the socket), so
  * that the daemon counts it as held outside. Build and run:
  *   cc -shared -fPIC -std=c11 -I. -I$CUDA_HOME/include tests/gpu/fake_cuda.c \
- *     common/hash.c -o /tmp/fake/libcuda.so
+ *     -lxxhash -o /tmp/fake/libcuda.so
  *   cc ... tests/gpu/gpu_faults.c -L/tmp/fake -lcuda -Wl,-rpath,/tmp/fake
  *   GPU_FAULTS_BACKEND=host GPU_FAULTS_UNIT_MB=64 GPU_FAULTS_FAKE_SOCK=S \
  *     gpu_faults build/bin S LOG */
@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include "common/hash.h"
+#include <xxhash.h>
 CUresult cuInit(unsigned f) { (void)f; return 0; }
 CUresult cuDeviceGet(CUdevice *d, int o) { (void)o; *d = 0; return 0; }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { (void)d; *c = (CUcontext)1; return 0; }
@@ -36,7 +36,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   const char *sock = getenv("GPU_FAULTS_FAKE_SOCK");
   char name[128];
   snprintf(name, sizeof name, "gpumem-host-%016llx:0",
-           (unsigned long long)hash64(sock, strlen(sock), 0));
+           (unsigned long long)XXH3_64bits(sock, strlen(sock)));
   int fd = memfd_create(name, 0);
   if (fd < 0 || fallocate(fd, 0, 0, (off_t)n) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   void *a = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
