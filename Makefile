@@ -261,8 +261,13 @@ test-tsan:
 
 # demo and check install what is missing, then build in a new make that
 # sees what was installed.
+# The HIP backend is also compiled against sid's ROCm headers, downloaded
+# into the build tree (tools/fetch-rocm-headers.sh), next to the installed ones.
+ROCM_SID := $(O)/rocm/sid
 check: deps
 	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory test
+	@./tools/fetch-rocm-headers.sh $(ROCM_SID)
+	@$(SUBMAKE_ENV) ./tests/build/check_hip_headers.sh /usr $(abspath $(ROCM_SID))/usr
 	@$(SUBMAKE_ENV) ./tests/build/check_rebuild.sh
 	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory test-asan
 

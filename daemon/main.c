@@ -97,15 +97,10 @@ static bool has_device_nodes(const char *vendor) {
 
 /* Print the version and the backends built in. */
 static void print_version(void) {
-  printf("gpumemd %d.%d.%d (protocol %d.%d)\nbackends: host", GPUMEM_VERSION_MAJOR,
-         GPUMEM_VERSION_MINOR, GPUMEM_VERSION_PATCH, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
-#ifdef HAVE_CUDA
-  printf(" cuda");
-#endif
-#ifdef HAVE_HIP
-  printf(" hip");
-#endif
-  printf("\n");
+  char built[256];
+  gpu_describe_builtin(built, sizeof built);
+  printf("gpumemd %d.%d.%d (protocol %d.%d)\nbackends: %s\n", GPUMEM_VERSION_MAJOR,
+         GPUMEM_VERSION_MINOR, GPUMEM_VERSION_PATCH, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR, built);
 }
 
 /* Open the configured backend; "auto" takes the vendor whose GPU device

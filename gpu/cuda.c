@@ -419,6 +419,8 @@ static int cuda_ipc_open(const uint8_t *handle, uint64_t *dptr) {
 
 static int cuda_ipc_close(uint64_t dptr) { return p_cuIpcCloseMemHandle(dptr); }
 
+const char vmm_cuda_headers[] = "CUDA_VERSION " XSTR(CUDA_VERSION);
+
 const struct vmm_vendor vmm_cuda = {
     .name = "cuda",
     .prefix = "cu",

@@ -43,6 +43,19 @@ int gpu_fail(int err, const char *fmt, ...) {
 /* What the backend last reported on this thread. */
 const char *gpu_error(void) { return last_error; }
 
+/* The backends built in and their vendor headers, into buf. */
+void gpu_describe_builtin(char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < sizeof backends / sizeof backends[0] && o < len; i++) {
+    const struct gpu_ops *b = backends[i];
+    int n = b->built_with ? snprintf(buf + o, len - o, "%s%s (%s)", i ? " " : "", b->name, b->built_with)
+                          : snprintf(buf + o, len - o, "%s%s", i ? " " : "", b->name);
+    if (n < 0) break;
+    o += (size_t)n;
+  }
+}
+
 /* Find the backend by name and open it. */
 int gpu_open(const struct gpu_options *opt, gpu **out, char *err, size_t errlen) {
   const struct gpu_ops *ops = NULL;

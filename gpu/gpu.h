@@ -28,6 +28,10 @@ struct gpu_options {
 };
 
 /* Open a backend. On failure returns a negative errno and writes why. */
+/* The backends built in, with the vendor headers each was compiled
+ * against: "host cuda (CUDA_VERSION 13000) hip (HIP 6.4.43484)". */
+void gpu_describe_builtin(char *buf, size_t len);
+
 int gpu_open(const struct gpu_options *opt, gpu **out, char *err, size_t errlen);
 
 /* Close a backend; every chunk and mapping must be gone. */

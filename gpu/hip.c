@@ -20,6 +20,11 @@
 #include "backend.h"
 #include "vmm.h"
 
+#define HIP_STR_(x) #x
+#define HIP_STR(x) HIP_STR_(x)
+const char vmm_hip_headers[] =
+    "HIP " HIP_STR(HIP_VERSION_MAJOR) "." HIP_STR(HIP_VERSION_MINOR) "." HIP_STR(HIP_VERSION_PATCH);
+
 #define HIP_AT_LEAST(major, minor) \
   (HIP_VERSION_MAJOR > (major) || (HIP_VERSION_MAJOR == (major) && HIP_VERSION_MINOR >= (minor)))
 

@@ -863,7 +863,7 @@ static void vmm_ipc_close(void *state, unsigned dev, void *va) {
 
 #define VMM_OPS(vendor)                                                              \
   {                                                                                  \
-    .name = #vendor, .impl = &vmm_##vendor, .open = vmm_open, .close = vmm_close,    \
+    .name = #vendor, .built_with = vmm_##vendor##_headers, .impl = &vmm_##vendor, .open = vmm_open, .close = vmm_close,    \
     .device_count = vmm_device_count, .granularity = vmm_granularity,                \
     .mem_info = vmm_mem_info, .mem_detail = vmm_mem_detail,                          \
     .processes = vmm_processes, .chunk_adopt = vmm_chunk_adopt,                      \

@@ -11,6 +11,10 @@
 
 #include "gpu.h"
 
+/* The vendor headers each backend was compiled against ("HIP 6.4.43484"). */
+extern const char vmm_cuda_headers[];
+extern const char vmm_hip_headers[];
+
 struct vmm_vendor {
   const char *name;   /* "cuda", "hip" */
   const char *prefix; /* "cu", "hip": error messages name calls prefix+Name */
