@@ -10,14 +10,27 @@
 
 #define LISTEN_BACKLOG 128
 
-/* Create the socket's directory if it is missing (one level, like /run/x). */
-static void make_parent(const char *path) {
+/* 0 when the socket's directory exists, else -errno with err filled: the
+ * daemon makes no directory (systemd's RuntimeDirectory= does). */
+static int check_parent(const char *path, char *err, size_t errlen) {
   char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return;
-  *slash = '\0';
-  mkdir(dir, 0755);
+  if (!slash) return 0;
+  if (slash == dir) slash[1] = '\0';
+  else *slash = '\0';
+  struct stat st;
+  if (stat(dir, &st) < 0) {
+    int e = errno;
+    snprintf(err, errlen, "socket directory %s: %s (create it first; under systemd "
+             "RuntimeDirectory= makes it)", dir, strerror(e));
+    return -e;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "socket directory %s is not a directory", dir);
+    return -ENOTDIR;
+  }
+  return 0;
 }
 
 /* Fill err with what failed and return the negative errno. */
@@ -34,6 +47,8 @@ int listener_open(const char *path, mode_t mode, gid_t gid, char *err, size_t er
     return -ENAMETOOLONG;
   }
   strcpy(addr.sun_path, path);
+  int prc = check_parent(path, err, errlen);
+  if (prc < 0) return prc;
   struct stat st;
   if (lstat(path, &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -52,7 +67,6 @@ int listener_open(const char *path, mode_t mode, gid_t gid, char *err, size_t er
     if (e != ECONNREFUSED) return listen_err(e, err, errlen, "probing", path);
     if (unlink(path) < 0) return listen_err(errno, err, errlen, "removing stale", path);
   }
-  make_parent(path);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return listen_err(errno, err, errlen, "socket for", path);
   mode_t old = umask(0117);

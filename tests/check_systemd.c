@@ -251,6 +251,21 @@ START_TEST(unknown_socket_group_or_mode_fails_without_a_socket) {
 }
 END_TEST
 
+START_TEST(socket_in_a_missing_directory_fails_and_makes_nothing) {
+  make_dir();
+  char missing[sizeof d.dir + 16];
+  snprintf(missing, sizeof missing, "%s/missing", d.dir);
+  snprintf(d.socket, sizeof d.socket, "%s/sock", missing);
+  pid_t pid = spawn_sd(-1, NULL, PID_NONE, NULL, NULL);
+  ck_assert_int_ne(wait_exit(pid), 0);
+  ck_assert_ptr_nonnull(strstr(log_text(), "No such file or directory"));
+  ck_assert_ptr_nonnull(strstr(log_text(), missing));
+  ck_assert_int_ne(access(missing, F_OK), 0);
+  snprintf(d.socket, sizeof d.socket, "%s/sock", d.dir);
+  remove_dir();
+}
+END_TEST
+
 START_TEST(version_names_the_backends) {
   make_dir();
   const char *const extra[] = {"--version", NULL};
@@ -272,11 +287,13 @@ int main(void) {
                      notifies_ready_status_and_stopping, bad_systemd_environment_fails_clearly,
                      socket_group_and_mode_apply,
                      unknown_socket_group_or_mode_fails_without_a_socket,
+                     socket_in_a_missing_directory_fails_and_makes_nothing,
                      version_names_the_backends);
 #else
   printf("check_systemd: built without libsystemd: activation and notify tests skipped\n");
   return HARNESS_RUN("systemd", 60, harness_fd_setup, harness_fd_teardown,
                      unknown_socket_group_or_mode_fails_without_a_socket,
+                     socket_in_a_missing_directory_fails_and_makes_nothing,
                      version_names_the_backends);
 #endif
 }
