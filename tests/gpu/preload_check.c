@@ -55,6 +55,17 @@ static uint64_t settled(void) {
   return f;
 }
 
+/* Print what the driver attributes to each process (nvidia-smi), so that a
+ * release short of the daemon's figure says whose memory grew. */
+static void show_processes(const char *when) {
+  char line[256];
+  FILE *f = popen("nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+                  "--format=csv,noheader 2>&1", "r");
+  if (!f) return;
+  while (fgets(line, sizeof line, f)) printf("  processes %s: %s", when, line);
+  pclose(f);
+}
+
 /* Run gpumemctl --json with a pause or resume on the daemon's socket and
  * read what the daemon says it moved: *buffers and *bytes (released by a
  * pause, taken by a resume). 0 on success. */
@@ -133,8 +144,10 @@ int main(int argc, char **argv) {
    * measured right around the operation; a chunk may round differently
    * in the driver, so allow 2 MiB per buffer. */
   uint64_t fp = settled(), nbuf = 0, released = 0;
+  show_processes("before the pause");
   rc = ctl_op("pause default", &nbuf, &released);
   uint64_t f2 = settled();
+  show_processes("after the pause");
   uint64_t rise = above(f2, fp), slack = 2 * MiB * nbuf;
   check(rc == 0 && released >= size && rise + slack >= released, "preload pause releases",
         "gpumemctl %d; gpumemd released %.3f GiB in %llu buffers; driver free +%.3f GiB", rc,
