@@ -9,7 +9,10 @@
  * their own. Any memfd of that name is "device memory" of d; the
  * ones this backend holds for the daemon are known by inode, so that the
  * kernel's view of each process (/proc/PID/maps and fd) plays the part of
- * the driver's per-process figures. */
+ * the driver's per-process figures. Chunks are sealed against shrinking
+ * and growing (and against more seals) before anyone else sees them: a
+ * worker holding one can neither make the daemon's copies fault nor commit
+ * memory the daemon does not count. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -137,6 +140,9 @@ static int host_mem_info(void *state, unsigned dev, uint64_t *free_bytes,
 }
 
 /* A committed memfd; the model of a physical allocation. */
+/* The seals every chunk carries once made or adopted. */
+#define CHUNK_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
 static int host_chunk_create(void *state, unsigned dev, uint64_t size,
                              uint64_t *handle) {
   struct host *h = state;
@@ -147,13 +153,18 @@ static int host_chunk_create(void *state, unsigned dev, uint64_t size,
                     (unsigned long long)size);
   char name[96];
   snprintf(name, sizeof name, "gpumem-host-%s:%u", h->node, dev);
-  int fd = memfd_create(name, MFD_CLOEXEC);
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return gpu_fail(-errno, "memfd_create: %s", strerror(errno));
   if (ftruncate(fd, (off_t)size) < 0 || fallocate(fd, 0, 0, (off_t)size) < 0) {
     int e = errno;
     close(fd);
     return gpu_fail(e == ENOSPC ? -ENOMEM : -e, "committing %llu bytes: %s",
                     (unsigned long long)size, strerror(e));
+  }
+  if (fcntl(fd, F_ADD_SEALS, CHUNK_SEALS) < 0) {
+    int e = errno;
+    close(fd);
+    return gpu_fail(-e, "sealing a chunk: %s", strerror(e));
   }
   int rc = live_add(h, fd, dev);
   if (rc < 0) {
@@ -646,12 +657,20 @@ static int host_chunks_held_by(void *state, int pid, const uint64_t *handles, si
 }
 
 /* Check that fd is a chunk of dev of size bytes, as this backend makes
- * them: a memfd named gpumem-dev<dev>, with no seals beyond the one that
- * forbids more, of exactly size bytes, all committed. */
+ * them: a memfd named gpumem-dev<dev>, sealed as chunks are (or not
+ * sealable at all, as before 1.3, or sealable with no seals yet: adopting
+ * seals it), of exactly size bytes, all committed. */
 static int adopt_check(const struct host *h, unsigned dev, int fd, uint64_t size) {
   int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0) return gpu_fail(-EINVAL, "adopting: fd %d is not a memfd", fd);
-  if (seals & ~F_SEAL_SEAL) return gpu_fail(-EINVAL, "adopting: memfd has seals %#x", seals);
+  /* Sealed before it is looked at: it cannot change size after the check. */
+  if (seals == 0) {
+    if (fcntl(fd, F_ADD_SEALS, CHUNK_SEALS) < 0)
+      return gpu_fail(-errno, "adopting: sealing: %s", strerror(errno));
+    seals = CHUNK_SEALS;
+  }
+  if (seals != F_SEAL_SEAL && seals != CHUNK_SEALS)
+    return gpu_fail(-EINVAL, "adopting: memfd has seals %#x", seals);
   char p[64], link[256];
   snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
   ssize_t n = readlink(p, link, sizeof link - 1);

@@ -1,10 +1,13 @@
 /* Backups end to end: contents, limits, verification, host memory made
  * in the background when a BACKUP buffer is allocated, a pause that
  * cannot back up, and what status, metrics and gpumemctl say. */
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -568,8 +571,53 @@ START_TEST(only_controllers_pause_but_anyone_may_look) {
 }
 END_TEST
 
+/* A worker holds its chunks' memfds: it may not shrink one (the daemon's
+ * backup copy would fault with SIGBUS), grow one (memory the daemon does
+ * not count), or seal one against the daemon's writes. The pause and the
+ * resume after the attempts work and keep the contents. */
+START_TEST(a_worker_cannot_resize_or_seal_its_chunks) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  struct pbuf a;
+  peer_alloc(&w, "weights", 0, 8 * MiB, BACKUP, &a);
+  ck_assert_uint_ge(a.nfds, 1);
+  int fd = a.fds[0];
+  struct stat st;
+  ck_assert_int_eq(fstat(fd, &st), 0);
+  uint8_t *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ck_assert_ptr_ne(m, MAP_FAILED);
+  memset(m, 0x5a, (size_t)st.st_size);
+  ck_assert_int_eq(munmap(m, (size_t)st.st_size), 0);
+  errno = 0;
+  ck_assert_int_eq(ftruncate(fd, 0), -1);
+  ck_assert_int_eq(errno, EPERM);
+  ck_assert_int_eq(ftruncate(fd, st.st_size * 4), -1);
+  ck_assert_int_eq(errno, EPERM);
+  ck_assert_int_eq(fallocate(fd, 0, st.st_size, st.st_size), -1);
+  ck_assert_int_eq(errno, EPERM);
+  ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1);
+  ck_assert_int_eq(errno, EPERM);
+  peer_op(&c, false, "weights", 0, 0);
+  peer_serve(&w, &a, 1, 1);
+  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op(&c, true, "weights", 0, 0);
+  peer_serve(&w, &a, 1, 1);
+  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, a.fds[0], 0);
+  ck_assert_ptr_ne(m, MAP_FAILED);
+  for (off_t i = 0; i < st.st_size; i += 4096) ck_assert_uint_eq(m[i], 0x5a);
+  ck_assert_int_eq(munmap(m, (size_t)st.st_size), 0);
+  peer_unmap(&a);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("backup", 60, setup, teardown,
+                     a_worker_cannot_resize_or_seal_its_chunks,
                      verified_backups_survive_and_are_reported,
                      backup_limit_refuses_at_allocation,
                      pause_without_room_for_a_backup_releases_nothing_of_it,
