@@ -11,6 +11,11 @@ LIBDIR ?= $(PREFIX)/lib
 LIBEXECDIR ?= $(PREFIX)/libexec
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+# systemd's units and sysusers.d (Debian 12's debhelper wants the units in
+# /lib/systemd/system: debian/rules says so), and the man pages.
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+MANDIR ?= $(PREFIX)/share/man
 LDCONFIG ?= ldconfig
 O ?= build
 SAN ?= 0
@@ -85,6 +90,14 @@ COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(O)/obj/gen/gpumemd.pb-c.o
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 CTL_OBJ := $(call obj,$(CTL_SRC))
+# gpumemctl top draws with curses: ncursesw where its headers are (make
+# deps installs them); without, top says gpumemctl was built without it.
+NCURSES ?= $(shell pkg-config --exists ncursesw 2>/dev/null && echo 1 || echo 0)
+ifeq ($(NCURSES),1)
+$(CTL_OBJ): override CFLAGS += -DHAVE_NCURSES $(shell pkg-config --cflags ncursesw)
+CTL_LIBS := $(shell pkg-config --libs ncursesw)
+endif
+CTL_LIBS += -lpthread
 
 BINS := $(O)/bin/gpumemd $(O)/bin/gpumemctl $(O)/bin/gpumem-worker
 EXAMPLES := $(O)/examples/worker
@@ -110,7 +123,7 @@ $(BUILD_CONFIG): FORCE
 	$(if $(filter 1,$(HIP)),$(if $(HIP_INCLUDE),,$(error HIP=1 but no hip/hip_runtime_api.h in $(ROCM_PATH)/include or /usr/include)))
 	@mkdir -p $(@D)
 	@printf '%s\n' $(call sq,CC=$(CC)) $(call sq,CUDA=$(CUDA) $(CUDA_HOME)) \
-	  $(call sq,HIP=$(HIP) $(HIP_INCLUDE)) $(call sq,CFLAGS=$(CFLAGS) $(PKG_CFLAGS)) \
+	  $(call sq,HIP=$(HIP) $(HIP_INCLUDE)) $(call sq,NCURSES=$(NCURSES)) $(call sq,CFLAGS=$(CFLAGS) $(PKG_CFLAGS)) \
 	  $(call sq,LDFLAGS=$(LDFLAGS)) > $@.new
 	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
@@ -158,9 +171,13 @@ $(O)/lib/libgpumem_preload.so: $(O)/obj/preload/preload.o $(O)/obj/common/idmap.
 # gpumem.pc for PREFIX, LIBDIR and INCLUDEDIR (under ${prefix} where they
 # are below it); make install writes its own for the place it installs to.
 pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+# The version is the header's (GPUMEM_VERSION_MAJOR.MINOR.PATCH).
+VERSION := $(shell sed -n 's/^\#define GPUMEM_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$$/\2/p' \
+  include/gpumem.h | paste -sd.)
 make_pc = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(call pc_dir,$(LIBDIR))|g' \
-  -e 's|@INCLUDEDIR@|$(call pc_dir,$(INCLUDEDIR))|g' client/gpumem.pc.in
-$(O)/lib/gpumem.pc: client/gpumem.pc.in
+  -e 's|@INCLUDEDIR@|$(call pc_dir,$(INCLUDEDIR))|g' -e 's|@VERSION@|$(VERSION)|g' \
+  client/gpumem.pc.in
+$(O)/lib/gpumem.pc: client/gpumem.pc.in include/gpumem.h
 	@mkdir -p $(@D)
 	@$(call make_pc) > $@
 
@@ -225,6 +242,7 @@ $(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 # pytest skips them, saying so.
 test: all $(TESTS)
 	@GPUMEM_BUILD=$(abspath $(O)) ./tests/run.sh $(TESTS)
+	@GPUMEM_BUILD=$(abspath $(O)) ./tests/build/check_top.sh
 	@./systemd/verify.sh $(abspath $(O))
 	@if [ "$(SAN)" != 0 ]; then echo "tests/python: skipped under SAN=$(SAN)"; \
 	elif [ -n "$$GPUMEM_NO_APT" ] && ! python3 -c 'import pytest' 2>/dev/null && \
@@ -235,6 +253,7 @@ test: all $(TESTS)
 	    $$py -m pytest -q -p no:cacheprovider tests/python; fi
 	@if [ "$(SAN)" != 0 ]; then echo "tests/build/check_install.sh: skipped under SAN=$(SAN)"; \
 	else $(SUBMAKE_ENV) GPUMEM_O=$(O) ./tests/build/check_install.sh; fi
+	@GPUMEM_O=$(O) ./tests/build/check_man.sh
 
 test-asan:
 	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory O=build/asan SAN=1 test
@@ -292,13 +311,40 @@ $(O)/inst/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
 	  $(shell pkg-config --libs libprotobuf-c) -ldl -lm
 
+# Man pages: scdoc sources in man/, turned into roff in $(O)/man/ by `make`
+# where scdoc is (make deps installs it; MAN=0 or MAN=1 to say), and
+# installed by make install when built.
+MAN ?= $(if $(shell command -v scdoc 2>/dev/null),1,0)
+MANPAGES := $(patsubst man/%.scd,$(O)/man/%,$(wildcard man/*.scd))
+.PHONY: man deb
+ifeq ($(MAN),1)
+all: $(MANPAGES)
+endif
+man: $(MANPAGES)
+$(O)/man/%: man/%.scd
+	@mkdir -p $(@D)
+	@echo "  SCDOC   $<"
+	@scdoc < $< > $@.tmp || { rm -f $@.tmp; exit 1; }
+	@mv $@.tmp $@
+
+# The units in systemd/ (wildcards: a timer may come), installed naming the
+# installed programs, and the sysusers file that makes the socket's group.
+UNITS := $(notdir $(wildcard systemd/*.service systemd/*.socket systemd/*.timer))
+install_unit = sed -e 's|/usr/sbin/gpumemd|$(SBINDIR)/gpumemd|g' \
+  -e 's|/usr/bin/gpumemctl|$(BINDIR)/gpumemctl|g' \
+  -e 's|/usr/libexec/gpumemd/|$(LIBEXECDIR)/gpumemd/|g' systemd/$(1) > $(DESTDIR)$(SYSTEMDUNITDIR)/$(1)
+man_path = $(MANDIR)/man$(subst .,,$(suffix $(1)))/$(notdir $(1))
+
 INSTALLED := $(SBINDIR)/gpumemd $(BINDIR)/gpumemctl $(LIBEXECDIR)/gpumemd/gpumem-worker \
   $(LIBDIR)/libgpumem.so.1 $(LIBDIR)/libgpumem.so $(LIBDIR)/libgpumem_preload.so \
-  $(PKGCONFIGDIR)/gpumem.pc $(INCLUDEDIR)/gpumem.h
+  $(PKGCONFIGDIR)/gpumem.pc $(INCLUDEDIR)/gpumem.h \
+  $(addprefix $(SYSTEMDUNITDIR)/,$(UNITS)) $(SYSUSERSDIR)/gpumem.conf \
+  $(foreach p,$(MANPAGES),$(call man_path,$(p)))
 
-install: $(O)/bin/gpumemd $(INST_BINS) $(LIBS)
+install: $(O)/bin/gpumemd $(INST_BINS) $(LIBS) $(if $(filter 1,$(MAN)),$(MANPAGES))
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBEXECDIR)/gpumemd \
-	  $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(INCLUDEDIR)
+	  $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(INCLUDEDIR) \
+	  $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSUSERSDIR)
 	install -m 755 $(O)/bin/gpumemd $(DESTDIR)$(SBINDIR)/
 	install -m 755 $(O)/inst/bin/gpumemctl $(DESTDIR)$(BINDIR)/
 	install -m 755 $(O)/inst/bin/gpumem-worker $(DESTDIR)$(LIBEXECDIR)/gpumemd/
@@ -308,6 +354,11 @@ install: $(O)/bin/gpumemd $(INST_BINS) $(LIBS)
 	$(call make_pc) > $(DESTDIR)$(PKGCONFIGDIR)/gpumem.pc
 	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/gpumem.pc
 	install -m 644 include/gpumem.h $(DESTDIR)$(INCLUDEDIR)/
+	$(foreach u,$(UNITS),$(call install_unit,$(u)) && chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/$(u) && ) true
+	install -m 644 systemd/gpumem.sysusers $(DESTDIR)$(SYSUSERSDIR)/gpumem.conf
+ifeq ($(MAN),1)
+	$(foreach p,$(MANPAGES),install -D -m 644 $(p) $(DESTDIR)$(call man_path,$(p)) && ) true
+endif
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then $(LDCONFIG) 2>/dev/null || true; fi
 
 # Removes what install put, given the same PREFIX, LIBDIR... and DESTDIR.
@@ -315,6 +366,25 @@ uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
 	rmdir $(DESTDIR)$(LIBEXECDIR)/gpumemd 2>/dev/null || true
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then $(LDCONFIG) 2>/dev/null || true; fi
+
+# Debian packages gpumemd, libgpumem1 and libgpumem-dev (debian/), built
+# from a copy of the working tree (tracked and untracked files that git
+# does not ignore) in build/deb/src: the .debs land in build/deb/, then
+# lintian checks them. DEB_BUILD_OPTIONS=nocheck leaves out make test.
+DEB_OUT := build/deb
+deb:
+	@./tools/install-deps.sh deb
+	rm -rf $(DEB_OUT)
+	mkdir -p $(DEB_OUT)/src
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  git ls-files -z --cached --others --exclude-standard | \
+	    xargs -0 sh -c 'for f; do if [ -e "$$f" ] || [ -L "$$f" ]; then printf "%s\0" "$$f"; fi; done' sh | \
+	    tar --null -T - -cf - | tar -xf - -C $(DEB_OUT)/src; \
+	else tar --exclude=./build -cf - . | tar -xf - -C $(DEB_OUT)/src; fi
+	cd $(DEB_OUT)/src && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u CFLAGS -u CPPFLAGS \
+	  -u LDFLAGS dpkg-buildpackage -us -uc -b -Jauto
+	lintian $(DEB_OUT)/*.changes
+	@ls -l $(DEB_OUT)/*.deb
 
 clean:
 	rm -rf build

@@ -410,6 +410,88 @@ static bool copy_processes(const int *map, struct gpumem_status *s,
   return true;
 }
 
+/* The name of an operation's kind. */
+static const char *op_name(bool resume) { return resume ? "resume" : "pause"; }
+
+/* Copy counts into *out (op "" for errors); names are the protocol's own
+ * static strings. False when out of memory. */
+static bool copy_counts(struct gpumem_counter ***out, size_t *nout,
+                        Gpumem__Wire__OpCount *const *v, size_t n, bool errors) {
+  if (!(*out = calloc(n + 1, sizeof **out))) return false;
+  for (size_t i = 0; i < n; i++) {
+    struct gpumem_counter *o = sized(sizeof *o);
+    if (!o) return false;
+    (*out)[(*nout)++] = o;
+    o->op = errors ? "" : op_name(v[i]->resume);
+    o->name = wire_code_name(v[i]->code);
+    o->count = v[i]->count;
+  }
+  return true;
+}
+
+/* Copy the duration histograms into s (as many buckets as both bounds
+ * and counts give); false when out of memory. */
+static bool copy_histograms(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
+  if (!(s->histograms = calloc(r->n_histograms + 1, sizeof *s->histograms))) return false;
+  for (size_t i = 0; i < r->n_histograms; i++) {
+    const Gpumem__Wire__OpHistogram *h = r->histograms[i];
+    struct gpumem_histogram *o = sized(sizeof *o);
+    if (!o) return false;
+    s->histograms[s->nhistograms++] = o;
+    size_t n = h->n_le_us < h->n_count ? h->n_le_us : h->n_count;
+    uint64_t *le = calloc(n + 1, sizeof *le), *count = calloc(n + 1, sizeof *count);
+    o->le_us = le;
+    o->count = count;
+    if (!le || !count) return false;
+    memcpy(le, h->le_us, n * sizeof *le);
+    memcpy(count, h->count, n * sizeof *count);
+    o->op = op_name(h->resume);
+    o->nbuckets = n;
+    o->total = h->total;
+    o->sum_us = h->sum_us;
+  }
+  return true;
+}
+
+/* Copy the operations running and recently done into s; false when out
+ * of memory. */
+static bool copy_records(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
+  if (!(s->recent_ops = calloc(r->n_recent_ops + 1, sizeof *s->recent_ops))) return false;
+  for (size_t i = 0; i < r->n_recent_ops; i++) {
+    const Gpumem__Wire__OpRecord *x = r->recent_ops[i];
+    struct gpumem_op_record *o = sized(sizeof *o);
+    if (!o) return false;
+    s->recent_ops[s->nrecent_ops++] = o;
+    const char **tags = calloc(x->n_tags + 1, sizeof *tags);
+    o->tags = tags;
+    if (!tags) return false;
+    for (; o->ntags < x->n_tags; o->ntags++)
+      if (!(tags[o->ntags] = dup_text(x->tags[o->ntags]))) return false;
+    o->op = op_name(x->resume);
+    o->pid = x->pid;
+    o->done = x->done;
+    o->result = x->done && x->result ? client_code(x->result) : 0;
+    o->bytes_done = x->bytes_done;
+    o->bytes_total = x->bytes_total;
+    o->copied_bytes = x->copied_bytes;
+    o->started_ms = x->started_ms;
+    o->duration_us = x->duration_us;
+  }
+  return true;
+}
+
+/* Copy what the daemon counted since it started (1.3) into s; an older
+ * daemon sends none: empty arrays and zeros. False when out of memory. */
+static bool copy_figures(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
+  s->uptime_ms = r->uptime_ms;
+  s->bytes_released = r->bytes_released;
+  s->bytes_restored = r->bytes_restored;
+  return copy_counts(&s->op_counts, &s->nop_counts, r->op_counts, r->n_op_counts, false) &&
+         copy_counts(&s->error_counts, &s->nerror_counts, r->error_counts, r->n_error_counts,
+                     true) &&
+         copy_histograms(s, r) && copy_records(s, r);
+}
+
 /* Ask for the status of devices, tags, sessions and processes. */
 int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the status");
@@ -424,7 +506,8 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   if (!s || !(s->backend = dup_text(r->backend)) || !(s->version = dup_text(r->version)) || !copy_devices(map, s, r) ||
       !copy_tags(s, r) || !copy_sessions(s, r) || !copy_processes(map, s, r) ||
       !copy_checks(map, &s->last_pause_checks, &s->nlast_pause_checks, r->last_pause_checks,
-                   r->n_last_pause_checks)) {
+                   r->n_last_pause_checks) ||
+      !copy_figures(s, r)) {
     gpumem_status_free(s);
     client_reply_free(&reply);
     return client_fail(GPUMEM_E_NOMEM, "out of memory");
@@ -455,6 +538,18 @@ void gpumem_status_free(struct gpumem_status *s) {
     free((char *)s->processes[i]->name);
   free_array((void **)s->processes, s->nprocesses);
   free_array((void **)s->last_pause_checks, s->nlast_pause_checks);
+  free_array((void **)s->op_counts, s->nop_counts);
+  free_array((void **)s->error_counts, s->nerror_counts);
+  for (size_t i = 0; s->histograms && i < s->nhistograms; i++) {
+    free((uint64_t *)s->histograms[i]->le_us);
+    free((uint64_t *)s->histograms[i]->count);
+  }
+  free_array((void **)s->histograms, s->nhistograms);
+  for (size_t i = 0; s->recent_ops && i < s->nrecent_ops; i++) {
+    for (size_t k = 0; k < s->recent_ops[i]->ntags; k++) free((char *)s->recent_ops[i]->tags[k]);
+    free((char **)s->recent_ops[i]->tags);
+  }
+  free_array((void **)s->recent_ops, s->nrecent_ops);
   free((char *)s->backend);
   free((char *)s->version);
   free(s);

@@ -33,6 +33,8 @@ static void usage(FILE *out) {
           "  metrics                   the status in Prometheus text format\n"
           "  pause TAG... | --all      unmap and free the tags' memory on the node\n"
           "  resume TAG... | --all     take it again (all or nothing)\n"
+          "  top                       a live view of devices, tags, memory held outside\n"
+          "                            gpumemd and the last pauses and resumes (q quits)\n"
           "options:\n"
           "  --socket PATH             daemon socket (default $GPUMEM_SOCKET or %s)\n"
           "  --json                    machine-readable output\n"
@@ -44,6 +46,7 @@ static void usage(FILE *out) {
           "                            2m; a plain number is seconds)\n"
           "  --max-residual SIZE       pause: fail when a device still holds more than\n"
           "                            SIZE outside gpumemd after the release\n"
+          "  --interval DURATION       top: refresh every DURATION (default 1s)\n"
           "  --unmanaged-warn SIZE     status: flag devices with more unmanaged memory\n"
           "                            than this (default 1G)\n"
           "  --version                 this tool's, the library's and the daemon's versions\n"
@@ -53,7 +56,10 @@ static void usage(FILE *out) {
 }
 
 #include "ctl/metrics.h"
+#include "ctl/progress.h"
 #include "ctl/text.h"
+#include "ctl/view.h"
+#include "ctl/top.h"
 
 /* Room for a name of up to 255 bytes, each escaped as \xNN. */
 #define NAME_BUF 1024
@@ -93,22 +99,6 @@ static const char *role_name(int role) {
   return role == GPUMEM_ROLE_WORKER ? "worker" : role == GPUMEM_ROLE_CONTROLLER ? "controller" : "none";
 }
 
-/* A tag's state as people read it: mixed when neither ACTIVE nor PAUSED
- * covers its buffers and none is in transit. */
-static const char *tag_state(const struct gpumem_tag_status *t) {
-  if (!t->transit_buffers && t->mixed) return "mixed";
-  return gpumem_state_name(t->state);
-}
-
-/* A device as people read it: this process's number, and the daemon's
- * where it differs (CUDA_VISIBLE_DEVICES). */
-static const char *dev_label(int device, unsigned node, char *buf, size_t len) {
-  if (device < 0) snprintf(buf, len, "node %u", node);
-  else if ((unsigned)device == node) snprintf(buf, len, "%d", device);
-  else snprintf(buf, len, "%d (node %u)", device, node);
-  return buf;
-}
-
 /* Print a bool for JSON. */
 static const char *json_bool(int v) { return v ? "true" : "false"; }
 
@@ -135,7 +125,7 @@ static void print_checks(FILE *out, struct gpumem_device_check *const *v, size_t
     const struct gpumem_device_check *k = v[i];
     bool rose = k->free_after >= k->free_before;
     uint64_t delta = rose ? k->free_after - k->free_before : k->free_before - k->free_after;
-    dev_label(k->device, k->node_device, dev, sizeof dev);
+    view_device(k->device, k->node_device, dev, sizeof dev);
     fprintf(out, "device %s: %s %s, driver shows %s %s free", dev,
             resume ? "took" : "released", size_format(k->released, a, sizeof a),
             size_format(delta, b, sizeof b), rose ? "more" : "less");
@@ -223,16 +213,9 @@ static void warn_unmanaged(const struct gpumem_status *s, uint64_t threshold) {
     const struct gpumem_device_status *d = s->devices[i];
     if (d->unmanaged > threshold)
       printf("\n! device %s: %s in use that gpumemd does not manage (above %s)\n",
-             dev_label(d->device, d->node_device, dev, sizeof dev),
+             view_device(d->device, d->node_device, dev, sizeof dev),
              size_format(d->unmanaged, a, sizeof a), size_format(threshold, b, sizeof b));
   }
-}
-
-/* Order processes by the memory they hold outside gpumemd, largest first. */
-static int by_residual(const void *x, const void *y) {
-  const struct gpumem_process_status *a = *(const struct gpumem_process_status *const *)x;
-  const struct gpumem_process_status *b = *(const struct gpumem_process_status *const *)y;
-  return a->residual < b->residual ? 1 : a->residual > b->residual ? -1 : 0;
 }
 
 #define HOLDERS_SHOWN 5
@@ -250,7 +233,7 @@ static void print_holders(const struct gpumem_status *s, uint64_t threshold) {
   size_t n = 0;
   for (size_t i = 0; i < s->nprocesses; i++)
     if (s->processes[i]->residual) v[n++] = s->processes[i];
-  qsort(v, n, sizeof *v, by_residual);
+  qsort(v, n, sizeof *v, view_by_residual);
   printf("\n");
   if (n == 0) printf("no process holds device memory outside gpumemd\n");
   char a[32], name[NAME_BUF], dev[32];
@@ -259,7 +242,7 @@ static void print_holders(const struct gpumem_status *s, uint64_t threshold) {
            v[i]->residual > threshold ? "! " : "", v[i]->pid,
            v[i]->name && v[i]->name[0] ? printable(v[i]->name, name, sizeof name) : "?",
            size_format(v[i]->residual, a, sizeof a),
-           dev_label(v[i]->device, v[i]->node_device, dev, sizeof dev));
+           view_device(v[i]->device, v[i]->node_device, dev, sizeof dev));
   if (n > HOLDERS_SHOWN)
     printf("and %zu more (gpumemctl status --json lists them all)\n", n - HOLDERS_SHOWN);
   free(v);
@@ -291,7 +274,7 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
          "UNMANAGED");
   for (size_t i = 0; i < s->ndevices; i++) {
     const struct gpumem_device_status *x = s->devices[i];
-    printf("%-6s %11s %11s %11s %11s %11s\n", dev_label(x->device, x->node_device, dev, sizeof dev),
+    printf("%-6s %11s %11s %11s %11s %11s\n", view_device(x->device, x->node_device, dev, sizeof dev),
            size_format(x->total, a, sizeof a), size_format(x->free, b, sizeof b),
            size_format(x->reserved, c, sizeof c), size_format(x->managed, d, sizeof d),
            size_format(x->unmanaged, e, sizeof e));
@@ -299,7 +282,7 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   for (size_t i = 0; i < s->ndevices; i++)
     if (s->devices[i]->daemon_context)
       printf("gpumemd holds a context on device %s (for backups or IPC memory)\n",
-             dev_label(s->devices[i]->device, s->devices[i]->node_device, dev, sizeof dev));
+             view_device(s->devices[i]->device, s->devices[i]->node_device, dev, sizeof dev));
   warn_unmanaged(s, threshold);
   print_holders(s, threshold);
   printf("\nbackups: %s reserved of %s", size_format(s->backup_reserved, a, sizeof a),
@@ -316,7 +299,7 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   for (size_t i = 0; i < s->ntags; i++) {
     const struct gpumem_tag_status *t = s->tags[i];
     printf("%-20s %-9s %7llu %11s %11s %11s %11s\n", printable(t->name, name, sizeof name),
-           tag_state(t),
+           view_tag_state(t),
            (unsigned long long)t->buffers, size_format(t->bytes, a, sizeof a),
            size_format(t->paused_bytes, b, sizeof b), size_format(t->backup_bytes, e, sizeof e),
            size_format(t->transit_bytes, c, sizeof c));
@@ -355,7 +338,7 @@ static void print_list(const struct gpumem_list *l, bool json) {
              gpumem_state_name(b->state));
     } else {
       printf("%-8llu %-8u %-20s %6s %11s %-9s %s%s%s\n", (unsigned long long)b->id, b->pid,
-             printable(b->tag, name, sizeof name), dev_label(b->device, b->node_device, dev, sizeof dev),
+             printable(b->tag, name, sizeof name), view_device(b->device, b->node_device, dev, sizeof dev),
              size_format(b->bytes, a, sizeof a), gpumem_state_name(b->state),
              b->flags & GPUMEM_BACKUP ? "backup " : "",
              b->flags & GPUMEM_IPC_LEGACY ? "ipc-legacy " : "",
@@ -399,14 +382,17 @@ static void print_op_json(const struct gpumem_op_report *r) {
 }
 
 /* Pause or resume; 0 done, 1 failed (with the daemon's code, words, the
- * pids and bytes held on stderr). */
-static int run_op(gpumem_client *c, bool resume, char **tags, size_t ntags,
-                  const int *devs, size_t ndevs, const struct gpumem_op_options *opts,
-                  bool json) {
+ * pids and bytes held on stderr). On a terminal, a progress line on
+ * stderr while it runs (ctl/progress.h). */
+static int run_op(gpumem_client *c, const char *socket_path, bool resume, char **tags,
+                  size_t ntags, const int *devs, size_t ndevs,
+                  const struct gpumem_op_options *opts, bool json) {
   const char *verb = resume ? "resume" : "pause";
   struct gpumem_op_report *r = NULL;
+  progress *p = json ? NULL : progress_start(socket_path, resume, tags, ntags);
   int rc = resume ? gpumem_resume(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r)
                   : gpumem_pause(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r);
+  progress_stop(p);
   char a[32], b[32];
   if (r && json) print_op_json(r);
   if (rc < 0) {
@@ -481,6 +467,7 @@ int main(int argc, char **argv) {
   const char *prefix = NULL;
   bool all = false;
   uint64_t timeout = 0;
+  uint64_t interval = 0;
   bool version = false;
   uint64_t threshold = 1ull << 30;
   uint64_t max_residual = 0;
@@ -492,7 +479,7 @@ int main(int argc, char **argv) {
       {"max-residual", required_argument, 0, 'r'},
       {"pid", required_argument, 0, 'p'},    {"session-prefix", required_argument, 0, 'n'},
       {"all", no_argument, 0, 'a'},          {"help", no_argument, 0, 'h'},
-      {"version", no_argument, 0, 'V'},
+      {"version", no_argument, 0, 'V'},      {"interval", required_argument, 0, 'i'},
       {0, 0, 0, 0},
   };
   int ch;
@@ -534,6 +521,10 @@ int main(int argc, char **argv) {
         return fail(2, "USAGE", "invalid timeout '%s' (500ms, 10s, 2m; plain numbers are seconds)",
                     optarg);
       break;
+    case 'i':
+      if (duration_parse(optarg, 3600000, &interval) || interval < TOP_MIN_INTERVAL_MS)
+        return fail(2, "USAGE", "invalid interval '%s' (100ms to 1h: 500ms, 2s, 1m)", optarg);
+      break;
     case 'u':
       if (size_parse(optarg, &threshold)) return fail(2, "USAGE", "invalid size '%s'", optarg);
       break;
@@ -562,7 +553,8 @@ int main(int argc, char **argv) {
   bool is_op = strcmp(cmd, "pause") == 0 || strcmp(cmd, "resume") == 0;
   bool is_view = strcmp(cmd, "status") == 0 || strcmp(cmd, "list") == 0 ||
                  strcmp(cmd, "metrics") == 0;
-  if (!is_op && !is_view) {
+  bool is_top = strcmp(cmd, "top") == 0;
+  if (!is_op && !is_view && !is_top) {
     usage(stderr);
     return fail(2, "USAGE", "unknown command '%s'", cmd);
   }
@@ -581,8 +573,16 @@ int main(int argc, char **argv) {
   if (has_max_residual && strcmp(cmd, "pause") != 0) {
     return fail(2, "USAGE", "--max-residual applies to pause only");
   }
-  if (is_view && nargs) {
+  if ((is_view || is_top) && nargs) {
     return fail(2, "USAGE", "%s takes no arguments", cmd);
+  }
+  if (interval && !is_top) {
+    return fail(2, "USAGE", "--interval is for top");
+  }
+  if (is_top) {
+    /* A live view for people: its own connection, kept and made again. */
+    if (json) return fail(2, "USAGE", "top has no --json: use status --json");
+    return top_run(socket_path, interval ? interval : TOP_DEFAULT_INTERVAL_MS);
   }
   /* Looking needs no permission: without a controller's rights, status
    * comes through a plain session (list then shows only its own buffers:
@@ -613,7 +613,7 @@ int main(int argc, char **argv) {
     o.pids = pids;
     o.npids = npids;
     o.session_prefix = prefix;
-    rc = run_op(c, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
+    rc = run_op(c, socket_path, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
   } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
     struct gpumem_status *s;
     int err = gpumem_status(c, &s);

@@ -1,8 +1,11 @@
 /* gpumemctl metrics: the status in the Prometheus text format. */
 #include "ctl/metrics.h"
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "ctl/text.h"
 
@@ -22,6 +25,71 @@ static void label_value(const char *s) {
 /* One Prometheus metric family's header. */
 static void metric(const char *name, const char *type, const char *help) {
   printf("# HELP gpumem_%s %s\n# TYPE gpumem_%s %s\n", name, help, name, type);
+}
+
+/* A duration in microseconds as Prometheus seconds. */
+static double seconds(uint64_t us) { return (double)us / 1e6; }
+
+/* The duration histograms, cumulative, with +Inf for the last bound. */
+static void durations(const struct gpumem_status *s) {
+  metric("operation_duration_seconds", "histogram",
+         "How long pauses and resumes took, since gpumemd started.");
+  for (size_t i = 0; i < s->nhistograms; i++) {
+    const struct gpumem_histogram *h = s->histograms[i];
+    bool inf = false;
+    for (size_t b = 0; b < h->nbuckets; b++) {
+      printf("gpumem_operation_duration_seconds_bucket{op=\"");
+      label_value(h->op);
+      if (h->le_us[b] == UINT64_MAX) {
+        printf("\",le=\"+Inf\"} %llu\n", (unsigned long long)h->count[b]);
+        inf = true;
+      } else {
+        printf("\",le=\"%g\"} %llu\n", seconds(h->le_us[b]), (unsigned long long)h->count[b]);
+      }
+    }
+    if (!inf) { /* the format wants +Inf: every operation */
+      printf("gpumem_operation_duration_seconds_bucket{op=\"");
+      label_value(h->op);
+      printf("\",le=\"+Inf\"} %llu\n", (unsigned long long)h->total);
+    }
+    printf("gpumem_operation_duration_seconds_sum{op=\"");
+    label_value(h->op);
+    printf("\"} %.6f\n", seconds(h->sum_us));
+    printf("gpumem_operation_duration_seconds_count{op=\"");
+    label_value(h->op);
+    printf("\"} %llu\n", (unsigned long long)h->total);
+  }
+}
+
+/* What the daemon did since it started: counters only grow while it
+ * lives (a restart starts them again, which Prometheus's rate() takes). */
+static void operations(const struct gpumem_status *s) {
+  metric("uptime_seconds", "gauge", "Seconds since gpumemd started.");
+  printf("gpumem_uptime_seconds %.3f\n", (double)s->uptime_ms / 1e3);
+  metric("operations_total", "counter",
+         "Pauses and resumes that ended, by result (OK or the error's name).");
+  for (size_t i = 0; i < s->nop_counts; i++) {
+    printf("gpumem_operations_total{op=\"");
+    label_value(s->op_counts[i]->op);
+    printf("\",result=\"");
+    label_value(s->op_counts[i]->name);
+    printf("\"} %llu\n", (unsigned long long)s->op_counts[i]->count);
+  }
+  size_t running = 0;
+  for (size_t i = 0; i < s->nrecent_ops; i++) running += !s->recent_ops[i]->done;
+  metric("operations_running", "gauge", "Pauses and resumes running now.");
+  printf("gpumem_operations_running %zu\n", running);
+  metric("released_bytes_total", "counter", "Device memory pauses gave back to the devices.");
+  printf("gpumem_released_bytes_total %llu\n", (unsigned long long)s->bytes_released);
+  metric("restored_bytes_total", "counter", "Device memory resumes took again for their owners.");
+  printf("gpumem_restored_bytes_total %llu\n", (unsigned long long)s->bytes_restored);
+  durations(s);
+  metric("errors_total", "counter", "Errors gpumemd answered to any request, by code.");
+  for (size_t i = 0; i < s->nerror_counts; i++) {
+    printf("gpumem_errors_total{code=\"");
+    label_value(s->error_counts[i]->name);
+    printf("\"} %llu\n", (unsigned long long)s->error_counts[i]->count);
+  }
 }
 
 /* The status in the Prometheus text format, for node_exporter's textfile
@@ -81,10 +149,13 @@ void metrics_print(const struct gpumem_status *s) {
     label_value(s->tags[i]->name);
     printf("\"} %llu\n", (unsigned long long)s->tags[i]->transit_bytes);
   }
+  /* gpumemctl's own session is left out too: without a controller's
+   * rights it looks through a worker session. */
   size_t workers = 0;
+  uint32_t self = (uint32_t)getpid();
   for (size_t i = 0; i < s->nsessions; i++)
-    if (s->sessions[i]->role == GPUMEM_ROLE_WORKER) workers++;
-  metric("sessions", "gauge", "Connected worker sessions (controllers such as gpumemctl left out).");
+    if (s->sessions[i]->role == GPUMEM_ROLE_WORKER && s->sessions[i]->pid != self) workers++;
+  metric("sessions", "gauge", "Connected worker sessions (controllers and gpumemctl left out).");
   printf("gpumem_sessions %zu\n", workers);
   metric("processes_known", "gauge", "1 where the driver gives per-process figures.");
   printf("gpumem_processes_known %d\n", s->processes_known ? 1 : 0);
@@ -105,6 +176,7 @@ void metrics_print(const struct gpumem_status *s) {
          s->last_backup_us ? (double)s->last_backup_bytes * 1e6 / (double)s->last_backup_us : 0.0);
   printf("gpumem_last_copy_bytes_per_second{direction=\"restore\"} %.0f\n",
          s->last_restore_us ? (double)s->last_restore_bytes * 1e6 / (double)s->last_restore_us : 0.0);
+  operations(s);
 }
 
 /* Only gpumem_up 0: what a scrape learns when the daemon does not answer. */

@@ -42,6 +42,7 @@
 #include "common/size.h"
 #include "report.h"
 #include "session.h"
+#include "stats.h"
 
 /* The longest a controller may ask the engine to wait for owners. */
 #define ENGINE_MAX_TIMEOUT_MS (10u * 60u * 1000u)
@@ -93,6 +94,8 @@ struct op {
   bool rolling_back;
   struct session *ctl;
   uint64_t req_id;
+  uint32_t pid;          /* the requester's, for the record */
+  struct stats_op *rec;  /* the record while it runs */
   char **tags;
   size_t ntags;
   bool all_tags;         /* no tags named: every tag that exists at the start */
@@ -124,6 +127,7 @@ struct engine {
   registry *reg;
   gpu *gpu;
   const struct config *cfg;
+  stats *stats;
   struct list *sessions; /* the server's, for scopes */
   struct list queue;
   struct op *current;
@@ -142,7 +146,7 @@ static void check_done(engine *e);
 
 /* Create an engine over the registry and the server's sessions. */
 engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
-                      struct list *sessions) {
+                      struct list *sessions, stats *st) {
   engine *e = calloc(1, sizeof *e);
   if (!e || !(e->events = idmap_create())) {
     free(e);
@@ -152,6 +156,7 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct confi
   e->reg = reg;
   e->gpu = g;
   e->cfg = cfg;
+  e->stats = st;
   e->sessions = sessions;
   e->next_event = 1;
   list_init(&e->queue);
@@ -189,9 +194,11 @@ static void op_free(engine *e, struct op *op) {
 }
 
 /* Answer a controller's request with a fault and nothing else. */
-static void answer_fault(struct session *ctl, uint64_t req_id, wire_code code, const char *text) {
+static void answer_fault(engine *e, struct session *ctl, uint64_t req_id, wire_code code,
+                         const char *text) {
   struct fault f = {0};
   fault_set(&f, code, "%s", text);
+  stats_error(e->stats, code);
   session_send_error(ctl, req_id, &f);
 }
 
@@ -204,14 +211,16 @@ void engine_destroy(engine *e) {
   const char *why = "gpumemd is shutting down; the operation did not complete";
   list_for_each_safe(p, t, &e->queue) {
     struct op *op = list_entry(p, struct op, link);
-    if (op->ctl) answer_fault(op->ctl, op->req_id, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, why);
+    if (op->ctl) answer_fault(e, op->ctl, op->req_id, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, why);
     list_remove(&op->link);
     op_free(e, op);
   }
   if (e->current) {
-    if (e->current->ctl)
-      answer_fault(e->current->ctl, e->current->req_id,
-                   GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, why);
+    struct op *op = e->current;
+    stats_op_end(e->stats, op->rec, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, op->bytes,
+                 op->backup_bytes, (uv_hrtime() - op->t0) / 1000);
+    if (op->ctl)
+      answer_fault(e, op->ctl, op->req_id, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, why);
     op_free(e, e->current);
   }
   list_for_each_safe(p, t, &e->stragglers)
@@ -252,10 +261,11 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
   }
   if (nomem) {
     if (op) op_free(e, op);
-    answer_fault(ctl, req_id, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    answer_fault(e, ctl, req_id, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     return;
   }
   list_init(&op->groups);
+  op->pid = ctl->pid > 0 ? (uint32_t)ctl->pid : 0;
   op->all_tags = ntags == 0;
   op->resume = resume;
   op->ctl = ctl;
@@ -364,6 +374,7 @@ static void release(engine *e, struct op *op, struct buffer *b, bool still_held)
          "pid %d acknowledged the unmap of buffer %llu but still maps it", (int)b->owner->pid, id);
     return;
   }
+  uint64_t copied = 0;
   if ((b->flags & BUF_FLAG_BACKUP) && !b->backup_valid) {
     struct fault f = {0};
     if (registry_backup(e->reg, b, &f)) {
@@ -372,9 +383,13 @@ static void release(engine *e, struct op *op, struct buffer *b, bool still_held)
       fail(op, f.code, "%s; buffer %llu keeps its memory", f.text, id);
       return;
     }
+    copied = b->size;
     if (op) op->backup_bytes += b->size;
   }
   registry_memory_release(e->reg, b);
+  /* Counted as it happens, also for a straggler's late ack (no op). */
+  stats_bytes(e->stats, false, b->size);
+  if (op) stats_op_progress(op->rec, b->size, copied);
   count(op, b);
 }
 
@@ -677,6 +692,7 @@ static void start_pause(engine *e, struct op *op) {
       }
       if (b->state == BUF_PAUSED) {
         if (b->has_memory) { /* kept by an earlier failure: try again */
+          stats_op_cover(op->rec, b->size);
           bool held;
           owner_holds(e, &b, 1, &held);
           release(e, op, b, held);
@@ -697,6 +713,7 @@ static void start_pause(engine *e, struct op *op) {
         fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
         continue;
       }
+      stats_op_cover(op->rec, b->size);
       registry_set_state(e->reg, b, BUF_PAUSING);
     }
   }
@@ -798,6 +815,7 @@ static void start_resume(engine *e, struct op *op) {
   bool *made = NULL;
   idmap *by_session = NULL;
   if (!names_exist(e, op) || !collect_paused(e, op, &bufs, &n)) goto out;
+  for (size_t i = 0; i < n; i++) stats_op_cover(op->rec, bufs[i]->size);
   snapshot(e, op);
   if (!(made = calloc(n + 1, sizeof *made)) || !(by_session = idmap_create())) {
     fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
@@ -807,8 +825,10 @@ static void start_resume(engine *e, struct op *op) {
   struct fault f = {0};
   for (size_t i = 0; i < n && !f.code; i++) {
     op->dev[bufs[i]->device].touched = true;
-    if (bufs[i]->backup_valid && !registry_restore(e->reg, bufs[i], &f))
+    if (bufs[i]->backup_valid && !registry_restore(e->reg, bufs[i], &f)) {
       op->backup_bytes += bufs[i]->size;
+      stats_op_progress(op->rec, 0, bufs[i]->size);
+    }
   }
   for (size_t i = 0; i < n && !f.code; i++) {
     struct group *g = idmap_get(by_session, bufs[i]->owner->id);
@@ -859,6 +879,7 @@ static void commit_resume(engine *e, struct op *op) {
       if (!b || b->state != BUF_RESUMING) continue;
       registry_set_state(e->reg, b, BUF_ACTIVE);
       b->tag->paused_devices &= ~(1ull << b->device);
+      stats_bytes(e->stats, true, b->size);
       count(op, b);
     }
   }
@@ -956,12 +977,16 @@ static size_t check_devices(engine *e, struct op *op, Gpumem__Wire__DeviceCheck 
   return n;
 }
 
-/* Answer the controller (if still there) with the figures or the fault. */
+/* Answer the controller (if still there) with the figures or the fault,
+ * and count the operation as it ended. */
 static void reply(engine *e, struct op *op) {
   uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000, copied, copy_us;
   Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
   size_t nchecks = checks && checkp ? check_devices(e, op, checks) : 0;
+  stats_op_end(e->stats, op->rec, op->fault.code, op->bytes, op->backup_bytes, us);
+  op->rec = NULL;
+  if (op->ctl) stats_error(e->stats, op->fault.code);
   for (size_t i = 0; i < nchecks; i++) checkp[i] = &checks[i];
   if (!op->resume) {
     e->nlast = nchecks < WIRE_MAX_DEVICES ? nchecks : WIRE_MAX_DEVICES;
@@ -1124,6 +1149,8 @@ static void run_queue(engine *e) {
     list_remove(&op->link);
     e->current = op;
     op->t0 = uv_hrtime();
+    op->rec = stats_op_begin(e->stats, op->resume, op->tags, op->all_tags ? 0 : op->ntags,
+                             op->pid);
     registry_copy_totals(e->reg, !op->resume, &op->copied0, &op->copy_us0);
     e->busy = true;
     if (op->resume)
@@ -1203,6 +1230,11 @@ void engine_ack(engine *e, struct session *s, uint64_t event_id,
   if (bad)
     log_warn("pid %d: %s failed: %s", (int)s->pid, g->kind == K_REMAP ? "remap" : "unmap",
              g->why);
+  /* A resume's progress: what the owner mapped again. */
+  for (size_t i = from; g->op && g->kind == K_REMAP && i < to; i++) {
+    const struct buffer *b = registry_find(e->reg, g->ids[i]);
+    if (b && !g->failed[i]) stats_op_progress(g->op->rec, b->size, 0);
+  }
   if (++g->acked < g->nevents) return;
   if (!g->op) {
     settle_straggler(e, g);

@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "registry.h"
+#include "stats.h"
 
 struct session;
 typedef struct engine engine;
@@ -25,9 +26,10 @@ struct engine_scope {
 };
 
 /* Create an engine over the registry; sessions is the server's list of
- * struct session.link, where scopes find the sessions they name. */
+ * struct session.link, where scopes find the sessions they name; each
+ * operation is counted and recorded in st as it runs. */
 engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
-                      struct list *sessions);
+                      struct list *sessions, stats *st);
 
 /* Answer queued and running operations with SHUTTING_DOWN and free the
  * engine; closes its timer, so the loop must run once more before the

@@ -163,7 +163,7 @@ static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMem
 /* Send s the status of every device, tag and session. */
 void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
                    struct list *sessions, Gpumem__Wire__DeviceCheck *const *last_checks,
-                   size_t nlast) {
+                   size_t nlast, stats *st) {
   Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
   r.backend = (char *)gpu_name(g);
   r.version = (char *)DAEMON_VERSION;
@@ -180,6 +180,7 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
   if (!r.devices || !tags || !tagp || !ses || !sesp) {
     struct fault f = {.code = GPUMEM__WIRE__ERROR_CODE__INTERNAL};
     fault_set(&f, f.code, "out of host memory");
+    stats_error(st, f.code);
     session_send_error(s, req_id, &f);
     goto out;
   }
@@ -228,11 +229,13 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
   r.backup_ready = registry_backup_ready(reg);
   registry_last(reg, true, &r.last_backup_bytes, &r.last_backup_us);
   registry_last(reg, false, &r.last_restore_bytes, &r.last_restore_us);
+  struct stats_view *figures = stats_fill(st, &r);
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = req_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
   env.status_reply = &r;
   session_send(s, &env, NULL, 0);
+  stats_view_free(figures);
   free(procs);
   free(names);
   free(procp);

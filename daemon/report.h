@@ -5,12 +5,15 @@
 #include "common/list.h"
 #include "registry.h"
 #include "session.h"
+#include "stats.h"
 
 /* Send s the status of every device, tag and session (sessions: the
- * server's list of struct session.link), with the last pause's checks. */
+ * server's list of struct session.link), with the last pause's checks and
+ * what the daemon did since it started (st, which also counts a failure
+ * to answer). */
 void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
                    struct list *sessions, Gpumem__Wire__DeviceCheck *const *last_checks,
-                   size_t nlast);
+                   size_t nlast, stats *st);
 
 /* Send s the buffers it may see: its own, or all for a controller. */
 void report_list(struct session *s, uint64_t req_id, registry *reg);

@@ -17,6 +17,7 @@
 #include "registry.h"
 #include "report.h"
 #include "session.h"
+#include "stats.h"
 
 struct server {
   uv_loop_t *loop;
@@ -24,6 +25,7 @@ struct server {
   gpu *gpu;
   registry *reg;
   engine *eng;
+  stats *stats; /* what the daemon did since it started */
   int listen_fd;
   uv_poll_t listen_poll;
   uv_signal_t sigterm, sigint;
@@ -46,6 +48,7 @@ struct server {
 
 static void on_accept(uv_poll_t *h, int status, int events);
 static void on_signal(uv_signal_t *h, int signum);
+static void refuse_session(struct session *s, uint64_t id, wire_code code, const char *text);
 
 /* Bind the socket and get ready to serve. */
 server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
@@ -72,9 +75,13 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
                                 .verify_backups = cfg->verify_backups,
                                 .loop = loop};
   srv->reg = registry_create(g, &ro);
-  srv->eng = srv->reg ? engine_create(loop, srv->reg, g, cfg, &srv->sessions) : NULL;
+  srv->stats = stats_create();
+  srv->eng = srv->reg && srv->stats
+                 ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, srv->stats)
+                 : NULL;
   if (!srv->eng) {
     snprintf(err, errlen, "out of memory");
+    stats_destroy(srv->stats);
     registry_destroy(srv->reg);
     close(srv->listen_fd);
     if (cfg->listen_fd < 0) unlink(cfg->socket_path);
@@ -125,6 +132,7 @@ void server_destroy(server *srv) {
    * memory: let those end (and free what they made). */
   if (srv->stopping) uv_run(srv->loop, UV_RUN_DEFAULT);
   if (srv->reserve_fd >= 0) close(srv->reserve_fd);
+  stats_destroy(srv->stats);
   free(srv);
 }
 
@@ -244,8 +252,8 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     log_debug("session %llu: pid %d uid %d connected", (unsigned long long)s->id,
               (int)s->pid, (int)s->uid);
     if (sessions_of(srv, s->uid) > srv->cfg->max_sessions_per_uid)
-      session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
-                   "too many sessions for this uid");
+      refuse_session(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+                     "too many sessions for this uid");
   }
 }
 
@@ -279,27 +287,43 @@ void server_session_closed(server *srv, struct session *s) {
     uv_close((uv_handle_t *)&srv->stop_timer, NULL);
 }
 
+/* Answer request id with a fault, counting the error. */
+static void answer_error(struct session *s, uint64_t id, const struct fault *f) {
+  stats_error(s->server->stats, f->code);
+  session_send_error(s, id, f);
+}
+
+/* Answer request id with an error in words, counting it. */
 static void reply_error(struct session *s, uint64_t id, wire_code code,
                         const char *text) {
   struct fault f = {0};
   fault_set(&f, code, "%s", text);
-  session_send_error(s, id, &f);
+  answer_error(s, id, &f);
+}
+
+/* Answer request id with an error, counting it, and end the session. */
+static void refuse_session(struct session *s, uint64_t id, wire_code code, const char *text) {
+  stats_error(s->server->stats, code);
+  session_fail(s, id, code, text);
 }
 
 static void handle_hello(server *srv, struct session *s, const wire_env *env) {
   const Gpumem__Wire__Hello *h = env->hello;
   char text[160];
   if (s->role != GPUMEM__WIRE__ROLE__ROLE_UNSPECIFIED) {
-    session_fail(s, env->id, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, "Hello sent twice");
+    refuse_session(s, env->id, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, "Hello sent twice");
     return;
   }
   if (h->version_major != WIRE_VERSION_MAJOR) {
     snprintf(text, sizeof text, "client speaks protocol %u.%u, daemon speaks %d.%d",
              h->version_major, h->version_minor, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
-    session_fail(s, env->id, GPUMEM__WIRE__ERROR_CODE__VERSION_MISMATCH, text);
+    refuse_session(s, env->id, GPUMEM__WIRE__ERROR_CODE__VERSION_MISMATCH, text);
     return;
   }
   if (h->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER && !s->may_control) {
+    /* Not counted in the errors: gpumemctl asks for the controller role
+     * first and falls back to a worker's view, so this is routine (every
+     * run of the metrics timer would count one). */
     snprintf(text, sizeof text, "uid %d may not pause or resume", (int)s->uid);
     session_fail(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED, text);
     return;
@@ -339,7 +363,7 @@ static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
   struct buffer *b;
   if (registry_alloc(srv->reg, s, &s->buffers, (uint32_t)s->uid, a->tag, a->device, a->size,
                      a->flags, &b, &f)) {
-    session_send_error(s, env->id, &f);
+    answer_error(s, env->id, &f);
     return;
   }
   int fds[FRAME_MAX_FDS];
@@ -347,7 +371,7 @@ static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
   if (b->state == BUF_ACTIVE) {
     if (registry_export(srv->reg, b, fds, &f)) {
       registry_free(srv->reg, b);
-      session_send_error(s, env->id, &f);
+      answer_error(s, env->id, &f);
       return;
     }
     nfds = b->ipc ? 0 : b->nchunks;
@@ -453,7 +477,7 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   }
   for (size_t i = 0; i < a->n_buffers; i++)
     if (adopt_check(srv, a->buffers[i], i, &f)) {
-      session_send_error(s, env->id, &f);
+      answer_error(s, env->id, &f);
       return;
     }
   uint64_t *ids = calloc(a->n_buffers + 1, sizeof *ids);
@@ -475,7 +499,7 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   }
   if (f.code) {
     for (size_t i = 0; i < done; i++) registry_free(srv->reg, bufs[i]);
-    session_send_error(s, env->id, &f);
+    answer_error(s, env->id, &f);
   } else {
     s->nbuffers += done;
     log_info("pid %d re-registered %zu buffers", (int)s->pid, done);
@@ -529,20 +553,20 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
   if (srv->stopping) return;
   wire_env *env = wire_unpack(f->data, f->len);
   if (!env) {
-    session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
-                 "malformed frame: not a gpumemd message");
+    refuse_session(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
+                   "malformed frame: not a gpumemd message");
     return;
   }
   char why[256];
   wire_code code = wire_check_request(env, f->nfds, why, sizeof why);
   bool hello = env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
   if (code == GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR || (code && hello)) {
-    session_fail(s, env->id, code, why);
+    refuse_session(s, env->id, code, why);
   } else if (code) {
     reply_error(s, env->id, code, why);
   } else if (!hello && s->role == GPUMEM__WIRE__ROLE__ROLE_UNSPECIFIED) {
-    session_fail(s, env->id, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
-                 "the first message must be Hello");
+    refuse_session(s, env->id, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
+                   "the first message must be Hello");
   } else {
     switch (env->body_case) {
     case GPUMEM__WIRE__ENVELOPE__BODY_HELLO: handle_hello(srv, s, env); break;
@@ -554,7 +578,7 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
     {
       size_t nlast;
       Gpumem__Wire__DeviceCheck *const *last = engine_last_checks(srv->eng, &nlast);
-      report_status(s, env->id, srv->reg, srv->gpu, &srv->sessions, last, nlast);
+      report_status(s, env->id, srv->reg, srv->gpu, &srv->sessions, last, nlast, srv->stats);
     }
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_LIST: report_list(s, env->id, srv->reg); break;

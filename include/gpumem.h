@@ -53,15 +53,15 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 2
+#define GPUMEM_VERSION_MINOR 3
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (10200 for 1.2.0). */
+/* The library's version, as GPUMEM_VERSION computes it (10300 for 1.3.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
-/* The library's version as text ("1.2.0"). */
+/* The library's version as text ("1.3.0"). */
 GPUMEM_EXPORT const char *gpumem_version_string(void);
 
 /* Error codes. Codes -1..-12 and -17..-19 are the daemon's; the others are
@@ -509,7 +509,10 @@ struct gpumem_op_record {
   uint32_t pid;         /* the process that asked */
   int done;             /* 0 while it runs */
   int result;           /* 0 or a GPUMEM_E_* code, once done */
-  uint64_t bytes_done;  /* device bytes released (pause) or taken (resume) so far */
+  /* Device bytes released (pause) or mapped again by their owners
+   * (resume) so far; once done, what the operation released or gave back
+   * (0 for a resume that failed: it gives nothing back). */
+  uint64_t bytes_done;
   uint64_t bytes_total; /* device bytes the operation covers */
   uint64_t copied_bytes;/* bytes backed up or restored */
   uint64_t started_ms;  /* when it started, Unix time in milliseconds */
@@ -561,7 +564,7 @@ struct gpumem_status {
    * the driver's free memory before and after (none before the first). */
   size_t nlast_pause_checks;
   struct gpumem_device_check **last_pause_checks;
-  /* The daemon's version ("1.2.0"); "" from a daemon that does not say. */
+  /* The daemon's version ("1.3.0"); "" from a daemon that does not say. */
   const char *version;
   /* Since the daemon started (1.3; empty and 0 from an older daemon). */
   uint64_t uptime_ms;

@@ -72,18 +72,24 @@ static void slurp(const char *path, char *buf, size_t len) {
   fclose(f);
 }
 
-/* Run gpumemctl against socket with shell-quoted args, in dir; its stdout
- * and stderr go to out_buf and err_buf, and its exit status comes back. */
-static int ctl(const char *dir, const char *socket, const char *args) {
+/* Run gpumemctl under a command prefix ("" for none) against socket with
+ * shell-quoted args, in dir; its stdout and stderr go to out_buf and
+ * err_buf (and dir/ctl.out, dir/ctl.err), and its exit status comes back. */
+static int ctl_as(const char *prefix, const char *dir, const char *socket, const char *args) {
   char cmd[1024], out[128], err[128];
   snprintf(out, sizeof out, "%s/ctl.out", dir);
   snprintf(err, sizeof err, "%s/ctl.err", dir);
-  snprintf(cmd, sizeof cmd, "%s --socket %s %s >%s 2>%s", harness_bin("gpumemctl"), socket, args,
-           out, err);
+  snprintf(cmd, sizeof cmd, "%s %s --socket %s %s >%s 2>%s", prefix, harness_bin("gpumemctl"),
+           socket, args, out, err);
   int status = system(cmd);
   slurp(out, out_buf, sizeof out_buf);
   slurp(err, err_buf, sizeof err_buf);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Run gpumemctl as ctl_as does, with no prefix. */
+static int ctl(const char *dir, const char *socket, const char *args) {
+  return ctl_as("", dir, socket, args);
 }
 
 /* Check the last stdout with a Python expression over `j`, its JSON; the
@@ -858,6 +864,114 @@ START_TEST(metrics_say_up_and_paused_and_count_workers) {
 }
 END_TEST
 
+/* Run a shell command in dir with its output in dir/cmd.out (into
+ * err_buf); its exit status. */
+static int shell(const char *dir, const char *cmd) {
+  char line[1024], out[128];
+  snprintf(out, sizeof out, "%s/cmd.out", dir);
+  snprintf(line, sizeof line, "%s >%s 2>&1", cmd, out);
+  int status = system(line);
+  slurp(out, err_buf, sizeof err_buf);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Metrics count what the daemon did: pauses and resumes by result, the
+ * bytes they released and gave back, their durations as a histogram and
+ * the errors answered; counters never go down; and promtool (where it
+ * is installed) takes the whole output. */
+START_TEST(metrics_count_operations_and_pass_promtool) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 0);
+    ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv"), 0);
+  }
+  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv_cahce"), 1);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
+  static const char *const want[] = {
+      "\n# TYPE gpumem_operations_total counter\n",
+      "\ngpumem_operations_total{op=\"pause\",result=\"OK\"} 2\n",
+      "\ngpumem_operations_total{op=\"pause\",result=\"NOT_FOUND\"} 1\n",
+      "\ngpumem_operations_total{op=\"resume\",result=\"OK\"} 2\n",
+      "\ngpumem_released_bytes_total 8388608\n",
+      "\ngpumem_restored_bytes_total 8388608\n",
+      "\n# TYPE gpumem_operation_duration_seconds histogram\n",
+      "\ngpumem_operation_duration_seconds_bucket{op=\"pause\",le=\"+Inf\"} 3\n",
+      "\ngpumem_operation_duration_seconds_count{op=\"pause\"} 3\n",
+      "\ngpumem_operation_duration_seconds_bucket{op=\"resume\",le=\"60\"} 2\n",
+      "\ngpumem_operation_duration_seconds_count{op=\"resume\"} 2\n",
+      "\ngpumem_operation_duration_seconds_sum{op=\"resume\"} ",
+      "\ngpumem_errors_total{code=\"NOT_FOUND\"} 1\n",
+      "\ngpumem_operations_running 0\n",
+      "\ngpumem_uptime_seconds ",
+      "\ngpumem_sessions 1\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(out_buf, want[i]), "no %s in:\n%s", want[i], out_buf);
+  ck_assert_msg(!strstr(out_buf, "state="), "%s", out_buf);
+  char first[1 << 16];
+  snprintf(first, sizeof first, "%s", out_buf);
+  /* promtool on exactly what gpumemctl printed. */
+  char cmd[512];
+  if (shell(d.dir, "command -v promtool") != 0) {
+    printf("metrics_count_operations_and_pass_promtool: promtool check: skipped: no promtool\n");
+  } else {
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s/ctl.out", d.dir);
+    ck_assert_msg(shell(d.dir, cmd) == 0, "promtool check metrics: %s\non:\n%s", err_buf, out_buf);
+  }
+  /* Counters only grow: one more pause and the same failure. */
+  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 0);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv_cahce"), 1);
+  ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_operations_total{op=\"pause\",result=\"OK\"} 3\n") &&
+                    strstr(out_buf, "\ngpumem_errors_total{code=\"NOT_FOUND\"} 2\n") &&
+                    strstr(out_buf, "\ngpumem_released_bytes_total 12582912\n") &&
+                    strstr(out_buf, "\ngpumem_restored_bytes_total 8388608\n"),
+                "%s", out_buf);
+  for (const char *p = first; (p = strstr(p, "_total")); p++) {
+    /* Every counter sample of the first scrape is there, no lower. */
+    const char *line = p;
+    while (line > first && line[-1] != '\n') line--;
+    if (*line == '#') continue;
+    const char *sp = strchr(p, ' ');
+    char name[256];
+    snprintf(name, sizeof name, "\n%.*s ", (int)(sp - line), line);
+    const char *now = strstr(out_buf, name);
+    ck_assert_msg(now, "%s gone", name);
+    ck_assert_uint_ge(strtoull(now + strlen(name), NULL, 10), strtoull(sp + 1, NULL, 10));
+  }
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* gpumemctl without a controller's rights looks through a worker session:
+ * gpumem_sessions leaves that session out (a root test, where it can run
+ * gpumemctl as nobody). */
+START_TEST(metrics_leave_out_gpumemctl_own_worker_session) {
+  if (getuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0) {
+    printf("metrics_leave_out_gpumemctl_own_worker_session: skipped: needs root and setpriv\n");
+    return;
+  }
+  daemon_start(&d, "--socket-mode", "0666", NULL);
+  ck_assert_int_eq(chmod(d.dir, 0755), 0);
+  struct worker w;
+  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  const char *nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups";
+  /* Refused as a controller, it looks as a worker: its session is there. */
+  ck_assert_msg(ctl_as(nobody, d.dir, d.socket, "--json status") == 0, "%s", err_buf);
+  ck_assert_int_eq(json_check(d.dir, "sorted((s['role'],s['name']) for s in j['sessions'])"
+                                     "==[('worker','gpumem-worker'),('worker','gpumemctl')]"),
+                   0);
+  ck_assert_msg(ctl_as(nobody, d.dir, d.socket, "metrics") == 0, "%s", err_buf);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_sessions 1\n"), "%s", out_buf);
+  /* Its refused requests for the controller role are routine, not errors. */
+  ck_assert_msg(!strstr(out_buf, "gpumem_errors_total{code=\"PERMISSION_DENIED\"}"), "%s",
+                out_buf);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("ctl", 60, setup, teardown,
                      unknown_tag_is_not_found_and_fails, pause_and_resume_select_sessions,
@@ -871,5 +985,7 @@ int main(void) {
                      version_names_tool_library_and_daemon, json_failures_print_an_error_object,
                      timeout_takes_durations, names_are_escaped_whatever_bytes_they_hold,
                      controllers_open_no_gpu_backend,
-                     metrics_say_up_and_paused_and_count_workers);
+                     metrics_say_up_and_paused_and_count_workers,
+                     metrics_count_operations_and_pass_promtool,
+                     metrics_leave_out_gpumemctl_own_worker_session);
 }

@@ -422,6 +422,34 @@ class OpResult:
             ", error=%r" % self.error["code"] if self.error else "")
 
 
+def _figures(lib: Any, s: Any) -> Dict[str, Any]:
+    """What the daemon counted since it started (1.3): operations by
+    result, errors by code, bytes released and restored, durations, and
+    the operations running and recently done (newest first)."""
+    return {
+        "uptime_ms": s.uptime_ms,
+        "bytes_released": s.bytes_released,
+        "bytes_restored": s.bytes_restored,
+        "op_counts": [{"op": _text(c.op), "result": _text(c.name), "count": c.count}
+                      for c in (s.op_counts[i][0] for i in range(s.nop_counts))],
+        "error_counts": [{"code": _text(c.name), "count": c.count}
+                         for c in (s.error_counts[i][0] for i in range(s.nerror_counts))],
+        "histograms": [{
+            "op": _text(h.op), "le_us": [h.le_us[b] for b in range(h.nbuckets)],
+            "count": [h.count[b] for b in range(h.nbuckets)], "total": h.total,
+            "sum_us": h.sum_us,
+        } for h in (s.histograms[i][0] for i in range(s.nhistograms))],
+        "recent_ops": [{
+            "op": _text(r.op), "tags": [_text(r.tags[k]) for k in range(r.ntags)],
+            "pid": r.pid, "done": bool(r.done),
+            "result": _text(lib.gpumem_error_name(r.result)),
+            "bytes_done": r.bytes_done, "bytes_total": r.bytes_total,
+            "copied_bytes": r.copied_bytes, "started_ms": r.started_ms,
+            "duration_us": r.duration_us,
+        } for r in (s.recent_ops[i][0] for i in range(s.nrecent_ops))],
+    }
+
+
 def _checks(p: Any, n: int) -> List[DeviceCheck]:
     return [
         DeviceCheck(device=k.device, node_device=k.node_device, released=k.released,
@@ -1000,6 +1028,26 @@ class Client:
                     "last_restore_us": s.last_restore_us,
                 },
             }
+        finally:
+            lib.gpumem_status_free(p)
+
+    def stats(self) -> Dict[str, Any]:
+        """What the daemon did since it started (API 1.3), from one status
+        request: ``uptime_ms``, ``bytes_released`` and ``bytes_restored``,
+        ``op_counts`` (op, result, count), ``error_counts`` (code, count),
+        ``histograms`` (op, cumulative ``count`` per ``le_us`` bound, the
+        last 2**64-1 for +Inf, ``total``, ``sum_us``) and ``recent_ops``:
+        the pauses and resumes running now (``done`` False, with
+        ``bytes_done`` of ``bytes_total`` so far), then the last 16 done,
+        newest first. An older daemon gives zeros and empty lists."""
+        c = self._talk()
+        lib = self._lib
+        p = ctypes.POINTER(_native.Status)()
+        rc = lib.gpumem_status(c, ctypes.byref(p))
+        if rc < 0:
+            raise _last_error(lib, rc)
+        try:
+            return _figures(lib, p.contents)
         finally:
             lib.gpumem_status_free(p)
 

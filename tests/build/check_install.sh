@@ -3,9 +3,11 @@
 # Makefile's O): a staged Debian-style install (DESTDIR, PREFIX=/usr,
 # multiarch LIBDIR) has a gpumem.pc for where it is installed, no RUNPATH
 # into the build tree, gpumem-worker out of bin/, a header and library that
-# build and load the README's example; uninstall leaves no file. Then the
+# build and load the README's example, the systemd units, the sysusers file
+# and (when built) the man pages; uninstall leaves no file. Then the
 # issue's case: `make install PREFIX=dir` after a default build writes a
-# gpumem.pc that says dir, not /usr/local.
+# gpumem.pc that says dir, not /usr/local, and units whose ExecStart is
+# dir's gpumemd.
 set -eu
 cd "$(dirname "$0")/../.."
 o=${GPUMEM_O:-build}
@@ -46,6 +48,31 @@ done
 readelf -d "$stage$libdir/libgpumem.so.1" | grep -q 'SONAME.*\[libgpumem\.so\.1\]' ||
   fail "libgpumem.so.1 has no soname libgpumem.so.1"
 
+# The units of systemd/ (every service, socket and timer) in
+# SYSTEMDUNITDIR, naming the installed programs, the sysusers file as
+# gpumem.conf, and the man pages where make built them.
+units() { # $1: the directory units are installed in
+  for u in systemd/*.service systemd/*.socket systemd/*.timer; do
+    [ -f "$u" ] || continue
+    [ -f "$1/${u#systemd/}" ] || fail "${u#systemd/} not installed in ${1#"$stage"}"
+  done
+}
+units "$stage/usr/lib/systemd/system"
+svc=$stage/usr/lib/systemd/system/gpumemd.service
+grep -q '^ExecStart=/usr/sbin/gpumemd ' "$svc" ||
+  fail "installed gpumemd.service: $(grep ExecStart "$svc")"
+cmp -s systemd/gpumem.sysusers "$stage/usr/lib/sysusers.d/gpumem.conf" ||
+  fail "systemd/gpumem.sysusers not installed as /usr/lib/sysusers.d/gpumem.conf"
+for page in gpumemd.8 gpumemctl.1 libgpumem.3; do
+  dest=$stage/usr/share/man/man${page##*.}/$page
+  if [ -f "$o/man/$page" ]; then
+    cmp -s "$o/man/$page" "$dest" || fail "man page $page not installed as ${dest#"$stage"}"
+  else
+    [ ! -e "$dest" ] || fail "man page $page installed, but not built in $o/man"
+  fi
+done
+[ -f "$o/man/gpumemd.8" ] || echo "check_install: man pages not built (no scdoc): not installed"
+
 # The pkg-config file names the prefix and multiarch libdir it was installed
 # under.
 pc=$stage$libdir/pkgconfig/gpumem.pc
@@ -72,6 +99,11 @@ flags=$(PKG_CONFIG_PATH="$stage$libdir/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$stage
   PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 \
   pkg-config --cflags --libs gpumem) || fail "pkg-config gpumem failed"
 echo "$flags" | grep -q -- "-L$stage$libdir" || fail "pkg-config gpumem gives '$flags'"
+# Its version is the header's.
+want=$(sed -n 's/^#define GPUMEM_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' include/gpumem.h |
+  paste -sd.)
+have=$(PKG_CONFIG_PATH="$stage$libdir/pkgconfig" pkg-config --modversion gpumem)
+[ "$have" = "$want" ] || fail "pkg-config --modversion gpumem says '$have', gpumem.h $want"
 cc -std=c11 -Wall -Wextra -Werror examples/worker.c $flags -o "$t/worker" || # $flags: words
   fail "examples/worker.c does not build against the install: cc ... $flags"
 run_worker() { # $1: the libdir to load from
@@ -107,6 +139,21 @@ flags=$(PKG_CONFIG_PATH="$dir/lib/pkgconfig" pkg-config --cflags --libs gpumem)
 cc -std=c11 -Wall -Wextra -Werror examples/worker.c $flags -o "$t/worker" || # $flags: words
   fail "examples/worker.c does not build against PREFIX=$dir"
 run_worker "$dir/lib"
+# The units name the programs where they were installed, and no other.
+units "$dir/lib/systemd/system"
+svc=$dir/lib/systemd/system/gpumemd.service
+grep -q "^ExecStart=$dir/sbin/gpumemd " "$svc" ||
+  fail "gpumemd.service under PREFIX=$dir: $(grep ExecStart "$svc")"
+! grep -rq '/usr/sbin/\|/usr/bin/\|/usr/libexec/' "$dir/lib/systemd/system" ||
+  fail "units under PREFIX=$dir name /usr: $(grep -r '/usr/' "$dir/lib/systemd/system")"
+[ -f "$dir/lib/sysusers.d/gpumem.conf" ] || fail "no $dir/lib/sysusers.d/gpumem.conf"
+# systemd itself accepts them, run from there (--man=no: the pages are not
+# where man looks).
+if command -v systemd-analyze >/dev/null 2>&1; then
+  systemd-analyze verify --man=no "$dir"/lib/systemd/system/* > "$t/verify.log" 2>&1 &&
+    [ ! -s "$t/verify.log" ] ||
+    fail "systemd-analyze verify of the installed units: $(cat "$t/verify.log")"
+fi
 mk uninstall PREFIX="$dir"
 left=$(find "$dir" ! -type d)
 [ -z "$left" ] || fail "make uninstall PREFIX=$dir left: $left"

@@ -37,6 +37,13 @@ nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 build/bin/gpumemctl --socket "$sock" status
 build/tests/gpu_check build/bin "$sock" || status=1
 build/bin/gpumemctl --socket "$sock" status
+# What gpu_check's pauses and resumes left in the daemon's counters.
+build/bin/gpumemctl --socket "$sock" metrics |
+  grep -E '^gpumem_(operations_total|released_bytes_total|restored_bytes_total|operation_duration_seconds_(count|sum)|errors_total)'
+# gpumemctl talks to the daemon without loading the GPU driver.
+loads=$(LD_DEBUG=libs build/bin/gpumemctl --socket "$sock" status 2>&1 >/dev/null | grep -c 'libcuda\.so')
+if [ "$loads" = 0 ]; then echo "PASS gpumemctl loads no GPU driver: libcuda.so opened 0 times"
+else echo "FAIL gpumemctl loads no GPU driver: libcuda.so in $loads loader lines"; status=1; fi
 kill "$daemon"; wait "$daemon" || status=1
 cat /tmp/gpumemd-gpu.log
 # A stopped worker, workers killed during a pause and a resume, memory held
@@ -75,7 +82,8 @@ fi
 # GPU_BENCH=0 skips the benchmarks (the checks and suites still run).
 if [ "${GPU_BENCH:-1}" != 0 ]; then
 make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt \
-  build/bench/bench_backup build/bench/bench_scale build/bench/bench_trace >/dev/null
+  build/bench/bench_backup build/bench/bench_scale build/bench/bench_trace \
+  build/bench/bench_ctl >/dev/null
 mkdir -p build/bench
 : > build/bench/results-gpu.jsonl
 bench() { "$@" 3>>build/bench/results-gpu.jsonl 2>/dev/null || status=1; }
@@ -84,6 +92,7 @@ bench build/bench/bench_pause --backend cuda --total 16G --chunk 1G --workers 4 
 bench build/bench/bench_pause --backend cuda --total 8G --chunk 2M --workers 4 --rounds 1 build/bin
 bench build/bench/bench_backup --backend cuda --size 8G build/bin
 bench build/bench/bench_rtt build/bin
+bench build/bench/bench_ctl --backend cuda build/bin
 bench build/bench/bench_rtt --backend cuda build/bin
 bench build/bench/bench_scale build/bin
 bench build/bench/bench_trace --backend cuda build/bin

@@ -225,6 +225,29 @@ def test_status_has_the_keys_of_gpumemctl(daemon, worker, controller, tag):
     controller.resume(kt)
 
 
+def test_stats_count_operations_and_keep_their_record(worker, controller, tag):
+    kt = tag("kv")
+    worker.alloc(kt, 2 * MiB)
+    before = controller.stats()
+    controller.pause(kt)
+    controller.resume(kt)
+    after = controller.stats()
+    assert after["bytes_released"] - before["bytes_released"] == 2 * MiB
+    assert after["bytes_restored"] - before["bytes_restored"] == 2 * MiB
+    ok = {(c["op"], c["result"]): c["count"] for c in after["op_counts"]}
+    was = {(c["op"], c["result"]): c["count"] for c in before["op_counts"]}
+    assert ok[("pause", "OK")] == was[("pause", "OK")] + 1
+    assert ok[("resume", "OK")] == was[("resume", "OK")] + 1
+    assert [h["op"] for h in after["histograms"]] == ["pause", "resume"]
+    assert all(h["le_us"][-1] == 2**64 - 1 and h["count"][-1] == h["total"]
+               for h in after["histograms"])
+    last = after["recent_ops"][0]
+    assert (last["op"], last["tags"], last["done"], last["result"]) == ("resume", [kt], True, "OK")
+    assert last["bytes_done"] == last["bytes_total"] == 2 * MiB
+    assert last["pid"] == os.getpid()
+    assert after["uptime_ms"] >= before["uptime_ms"]
+
+
 # Errors.
 
 def test_unknown_tag_is_not_found(worker, controller, tag):
@@ -485,7 +508,7 @@ def test_daemon_gone_is_an_error_and_buffers_stay(make_daemon, tag):
 # API 1.2: version, error names, request timeouts, scopes, sub-allocation.
 
 def test_version_error_names_and_library_path():
-    assert gpumem.version() == (1, 2, 0)
+    assert gpumem.version() == (1, 3, 0)
     assert gpumem.error_name(-7) == "TAG_PAUSED" and gpumem.error_name(0) == "OK"
     assert gpumem.error_name(-20) == "TIMEOUT" and gpumem.error_name(-99) == "UNKNOWN"
     assert all(gpumem.error_name(int(c)) == c.name for c in gpumem.ErrorCode)
