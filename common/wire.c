@@ -38,16 +38,38 @@ static size_t utf8_next(const unsigned char *p, uint32_t *cp) {
 
 /* True if name is at most WIRE_NAME_MAX bytes of UTF-8 without control
  * characters (C0, DEL or C1), so that it is safe in a log or a terminal. */
-bool wire_name_valid(const char *name) {
-  if (!name || strnlen(name, WIRE_NAME_MAX + 1) > WIRE_NAME_MAX) return false;
-  const unsigned char *p = (const unsigned char *)name;
-  while (*p) {
-    uint32_t c;
-    size_t n = utf8_next(p, &c);
-    if (n == 0 || c < 0x20 || (c >= 0x7f && c < 0xa0)) return false;
-    p += n;
-  }
+bool wire_name_valid(const char *name) { return wire_text_valid(name, WIRE_NAME_MAX); }
+
+/* True if the character at p is printable UTF-8; its length in *n. */
+static bool printable_at(const unsigned char *p, size_t *n) {
+  uint32_t c;
+  *n = utf8_next(p, &c);
+  return *n != 0 && c >= 0x20 && !(c >= 0x7f && c < 0xa0);
+}
+
+/* True if s is at most max bytes of UTF-8 without control characters. */
+bool wire_text_valid(const char *s, size_t max) {
+  if (!s || strnlen(s, max + 1) > max) return false;
+  size_t n;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p += n)
+    if (!printable_at(p, &n)) return false;
   return true;
+}
+
+/* Make s valid text in place: every byte of a control character or of
+ * what is not UTF-8 becomes '?'. */
+void wire_text_clean(char *s) {
+  size_t n;
+  for (unsigned char *p = (unsigned char *)s; *p;) {
+    if (printable_at(p, &n)) {
+      p += n;
+    } else {
+      /* A control character is one byte or two (C1: 0xc2 0x80-0x9f). */
+      size_t bad = n ? n : 1;
+      for (size_t i = 0; i < bad; i++) p[i] = '?';
+      p += bad;
+    }
+  }
 }
 
 /* The protocol's name for an error code. */
@@ -90,10 +112,6 @@ refuse(wire_code code, char *why, size_t whylen, const char *fmt, ...) {
   vsnprintf(why, whylen, fmt, ap);
   va_end(ap);
   return code;
-}
-
-static bool string_ok(const char *s, size_t max) {
-  return s && strnlen(s, max + 1) <= max;
 }
 
 /* Tags and devices of a pause or resume: every tag valid (none: all). */
@@ -232,8 +250,10 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
                 : check_scope(r->n_pids, r->pids, r->session_prefix, r->own, why, whylen);
   }
   case GPUMEM__WIRE__ENVELOPE__BODY_ACK:
-    if (!string_ok(env->ack->message, WIRE_MAX_MESSAGE))
-      return refuse(bad, why, whylen, "ack message too long");
+    if (!wire_text_valid(env->ack->message, WIRE_MAX_MESSAGE))
+      return refuse(bad, why, whylen,
+                    "ack message longer than %d bytes, not UTF-8, or with control characters",
+                    WIRE_MAX_MESSAGE);
     return GPUMEM__WIRE__ERROR_CODE__OK;
   default:
     return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,

@@ -32,6 +32,15 @@ bool wire_tag_valid(const char *tag);
  * characters (a session name, or a prefix of one). */
 bool wire_name_valid(const char *name);
 
+/* True if s is at most max bytes of UTF-8 without control characters
+ * (safe in a log line, a terminal and a proto3 string). */
+bool wire_text_valid(const char *s, size_t max);
+
+/* Make s valid text in place (what the kernel or a driver says of a
+ * process, such as its comm): each byte of a control character or of what
+ * is not UTF-8 becomes '?'. */
+void wire_text_clean(char *s);
+
 /* The protocol's name for an error code ("OUT_OF_MEMORY"). */
 const char *wire_code_name(wire_code code);
 

@@ -87,6 +87,7 @@ static void comm_of(int pid, char *buf, size_t len) {
   if (!f) return;
   if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = '\0';
   fclose(f);
+  wire_text_clean(buf); /* any process may name itself any bytes */
 }
 
 /* Sum what processes hold on dev outside the daemon. */

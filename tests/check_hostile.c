@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1051,6 +1052,87 @@ END_TEST
 
 /* Codes outside the enum, or negative, mean failure (the worker kept its
  * memory, as it says): the pause fails NOT_RELEASED and the daemon goes on. */
+/* An ack whose message would start a forged log line (or is not UTF-8)
+ * is refused at the edge with a clear error; the pause waits for a proper
+ * ack, which settles it, and no forged line reaches the log. */
+START_TEST(ack_messages_cannot_forge_log_lines) {
+  daemon_up(NULL);
+  struct peer c, w;
+  open_peer(&c, CONTROLLER);
+  open_peer(&w, WORKER);
+  struct pbuf b;
+  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
+  peer_op(&c, false, "kv", 0, 0);
+  struct frame f;
+  wire_env *e = peer_event(&w, &f);
+  const char *lies[] = {"busy\ngpumemd[info]: pause kv: 0 buffers, forged", "\xff\xfe not text",
+                        "bell\x07", "c1 \xc2\x85 next line"};
+  for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+    peer_ack_code(&w, e->id, CODE(NOT_RELEASED), NULL, 0, lies[i]);
+    wire_env *r = peer_get(&w, NULL);
+    ck_assert_ptr_nonnull(r);
+    char why[256];
+    ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(INVALID_ARGUMENT));
+    ck_assert_msg(strstr(why, "control characters"), "%s", why);
+    wire_env_free(r);
+  }
+  peer_unmap(&b);
+  peer_ack(&w, e->id, NULL, 0, NULL);
+  wire_env_free(e);
+  frame_release(&f);
+  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  char log[65536] = "";
+  FILE *lf = fopen(d.log, "r");
+  ck_assert_ptr_nonnull(lf);
+  log[fread(log, 1, sizeof log - 1, lf)] = '\0';
+  fclose(lf);
+  ck_assert_msg(!strstr(log, "forged"), "%s", log);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
+/* A process may give itself any bytes as a name (prctl); when it holds
+ * device memory outside gpumemd, the status names it in valid text. */
+START_TEST(process_names_are_made_valid_text) {
+  daemon_up(NULL);
+  struct peer c;
+  open_peer(&c, CONTROLLER);
+  int ready[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_NAME, "ev\x1b[2Jl\xff\n", 0, 0, 0);
+    int fd = chunk(0, 2 * MiB);
+    (void)fd;
+    if (write(ready[1], "r", 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  char ch;
+  ck_assert_int_eq(read(ready[0], &ch, 1), 1);
+  close(ready[0]);
+  close(ready[1]);
+  bool seen = false;
+  for (double end = now_ms() + 5000; !seen && now_ms() < end; pause_ms(20)) {
+    wire_env *st = peer_status(&c);
+    for (size_t i = 0; i < st->status_reply->n_processes; i++) {
+      const Gpumem__Wire__ProcessMemory *p = st->status_reply->processes[i];
+      if ((pid_t)p->pid != pid) continue;
+      seen = true;
+      ck_assert_msg(wire_text_valid(p->name, 64), "name %s", p->name);
+      ck_assert_str_eq(p->name, "ev?[2Jl?");
+    }
+    wire_env_free(st);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  ck_assert(seen);
+  peer_close(&c);
+}
+END_TEST
+
 START_TEST(ack_with_absurd_codes) {
   daemon_up(NULL);
   struct peer c, w;
@@ -1393,7 +1475,8 @@ int main(void) {
       adopt_the_same_memfd_twice, adopt_memory_the_daemon_holds,
       adopt_that_fails_half_way_leaves_nothing, adopt_more_buffers_than_allowed,
       adopt_beyond_the_device, ack_failed_ids_repeated_and_by_thousands,
-      ack_with_absurd_codes, ack_twice_back_to_back, ack_for_another_sessions_event,
+      ack_with_absurd_codes, ack_messages_cannot_forge_log_lines,
+                     process_names_are_made_valid_text, ack_twice_back_to_back, ack_for_another_sessions_event,
       pause_and_resume_of_unknown_tags, pause_names_twice_count_once, pause_with_max_residual,
       sigterm_answers_the_operation_in_flight, sigterm_with_stuck_peers);
 }
