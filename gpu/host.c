@@ -656,28 +656,8 @@ static int host_chunks_held_by(void *state, int pid, const uint64_t *handles, si
   return count;
 }
 
-/* Check that fd is a chunk of dev of size bytes, as this backend makes
- * them: a memfd named gpumem-dev<dev>, sealed as chunks are (or not
- * sealable at all, as before 1.3, or sealable with no seals yet: adopting
- * seals it), of exactly size bytes, all committed. */
-static int adopt_check(const struct host *h, unsigned dev, int fd, uint64_t size) {
-  int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0) return gpu_fail(-EINVAL, "adopting: fd %d is not a memfd", fd);
-  /* Sealed before it is looked at: it cannot change size after the check. */
-  if (seals == 0) {
-    if (fcntl(fd, F_ADD_SEALS, CHUNK_SEALS) < 0)
-      return gpu_fail(-errno, "adopting: sealing: %s", strerror(errno));
-    seals = CHUNK_SEALS;
-  }
-  if (seals != F_SEAL_SEAL && seals != CHUNK_SEALS)
-    return gpu_fail(-EINVAL, "adopting: memfd has seals %#x", seals);
-  char p[64], link[256];
-  snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(p, link, sizeof link - 1);
-  if (n < 0) return gpu_fail(-errno, "adopting: %s: %s", p, strerror(errno));
-  link[n] = '\0';
-  if (!is_device_memfd(h, link, dev))
-    return gpu_fail(-EINVAL, "adopting: %s is not memory of device %u", link, dev);
+/* Check that the memfd holds exactly size committed bytes and fits on dev. */
+static int adopt_check_size(const struct host *h, unsigned dev, int fd, uint64_t size) {
   struct stat st;
   if (fstat(fd, &st) < 0) return gpu_fail(-errno, "adopting: fstat: %s", strerror(errno));
   if ((uint64_t)st.st_size != size || size == 0 || size % h->granularity)
@@ -691,6 +671,35 @@ static int adopt_check(const struct host *h, unsigned dev, int fd, uint64_t size
                     (unsigned long long)(h->capacity - h->committed[dev]),
                     (unsigned long long)size);
   return 0;
+}
+
+/* Check that fd is a chunk of dev of size bytes, as this backend makes
+ * them: a memfd named gpumem-dev<dev>, sealed as chunks are (or sealable
+ * with no seals yet: adopting seals it), of exactly size bytes, all
+ * committed. One that cannot be sealed is refused: its holder could
+ * shrink it under the daemon's copies. */
+static int adopt_check(const struct host *h, unsigned dev, int fd, uint64_t size) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return gpu_fail(-EINVAL, "adopting: fd %d is not a memfd", fd);
+  if (seals == F_SEAL_SEAL)
+    return gpu_fail(-EINVAL, "adopting: the memfd cannot be sealed against resizing (made "
+                    "without MFD_ALLOW_SEALING, as before gpumemd 1.3)");
+  if (seals != 0 && seals != CHUNK_SEALS)
+    return gpu_fail(-EINVAL, "adopting: memfd has seals %#x", seals);
+  char p[64], link[256];
+  snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(p, link, sizeof link - 1);
+  if (n < 0) return gpu_fail(-errno, "adopting: %s: %s", p, strerror(errno));
+  link[n] = '\0';
+  if (!is_device_memfd(h, link, dev))
+    return gpu_fail(-EINVAL, "adopting: %s is not memory of device %u", link, dev);
+  int rc = adopt_check_size(h, dev, fd, size);
+  if (rc < 0 || seals != 0) return rc;
+  /* Sealed only once it passed, then looked at again: it cannot have
+   * changed size between the look and the seal. */
+  if (fcntl(fd, F_ADD_SEALS, CHUNK_SEALS) < 0)
+    return gpu_fail(-errno, "adopting: sealing: %s", strerror(errno));
+  return adopt_check_size(h, dev, fd, size);
 }
 
 /* The memfd's owner is the uid the chunk is for: it survives the daemon,

@@ -84,7 +84,7 @@ static gpu *host_open(bool client) {
 static int outside_memfd(unsigned dev, uint64_t size, bool commit) {
   char name[48];
   snprintf(name, sizeof name, "gpumem-host-local:%u", dev);
-  int fd = memfd_create(name, MFD_CLOEXEC);
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ck_assert_int_ge(fd, 0);
   ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
   if (commit) ck_assert_int_eq(fallocate(fd, 0, 0, (off_t)size), 0);
@@ -304,6 +304,12 @@ START_TEST(host_chunk_adopt_takes_only_whole_chunks_of_the_device) {
   ck_assert_int_eq(adopt(g, 0, outside_memfd(0, 3 * MiB, true), 3 * MiB, &h), -EINVAL);
   ck_assert_int_eq(adopt(g, 1, outside_memfd(1, 32 * MiB, true), 32 * MiB, &h), -ENOMEM);
   ck_assert_int_eq(adopt(g, 2, outside_memfd(2, 4 * MiB, true), 4 * MiB, &h), -ENODEV);
+  /* One its holder could shrink under the daemon's copies. */
+  int unsealable = memfd_create("gpumem-host-local:0", MFD_CLOEXEC);
+  ck_assert_int_eq(ftruncate(unsealable, 4 * MiB), 0);
+  ck_assert_int_eq(fallocate(unsealable, 0, 0, 4 * MiB), 0);
+  ck_assert_int_eq(adopt(g, 0, unsealable, 4 * MiB, &h), -EINVAL);
+  ck_assert_msg(strstr(gpu_error(), "cannot be sealed"), "%s", gpu_error());
 
   ck_assert_int_eq(adopt(g, 0, outside_memfd(0, 4 * MiB, true), 4 * MiB, &h), 0);
   struct gpu_mem m;

@@ -195,7 +195,7 @@ static int memfd_named(const char *name, uint64_t size, bool commit, unsigned mf
 static int chunk(unsigned dev, uint64_t size) {
   char name[128];
   snprintf(name, sizeof name, "gpumem-%s", bus[dev]);
-  return memfd_named(name, size, true, 0);
+  return memfd_named(name, size, true, MFD_ALLOW_SEALING);
 }
 
 /* One buffer of an AdoptRequest. */
@@ -796,10 +796,10 @@ START_TEST(adopt_uncommitted_memfd) {
   char name[128];
   snprintf(name, sizeof name, "gpumem-%s", bus[0]);
   struct abuf a = ONE("kv", 0, 4 * MiB);
-  int fd = memfd_named(name, 4 * MiB, false, 0);
+  int fd = memfd_named(name, 4 * MiB, false, MFD_ALLOW_SEALING);
   refused(&w, &c, &a, 1, &fd, 1, CODE(INVALID_ARGUMENT), "an uncommitted memfd");
   /* Half committed. */
-  fd = memfd_named(name, 4 * MiB, false, 0);
+  fd = memfd_named(name, 4 * MiB, false, MFD_ALLOW_SEALING);
   ck_assert_int_eq(fallocate(fd, 0, 0, 2 * MiB), 0);
   refused(&w, &c, &a, 1, &fd, 1, CODE(INVALID_ARGUMENT), "a half-committed memfd");
   peer_close(&w);
