@@ -254,25 +254,59 @@ test: all $(TESTS)
 	@if [ "$(SAN)" != 0 ]; then echo "tests/build/check_install.sh: skipped under SAN=$(SAN)"; \
 	else $(SUBMAKE_ENV) GPUMEM_O=$(O) ./tests/build/check_install.sh; fi
 	@GPUMEM_O=$(O) ./tests/build/check_man.sh
+	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory fuzz-replay
 
 test-asan:
 	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory O=build/asan SAN=1 test
 
-# Fuzzers (clang's libFuzzer, with ASan): `make fuzz` runs each for
-# FUZZ_SECONDS (default 60) on a corpus in build/fuzz/.
+# Fuzzers (clang's libFuzzer, with ASan and UBSan): `make fuzz` runs each
+# for FUZZ_SECONDS (default 60) from its seeds in tests/fuzz/corpus/<name>,
+# keeps what it finds in build/fuzz/<name>.corpus and crashes in
+# build/fuzz/<name>-crash-*, and prints executions, coverage and crashes.
+# fuzz_daemon runs the daemon itself: every daemon object but main.o, on
+# the host backend (no vendor backend: its sources are left out).
 FUZZ_SECONDS ?= 60
-FUZZERS := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(wildcard tests/fuzz/*.c))
+FUZZ_NAMES := $(patsubst tests/fuzz/%.c,%,$(filter-out tests/fuzz/replay.c,$(wildcard tests/fuzz/*.c)))
+FUZZERS := $(addprefix build/fuzz/,$(FUZZ_NAMES))
 FUZZ_SRC := common/frame.c common/wire.c
+FUZZ_CC = clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -I. -I$(O)/gen -Iinclude
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC) $(GEN)
 	@./tools/install-deps.sh fuzz
 	@mkdir -p $(@D)
 	@echo "  FUZZ    $@"
-	@clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. -I$(O)/gen \
-	  -o $@ $< $(FUZZ_SRC) $(GEN) $(shell pkg-config --libs libprotobuf-c)
+	@$(FUZZ_CC) -fsanitize=fuzzer -o $@ $< $(FUZZ_SRC) $(GEN) $(shell pkg-config --libs libprotobuf-c)
+FUZZ_DAEMON_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out gpu/cuda.c gpu/hip.c gpu/vmm.c,\
+  $(COMMON_SRC)) $(filter-out daemon/main.c,$(DAEMON_SRC))) build/fuzz/obj/gen/gpumemd.pb-c.o
+build/fuzz/obj/gen/gpumemd.pb-c.o: $(GEN)
+	@./tools/install-deps.sh fuzz
+	@mkdir -p $(@D)
+	@$(FUZZ_CC) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) -c $< -o $@
+build/fuzz/obj/%.o: %.c $(GEN)
+	@./tools/install-deps.sh fuzz
+	@mkdir -p $(@D)
+	@echo "  FUZZCC  $<"
+	@$(FUZZ_CC) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) $(CFLAGS_SYSTEMD) -MMD -MP -c $< -o $@
+build/fuzz/fuzz_daemon: tests/fuzz/fuzz_daemon.c $(FUZZ_DAEMON_OBJ)
+	@mkdir -p $(@D)
+	@echo "  FUZZ    $@"
+	@$(FUZZ_CC) -fsanitize=fuzzer $(PKG_CFLAGS) -o $@ $^ $(PKG_LIBS) -ldl -lm -lpthread
+-include $(wildcard build/fuzz/obj/*/*.d)
 
 fuzz: $(FUZZERS)
-	@for f in $(FUZZERS); do mkdir -p $$f.corpus; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$f.corpus 2>&1 | tail -4 || exit 1; done
+	@./tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZERS)
+
+# The fuzzers built with $(CC) and a main that feeds them files: make test
+# replays the corpus in tests/fuzz/corpus (under ASan+UBSan in test-asan).
+FUZZ_REPLAYS := $(addprefix $(O)/fuzz-replay/,$(FUZZ_NAMES))
+$(O)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay.c $(O)/lib/libcommon.a $(DAEMON_OBJ)
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c \
+	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) $(O)/lib/libcommon.a $(PKG_LIBS) \
+	  -ldl -lm -lpthread
+.PHONY: fuzz-replay
+fuzz-replay: $(FUZZ_REPLAYS)
+	@for f in $(FUZZ_REPLAYS); do $$f tests/fuzz/corpus/$${f##*/} || exit 1; done
 
 # Data races: not part of check (ThreadSanitizer is slow), run by hand.
 test-tsan:

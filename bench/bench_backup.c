@@ -96,7 +96,13 @@ static int op_resume(gpumem_client *c, const char *tag, struct op_figures *r) {
 /* GB/s of the daemon's backups and restores of a BACKUP buffer. */
 static void daemon_copy(const char *bin, const char *backend, uint64_t size, unsigned rounds,
                         double *d2h, double *h2d) {
-  char sock[] = "/tmp/gpumemd-bench-backup.sock", devsize[32], limit[32];
+  char sockdir[] = "/tmp/gpumemd-bench-backup.XXXXXX", sock[64], devsize[32], limit[32];
+  /* A private directory: gpumemd refuses one others can write (/tmp). */
+  if (!mkdtemp(sockdir)) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  snprintf(sock, sizeof sock, "%s/sock", sockdir);
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(size + (64ull << 20)));
   snprintf(limit, sizeof limit, "%llu", (unsigned long long)size);
   const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size",
@@ -122,6 +128,7 @@ static void daemon_copy(const char *bin, const char *backend, uint64_t size, uns
   gpumem_disconnect(w);
   gpumem_disconnect(c);
   bench_daemon_stop(d);
+  rmdir(sockdir);
   *d2h = bench_median(a, rounds);
   *h2d = bench_median(r2, rounds);
 }
@@ -218,7 +225,13 @@ static void timed_allocs(gpumem_client *w, const char *tag, uint64_t n, uint64_t
  * daemon and the worker need, so that neither timing pays for it. */
 static void alloc_compare(const char *bin, const char *backend, uint64_t size, double *plain,
                           double *backup, double *plain_max, double *backup_max) {
-  char sock[] = "/tmp/gpumemd-bench-alloc.sock", devsize[32], limit[32];
+  char sockdir[] = "/tmp/gpumemd-bench-alloc.XXXXXX", sock[64], devsize[32], limit[32];
+  /* A private directory: gpumemd refuses one others can write (/tmp). */
+  if (!mkdtemp(sockdir)) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  snprintf(sock, sizeof sock, "%s/sock", sockdir);
   uint64_t warm = 2ull << 20, n = 16, unit = size / n / warm * warm;
   if (unit < warm) unit = warm;
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(2 * n * unit + (64ull << 20)));
@@ -242,6 +255,7 @@ static void alloc_compare(const char *bin, const char *backend, uint64_t size, d
   free(bufs);
   gpumem_disconnect(w);
   bench_daemon_stop(d);
+  rmdir(sockdir);
 }
 
 /* Milliseconds of one pause of the tag (and the resume after it, untimed). */
@@ -258,7 +272,13 @@ static double timed_pause(gpumem_client *c, const char *tag) {
  * steady ones after it; settle: only once their host memory is made. */
 static void first_pause(const char *bin, const char *backend, uint64_t size, unsigned rounds,
                         bool settle, double *first, double *steady) {
-  char sock[] = "/tmp/gpumemd-bench-first.sock", devsize[32], limit[32];
+  char sockdir[] = "/tmp/gpumemd-bench-first.XXXXXX", sock[64], devsize[32], limit[32];
+  /* A private directory: gpumemd refuses one others can write (/tmp). */
+  if (!mkdtemp(sockdir)) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  snprintf(sock, sizeof sock, "%s/sock", sockdir);
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(size + (64ull << 20)));
   snprintf(limit, sizeof limit, "%llu", (unsigned long long)size);
   const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size",
@@ -304,6 +324,7 @@ static void first_pause(const char *bin, const char *backend, uint64_t size, uns
   gpumem_disconnect(w);
   gpumem_disconnect(c);
   bench_daemon_stop(d);
+  rmdir(sockdir);
 }
 
 int main(int argc, char **argv) {

@@ -122,7 +122,13 @@ static pid_t worker(const struct params *p, const char *sock, uint64_t bytes) {
 static void measure(const struct params *p, double out[4]) {
   static struct baseline b;
   baseline_open(p, &b);
-  char sock[] = "/tmp/gpumemd-bench-pause.sock", chunk[32], devsize[32];
+  char sockdir[] = "/tmp/gpumemd-bench-pause.XXXXXX", sock[64], chunk[32], devsize[32];
+  /* A private directory: gpumemd refuses one others can write (/tmp). */
+  if (!mkdtemp(sockdir)) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  snprintf(sock, sizeof sock, "%s/sock", sockdir);
   snprintf(chunk, sizeof chunk, "%llu", (unsigned long long)p->chunk);
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(2 * p->total + p->chunk));
   const char *extra[] = {"--backend", p->backend, "--chunk-size", chunk, "--host-devices", "1",
@@ -162,6 +168,7 @@ static void measure(const struct params *p, double out[4]) {
     waitpid(w[i], NULL, 0);
   }
   bench_daemon_stop(d);
+  rmdir(sockdir);
   baseline_close(p, &b);
   for (int k = 0; k < 4; k++) out[k] = bench_median(v[k], n);
 }

@@ -37,7 +37,13 @@ int main(int argc, char **argv) {
     else
       bin = argv[i];
   }
-  char sock[] = "/tmp/gpumemd-bench-rtt.sock";
+  char sockdir[] = "/tmp/gpumemd-bench-rtt.XXXXXX", sock[64];
+  /* A private directory: gpumemd refuses one others can write (/tmp). */
+  if (!mkdtemp(sockdir)) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  snprintf(sock, sizeof sock, "%s/sock", sockdir);
   static uint64_t raw[N], full[N];
   pingpong(raw);
   /* Page granularity: this measures the control plane, not the kernel
@@ -61,6 +67,7 @@ int main(int argc, char **argv) {
   }
   gpumem_disconnect(c);
   bench_daemon_stop(d);
+  rmdir(sockdir);
   double r50 = bench_percentile(raw, N, 50) / 1000, r99 = bench_percentile(raw, N, 99) / 1000;
   double f50 = bench_percentile(full, N, 50) / 1000, f99 = bench_percentile(full, N, 99) / 1000;
   char name[96];

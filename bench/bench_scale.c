@@ -86,7 +86,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_scale: fd limit %llu: measuring %u buffers instead of 100000\n",
             (unsigned long long)rl.rlim_cur, buffers);
   }
-  char sock[] = "/tmp/gpumemd-bench-scale.sock", devsize[32], maxbuf[32];
+  char sockdir[] = "/tmp/gpumemd-bench-scale.XXXXXX", sock[64], devsize[32], maxbuf[32];
+  /* A private directory: gpumemd refuses one others can write (/tmp). */
+  if (!mkdtemp(sockdir)) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  snprintf(sock, sizeof sock, "%s/sock", sockdir);
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)buffers * 4096 + (64ull << 20));
   snprintf(maxbuf, sizeof maxbuf, "%u", buffers + 1);
   const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size", devsize,
@@ -97,6 +103,7 @@ int main(int argc, char **argv) {
   measure(sock, "one", 1, buffers, &p1, &r1);
   measure(sock, "many", sessions, buffers / sessions, &pn, &rn);
   bench_daemon_stop(d);
+  rmdir(sockdir);
   char name[128];
   snprintf(name, sizeof name, "pause %u sessions x %u buffers (vs 1 x %u, %s)", sessions,
            buffers / sessions, buffers, backend);

@@ -202,8 +202,10 @@ int main(int argc, char **argv) {
   struct step *t = make_trace(&p, &n);
 
   /* The daemon's device holds the live set and the pool's slack. */
-  char sock[64], devsize[32];
-  snprintf(sock, sizeof sock, "/tmp/gpumemd-bench-trace.%d.sock", (int)getpid());
+  char sockdir[] = "/tmp/gpumemd-bench-trace.XXXXXX", sock[64], devsize[32];
+  /* A private directory: gpumemd refuses one others can write (/tmp). */
+  if (!mkdtemp(sockdir)) die("mkdtemp", sockdir);
+  snprintf(sock, sizeof sock, "%s/sock", sockdir);
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(2 * p.max_bytes + (2ull << 30)));
   const char *extra[] = {"--backend", p.backend, "--host-devices", "1", "--host-device-size",
                          devsize, NULL};
@@ -248,6 +250,7 @@ int main(int argc, char **argv) {
     }
   }
   bench_daemon_stop(d);
+  rmdir(sockdir);
   gpu_close(dir.g);
 
   char name[128], lo[32], hi[32], cap[32];

@@ -520,6 +520,11 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   s->last_backup_us = r->last_backup_us;
   s->last_restore_bytes = r->last_restore_bytes;
   s->last_restore_us = r->last_restore_us;
+  s->fd_limit = r->fd_limit;
+  s->fds_open = r->fds_open;
+  s->fds_parked = r->fds_parked;
+  s->queued_bytes = r->queued_bytes;
+  s->connections_refused = r->connections_refused;
   client_reply_free(&reply);
   *out = s;
   return 0;

@@ -116,13 +116,25 @@ ssize_t frame_reader_fill(frame_reader *r, int sock) {
   return n;
 }
 
+/* The length a buffered frame announces (at least 4 bytes buffered). */
+static uint32_t announced(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Whether a whole frame (or an oversized one) is buffered. */
+int frame_reader_ready(const frame_reader *r) {
+  size_t avail = r->end - r->start;
+  if (avail < 4) return 0;
+  uint32_t len = announced(r->buf + r->start);
+  return len > r->max_len || avail >= 4 + (size_t)len;
+}
+
 /* Take the next complete frame with the fds that arrived inside it. */
 int frame_reader_next(frame_reader *r, struct frame *out) {
   size_t avail = r->end - r->start;
   if (avail < 4) return 0;
   const uint8_t *p = r->buf + r->start;
-  uint32_t len = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                 (uint32_t)p[3] << 24;
+  uint32_t len = announced(p);
   if (len > r->max_len) return -EMSGSIZE;
   if (avail < 4 + (size_t)len) return 0;
   uint64_t frame_end = r->base + 4 + len;
@@ -151,6 +163,9 @@ int frame_reader_next(frame_reader *r, struct frame *out) {
 /* Bytes buffered that do not yet form a whole frame. */
 size_t frame_reader_pending(const frame_reader *r) { return r->end - r->start; }
 
+/* Fds not yet taken by a whole frame. */
+size_t frame_reader_held_fds(const frame_reader *r) { return r->nfds; }
+
 /* One queued frame: length prefix and payload, and its fds until sent. */
 struct out_frame {
   struct out_frame *next;
@@ -163,7 +178,14 @@ struct out_frame {
 struct frame_writer {
   struct out_frame *head, *tail;
   size_t queued;
+  size_t *total; /* a sum over queues to keep up to date, or NULL */
 };
+
+/* Count n more (or fewer) bytes queued, here and in the shared total. */
+static void writer_count(frame_writer *w, size_t n, bool add) {
+  w->queued = add ? w->queued + n : w->queued - n;
+  if (w->total) *w->total = add ? *w->total + n : *w->total - n;
+}
 
 /* Create an empty queue of outgoing frames. */
 frame_writer *frame_writer_create(void) { return calloc(1, sizeof(frame_writer)); }
@@ -178,6 +200,7 @@ static void out_frame_free(struct out_frame *o) {
 /* Destroy a queue, closing the fds of frames never sent. */
 void frame_writer_destroy(frame_writer *w) {
   if (!w) return;
+  writer_count(w, w->queued, false);
   while (w->head) {
     struct out_frame *o = w->head;
     w->head = o->next;
@@ -210,7 +233,7 @@ int frame_writer_push(frame_writer *w, const void *payload, size_t len,
   else
     w->head = o;
   w->tail = o;
-  w->queued += o->len;
+  writer_count(w, o->len, true);
   return 0;
 fail:
   if (o) {
@@ -250,7 +273,7 @@ int frame_writer_flush(frame_writer *w, int sock) {
     close_fds(o->fds, o->nfds);
     o->nfds = 0;
     o->off += (size_t)n;
-    w->queued -= (size_t)n;
+    writer_count(w, (size_t)n, false);
     if (o->off < o->len) continue;
     w->head = o->next;
     if (!w->head) w->tail = NULL;
@@ -261,3 +284,26 @@ int frame_writer_flush(frame_writer *w, int sock) {
 
 /* Bytes queued and not yet sent. */
 size_t frame_writer_queued(const frame_writer *w) { return w->queued; }
+
+/* Keep a shared total of queued bytes up to date from now on. */
+void frame_writer_count_into(frame_writer *w, size_t *total) {
+  w->total = total;
+  if (total) *total += w->queued;
+}
+
+/* Drop the frames not yet started; a half-sent head stays. */
+size_t frame_writer_drop_unsent(frame_writer *w) {
+  struct out_frame *keep = w->head && w->head->off ? w->head : NULL;
+  struct out_frame *o = keep ? keep->next : w->head;
+  size_t dropped = 0;
+  while (o) {
+    struct out_frame *next = o->next;
+    dropped += o->len;
+    out_frame_free(o);
+    o = next;
+  }
+  if (keep) keep->next = NULL;
+  w->head = w->tail = keep;
+  writer_count(w, dropped, false);
+  return dropped;
+}

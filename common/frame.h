@@ -46,8 +46,16 @@ ssize_t frame_reader_fill(frame_reader *r, int sock);
  * frame is buffered, -EMSGSIZE if the next frame is over the limit. */
 int frame_reader_next(frame_reader *r, struct frame *out);
 
+/* True when frame_reader_next would return a frame or an error, without
+ * reading. */
+int frame_reader_ready(const frame_reader *r);
+
 /* Bytes buffered that do not yet form a whole frame (0 at a frame edge). */
 size_t frame_reader_pending(const frame_reader *r);
+
+/* Fds received and not yet taken by a whole frame: after frame_reader_next
+ * returned 0, the fds parked in the frame still arriving. */
+size_t frame_reader_held_fds(const frame_reader *r);
 
 typedef struct frame_writer frame_writer;
 
@@ -69,5 +77,14 @@ int frame_writer_flush(frame_writer *w, int sock);
 
 /* Bytes queued and not yet sent. */
 size_t frame_writer_queued(const frame_writer *w);
+
+/* Also keep *total up to date with the bytes this queue holds (a sum over
+ * many queues); the bytes already queued are added now. */
+void frame_writer_count_into(frame_writer *w, size_t *total);
+
+/* Drop every frame not yet started, closing its fds; a frame half sent
+ * stays, so that the stream can still end on a frame edge. Returns the
+ * bytes dropped. */
+size_t frame_writer_drop_unsent(frame_writer *w);
 
 #endif

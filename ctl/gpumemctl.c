@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "common/size.h"
 #include "common/wire.h"
@@ -37,6 +38,9 @@ static void usage(FILE *out) {
           "                            gpumemd and the last pauses and resumes (q quits)\n"
           "options:\n"
           "  --socket PATH             daemon socket (default $GPUMEM_SOCKET or %s)\n"
+          "  --socket-owner USER       also trust a daemon running as USER (a name or uid;\n"
+          "                            default $GPUMEM_SOCKET_OWNER, else root only): the\n"
+          "                            socket must be owned by and answered by root or USER\n"
           "  --json                    machine-readable output\n"
           "  --all                     pause/resume: every tag (instead of naming tags)\n"
           "  --device N                pause/resume: only device N (repeatable)\n"
@@ -56,6 +60,7 @@ static void usage(FILE *out) {
 }
 
 #include "ctl/metrics.h"
+#include "ctl/owner.h"
 #include "ctl/progress.h"
 #include "ctl/text.h"
 #include "ctl/view.h"
@@ -79,8 +84,9 @@ static void json_error(const char *code, const char *message, const uint32_t *pi
 /* Under --json: also say failures on stdout as JSON. */
 static bool json_mode;
 
-/* Report a failure: words on stderr, and under --json one error object on
- * stdout; returns the exit status given. */
+/* Report a failure: words on stderr (escaped: they may carry the daemon's
+ * or a worker's text, which must not forge lines on a terminal), and under
+ * --json one error object on stdout; returns the exit status given. */
 static int fail(int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int fail(int status, const char *code, const char *fmt, ...) {
@@ -89,7 +95,8 @@ static int fail(int status, const char *code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "gpumemctl: %s\n", msg);
+  char shown[4 * sizeof msg];
+  fprintf(stderr, "gpumemctl: %s\n", printable(msg, shown, sizeof shown));
   if (json_mode) json_error(code, msg, NULL, 0);
   return status;
 }
@@ -384,24 +391,24 @@ static void print_op_json(const struct gpumem_op_report *r) {
 /* Pause or resume; 0 done, 1 failed (with the daemon's code, words, the
  * pids and bytes held on stderr). On a terminal, a progress line on
  * stderr while it runs (ctl/progress.h). */
-static int run_op(gpumem_client *c, const char *socket_path, bool resume, char **tags,
+static int run_op(gpumem_client *c, const char *socket_path, uid_t owner, bool resume, char **tags,
                   size_t ntags, const int *devs, size_t ndevs,
                   const struct gpumem_op_options *opts, bool json) {
   const char *verb = resume ? "resume" : "pause";
   struct gpumem_op_report *r = NULL;
-  progress *p = json ? NULL : progress_start(socket_path, resume, tags, ntags);
+  progress *p = json ? NULL : progress_start(socket_path, owner, resume, tags, ntags);
   int rc = resume ? gpumem_resume(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r)
                   : gpumem_pause(c, (const char *const *)tags, ntags, devs, ndevs, opts, &r);
   progress_stop(p);
-  char a[32], b[32];
+  char a[32], b[32], code[NAME_BUF], words[4 * NAME_BUF];
   if (r && json) print_op_json(r);
   if (rc < 0) {
+    /* The daemon's words (and a worker's, within them) are escaped. */
     if (r)
-      fprintf(stderr, "gpumemctl: %s failed: %s: %s\n", verb, r->code, r->message);
-    else if (json)
-      fail(1, gpumem_error_name(rc), "%s failed: %s", verb, gpumem_last_error());
+      fprintf(stderr, "gpumemctl: %s failed: %s: %s\n", verb,
+              printable(r->code, code, sizeof code), printable(r->message, words, sizeof words));
     else
-      fprintf(stderr, "gpumemctl: %s failed: %s\n", verb, gpumem_last_error());
+      fail(1, gpumem_error_name(rc), "%s failed: %s", verb, gpumem_last_error());
     if (r && (r->buffers_held || r->bytes_held || r->npids)) {
       fprintf(stderr, "gpumemctl: %llu buffers, %s still held", (unsigned long long)r->buffers_held,
               size_format(r->bytes_held, a, sizeof a));
@@ -424,19 +431,15 @@ static int run_op(gpumem_client *c, const char *socket_path, bool resume, char *
   return 0;
 }
 
-/* Print this tool's, the library's and, when one answers, the daemon's
- * versions; 0 even when no daemon answers (it is then said). */
-static int print_version(const char *socket_path, bool json) {
-  const unsigned flags =
-      GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT | GPUMEM_CONNECT_NODE_DEVICES;
+/* Print this tool's, the library's and, when one answers that is trusted,
+ * the daemon's versions; 0 even when none does (it is then said). */
+static int print_version(const char *socket_path, uid_t owner, bool json) {
   gpumem_client *c = NULL;
   struct gpumem_status *s = NULL;
-  int rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_CONTROLLER, flags, &c);
-  if (rc == GPUMEM_E_PERMISSION)
-    rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_WORKER, flags, &c);
+  char why[600], v[NAME_BUF];
+  int rc = owner_connect(socket_path, "gpumemctl", owner, true, &c, why, sizeof why);
   if (rc == 0) rc = gpumem_status(c, &s);
-  char why[400], v[NAME_BUF];
-  snprintf(why, sizeof why, "%s", rc < 0 ? gpumem_last_error() : "");
+  if (rc < 0) snprintf(why, sizeof why, "%s", gpumem_last_error());
   const char *dv = s && s->version[0] ? s->version : NULL;
   if (json) {
     printf("{\"gpumemctl\":\"%s\",\"libgpumem\":", GPUMEM_CTL_VERSION);
@@ -449,7 +452,8 @@ static int print_version(const char *socket_path, bool json) {
     printf("gpumemctl %s\nlibgpumem %s\n", GPUMEM_CTL_VERSION, gpumem_version_string());
     if (dv) printf("gpumemd %s\n", printable(dv, v, sizeof v));
     else if (s) printf("gpumemd: older than 1.2 (does not say its version)\n");
-    else printf("gpumemd: not reachable: %s\n", printable(why, v, sizeof v));
+    else printf("gpumemd: %s: %s\n", rc == OWNER_UNTRUSTED ? "not trusted" : "not reachable",
+                printable(why, v, sizeof v));
   }
   gpumem_status_free(s);
   if (c) gpumem_disconnect(c);
@@ -472,6 +476,7 @@ int main(int argc, char **argv) {
   uint64_t threshold = 1ull << 30;
   uint64_t max_residual = 0;
   bool has_max_residual = false;
+  const char *owner_arg = NULL;
   static const struct option opts[] = {
       {"socket", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'},
       {"device", required_argument, 0, 'd'}, {"timeout", required_argument, 0, 't'},
@@ -480,6 +485,7 @@ int main(int argc, char **argv) {
       {"pid", required_argument, 0, 'p'},    {"session-prefix", required_argument, 0, 'n'},
       {"all", no_argument, 0, 'a'},          {"help", no_argument, 0, 'h'},
       {"version", no_argument, 0, 'V'},      {"interval", required_argument, 0, 'i'},
+      {"socket-owner", required_argument, 0, 'o'},
       {0, 0, 0, 0},
   };
   int ch;
@@ -491,6 +497,7 @@ int main(int argc, char **argv) {
   while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (ch) {
     case 's': socket_path = optarg; break;
+    case 'o': owner_arg = optarg; break;
     case 'j': json = json_mode = true; break;
     case 'd': {
       errno = 0;
@@ -539,9 +546,21 @@ int main(int argc, char **argv) {
       return fail(2, "USAGE", "invalid option (see above)");
     }
   }
+  /* Whose daemon to trust: root, and the uid named. */
+  uid_t owner = 0;
+  const char *env_owner = getenv("GPUMEM_SOCKET_OWNER");
+  if (!owner_arg && env_owner && *env_owner) {
+    if (owner_parse(env_owner, &owner) < 0)
+      return fail(2, "USAGE", "invalid GPUMEM_SOCKET_OWNER '%s' (a user name or uid)", env_owner);
+  } else if (owner_arg && owner_parse(owner_arg, &owner) < 0) {
+    return fail(2, "USAGE", "invalid --socket-owner '%s' (a user name or uid)", owner_arg);
+  }
+  /* The path the library would take, so that the checks see the same. */
+  if (!socket_path || !*socket_path) socket_path = getenv("GPUMEM_SOCKET");
+  if (!socket_path || !*socket_path) socket_path = GPUMEM_DEFAULT_SOCKET;
   if (version) {
     if (optind < argc) return fail(2, "USAGE", "--version takes no command");
-    return print_version(socket_path, json);
+    return print_version(socket_path, owner, json);
   }
   if (optind >= argc) {
     usage(stderr);
@@ -579,28 +598,27 @@ int main(int argc, char **argv) {
   if (interval && !is_top) {
     return fail(2, "USAGE", "--interval is for top");
   }
-  if (is_top) {
-    /* A live view for people: its own connection, kept and made again. */
-    if (json) return fail(2, "USAGE", "top has no --json: use status --json");
-    return top_run(socket_path, interval ? interval : TOP_DEFAULT_INTERVAL_MS);
-  }
   /* Looking needs no permission: without a controller's rights, status
    * comes through a plain session (list then shows only its own buffers:
-   * none). */
-  /* One command, one connection: if the daemon goes away, say so and
-   * stop rather than reconnect. */
-  const unsigned flags =
-      GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT | GPUMEM_CONNECT_NODE_DEVICES;
+   * none). One command, one connection: if the daemon goes away, say so
+   * and stop rather than reconnect. */
+  if (is_top && json) return fail(2, "USAGE", "top has no --json: use status --json");
   gpumem_client *c;
-  int rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_CONTROLLER, flags, &c);
-  if (rc == GPUMEM_E_PERMISSION && is_view)
-    rc = gpumem_connect(socket_path, "gpumemctl", GPUMEM_ROLE_WORKER, flags, &c);
-  if (rc < 0) {
+  char why[600];
+  int rc = owner_connect(socket_path, "gpumemctl", owner, is_view || is_top, &c, why, sizeof why);
+  if (is_top && rc != OWNER_UNTRUSTED) {
+    /* A live view for people: its own connections, kept and made again
+     * (ctl/watch.c), each checked like this one. */
+    if (c) gpumem_disconnect(c);
+    return top_run(socket_path, owner, interval ? interval : TOP_DEFAULT_INTERVAL_MS);
+  }
+  if (rc != 0) {
     /* A scrape still learns that the daemon is down (JSON mode: the
      * error object alone). */
     if (strcmp(cmd, "metrics") == 0 && !json) {
       metrics_print_down();
     }
+    if (rc == OWNER_UNTRUSTED) return fail(1, "UNTRUSTED", "%s", why);
     return fail(1, gpumem_error_name(rc), "%s", gpumem_last_error());
   }
   rc = 0;
@@ -613,7 +631,7 @@ int main(int argc, char **argv) {
     o.pids = pids;
     o.npids = npids;
     o.session_prefix = prefix;
-    rc = run_op(c, socket_path, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
+    rc = run_op(c, socket_path, owner, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
   } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
     struct gpumem_status *s;
     int err = gpumem_status(c, &s);

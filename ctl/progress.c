@@ -84,7 +84,7 @@ static void progress_show(void *user, struct gpumem_status *s, int err, const ch
 }
 
 /* Name the operation, then watch from PROGRESS_DELAY_MS on. */
-progress *progress_start(const char *socket_path, bool resume, char *const *tags,
+progress *progress_start(const char *socket_path, uid_t owner, bool resume, char *const *tags,
                          size_t ntags) {
   if (!isatty(STDERR_FILENO)) return NULL;
   progress *p = calloc(1, sizeof *p);
@@ -97,7 +97,7 @@ progress *progress_start(const char *socket_path, bool resume, char *const *tags
     o += (size_t)snprintf(p->what + o, sizeof p->what - o, " %s",
                           printable(tags[i], name, sizeof name));
   }
-  if (watch_start(socket_path, "gpumemctl", PROGRESS_DELAY_MS, PROGRESS_INTERVAL_MS,
+  if (watch_start(socket_path, owner, "gpumemctl", PROGRESS_DELAY_MS, PROGRESS_INTERVAL_MS,
                   progress_show, p, &p->w) < 0) {
     free(p);
     return NULL;

@@ -9,13 +9,14 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 typedef struct progress progress;
 
 /* Start showing the progress of this process's pause (or resume) of tags
- * (ntags 0: every tag) when stderr is a terminal; NULL when nothing will
- * be shown. */
-progress *progress_start(const char *socket_path, bool resume, char *const *tags,
+ * (ntags 0: every tag) when stderr is a terminal, asking the daemon at
+ * socket_path that root or owner runs; NULL when nothing will be shown. */
+progress *progress_start(const char *socket_path, uid_t owner, bool resume, char *const *tags,
                          size_t ntags);
 
 /* Stop, and clear the line if one was shown (NULL is fine). */

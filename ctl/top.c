@@ -11,8 +11,9 @@
 #ifndef HAVE_NCURSES
 
 /* Without curses there is no view to show. */
-int top_run(const char *socket_path, uint64_t interval_ms) {
+int top_run(const char *socket_path, uid_t owner, uint64_t interval_ms) {
   (void)socket_path;
+  (void)owner;
   (void)interval_ms;
   fprintf(stderr, "gpumemctl: top: built without curses (install libncurses-dev and "
                   "rebuild); use status\n");
@@ -552,7 +553,7 @@ static void top_loop(struct top *t) {
 
 /* Check the terminal, start curses and the watch, run until quit, and
  * leave the terminal as it was. */
-int top_run(const char *socket_path, uint64_t interval_ms) {
+int top_run(const char *socket_path, uid_t owner, uint64_t interval_ms) {
   if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) {
     fprintf(stderr, "gpumemctl: top needs a terminal (its %s is not one); use status or "
                     "status --json\n", isatty(STDIN_FILENO) ? "stdout" : "stdin");
@@ -593,7 +594,7 @@ int top_run(const char *socket_path, uint64_t interval_ms) {
   top_colors();
   top_draw(&t);
   watch *w = NULL;
-  int rc = watch_start(socket_path, "gpumemctl top", 0, interval_ms, top_receive, &t, &w);
+  int rc = watch_start(socket_path, owner, "gpumemctl top", 0, interval_ms, top_receive, &t, &w);
   if (rc == 0) top_loop(&t);
   endwin();
   delscreen(scr);

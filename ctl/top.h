@@ -7,18 +7,19 @@
 #define GPUMEM_CTL_TOP_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 /* The refresh interval when none is given. */
 #define TOP_DEFAULT_INTERVAL_MS 1000
 /* The shortest refresh interval top takes. */
 #define TOP_MIN_INTERVAL_MS 100
 
-/* Show the view of the daemon at socket_path (NULL: $GPUMEM_SOCKET, else
- * the default), asking for the status every interval_ms, until q, Ctrl-C
+/* Show the view of the daemon at socket_path that root or owner runs,
+ * asking for the status every interval_ms, until q, Ctrl-C
  * or SIGTERM; a daemon that does not answer is said so and asked again.
  * Returns the exit status: 0, or 2 (said on stderr) where stdin or stdout
  * is not a terminal, the terminal type is unknown, or gpumemctl was built
  * without curses. */
-int top_run(const char *socket_path, uint64_t interval_ms);
+int top_run(const char *socket_path, uid_t owner, uint64_t interval_ms);
 
 #endif

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "ctl/owner.h"
+
 /* How long one status request may wait: a daemon that does not answer
  * within this is "not answering", and the next turn connects again. */
 #define WATCH_REQUEST_TIMEOUT_MS 5000
@@ -24,8 +26,9 @@ struct watch {
   bool stopping;     /* watch_stop was called: no more callbacks */
   bool finished;     /* the thread is at its end */
   bool orphaned;     /* watch_stop gave up waiting: the thread frees the watch */
-  char *socket_path; /* NULL: the library's default */
+  char *socket_path;
   char *name;
+  uid_t owner; /* whose gpumemd is trusted (ctl/owner.h), besides root */
   uint64_t delay_ms, interval_ms;
   watch_fn fn;
   void *user;
@@ -59,15 +62,12 @@ static bool watch_sleep(watch *w, uint64_t ms) {
   return go;
 }
 
-/* Connect the way gpumemctl does: one connection that never reconnects on
- * its own and loads no GPU driver, as a controller, or as a plain session
- * where this uid may not control (status needs no rights). */
-static int watch_connect(const watch *w, gpumem_client **c) {
-  const unsigned flags =
-      GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT | GPUMEM_CONNECT_NODE_DEVICES;
-  int rc = gpumem_connect(w->socket_path, w->name, GPUMEM_ROLE_CONTROLLER, flags, c);
-  if (rc == GPUMEM_E_PERMISSION)
-    rc = gpumem_connect(w->socket_path, w->name, GPUMEM_ROLE_WORKER, flags, c);
+/* Connect the way every gpumemctl connection does (ctl/owner.h), each
+ * time checking whose gpumemd answers; why gets the reason of a failure. */
+static int watch_connect(const watch *w, gpumem_client **c, char *why, size_t len) {
+  int rc = owner_connect(w->socket_path, w->name, w->owner, true, c, why, len);
+  if (rc == OWNER_UNTRUSTED) return GPUMEM_E_PERMISSION;
+  if (rc < 0) snprintf(why, len, "%s", gpumem_last_error());
   if (rc == 0) gpumem_set_request_timeout(*c, WATCH_REQUEST_TIMEOUT_MS);
   return rc;
 }
@@ -93,9 +93,12 @@ static void *watch_main(void *arg) {
   while (watch_sleep(w, wait)) {
     uint64_t t0 = mono_ms();
     struct gpumem_status *s = NULL;
-    int err = c ? 0 : watch_connect(w, &c);
-    if (err == 0) err = gpumem_status(c, &s);
-    snprintf(why, sizeof why, "%s", err < 0 ? gpumem_last_error() : "");
+    why[0] = '\0';
+    int err = c ? 0 : watch_connect(w, &c, why, sizeof why);
+    if (err == 0) {
+      err = gpumem_status(c, &s);
+      snprintf(why, sizeof why, "%s", err < 0 ? gpumem_last_error() : "");
+    }
     if (err < 0 && c) {
       gpumem_disconnect(c);
       c = NULL;
@@ -115,18 +118,19 @@ static void *watch_main(void *arg) {
 
 /* Start the thread, with every signal blocked in it: the caller's thread
  * gets them (top's poll must wake on SIGWINCH and SIGINT). */
-int watch_start(const char *socket_path, const char *name, uint64_t delay_ms,
+int watch_start(const char *socket_path, uid_t owner, const char *name, uint64_t delay_ms,
                 uint64_t interval_ms, watch_fn fn, void *user, watch **out) {
   watch *w = calloc(1, sizeof *w);
   if (!w) return -ENOMEM;
-  w->socket_path = socket_path ? strdup(socket_path) : NULL;
+  w->socket_path = strdup(socket_path);
   w->name = strdup(name);
-  if ((socket_path && !w->socket_path) || !w->name) {
+  if (!w->socket_path || !w->name) {
     free(w->socket_path);
     free(w->name);
     free(w);
     return -ENOMEM;
   }
+  w->owner = owner;
   w->delay_ms = delay_ms;
   w->interval_ms = interval_ms;
   w->fn = fn;

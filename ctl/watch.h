@@ -7,6 +7,7 @@
 #define GPUMEM_CTL_WATCH_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "gpumem.h"
 
@@ -17,11 +18,12 @@ typedef struct watch watch;
  * gpumemd did not answer. It is never called once watch_stop returned. */
 typedef void (*watch_fn)(void *user, struct gpumem_status *s, int err, const char *why);
 
-/* Start watching socket_path (NULL: $GPUMEM_SOCKET, else the default) as
- * a session named name: the first status is asked for after delay_ms,
- * then every interval_ms; a connection that fails or is lost is made again
- * at the next turn. Returns 0 or a negative errno. */
-int watch_start(const char *socket_path, const char *name, uint64_t delay_ms,
+/* Start watching the daemon at socket_path as a session named name, when
+ * root or owner runs it (each connection checked as ctl/owner.h says): the
+ * first status is asked for after delay_ms, then every interval_ms; a
+ * connection that fails or is lost is made again at the next turn.
+ * Returns 0 or a negative errno. */
+int watch_start(const char *socket_path, uid_t owner, const char *name, uint64_t delay_ms,
                 uint64_t interval_ms, watch_fn fn, void *user, watch **out);
 
 /* Stop the thread and free the watch (NULL is fine). A thread stuck in a

@@ -23,6 +23,15 @@ struct config {
   enum timeout_policy timeout_policy;
   unsigned max_sessions_per_uid;
   unsigned max_buffers_per_session;
+  /* Hostile or broken peers: fds a frame still arriving may hold (per
+   * session, and summed over a uid's sessions), how long a frame may take
+   * once begun, and the replies and events queued unread (per session and
+   * over all sessions) before a session is ended. */
+  unsigned max_parked_fds_per_session;
+  unsigned max_parked_fds_per_uid;
+  uint32_t frame_timeout_ms;
+  uint64_t max_queued_per_session;
+  uint64_t max_queued_total;
   uid_t controller_uid; /* (uid_t)-1: none beyond root and our own uid */
   gid_t controller_gid; /* (gid_t)-1: none */
   gid_t socket_gid;     /* (gid_t)-1: keep the daemon's group */

@@ -29,6 +29,7 @@
  * buffers, shows it paused and mixed. */
 #include "engine.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,6 +41,7 @@
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
+#include "peer.h"
 #include "report.h"
 #include "session.h"
 #include "stats.h"
@@ -1086,22 +1088,65 @@ static void check_done(engine *e) {
   run_queue(e);
 }
 
+/* Under the kill policy, a straggler is killed through the pidfd its
+ * session pinned at connect, and its buffers go with its session when it
+ * dies. One that cannot be signalled (pid 0: another pid namespace; not
+ * pinned; the process that connected is gone) has its session ended here
+ * instead, as if it had died. What happened goes into what; true when the
+ * session was ended (its buffers are freed, not held). */
+static bool kill_straggler(struct session *s, char *what, size_t len) {
+  if (s->doomed || s->closed) {
+    snprintf(what, len, "session ended");
+    return true;
+  }
+  int rc = peer_signal(s->pidfd, SIGKILL);
+  if (rc == 0) {
+    log_warn("killing pid %d: no ack in time", (int)s->pid);
+    snprintf(what, len, "killed");
+    return false;
+  }
+  const char *why = s->pid <= 0    ? "pid not visible here"
+                    : s->pidfd < 0 ? "not pinned"
+                    : rc == -ESRCH ? "process gone"
+                                   : strerror(-rc);
+  snprintf(what, len, "not signalled, %s: session ended", why);
+  log_warn("pid %d not signalled (%s): no ack in time; session %llu ended, its buffers freed",
+           (int)s->pid, why, (unsigned long long)s->id);
+  struct fault f = {.code = GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT};
+  snprintf(f.text, sizeof f.text, "no ack in time: session ended (--timeout-policy kill)");
+  session_send_error(s, 0, &f);
+  session_end(s);
+  return true;
+}
+
 /* Owners that did not ack in time: report their pids, keep their buffers
- * in transition (held) for their late acks, and stop waiting. */
+ * in transition (held) for their late acks, and stop waiting; under the
+ * kill policy, kill them or end their sessions. */
 static void on_timeout(uv_timer_t *t) {
   engine *e = t->data;
   struct op *op = e->current;
   if (!op) return;
   size_t nstraggle = 0;
-  pid_t *late = calloc(op->pending + 1, sizeof *late); /* who missed this ack */
+  bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
+  char pids[200] = "", bytes[32], freed[96] = "";
+  int len = 0;
+  uint64_t ended_buffers = 0, ended_bytes = 0;
   struct list *p, *n;
   list_for_each_safe(p, n, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
     if (g->done) continue;
-    if (late) late[nstraggle] = g->s->pid;
+    char what[80] = "";
+    bool ended = kill_them && kill_straggler(g->s, what, sizeof what);
+    if (len < (int)sizeof pids)
+      len += snprintf(pids + len, sizeof pids - (size_t)len, " %d%s%s%s", (int)g->s->pid,
+                      what[0] ? " (" : "", what, what[0] ? ")" : "");
     for (size_t i = 0; i < g->nids; i++) {
       struct buffer *b = registry_find(e->reg, g->ids[i]);
-      if (b) hold(op, b);
+      if (b && !ended) hold(op, b);
+      if (b && ended) {
+        ended_buffers++;
+        ended_bytes += b->size;
+      }
     }
     note_pid(op, g->s->pid);
     g->op = NULL;
@@ -1110,27 +1155,17 @@ static void on_timeout(uv_timer_t *t) {
     nstraggle++;
   }
   op->pending = 0;
-  char pids[128] = "", bytes[32];
-  int len = 0;
-  for (size_t i = 0; late && i < nstraggle && len < (int)sizeof pids; i++)
-    len += snprintf(pids + len, sizeof pids - (size_t)len, " %d", (int)late[i]);
-  bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
+  if (ended_buffers)
+    snprintf(freed, sizeof freed, "; %llu buffers (%s) freed with their sessions",
+             (unsigned long long)ended_buffers, size_format(ended_bytes, bytes, sizeof bytes));
   char earlier[sizeof op->fault.text] = "";
   if (op->fault.code) snprintf(earlier, sizeof earlier, "; before that: %.200s", op->fault.text);
   op->fault.code = 0; /* the timeout leads, an earlier failure follows */
   fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
-       "no ack within %u ms from pid%s%s; %llu buffers (%s) held until they answer%s%.*s",
-       op->timeout_ms, pids, kill_them ? " (killed)" : "", (unsigned long long)op->held_buffers,
-       size_format(op->held_bytes, bytes, sizeof bytes),
+       "no ack within %u ms from pid%s; %llu buffers (%s) held until they answer%s%s%.*s",
+       op->timeout_ms, pids, (unsigned long long)op->held_buffers,
+       size_format(op->held_bytes, bytes, sizeof bytes), freed,
        op->resume && !op->rolling_back ? "; nothing resumed" : "", 120, earlier);
-  /* Only those that missed this ack, and never a pid we cannot see (0:
-   * another pid namespace; kill(0) would hit our own group). */
-  for (size_t i = 0; kill_them && late && i < nstraggle; i++) {
-    if (late[i] <= 0) continue;
-    log_warn("killing pid %d: no ack in time", (int)late[i]);
-    kill(late[i], SIGKILL);
-  }
-  free(late);
   log_warn("%s: %zu owners did not answer in time", op->resume ? "resume" : "pause", nstraggle);
   check_done(e);
 }

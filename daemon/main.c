@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -16,6 +15,7 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "config.h"
+#include "fdbudget.h"
 #include "gpu/gpu.h"
 #include "gpumem.h"
 #include "notify.h"
@@ -42,6 +42,11 @@ static void usage(FILE *out) {
           "  --controller-group GROUP  a group allowed to pause/resume\n"
           "  --max-sessions-per-uid N  (default 4096)\n"
           "  --max-buffers-per-session N (default 1000000)\n"
+          "  --max-parked-fds-per-session N  fds a frame still arriving may hold (default 253)\n"
+          "  --max-parked-fds-per-uid N      the same, over a uid's sessions (default 4096)\n"
+          "  --frame-timeout DURATION  a frame begun must end within it (default 10s)\n"
+          "  --max-queued-per-session SIZE  replies a session leaves unread (default 4M)\n"
+          "  --max-queued-total SIZE   the same, over every session (default 256M)\n"
           "  --log-level LEVEL         error, warn, info (default), debug\n"
           "  --version, --help\n",
           DEFAULT_SOCKET);
@@ -74,15 +79,6 @@ static int parse_uint(const char *s, unsigned long max, unsigned long *out) {
 static int die_usage(const char *opt, const char *val) {
   fprintf(stderr, "gpumemd: invalid value for --%s: '%s'\n", opt, val);
   return 2;
-}
-
-/* Many sessions each hold fds in flight: take the hard limit. */
-static void raise_fd_limit(void) {
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-  }
 }
 
 /* Whether the node has device nodes of a vendor: /dev/nvidia0... for cuda,
@@ -161,6 +157,11 @@ int main(int argc, char **argv) {
       .timeout_policy = TIMEOUT_REPORT,
       .max_sessions_per_uid = 4096,
       .max_buffers_per_session = 1000000,
+      .max_parked_fds_per_session = 253,
+      .max_parked_fds_per_uid = 4096,
+      .frame_timeout_ms = 10000,
+      .max_queued_per_session = 4ull << 20,
+      .max_queued_total = 256ull << 20,
       .controller_uid = (uid_t)-1,
       .controller_gid = (gid_t)-1,
       .socket_gid = (gid_t)-1,
@@ -184,6 +185,11 @@ int main(int argc, char **argv) {
       {"controller-group", required_argument, 0, 'g'},
       {"max-sessions-per-uid", required_argument, 0, 'S'},
       {"max-buffers-per-session", required_argument, 0, 'B'},
+      {"max-parked-fds-per-session", required_argument, 0, 'P'},
+      {"max-parked-fds-per-uid", required_argument, 0, 'U'},
+      {"frame-timeout", required_argument, 0, 'F'},
+      {"max-queued-per-session", required_argument, 0, 'Q'},
+      {"max-queued-total", required_argument, 0, 'T'},
       {"log-level", required_argument, 0, 'l'},
       {"version", no_argument, 0, 'V'},
       {"help", no_argument, 0, 'h'},
@@ -260,6 +266,25 @@ int main(int argc, char **argv) {
       if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
       cfg.max_buffers_per_session = (unsigned)v;
       break;
+    case 'P':
+      if (parse_uint(optarg, 1000000, &v) || v == 0) return die_usage(name, optarg);
+      cfg.max_parked_fds_per_session = (unsigned)v;
+      break;
+    case 'U':
+      if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
+      cfg.max_parked_fds_per_uid = (unsigned)v;
+      break;
+    case 'F':
+      if (parse_duration(optarg, &cfg.frame_timeout_ms)) return die_usage(name, optarg);
+      break;
+    case 'Q':
+      if (size_parse(optarg, &cfg.max_queued_per_session) || cfg.max_queued_per_session == 0)
+        return die_usage(name, optarg);
+      break;
+    case 'T':
+      if (size_parse(optarg, &cfg.max_queued_total) || cfg.max_queued_total == 0)
+        return die_usage(name, optarg);
+      break;
     case 'l': {
       int lvl = log_level_parse(optarg);
       if (lvl < 0) return die_usage(name, optarg);
@@ -287,7 +312,7 @@ int main(int argc, char **argv) {
   }
   if (cfg.listen_fd >= 0 && activated_path[0]) cfg.socket_path = activated_path;
   signal(SIGPIPE, SIG_IGN);
-  raise_fd_limit();
+  log_info("file descriptors: up to %llu", (unsigned long long)fdbudget_raise());
   gpu *g;
   if (open_backend(&cfg, &g) < 0) {
     if (cfg.listen_fd >= 0) close(cfg.listen_fd);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "gpumem.h"
+#include "server.h"
 
 #define VSTR_(x) #x
 #define VSTR(x) VSTR_(x)
@@ -231,6 +232,7 @@ void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
   registry_last(reg, true, &r.last_backup_bytes, &r.last_backup_us);
   registry_last(reg, false, &r.last_restore_bytes, &r.last_restore_us);
   struct stats_view *figures = stats_fill(st, &r);
+  server_fill_status(s->server, &r);
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = req_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;

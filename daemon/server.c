@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "engine.h"
+#include "fdbudget.h"
 #include "listener.h"
 #include "notify.h"
 #include "registry.h"
@@ -33,9 +34,15 @@ struct server {
   uint64_t next_session_id;
   int reserve_fd; /* given up to accept-and-close when out of fds */
   bool starved;   /* out of fds: listening paused, counting refusals */
-  unsigned long long refused;
+  unsigned long long refused;       /* in this episode */
+  unsigned long long refused_total; /* since the start */
+  unsigned long long backoffs;      /* pauses of listening in this episode */
+  uint64_t starved_since;           /* the episode's start (uv_now) */
+  size_t queued_total;              /* output queued over every session */
   uv_timer_t accept_timer; /* listens again after a back-off */
   uv_idle_t reaper;        /* closes doomed sessions on the loop's next turn */
+  uv_idle_t backlog;       /* serves frames that waited for the next turn */
+  struct list backlog_sessions; /* struct session.backlog_link, in turn */
   int exit_status;
   bool stopping;          /* told every session; waiting for them to drain */
   uv_timer_t stop_timer;  /* closes sessions that do not drain in time */
@@ -43,6 +50,9 @@ struct server {
 
 /* How long sessions may take to read the shutdown notice. */
 #define SERVER_DRAIN_MS 1000
+/* How long one turn of the loop serves waiting frames before it polls
+ * again (a session's batch once begun is finished). */
+#define SERVER_BACKLOG_BUDGET_NS 2000000
 /* How long to stop listening when out of fds. */
 #define SERVER_ACCEPT_BACKOFF_MS 100
 
@@ -63,6 +73,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   srv->gpu = g;
   srv->next_session_id = 1;
   list_init(&srv->sessions);
+  list_init(&srv->backlog_sessions);
   srv->listen_fd = cfg->listen_fd >= 0 ? cfg->listen_fd
                                        : listener_open(cfg->socket_path, cfg->socket_mode,
                                                        cfg->socket_gid, err, errlen);
@@ -93,6 +104,8 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   srv->accept_timer.data = srv;
   uv_idle_init(loop, &srv->reaper);
   srv->reaper.data = srv;
+  uv_idle_init(loop, &srv->backlog);
+  srv->backlog.data = srv;
   uv_poll_init(loop, &srv->listen_poll, srv->listen_fd);
   srv->listen_poll.data = srv;
   uv_poll_start(&srv->listen_poll, UV_READABLE, on_accept);
@@ -170,6 +183,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   uv_close((uv_handle_t *)&srv->listen_poll, NULL);
   uv_close((uv_handle_t *)&srv->accept_timer, NULL);
   uv_close((uv_handle_t *)&srv->reaper, NULL);
+  uv_close((uv_handle_t *)&srv->backlog, NULL);
   close(srv->listen_fd);
   /* A socket systemd passed is systemd's: it stays for the next start. */
   if (srv->cfg->listen_fd < 0) unlink(srv->cfg->socket_path);
@@ -194,6 +208,14 @@ static bool may_control(const server *srv, int fd, uid_t uid, gid_t gid) {
   return false;
 }
 
+/* Sessions served now. */
+static size_t sessions_count(const server *srv) {
+  size_t n = 0;
+  for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) n++;
+  return n;
+}
+
+/* Sessions of one uid. */
 static unsigned sessions_of(const server *srv, uid_t uid) {
   unsigned n = 0;
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next)
@@ -211,15 +233,23 @@ static void on_accept_again(uv_timer_t *t) {
  * room to accept and close it), say so once per episode, and stop
  * listening for a while; the kernel fails accept before it looks at the
  * queue, so trying again at once would spin. */
-static void starve(server *srv) {
-  if (!srv->starved) log_warn("out of file descriptors: refusing connections until some are free");
+static void starve(server *srv, int err) {
+  if (!srv->starved) {
+    log_warn("out of file descriptors (%s; %llu open, limit %llu, %zu sessions): refusing "
+             "connections until some are free",
+             strerror(err), (unsigned long long)fdbudget_open(),
+             (unsigned long long)fdbudget_limit(), sessions_count(srv));
+    srv->starved_since = uv_now(srv->loop);
+  }
   srv->starved = true;
+  srv->backoffs++;
   if (srv->reserve_fd >= 0) {
     close(srv->reserve_fd);
     int x = accept(srv->listen_fd, NULL, NULL);
     if (x >= 0) {
       close(x);
       srv->refused++;
+      srv->refused_total++;
     }
     srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
@@ -236,14 +266,16 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EMFILE || errno == ENFILE) starve(srv);
+      if (errno == EMFILE || errno == ENFILE) starve(srv, errno);
       return;
     }
     if (srv->starved) {
-      log_info("file descriptors free again: %llu connections were refused",
-               (unsigned long long)srv->refused);
+      log_info("file descriptors free again after %llu ms: %llu connections refused, "
+               "listening paused %llu times",
+               (unsigned long long)(uv_now(srv->loop) - srv->starved_since), srv->refused,
+               srv->backoffs);
       srv->starved = false;
-      srv->refused = 0;
+      srv->refused = srv->backoffs = 0;
     }
     struct session *s = session_create(srv, srv->loop, fd, srv->next_session_id++);
     if (!s) continue;
@@ -268,6 +300,31 @@ static void on_reap(uv_idle_t *h) {
   }
 }
 
+/* One batch more of the waiting sessions' frames, in turn, for as long as
+ * the turn's budget lasts; the loop polls (and hears everyone else)
+ * between turns. */
+static void on_backlog(uv_idle_t *h) {
+  server *srv = h->data;
+  struct list *q = &srv->backlog_sessions;
+  struct list *last = q->prev; /* each session waiting now gets one batch at most */
+  uint64_t end = uv_hrtime() + SERVER_BACKLOG_BUDGET_NS;
+  while (!list_empty(q)) {
+    struct list *first = q->next;
+    bool was_last = first == last;
+    list_remove(first);
+    session_serve_backlog(list_entry(first, struct session, backlog_link));
+    if (was_last || uv_hrtime() >= end) break;
+  }
+  if (list_empty(q)) uv_idle_stop(h);
+}
+
+/* Serve a session's waiting frames on the loop's next turns. */
+void server_session_backlog(server *srv, struct session *s) {
+  if (srv->stopping || uv_is_closing((uv_handle_t *)&srv->backlog)) return;
+  if (list_empty(&s->backlog_link)) list_append(&srv->backlog_sessions, &s->backlog_link);
+  uv_idle_start(&srv->backlog, on_backlog);
+}
+
 /* Close a doomed session on the loop's next turn. */
 void server_session_doomed(server *srv, struct session *s) {
   (void)s;
@@ -277,6 +334,7 @@ void server_session_doomed(server *srv, struct session *s) {
 /* Forget a session that ended: free its buffers, tell the engine. */
 void server_session_closed(server *srv, struct session *s) {
   list_remove(&s->link);
+  list_remove(&s->backlog_link);
   struct list *p, *t;
   list_for_each_safe(p, t, &s->buffers)
       registry_free(srv->reg, list_entry(p, struct buffer, owner_link));
@@ -285,6 +343,47 @@ void server_session_closed(server *srv, struct session *s) {
   if (srv->stopping && list_empty(&srv->sessions) &&
       !uv_is_closing((uv_handle_t *)&srv->stop_timer))
     uv_close((uv_handle_t *)&srv->stop_timer, NULL);
+}
+
+/* The daemon's settings. */
+const struct config *server_config(const server *srv) { return srv->cfg; }
+
+/* The output queued over every session. */
+size_t *server_queued_total(server *srv) { return &srv->queued_total; }
+
+/* The session with the most output queued that still reads. */
+struct session *server_biggest_queue(server *srv) {
+  struct session *big = NULL;
+  size_t most = 0;
+  for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) {
+    struct session *x = list_entry(p, struct session, link);
+    size_t q = x->writer ? frame_writer_queued(x->writer) : 0;
+    if (!x->closed && !x->doomed && !x->draining && q > most) {
+      most = q;
+      big = x;
+    }
+  }
+  return big;
+}
+
+/* Fds parked in frames still arriving, over the sessions of uid. */
+size_t server_parked_fds(const server *srv, uid_t uid) {
+  size_t n = 0;
+  for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) {
+    const struct session *x = list_entry(p, struct session, link);
+    if (x->uid == uid) n += frame_reader_held_fds(x->reader);
+  }
+  return n;
+}
+
+/* Fill the status fields about the daemon's fds and queues. */
+void server_fill_status(server *srv, Gpumem__Wire__StatusReply *r) {
+  r->fd_limit = fdbudget_limit();
+  r->fds_open = fdbudget_open();
+  for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next)
+    r->fds_parked += frame_reader_held_fds(list_entry(p, struct session, link)->reader);
+  r->queued_bytes = srv->queued_total;
+  r->connections_refused = srv->refused_total;
 }
 
 /* Answer request id with a fault, counting the error. */

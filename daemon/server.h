@@ -4,9 +4,11 @@
 #define GPUMEMD_SERVER_H
 
 #include <stddef.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "common/frame.h"
+#include "common/wire.h"
 #include "config.h"
 #include "gpu/gpu.h"
 
@@ -32,5 +34,25 @@ void server_session_doomed(server *srv, struct session *s);
 
 /* Forget a session that ended: free its buffers, tell the engine. */
 void server_session_closed(server *srv, struct session *s);
+
+/* Serve a session's waiting frames on the loop's next turns. */
+void server_session_backlog(server *srv, struct session *s);
+
+/* The daemon's settings (the sessions' limits among them). */
+const struct config *server_config(const server *srv);
+
+/* The bytes queued for sending over every session (kept by their
+ * writers). */
+size_t *server_queued_total(server *srv);
+
+/* The session with the most output queued that still reads, or NULL. */
+struct session *server_biggest_queue(server *srv);
+
+/* Fds parked in frames still arriving, over the sessions of uid. */
+size_t server_parked_fds(const server *srv, uid_t uid);
+
+/* Fill the status fields about the daemon's own resources: fds it may use
+ * and uses, fds parked, output queued, connections refused. */
+void server_fill_status(server *srv, Gpumem__Wire__StatusReply *r);
 
 #endif

@@ -8,14 +8,23 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "peer.h"
 #include "server.h"
 
-/* A peer that lets this much pile up unread is dropped. */
-#define SESSION_MAX_QUEUED (256u << 20)
-/* Reads per wakeup, so that one busy peer cannot starve the others. */
+/* Reads and requests per turn of the loop, so that one busy peer cannot
+ * starve the others. */
 #define SESSION_READS_PER_WAKEUP 16
+#define SESSION_FRAMES_PER_TURN 4
+/* Over the total cap, a session with less than this queued is not cut. */
+#define SESSION_MIN_BLAME (64u << 10)
+/* How long a session that is being ended has to read its last words. */
+#define SESSION_DRAIN_MS 1000
 
 static void on_poll(uv_poll_t *h, int status, int events);
+static void on_timer(uv_timer_t *t);
+
+/* Whether the session still reads and answers requests. */
+static bool live(const struct session *s) { return !s->closed && !s->draining && !s->doomed; }
 
 /* Ask libuv for writability only while something is queued. */
 static void update_poll(struct session *s) {
@@ -36,6 +45,7 @@ struct session *session_create(struct server *srv, uv_loop_t *loop, int fd,
   struct session *s = calloc(1, sizeof *s);
   struct ucred cred;
   socklen_t len = sizeof cred;
+  if (s) s->pidfd = -1;
   if (!s || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) goto fail;
   s->id = id;
   s->server = srv;
@@ -43,19 +53,29 @@ struct session *session_create(struct server *srv, uv_loop_t *loop, int fd,
   s->pid = cred.pid;
   s->uid = cred.uid;
   s->gid = cred.gid;
+  s->pidfd = peer_pin(fd, &cred);
+  if (s->pidfd < 0)
+    log_debug("pid %d not pinned (%s): it will never be signalled", (int)cred.pid,
+              cred.pid > 0 ? strerror(-s->pidfd) : "not in gpumemd's pid namespace");
   list_init(&s->buffers);
   list_init(&s->link);
+  list_init(&s->backlog_link);
   s->reader = frame_reader_create(WIRE_MAX_REQUEST);
   s->writer = frame_writer_create();
   if (!s->reader || !s->writer) goto fail;
   if (uv_poll_init(loop, &s->poll, fd) < 0) goto fail;
   s->poll.data = s;
+  uv_timer_init(loop, &s->timer);
+  s->timer.data = s;
+  s->handles = 2;
+  frame_writer_count_into(s->writer, server_queued_total(srv));
   update_poll(s);
   return s;
 fail:
   if (s) {
     frame_reader_destroy(s->reader);
     frame_writer_destroy(s->writer);
+    peer_unpin(s->pidfd);
     free(s);
   }
   close(fd);
@@ -65,7 +85,9 @@ fail:
 /* Free the session's memory once libuv is done with the handle. */
 static void on_closed(uv_handle_t *h) {
   struct session *s = h->data;
+  if (--s->handles > 0) return;
   close(s->fd);
+  peer_unpin(s->pidfd);
   frame_reader_destroy(s->reader);
   frame_writer_destroy(s->writer);
   free(s);
@@ -78,6 +100,7 @@ void session_close(struct session *s) {
   s->closed = true;
   server_session_closed(s->server, s);
   uv_close((uv_handle_t *)&s->poll, on_closed);
+  uv_close((uv_handle_t *)&s->timer, on_closed);
 }
 
 /* Send what the socket takes. A peer that cannot be written to any more
@@ -91,6 +114,7 @@ static bool flush_done(struct session *s) {
     s->write_failed = true;
     frame_writer_destroy(s->writer);
     s->writer = frame_writer_create();
+    if (s->writer) frame_writer_count_into(s->writer, server_queued_total(s->server));
     if (!s->writer || s->draining) return true;
   }
   if (s->draining && frame_writer_queued(s->writer) == 0) return true;
@@ -110,18 +134,70 @@ static void flush(struct session *s) {
 static void doom(struct session *s) {
   if (s->doomed || s->closed) return;
   s->doomed = true;
+  uv_timer_stop(&s->timer);
   if (s->poll_events) uv_poll_stop(&s->poll);
   s->poll_events = 0;
   server_session_doomed(s->server, s);
+}
+
+/* End the session on the loop's next turn. */
+void session_end(struct session *s) { doom(s); }
+
+/* End a session that leaves too much unread: drop what it has not begun
+ * to read, tell it why (once), and give it a moment to read that; never
+ * closed inside this call (callers may hold the session). */
+static void cut(struct session *s, const char *text) {
+  if (s->cut || !live(s)) return;
+  s->cut = true;
+  log_warn("session %llu (pid %d, uid %d): %s; closing", (unsigned long long)s->id,
+           (int)s->pid, (int)s->uid, text);
+  frame_writer_drop_unsent(s->writer);
+  s->draining = true;
+  struct fault f = {0};
+  fault_set(&f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "%s", text);
+  session_send_error(s, 0, &f);
+  if (!s->doomed && !s->closed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
+}
+
+/* Past the per-session cap on output left unread, the session is cut
+ * before anything more is queued; returns true if it was. */
+static bool over_own_cap(struct session *s) {
+  const struct config *cfg = server_config(s->server);
+  size_t queued = frame_writer_queued(s->writer);
+  if (!live(s) || queued <= cfg->max_queued_per_session) return false;
+  char text[200];
+  snprintf(text, sizeof text,
+           "%zu bytes of replies and events left unread (limit %llu per session)", queued,
+           (unsigned long long)cfg->max_queued_per_session);
+  cut(s, text);
+  return true;
+}
+
+/* Past the cap over every session, the session with the most unread is
+ * cut (which may be s itself). */
+static void check_total_cap(struct session *s) {
+  const struct config *cfg = server_config(s->server);
+  size_t total = *server_queued_total(s->server);
+  if (total <= cfg->max_queued_total) return;
+  struct session *big = server_biggest_queue(s->server);
+  /* Sessions already being ended may hold most of it for a moment (a half
+   * sent reply): a session that keeps little queued is not to blame. */
+  if (!big || frame_writer_queued(big->writer) < SESSION_MIN_BLAME) return;
+  char text[200];
+  snprintf(text, sizeof text,
+           "replies left unread by all sessions passed %llu bytes; this session left the "
+           "most (%zu bytes)",
+           (unsigned long long)cfg->max_queued_total, frame_writer_queued(big->writer));
+  cut(big, text);
 }
 
 /* Queue a message with fds and try to send it right away. */
 int session_send(struct session *s, const wire_env *env, const int *fds,
                  size_t nfds) {
   size_t len;
-  if (s->write_failed || s->doomed) {
+  if (s->write_failed || s->doomed || (!s->closed && over_own_cap(s))) {
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
-    return s->closed || s->doomed ? -EPIPE : 0;
+    return s->closed || s->doomed || s->cut ? -EPIPE : 0;
   }
   uint8_t *bytes = s->closed ? NULL : wire_pack(env, &len);
   int rc = bytes ? frame_writer_push(s->writer, bytes, len, fds, nfds) : -ENOMEM;
@@ -129,16 +205,15 @@ int session_send(struct session *s, const wire_env *env, const int *fds,
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
   free(bytes);
   if (s->closed) return -EPIPE;
-  if (rc == 0 && frame_writer_queued(s->writer) > SESSION_MAX_QUEUED) {
-    log_warn("session %llu (pid %d) reads too slowly: dropped",
-             (unsigned long long)s->id, (int)s->pid);
-    rc = -ENOBUFS;
-  }
   if (rc < 0) {
     doom(s);
     return rc;
   }
-  if (flush_done(s)) doom(s);
+  if (flush_done(s)) {
+    doom(s);
+    return 0;
+  }
+  check_total_cap(s);
   return 0;
 }
 
@@ -167,13 +242,92 @@ void session_fail(struct session *s, uint64_t id, wire_code code,
   s->draining = true;
   session_send_error(s, id, &f);
   if (!s->closed) flush(s);
+  if (!s->closed && !s->doomed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
 }
 
-/* Read what arrived and hand each whole frame to the server. */
-static void on_readable(struct session *s) {
-  for (int i = 0; i < SESSION_READS_PER_WAKEUP && !s->closed && !s->draining; i++) {
+/* A frame begun too long ago ends the session; a session that was being
+ * ended and still has not read its last words is closed. */
+static void on_timer(uv_timer_t *t) {
+  struct session *s = t->data;
+  if (s->closed || s->doomed) return;
+  if (s->draining) {
+    log_debug("session %llu (pid %d): last reply unread after %d ms; closed",
+             (unsigned long long)s->id, (int)s->pid, SESSION_DRAIN_MS);
+    session_close(s);
+    return;
+  }
+  char text[200];
+  snprintf(text, sizeof text,
+           "a frame begun %u ms ago is not finished (%zu bytes and %zu fds of it arrived)",
+           (unsigned)server_config(s->server)->frame_timeout_ms,
+           frame_reader_pending(s->reader), frame_reader_held_fds(s->reader));
+  session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, text);
+}
+
+/* Time the frame still arriving: from its first byte (a frame that ended
+ * in this wakeup started the clock again), stopped at a frame edge. */
+static void watch_frame(struct session *s, bool completed) {
+  if (frame_reader_pending(s->reader) == 0) {
+    uv_timer_stop(&s->timer);
+    return;
+  }
+  if (completed || !uv_is_active((uv_handle_t *)&s->timer))
+    uv_timer_start(&s->timer, on_timer, server_config(s->server)->frame_timeout_ms, 0);
+}
+
+/* Fds parked in a frame still arriving are bounded per session and per
+ * uid (they count against the daemon's own limit); false when the session
+ * was ended for it. */
+static bool parked_fds_ok(struct session *s) {
+  size_t held = frame_reader_held_fds(s->reader);
+  if (!held) return true;
+  const struct config *cfg = server_config(s->server);
+  char text[200];
+  if (held > cfg->max_parked_fds_per_session) {
+    snprintf(text, sizeof text, "%zu fds wait in an unfinished frame (limit %u per session)",
+             held, cfg->max_parked_fds_per_session);
+  } else {
+    size_t uid_held = server_parked_fds(s->server, s->uid);
+    if (uid_held <= cfg->max_parked_fds_per_uid) return true;
+    snprintf(text, sizeof text,
+             "uid %d's sessions hold %zu fds in unfinished frames (limit %u per uid)",
+             (int)s->uid, uid_held, cfg->max_parked_fds_per_uid);
+  }
+  session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
+  return false;
+}
+
+/* Hand whole frames to the server, at most SESSION_FRAMES_PER_TURN (the
+ * rest wait for the loop's next turn, so that a peer that floods requests
+ * delays the others by one batch at most), reading more (when can_read)
+ * once none is left buffered. */
+static void serve(struct session *s, bool can_read) {
+  bool completed = false;
+  int frames = 0, reads = 0;
+  s->backlog = false;
+  while (live(s)) {
+    if (frame_reader_ready(s->reader)) {
+      if (frames == SESSION_FRAMES_PER_TURN) {
+        s->backlog = true;
+        server_session_backlog(s->server, s);
+        break;
+      }
+      struct frame f;
+      int rc = frame_reader_next(s->reader, &f);
+      if (rc < 0) {
+        session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
+                     rc == -EMSGSIZE ? "frame larger than the limit" : "out of memory");
+        return;
+      }
+      frames++;
+      completed = true;
+      server_dispatch(s->server, s, &f);
+      frame_release(&f);
+      continue;
+    }
+    if (!parked_fds_ok(s) || !can_read || reads++ == SESSION_READS_PER_WAKEUP) break;
     ssize_t n = frame_reader_fill(s->reader, s->fd);
-    if (n == -EAGAIN) return;
+    if (n == -EAGAIN) break;
     if (n == 0 || (n < 0 && n != -EPROTO)) {
       session_close(s);
       return;
@@ -183,26 +337,27 @@ static void on_readable(struct session *s) {
                    "too many file descriptors");
       return;
     }
-    struct frame f;
-    int rc = 0;
-    while (!s->closed && !s->draining && (rc = frame_reader_next(s->reader, &f)) > 0) {
-      server_dispatch(s->server, s, &f);
-      frame_release(&f);
-    }
-    if (!s->closed && !s->draining && rc < 0) {
-      session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
-                   rc == -EMSGSIZE ? "frame larger than the limit" : "out of memory");
-      return;
-    }
   }
+  if (live(s)) watch_frame(s, completed);
 }
+
+/* Go on with frames left waiting on the last turn. */
+void session_serve_backlog(struct session *s) {
+  if (s->backlog) serve(s, false);
+}
+
+/* Read what arrived and hand each whole frame to the server. */
+static void on_readable(struct session *s) { serve(s, true); }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
   struct session *s = h->data;
   if (status < 0) {
     /* A peer that closed with our reply unread leaves an error on the
-     * socket; the requests it sent before are still there to carry out. */
-    on_readable(s);
+     * socket; the requests it sent before are still there to carry out,
+     * all of them now (the session ends here). */
+    do
+      on_readable(s);
+    while (s->backlog && live(s));
     session_close(s);
     return;
   }

@@ -579,6 +579,14 @@ struct gpumem_status {
    * (at most 16 done). */
   size_t nrecent_ops;
   struct gpumem_op_record **recent_ops;
+  /* The daemon's own fds and queues (1.5; 0 from an older daemon): the
+   * fds it may hold (its RLIMIT_NOFILE) and holds now, of those the fds
+   * parked in requests still arriving, the bytes of replies and events
+   * queued for sessions and not yet read, and the connections refused for
+   * want of fds since it started. */
+  uint64_t fd_limit, fds_open, fds_parked;
+  uint64_t queued_bytes;
+  uint64_t connections_refused;
 };
 
 /* Ask for the status; free it with gpumem_status_free. */

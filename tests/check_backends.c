@@ -29,9 +29,10 @@ static int run(const char *cmd, char *out, size_t len) {
 
 /* With no AMD GPU, --backend hip says so and exits within seconds. */
 START_TEST(hip_backend_without_a_device_fails_cleanly) {
-  char cmd[600], out[4096];
-  snprintf(cmd, sizeof cmd, "timeout 10 %s --backend hip --socket /tmp/gpumemd-hip-test.sock 2>&1",
-           harness_bin("gpumemd"));
+  char cmd[600], out[4096], dir[] = "/tmp/gpumemd-hip-test.XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "timeout 10 %s --backend hip --socket %s/sock 2>&1; rc=$?; "
+           "rm -rf %s; exit $rc", harness_bin("gpumemd"), dir, dir);
   double t0 = now_ms();
   int rc = run(cmd, out, sizeof out);
   if (strstr(out, "unknown backend") && getenv("GPUMEM_NO_HIP_OK")) return; /* no HIP headers */
@@ -43,9 +44,10 @@ END_TEST
 
 /* Without the CUDA driver, --backend cuda says so, and auto falls back. */
 START_TEST(cuda_backend_without_a_driver_fails_cleanly) {
-  char cmd[600], out[4096];
+  char cmd[700], out[4096], dir[] = "/tmp/gpumemd-cuda-test.XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
   snprintf(cmd, sizeof cmd, "ls /dev/nvidia0 >/dev/null 2>&1 || timeout 10 %s --backend cuda "
-           "--socket /tmp/gpumemd-cuda-test.sock 2>&1", harness_bin("gpumemd"));
+           "--socket %s/sock 2>&1; rc=$?; rm -rf %s; exit $rc", harness_bin("gpumemd"), dir, dir);
   int rc = run(cmd, out, sizeof out);
   if (strstr(out, "unknown backend")) return; /* built without cuda.h */
   if (rc == 0 && !out[0]) return;             /* a GPU machine: nothing to see */

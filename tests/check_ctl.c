@@ -3,6 +3,8 @@
  * after a pause, status --json), and against a scripted daemon that gives
  * the answers a real one gives only when things go wrong (NOT_RELEASED with
  * pids and bytes held, a shortfall, a process holding memory outside). */
+#include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -317,22 +319,33 @@ static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status
   }
 }
 
-/* Start the scripted daemon: it answers pauses and resumes with op and
- * status requests with status (either may be NULL when not asked). */
-static void fake_start(struct fake *f, wire_env *op, wire_env *status) {
+/* Start the scripted daemon as uid ((uid_t)-1: as this process), in a
+ * directory of that uid's: it answers pauses and resumes with op and
+ * status requests with status (either may be NULL when not asked). It
+ * binds and listens as that uid (which the peer credentials then show),
+ * and says it listens through a pipe. */
+static void fake_start_as(struct fake *f, uid_t uid, wire_env *op, wire_env *status) {
   snprintf(f->dir, sizeof f->dir, "/tmp/gpumemctl-test.XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(f->dir));
+  if (uid != (uid_t)-1) ck_assert_int_eq(chown(f->dir, uid, uid), 0);
   snprintf(f->socket, sizeof f->socket, "%s/sock", f->dir);
   snprintf(f->asked, sizeof f->asked, "%s/asked", f->dir);
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   snprintf(addr.sun_path, sizeof addr.sun_path, "%s", f->socket);
-  int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ck_assert_int_ge(lfd, 0);
-  ck_assert_int_eq(bind(lfd, (struct sockaddr *)&addr, sizeof addr), 0);
-  ck_assert_int_eq(listen(lfd, 8), 0);
+  int ready[2];
+  ck_assert_int_eq(pipe2(ready, O_CLOEXEC), 0);
   f->pid = fork();
   ck_assert_int_ge(f->pid, 0);
   if (f->pid == 0) {
+    close(ready[0]);
+    if (uid != (uid_t)-1 &&
+        (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0))
+      _exit(7);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 8) < 0)
+      _exit(8);
+    if (write(ready[1], "r", 1) != 1) _exit(9);
+    close(ready[1]);
     for (;;) {
       int fd = accept(lfd, NULL, NULL);
       if (fd < 0) _exit(2);
@@ -340,7 +353,15 @@ static void fake_start(struct fake *f, wire_env *op, wire_env *status) {
       close(fd);
     }
   }
-  close(lfd);
+  close(ready[1]);
+  char byte;
+  ck_assert_msg(read(ready[0], &byte, 1) == 1, "the scripted daemon did not start");
+  close(ready[0]);
+}
+
+/* Start the scripted daemon as this process (fake_start_as). */
+static void fake_start(struct fake *f, wire_env *op, wire_env *status) {
+  fake_start_as(f, (uid_t)-1, op, status);
 }
 
 /* Canned answers: a device check with a shortfall and residual. */
@@ -945,6 +966,77 @@ START_TEST(metrics_count_operations_and_pass_promtool) {
 }
 END_TEST
 
+/* The daemon's words carry a worker's (an ack's message): a newline or an
+ * escape sequence in them cannot forge a line or rewrite the terminal; in
+ * JSON they stay as sent, as one valid string. */
+START_TEST(daemon_words_cannot_forge_lines) {
+  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
+  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED;
+  e.message = "worker 7: done\ngpumemctl: paused 7 buffers, 64.0 GiB\x1b[2K";
+  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
+  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  op.error = &e;
+  fake_start(&fk, &op, NULL);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause kv"), 1);
+  ck_assert_msg(!strstr(err_buf, "\ngpumemctl: paused") && !strchr(err_buf, '\x1b'), "%s",
+                err_buf);
+  ck_assert_msg(strstr(err_buf, "gpumemctl: pause failed: NOT_RELEASED: worker 7: "
+                                "done\\x0agpumemctl: paused 7 buffers, 64.0 GiB\\x1b[2K\n"),
+                "%s", err_buf);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json pause kv"), 1);
+  ck_assert_int_eq(json_check(fk.dir, "j['error']['message']=='worker 7: done\\ngpumemctl: "
+                                      "paused 7 buffers, 64.0 GiB\\x1b[2K'"),
+                   0);
+}
+END_TEST
+
+/* A daemon another user runs lies to root at will (the issue: "paused 7
+ * buffers, 64.0 GiB" from a socket swapped in): gpumemctl refuses it
+ * before sending anything, in words and in JSON, unless --socket-owner or
+ * GPUMEM_SOCKET_OWNER names that user; a socket file made root's does not
+ * help, as the peer's credentials say who answers. */
+START_TEST(a_daemon_another_user_runs_is_not_trusted) {
+  if (getuid() != 0) {
+    printf("a_daemon_another_user_runs_is_not_trusted: skipped: needs root to run as nobody\n");
+    return;
+  }
+  Gpumem__Wire__OpReply ok = GPUMEM__WIRE__OP_REPLY__INIT;
+  ok.buffers = 7;
+  ok.bytes = 64 * GiB;
+  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
+  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+  op.op_reply = &ok;
+  fake_start_as(&fk, 65534, &op, NULL);
+  char asked[512], want[512];
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause kv"), 1);
+  snprintf(want, sizeof want, "gpumemctl: the socket %s is owned by uid 65534 (nobody), "
+           "expected root: refusing to trust it", fk.socket);
+  ck_assert_msg(strstr(err_buf, want), "%s", err_buf);
+  ck_assert_msg(!strstr(out_buf, "paused"), "%s", out_buf);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json resume --all"), 1);
+  ck_assert_int_eq(json_check(fk.dir, "j['error']['code']=='UNTRUSTED' and "
+                                      "'refusing to trust it' in j['error']['message']"),
+                   0);
+  slurp(fk.asked, asked, sizeof asked);
+  ck_assert_str_eq(asked, "");
+  /* Named, it is trusted. */
+  ck_assert_msg(ctl(fk.dir, fk.socket, "--socket-owner nobody pause kv") == 0, "%s", err_buf);
+  ck_assert_msg(strstr(out_buf, "paused 7 buffers, 64.0 GiB"), "%s", out_buf);
+  ck_assert_msg(ctl_as("GPUMEM_SOCKET_OWNER=65534", fk.dir, fk.socket, "resume kv") == 0, "%s",
+                err_buf);
+  /* The file root's, the answer still nobody's: refused after the
+   * hello, before any request. */
+  ck_assert_int_eq(chown(fk.socket, 0, 0), 0);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause kv"), 1);
+  snprintf(want, sizeof want, "gpumemctl: gpumemd at %s answers as uid 65534 (nobody), "
+           "expected root: refusing to trust it", fk.socket);
+  ck_assert_msg(strstr(err_buf, want), "%s", err_buf);
+  ck_assert_msg(!strstr(out_buf, "paused"), "%s", out_buf);
+  slurp(fk.asked, asked, sizeof asked);
+  ck_assert_str_eq(asked, "pause max_residual=0 timeout=0 tags=kv\nresume tags=kv\n");
+}
+END_TEST
+
 /* gpumemctl without a controller's rights looks through a worker session:
  * gpumem_sessions leaves that session out (a root test, where it can run
  * gpumemctl as nobody). */
@@ -987,5 +1079,6 @@ int main(void) {
                      controllers_open_no_gpu_backend,
                      metrics_say_up_and_paused_and_count_workers,
                      metrics_count_operations_and_pass_promtool,
-                     metrics_leave_out_gpumemctl_own_worker_session);
+                     metrics_leave_out_gpumemctl_own_worker_session,
+                     a_daemon_another_user_runs_is_not_trusted, daemon_words_cannot_forge_lines);
 }

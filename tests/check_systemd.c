@@ -145,6 +145,28 @@ START_TEST(passed_socket_is_served_and_left_to_systemd) {
 }
 END_TEST
 
+/* The socket's directory is judged only where the daemon binds: one that
+ * systemd made and passed is systemd's business, wherever it lies, while
+ * the same directory is refused to a daemon binding there itself. */
+START_TEST(passed_socket_is_not_judged_by_its_directory) {
+  make_dir();
+  ck_assert_int_eq(chmod(d.dir, 0777), 0);
+  int lfd = unix_socket(SOCK_STREAM, d.socket);
+  const char *const extra[] = {"--socket", d.socket, NULL};
+  pid_t pid = spawn_sd(lfd, "1", PID_OURS, NULL, extra);
+  close(lfd);
+  hello_works();
+  kill(pid, SIGTERM);
+  ck_assert_int_eq(wait_exit(pid), 0);
+  ck_assert_int_eq(unlink(d.socket), 0);
+  pid = spawn_sd(-1, NULL, PID_NONE, NULL, NULL);
+  ck_assert_int_eq(wait_exit(pid), 1);
+  ck_assert_msg(strstr(log_text(), "is writable by every user (mode 0777)"), "%s", log_text());
+  ck_assert_int_ne(access(d.socket, F_OK), 0);
+  remove_dir();
+}
+END_TEST
+
 START_TEST(notifies_ready_status_and_stopping) {
   make_dir();
   char path[128], note[512], want[256];
@@ -284,6 +306,7 @@ int main(void) {
 #ifdef HAVE_SYSTEMD
   return HARNESS_RUN("systemd", 60, harness_fd_setup, harness_fd_teardown,
                      passed_socket_is_served_and_left_to_systemd,
+                     passed_socket_is_not_judged_by_its_directory,
                      notifies_ready_status_and_stopping, bad_systemd_environment_fails_clearly,
                      socket_group_and_mode_apply,
                      unknown_socket_group_or_mode_fails_without_a_socket,

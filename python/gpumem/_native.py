@@ -264,6 +264,11 @@ class Status(ctypes.Structure):
         ("histograms", ctypes.POINTER(ctypes.POINTER(Histogram))),
         ("nrecent_ops", ctypes.c_size_t),
         ("recent_ops", ctypes.POINTER(ctypes.POINTER(OpRecord))),
+        ("fd_limit", ctypes.c_uint64),
+        ("fds_open", ctypes.c_uint64),
+        ("fds_parked", ctypes.c_uint64),
+        ("queued_bytes", ctypes.c_uint64),
+        ("connections_refused", ctypes.c_uint64),
     ]
 
 

@@ -28,9 +28,12 @@ cc -std=c11 -D_GNU_SOURCE -DHAVE_CUDA -O2 -Wall -Wextra -Werror -I. -I"$CUDA_HOM
   tests/gpu/backend_probe.c gpu/gpu.c gpu/host.c gpu/vmm.c gpu/cuda.c common/idmap.c \
   -ldl -lpthread -o build/tests/backend_probe || exit 1
 build/tests/backend_probe || status=1
-sock=/tmp/gpumemd-gpu.sock
+# Sockets and logs in a private directory: gpumemd refuses a socket
+# directory that another user could change (/tmp itself).
+run=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-gpu.XXXXXX") || exit 1
+sock=$run/gpumemd.sock
 build/bin/gpumemd --backend cuda --socket "$sock" --log-level info --verify-backups \
-  2>/tmp/gpumemd-gpu.log &
+  2>"$run/gpumemd.log" &
 daemon=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
@@ -45,14 +48,13 @@ loads=$(LD_DEBUG=libs build/bin/gpumemctl --socket "$sock" status 2>&1 >/dev/nul
 if [ "$loads" = 0 ]; then echo "PASS gpumemctl loads no GPU driver: libcuda.so opened 0 times"
 else echo "FAIL gpumemctl loads no GPU driver: libcuda.so in $loads loader lines"; status=1; fi
 kill "$daemon"; wait "$daemon" || status=1
-cat /tmp/gpumemd-gpu.log
+cat "$run/gpumemd.log"
 # A stopped worker, workers killed during a pause and a resume, memory held
 # outside the daemon by pid, and the daemon killed and restarted under two
 # workers: gpu_faults runs its own daemon (the one above is gone), on
 # another socket.
-rm -f /tmp/gpumemd-faults.log
-build/tests/gpu_faults build/bin /tmp/gpumemd-faults.sock /tmp/gpumemd-faults.log || status=1
-cat /tmp/gpumemd-faults.log
+build/tests/gpu_faults build/bin "$run/faults.sock" "$run/faults.log" || status=1
+cat "$run/faults.log"
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 # The Python package over the CUDA backend.
 python3 tests/gpu/python_check.py build/bin/gpumemd || status=1
