@@ -23,6 +23,7 @@ struct config {
   enum timeout_policy timeout_policy;
   unsigned max_sessions_per_uid;
   unsigned max_buffers_per_session;
+  unsigned max_buffers_per_uid; /* over all of a uid's sessions */
   /* Hostile or broken peers: fds a frame still arriving may hold (per
    * session, and summed over a uid's sessions), how long a frame may take
    * once begun, and the replies and events queued unread (per session and

@@ -42,6 +42,7 @@ static void usage(FILE *out) {
           "  --controller-group GROUP  a group allowed to pause/resume\n"
           "  --max-sessions-per-uid N  (default 4096)\n"
           "  --max-buffers-per-session N (default 1000000)\n"
+          "  --max-buffers-per-uid N   the same, over a uid's sessions (default 1000000)\n"
           "  --max-parked-fds-per-session N  fds a frame still arriving may hold (default 253)\n"
           "  --max-parked-fds-per-uid N      the same, over a uid's sessions (default 4096)\n"
           "  --frame-timeout DURATION  a frame begun must end within it (default 10s)\n"
@@ -157,6 +158,7 @@ int main(int argc, char **argv) {
       .timeout_policy = TIMEOUT_REPORT,
       .max_sessions_per_uid = 4096,
       .max_buffers_per_session = 1000000,
+      .max_buffers_per_uid = 1000000,
       .max_parked_fds_per_session = 253,
       .max_parked_fds_per_uid = 4096,
       .frame_timeout_ms = 10000,
@@ -185,6 +187,7 @@ int main(int argc, char **argv) {
       {"controller-group", required_argument, 0, 'g'},
       {"max-sessions-per-uid", required_argument, 0, 'S'},
       {"max-buffers-per-session", required_argument, 0, 'B'},
+      {"max-buffers-per-uid", required_argument, 0, 'A'},
       {"max-parked-fds-per-session", required_argument, 0, 'P'},
       {"max-parked-fds-per-uid", required_argument, 0, 'U'},
       {"frame-timeout", required_argument, 0, 'F'},
@@ -265,6 +268,10 @@ int main(int argc, char **argv) {
     case 'B':
       if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
       cfg.max_buffers_per_session = (unsigned)v;
+      break;
+    case 'A':
+      if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
+      cfg.max_buffers_per_uid = (unsigned)v;
       break;
     case 'P':
       if (parse_uint(optarg, 1000000, &v) || v == 0) return die_usage(name, optarg);

@@ -223,6 +223,16 @@ static unsigned sessions_of(const server *srv, uid_t uid) {
   return n;
 }
 
+/* Buffers the sessions of one uid hold. */
+static uint64_t buffers_of(const server *srv, uid_t uid) {
+  uint64_t n = 0;
+  for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) {
+    const struct session *s = list_entry(p, struct session, link);
+    if (s->uid == uid) n += s->nbuffers;
+  }
+  return n;
+}
+
 /* Listen again after a pause for want of fds. */
 static void on_accept_again(uv_timer_t *t) {
   server *srv = t->data;
@@ -446,6 +456,23 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
             s->role == GPUMEM__WIRE__ROLE__ROLE_WORKER ? "worker" : "controller", s->name);
 }
 
+/* 0 when the session may hold n more buffers; else LIMIT_EXCEEDED is
+ * answered to request id, naming the limit met, and -1. */
+static int room_for_buffers(server *srv, struct session *s, uint64_t id, uint64_t n) {
+  char text[160];
+  if (n > srv->cfg->max_buffers_per_session - s->nbuffers) {
+    snprintf(text, sizeof text, "too many buffers in this session (limit %u)",
+             srv->cfg->max_buffers_per_session);
+  } else {
+    uint64_t held = buffers_of(srv, s->uid);
+    if (held + n <= srv->cfg->max_buffers_per_uid) return 0;
+    snprintf(text, sizeof text, "too many buffers for uid %d: %llu held (limit %u per uid)",
+             (int)s->uid, (unsigned long long)held, srv->cfg->max_buffers_per_uid);
+  }
+  reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
+  return -1;
+}
+
 static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
   const Gpumem__Wire__AllocRequest *a = env->alloc;
   if (s->role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
@@ -453,11 +480,7 @@ static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
                 "only workers allocate; connect as a worker");
     return;
   }
-  if (s->nbuffers >= srv->cfg->max_buffers_per_session) {
-    reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
-                "too many buffers in this session");
-    return;
-  }
+  if (room_for_buffers(srv, s, env->id, 1) < 0) return;
   struct fault f = {0};
   struct buffer *b;
   if (registry_alloc(srv->reg, s, &s->buffers, (uint32_t)s->uid, a->tag, a->device, a->size,
@@ -569,11 +592,7 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
                 "only workers re-register buffers");
     return;
   }
-  if (a->n_buffers > srv->cfg->max_buffers_per_session - s->nbuffers) {
-    reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
-                "too many buffers in this session");
-    return;
-  }
+  if (room_for_buffers(srv, s, env->id, a->n_buffers) < 0) return;
   for (size_t i = 0; i < a->n_buffers; i++)
     if (adopt_check(srv, a->buffers[i], i, &f)) {
       answer_error(s, env->id, &f);

@@ -102,6 +102,43 @@ START_TEST(buffers_per_session_are_limited) {
 }
 END_TEST
 
+/* A uid past --max-buffers-per-uid gets LIMIT_EXCEEDED in any of its
+ * sessions, naming the limit, and keeps what it has; freeing one makes
+ * room again. Before the limit, one uid's sessions could each hold the
+ * per-session maximum: millions of buffers, hundreds of MiB of daemon. */
+START_TEST(buffers_per_uid_are_limited) {
+  daemon_start(&d, "--max-buffers-per-uid", "3", NULL);
+  struct peer a, b;
+  peer_open(&a, &d, WORKER);
+  peer_open(&b, &d, WORKER);
+  ck_assert_int_eq(alloc_code(&a, "kv", 2 * MiB, 0), CODE(OK));
+  ck_assert_int_eq(alloc_code(&a, "kv", 2 * MiB, 0), CODE(OK));
+  struct pbuf third;
+  ck_assert_int_eq(peer_try_alloc(&b, "kv", 0, 2 * MiB, 0, &third), CODE(OK));
+  struct pbuf none;
+  ck_assert_int_eq(peer_try_alloc(&b, "kv", 0, 2 * MiB, 0, &none), CODE(LIMIT_EXCEEDED));
+  ck_assert_int_eq(alloc_code(&a, "kv", 2 * MiB, 0), CODE(LIMIT_EXCEEDED));
+  wire_env *s = peer_status(&a);
+  ck_assert_uint_eq(s->status_reply->devices[0]->managed, 6 * MiB);
+  wire_env_free(s);
+  /* One freed: room for one. */
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  fr.buffer_id = third.id;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  env.free = &fr;
+  env.id = b.next_id++;
+  peer_unmap(&third);
+  peer_put(&b, &env, NULL, 0);
+  wire_env *r = peer_get(&b, NULL);
+  ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
+  wire_env_free(r);
+  ck_assert_int_eq(alloc_code(&b, "kv", 2 * MiB, 0), CODE(OK));
+  peer_close(&a);
+  peer_close(&b);
+}
+END_TEST
+
 /* A frame over the request limit, or fds on a request that takes none,
  * ends that session only. */
 START_TEST(oversized_frames_and_stray_fds_end_the_session) {
@@ -265,7 +302,7 @@ END_TEST
 
 int main(void) {
   return HARNESS_RUN("limits", 20, setup, teardown, sessions_per_uid_are_limited,
-                     buffers_per_session_are_limited,
+                     buffers_per_session_are_limited, buffers_per_uid_are_limited,
                      oversized_frames_and_stray_fds_end_the_session,
                      out_of_fds_the_daemon_refuses_and_recovers, ipc_legacy_buffers_never_pause,
                      the_daemon_keeps_no_fd_behind);
