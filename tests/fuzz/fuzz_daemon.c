@@ -904,6 +904,7 @@ static void configure(struct config *cfg, uint8_t b) {
       .timeout_policy = TIMEOUT_REPORT, /* kill would signal this process */
       .max_sessions_per_uid = b & 16 ? 2 : 4096,
       .max_buffers_per_session = b & 32 ? 3 : 1000000,
+      .max_buffers_per_uid = b & 32 ? 5 : 1000000,
       .max_parked_fds_per_session = b & 64 ? 8 : 253,
       .max_parked_fds_per_uid = b & 64 ? 16 : 4096,
       .frame_timeout_ms = b & 128 ? 5 : 10000,
