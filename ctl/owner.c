@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* A user name or a decimal uid into *uid; 0 or -1 when it is neither. */
 int owner_parse(const char *s, uid_t *uid) {
@@ -33,11 +34,22 @@ static const char *uid_words(uid_t uid, char *buf, size_t len) {
   return buf;
 }
 
-/* What the check expects, in words: "root" or "root or uid 65534 (nobody)". */
+/* Whose daemon is trusted: root's, want's, and this user's own (a socket
+ * only this user or root could have placed, a daemon only they could run). */
+static bool trusted(uid_t uid, uid_t want) {
+  return uid == 0 || uid == want || uid == geteuid();
+}
+
+/* What the check expects, in words: "root" or "root or uid 65534 (nobody)"
+ * (and this user, where it is neither). */
 static const char *want_words(uid_t want, char *buf, size_t len) {
-  char who[96];
-  if (want == 0) snprintf(buf, len, "root");
-  else snprintf(buf, len, "root or %s", uid_words(want, who, sizeof who));
+  char who[96], me[96];
+  uid_t self = geteuid();
+  size_t o = (size_t)snprintf(buf, len, "root");
+  if (want != 0 && o < len)
+    o += (size_t)snprintf(buf + o, len - o, " or %s", uid_words(want, who, sizeof who));
+  if (self != 0 && self != want && o < len)
+    snprintf(buf + o, len - o, " or %s", uid_words(self, me, sizeof me));
   return buf;
 }
 
@@ -46,7 +58,7 @@ int owner_check_file(const char *path, uid_t want, char *why, size_t len) {
   struct stat st;
   /* The file a connect reaches (links followed); a missing one is for
    * the connect to report, as before. */
-  if (stat(path, &st) < 0 || st.st_uid == 0 || st.st_uid == want) return 0;
+  if (stat(path, &st) < 0 || trusted(st.st_uid, want)) return 0;
   char got[96], exp[128];
   snprintf(why, len, "the socket %s is owned by %s, expected %s: refusing to trust it "
            "(--socket-owner names the daemon's user)",
@@ -65,7 +77,7 @@ int owner_check_peer(const gpumem_client *c, const char *path, uid_t want, char 
              path, fd < 0 ? "no connection" : strerror(errno));
     return -1;
   }
-  if (cred.uid == 0 || cred.uid == want) return 0;
+  if (trusted(cred.uid, want)) return 0;
   char got[96], exp[128];
   snprintf(why, len, "gpumemd at %s answers as %s, expected %s: refusing to trust it "
            "(--socket-owner names the daemon's user)",

@@ -1,5 +1,6 @@
 /* Whose gpumemd gpumemctl talks to: before it trusts an answer it checks
- * that root, or the uid named with --socket-owner, owns the socket file
+ * that root, the uid named with --socket-owner, or the user running
+ * gpumemctl owns the socket file
  * and answers on it (the peer credentials of the connection, which no
  * file swapped into the socket's directory can fake). */
 #ifndef GPUMEM_CTL_OWNER_H
