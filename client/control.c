@@ -302,22 +302,46 @@ void gpumem_op_report_free(struct gpumem_op_report *r) {
   free(r);
 }
 
-/* Send a request with an empty body and check the reply's kind. */
-static int simple_call(gpumem_client *c, Gpumem__Wire__Envelope__BodyCase ask,
-                       Gpumem__Wire__Envelope__BodyCase want, struct pending *reply) {
-  Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
-  Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = ask;
-  if (ask == GPUMEM__WIRE__ENVELOPE__BODY_STATUS)
-    req.status = &sr;
-  else
-    req.list = &lr;
-  int rc = client_call(c, &req, reply);
+/* Send a request and check the reply's kind. */
+static int call_for(gpumem_client *c, wire_env *req, Gpumem__Wire__Envelope__BodyCase want,
+                    struct pending *reply) {
+  int rc = client_call(c, req, reply);
   if (rc == 0 && reply->env->body_case != want)
     rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
   if (rc < 0) client_reply_free(reply);
   return rc;
+}
+
+/* Ask for the page of the status at these cursors. */
+static int status_page(gpumem_client *c, uint64_t tag_cursor, uint64_t session_cursor,
+                       struct pending *reply) {
+  Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
+  sr.tag_cursor = tag_cursor;
+  sr.session_cursor = session_cursor;
+  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  req.status = &sr;
+  return call_for(c, &req, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY, reply);
+}
+
+/* Ask for the page of the list after a buffer id. */
+static int list_page(gpumem_client *c, uint64_t after, struct pending *reply) {
+  Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
+  lr.after = after;
+  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
+  req.list = &lr;
+  return call_for(c, &req, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY, reply);
+}
+
+/* Make room for n more pointers after *len in *v; false when out of
+ * memory. The array keeps a NULL after its last element. */
+static bool grow(void ***v, size_t len, size_t n) {
+  void **more = realloc(*v, (len + n + 1) * sizeof *more);
+  if (!more) return false;
+  memset(more + len, 0, (n + 1) * sizeof *more);
+  *v = more;
+  return true;
 }
 
 /* Copy the status's devices into s; false when out of memory. */
@@ -345,9 +369,9 @@ static bool copy_devices(const int *map, struct gpumem_status *s,
   return true;
 }
 
-/* Copy the status's tags into s; false when out of memory. */
+/* Add a status page's tags to s; false when out of memory. */
 static bool copy_tags(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
-  if (!(s->tags = calloc(r->n_tags + 1, sizeof *s->tags))) return false;
+  if (!grow((void ***)&s->tags, s->ntags, r->n_tags)) return false;
   for (size_t i = 0; i < r->n_tags; i++) {
     const Gpumem__Wire__TagInfo *t = r->tags[i];
     struct gpumem_tag_status *o = sized(sizeof *o);
@@ -362,14 +386,17 @@ static bool copy_tags(struct gpumem_status *s, const Gpumem__Wire__StatusReply *
     o->mixed = t->mixed;
     o->transit_buffers = t->transit_buffers;
     o->transit_bytes = t->transit_bytes;
+    o->owner_uid = t->owner_uid;
+    o->owned = t->owned;
+    o->shared = t->shared;
     if (!(o->name = dup_text(t->name))) return false;
   }
   return true;
 }
 
-/* Copy the status's sessions into s; false when out of memory. */
+/* Add a status page's sessions to s; false when out of memory. */
 static bool copy_sessions(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
-  if (!(s->sessions = calloc(r->n_sessions + 1, sizeof *s->sessions))) return false;
+  if (!grow((void ***)&s->sessions, s->nsessions, r->n_sessions)) return false;
   for (size_t i = 0; i < r->n_sessions; i++) {
     const Gpumem__Wire__SessionInfo *x = r->sessions[i];
     struct gpumem_session_status *o = sized(sizeof *o);
@@ -492,12 +519,57 @@ static bool copy_figures(struct gpumem_status *s, const Gpumem__Wire__StatusRepl
          copy_histograms(s, r) && copy_records(s, r);
 }
 
+/* Copy what each uid holds into s; false when out of memory. */
+static bool copy_tenants(struct gpumem_status *s, const Gpumem__Wire__StatusReply *r) {
+  s->max_buffers_per_uid = r->max_buffers_per_uid;
+  s->max_device_bytes_per_uid = r->max_device_bytes_per_uid;
+  s->max_backup_bytes_per_uid = r->max_backup_bytes_per_uid;
+  if (!(s->tenants = calloc(r->n_tenants + 1, sizeof *s->tenants))) return false;
+  for (size_t i = 0; i < r->n_tenants; i++) {
+    const Gpumem__Wire__TenantInfo *t = r->tenants[i];
+    struct gpumem_tenant_status *o = sized(sizeof *o);
+    if (!o) return false;
+    s->tenants[s->ntenants++] = o;
+    o->uid = t->uid;
+    o->buffers = t->buffers;
+    o->bytes = t->bytes;
+    o->backup_bytes = t->backup_bytes;
+    uint64_t *bytes = calloc(t->n_device_bytes + 1, sizeof *bytes);
+    if (!bytes) return false;
+    memcpy(bytes, t->device_bytes, t->n_device_bytes * sizeof *bytes);
+    o->device_bytes = bytes;
+    o->ndevice_bytes = t->n_device_bytes;
+  }
+  return true;
+}
+
+/* Gather the pages after the first: their tags and sessions. */
+static int status_rest(gpumem_client *c, struct gpumem_status *s, uint64_t next_tag,
+                       uint64_t next_session) {
+  while (next_tag || next_session) {
+    struct pending reply;
+    /* A cursor past every id asks for nothing more of a list that ended. */
+    int rc = status_page(c, next_tag ? next_tag : UINT64_MAX,
+                         next_session ? next_session : UINT64_MAX, &reply);
+    if (rc < 0) return rc;
+    const Gpumem__Wire__StatusReply *r = reply.env->status_reply;
+    bool ok = copy_tags(s, r) && copy_sessions(s, r);
+    bool stuck = (next_tag && r->next_tag && r->next_tag <= next_tag) ||
+                 (next_session && r->next_session && r->next_session <= next_session);
+    next_tag = next_tag ? r->next_tag : 0;
+    next_session = next_session ? r->next_session : 0;
+    client_reply_free(&reply);
+    if (!ok) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+    if (stuck) return client_fail(GPUMEM_E_PROTOCOL, "gpumemd's status pages do not advance");
+  }
+  return 0;
+}
+
 /* Ask for the status of devices, tags, sessions and processes. */
 int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the status");
   struct pending reply;
-  int rc = simple_call(c, GPUMEM__WIRE__ENVELOPE__BODY_STATUS,
-                       GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY, &reply);
+  int rc = status_page(c, 0, 0, &reply);
   if (rc < 0) return rc;
   const Gpumem__Wire__StatusReply *r = reply.env->status_reply;
   int map[WIRE_MAX_DEVICES];
@@ -507,11 +579,12 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
       !copy_tags(s, r) || !copy_sessions(s, r) || !copy_processes(map, s, r) ||
       !copy_checks(map, &s->last_pause_checks, &s->nlast_pause_checks, r->last_pause_checks,
                    r->n_last_pause_checks) ||
-      !copy_figures(s, r)) {
+      !copy_figures(s, r) || !copy_tenants(s, r)) {
     gpumem_status_free(s);
     client_reply_free(&reply);
     return client_fail(GPUMEM_E_NOMEM, "out of memory");
   }
+  uint64_t next_tag = r->next_tag, next_session = r->next_session;
   s->granularity = r->granularity;
   s->backup_reserved = r->backup_reserved;
   s->backup_limit = r->backup_limit;
@@ -526,6 +599,10 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   s->queued_bytes = r->queued_bytes;
   s->connections_refused = r->connections_refused;
   client_reply_free(&reply);
+  if ((rc = status_rest(c, s, next_tag, next_session)) < 0) {
+    gpumem_status_free(s);
+    return rc;
+  }
   *out = s;
   return 0;
 }
@@ -555,27 +632,20 @@ void gpumem_status_free(struct gpumem_status *s) {
     free((char **)s->recent_ops[i]->tags);
   }
   free_array((void **)s->recent_ops, s->nrecent_ops);
+  for (size_t i = 0; s->tenants && i < s->ntenants; i++) free((uint64_t *)s->tenants[i]->device_bytes);
+  free_array((void **)s->tenants, s->ntenants);
   free((char *)s->backend);
   free((char *)s->version);
   free(s);
 }
 
-/* List the buffers this session may see. */
-int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
-  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the list");
-  struct pending reply;
-  int rc = simple_call(c, GPUMEM__WIRE__ENVELOPE__BODY_LIST,
-                       GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY, &reply);
-  if (rc < 0) return rc;
-  const Gpumem__Wire__ListReply *r = reply.env->list_reply;
-  int map[WIRE_MAX_DEVICES];
-  client_local_map(c, map);
-  struct gpumem_list *l = sized(sizeof *l);
-  bool ok = l && (l->buffers = calloc(r->n_buffers + 1, sizeof *l->buffers));
-  for (size_t i = 0; ok && i < r->n_buffers; i++) {
+/* Add a list page's buffers to l; false when out of memory. */
+static bool copy_buffers(const int *map, struct gpumem_list *l, const Gpumem__Wire__ListReply *r) {
+  if (!grow((void ***)&l->buffers, l->nbuffers, r->n_buffers)) return false;
+  for (size_t i = 0; i < r->n_buffers; i++) {
     const Gpumem__Wire__BufferInfo *b = r->buffers[i];
     struct gpumem_buffer_info *o = sized(sizeof *o);
-    if (!(ok = o != NULL)) break;
+    if (!o) return false;
     l->buffers[l->nbuffers++] = o;
     o->id = b->id;
     o->session_id = b->session_id;
@@ -585,15 +655,55 @@ int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
     o->bytes = b->size;
     o->flags = b->flags;
     o->state = b->state;
-    ok = (o->tag = dup_text(b->tag)) != NULL;
+    if (!(o->tag = dup_text(b->tag))) return false;
   }
-  client_reply_free(&reply);
-  if (!ok) {
+  return true;
+}
+
+/* List the buffers this session may see, page after page. */
+int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
+  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the list");
+  int map[WIRE_MAX_DEVICES];
+  client_local_map(c, map);
+  struct gpumem_list *l = sized(sizeof *l);
+  if (!l) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  uint64_t after = 0;
+  int rc = 0;
+  do {
+    struct pending reply;
+    if ((rc = list_page(c, after, &reply)) < 0) break;
+    const Gpumem__Wire__ListReply *r = reply.env->list_reply;
+    bool ok = copy_buffers(map, l, r);
+    bool stuck = r->next && r->next <= after;
+    after = r->next;
+    client_reply_free(&reply);
+    if (!ok) rc = client_fail(GPUMEM_E_NOMEM, "out of memory");
+    else if (stuck) rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd's list pages do not advance");
+  } while (rc == 0 && after);
+  if (rc < 0) {
     gpumem_list_free(l);
-    return client_fail(GPUMEM_E_NOMEM, "out of memory");
+    return rc;
   }
   *out = l;
   return (int)l->nbuffers;
+}
+
+/* Share a tag with every uid, or take that back. */
+int gpumem_share(gpumem_client *c, const char *tag, int shared) {
+  if (!c || !tag) return client_fail(GPUMEM_E_INVALID, "no client or no tag");
+  if (!wire_tag_valid(tag))
+    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
+                       WIRE_TAG_MAX);
+  Gpumem__Wire__ShareRequest q = GPUMEM__WIRE__SHARE_REQUEST__INIT;
+  q.tag = (char *)tag;
+  q.shared = shared != 0;
+  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE;
+  req.share = &q;
+  struct pending reply;
+  int rc = call_for(c, &req, GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY, &reply);
+  if (rc == 0) client_reply_free(&reply);
+  return rc;
 }
 
 /* Free a list and its entries. */

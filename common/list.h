@@ -30,6 +30,13 @@ static inline void list_remove(struct list *node) {
   list_init(node);
 }
 
+/* Number of nodes in a list (walks it). */
+static inline size_t list_count(const struct list *l) {
+  size_t n = 0;
+  for (const struct list *p = l->next; p != l; p = p->next) n++;
+  return n;
+}
+
 /* The structure that holds a list node. */
 #define list_entry(node, type, member) \
   ((type *)((char *)(node) - offsetof(type, member)))

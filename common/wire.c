@@ -114,6 +114,14 @@ refuse(wire_code code, char *why, size_t whylen, const char *fmt, ...) {
   return code;
 }
 
+/* Refuse a tag that is not valid, quoting it only if it is printable. */
+static wire_code refuse_tag(const char *tag, char *why, size_t whylen) {
+  if (!wire_text_valid(tag, WIRE_TAG_MAX + 1)) tag = "(not printable)";
+  return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
+                "invalid tag '%.*s': 1-%d characters of [A-Za-z0-9_.-]", WIRE_TAG_MAX + 1, tag,
+                WIRE_TAG_MAX);
+}
+
 /* Tags and devices of a pause or resume: every tag valid (none: all). */
 static wire_code check_selection(size_t ntags, char **tags, size_t ndevs,
                                  char *why, size_t whylen) {
@@ -121,10 +129,7 @@ static wire_code check_selection(size_t ntags, char **tags, size_t ndevs,
     return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
                   "too many tags (%zu, at most %d)", ntags, WIRE_MAX_TAGS);
   for (size_t i = 0; i < ntags; i++)
-    if (!wire_tag_valid(tags[i]))
-      return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
-                    "invalid tag '%.*s': 1-%d characters of [A-Za-z0-9_.-]",
-                    WIRE_TAG_MAX + 1, tags[i], WIRE_TAG_MAX);
+    if (!wire_tag_valid(tags[i])) return refuse_tag(tags[i], why, whylen);
   if (ndevs > WIRE_MAX_DEVICES)
     return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
                   "too many devices (%zu)", ndevs);
@@ -220,10 +225,7 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
                     WIRE_NAME_MAX);
     return GPUMEM__WIRE__ERROR_CODE__OK;
   case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC:
-    if (!wire_tag_valid(env->alloc->tag))
-      return refuse(bad, why, whylen,
-                    "invalid tag '%.*s': 1-%d characters of [A-Za-z0-9_.-]",
-                    WIRE_TAG_MAX + 1, env->alloc->tag, WIRE_TAG_MAX);
+    if (!wire_tag_valid(env->alloc->tag)) return refuse_tag(env->alloc->tag, why, whylen);
     if (env->alloc->size == 0) return refuse(bad, why, whylen, "size is zero");
     if (!flags_ok(env->alloc->flags))
       return refuse(bad, why, whylen, "unknown flags 0x%x", env->alloc->flags);
@@ -232,6 +234,9 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
                               GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED)))
       return refuse(bad, why, whylen,
                     "IPC_LEGACY buffers never pause: no BACKUP or ALLOW_PAUSED");
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  case GPUMEM__WIRE__ENVELOPE__BODY_SHARE:
+    if (!wire_tag_valid(env->share->tag)) return refuse_tag(env->share->tag, why, whylen);
     return GPUMEM__WIRE__ERROR_CODE__OK;
   case GPUMEM__WIRE__ENVELOPE__BODY_FREE:
   case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
@@ -292,6 +297,7 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
   case GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_UNMAP:
   case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY:
+  case GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY:
     break;
   default:
     return refuse(bad, why, whylen, "message type %d is not a reply or event",

@@ -34,6 +34,8 @@ static void usage(FILE *out) {
           "  metrics                   the status in Prometheus text format\n"
           "  pause TAG... | --all      unmap and free the tags' memory on the node\n"
           "  resume TAG... | --all     take it again (all or nothing)\n"
+          "  share TAG...              let every uid's buffers join these tags\n"
+          "  unshare TAG...            only the owner's again (buffers in them stay)\n"
           "  top                       a live view of devices, tags, memory held outside\n"
           "                            gpumemd and the last pauses and resumes (q quits)\n"
           "options:\n"
@@ -171,12 +173,13 @@ static void print_status_json(const struct gpumem_status *s) {
     json_str(t->name);
     printf(",\"state\":\"%s\",\"buffers\":%llu,\"bytes\":%llu,\"paused_buffers\":%llu,"
            "\"paused_bytes\":%llu,\"backup_bytes\":%llu,\"mixed\":%s,\"transit_buffers\":%llu,"
-           "\"transit_bytes\":%llu}",
+           "\"transit_bytes\":%llu,\"owner_uid\":%u,\"owned\":%s,\"shared\":%s}",
            gpumem_state_name(t->state), (unsigned long long)t->buffers,
            (unsigned long long)t->bytes, (unsigned long long)t->paused_buffers,
            (unsigned long long)t->paused_bytes, (unsigned long long)t->backup_bytes,
            json_bool(t->mixed), (unsigned long long)t->transit_buffers,
-           (unsigned long long)t->transit_bytes);
+           (unsigned long long)t->transit_bytes, t->owner_uid, json_bool(t->owned),
+           json_bool(t->shared));
   }
   printf("],\"sessions\":[");
   for (size_t i = 0; i < s->nsessions; i++) {
@@ -200,7 +203,23 @@ static void print_status_json(const struct gpumem_status *s) {
     json_str(p->name ? p->name : "");
     printf("}");
   }
-  printf("],\"last_pause_checks\":[");
+  printf("],\"tenants\":[");
+  for (size_t i = 0; i < s->ntenants; i++) {
+    const struct gpumem_tenant_status *t = s->tenants[i];
+    printf("%s{\"uid\":%u,\"buffers\":%llu,\"bytes\":%llu,\"backup_bytes\":%llu,"
+           "\"device_bytes\":[",
+           i ? "," : "", t->uid, (unsigned long long)t->buffers, (unsigned long long)t->bytes,
+           (unsigned long long)t->backup_bytes);
+    for (size_t d = 0; d < t->ndevice_bytes; d++)
+      printf("%s%llu", d ? "," : "", (unsigned long long)t->device_bytes[d]);
+    printf("]}");
+  }
+  printf("],\"quotas\":{\"buffers_per_uid\":%llu,\"device_bytes_per_uid\":%llu,"
+         "\"backup_bytes_per_uid\":%llu}",
+         (unsigned long long)s->max_buffers_per_uid,
+         (unsigned long long)s->max_device_bytes_per_uid,
+         (unsigned long long)s->max_backup_bytes_per_uid);
+  printf(",\"last_pause_checks\":[");
   json_checks(s->last_pause_checks, s->nlast_pause_checks);
   printf("],\"backups\":{\"reserved\":%llu,\"ready\":%llu,\"limit\":%llu,"
          "\"last_backup_bytes\":%llu,\"last_backup_us\":%llu,\"last_restore_bytes\":%llu,"
@@ -271,6 +290,29 @@ static void print_tag_notes(const struct gpumem_status *s) {
   }
 }
 
+/* Who may add buffers to a tag, in words: "shared" or "uid N". */
+static const char *tag_owner(const struct gpumem_tag_status *t, char *buf, size_t len) {
+  if (t->shared) return "shared";
+  snprintf(buf, len, "uid %u", t->owner_uid);
+  return buf;
+}
+
+/* What each uid holds, against the quotas. */
+static void print_tenants(const struct gpumem_status *s) {
+  char a[32], b[32], c[32];
+  printf("\nquotas per uid: %llu buffers, %s per device, %s of backups (0: no limit)\n",
+         (unsigned long long)s->max_buffers_per_uid,
+         size_format(s->max_device_bytes_per_uid, a, sizeof a),
+         size_format(s->max_backup_bytes_per_uid, b, sizeof b));
+  if (!s->ntenants) return;
+  printf("%-10s %7s %11s %11s\n", "UID", "BUFFERS", "BYTES", "BACKUP");
+  for (size_t i = 0; i < s->ntenants; i++) {
+    const struct gpumem_tenant_status *t = s->tenants[i];
+    printf("%-10u %7llu %11s %11s\n", t->uid, (unsigned long long)t->buffers,
+           size_format(t->bytes, a, sizeof a), size_format(t->backup_bytes, c, sizeof c));
+  }
+}
+
 /* The status for people. */
 static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   char a[32], b[32], c[32], d[32], e[32], name[NAME_BUF], dev[32];
@@ -301,17 +343,18 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
     printf("; last resume copied %s at %.1f GB/s", size_format(s->last_restore_bytes, d, sizeof d),
            (double)s->last_restore_bytes / (double)s->last_restore_us / 1e3);
   printf("\n");
-  printf("\n%-20s %-9s %7s %11s %11s %11s %11s\n", "TAG", "STATE", "BUFFERS", "BYTES",
-         "RELEASED", "BACKUP", "IN TRANSIT");
+  printf("\n%-20s %-9s %7s %11s %11s %11s %11s %s\n", "TAG", "STATE", "BUFFERS", "BYTES",
+         "RELEASED", "BACKUP", "IN TRANSIT", "OWNER");
   for (size_t i = 0; i < s->ntags; i++) {
     const struct gpumem_tag_status *t = s->tags[i];
-    printf("%-20s %-9s %7llu %11s %11s %11s %11s\n", printable(t->name, name, sizeof name),
+    printf("%-20s %-9s %7llu %11s %11s %11s %11s %s\n", printable(t->name, name, sizeof name),
            view_tag_state(t),
            (unsigned long long)t->buffers, size_format(t->bytes, a, sizeof a),
            size_format(t->paused_bytes, b, sizeof b), size_format(t->backup_bytes, e, sizeof e),
-           size_format(t->transit_bytes, c, sizeof c));
+           size_format(t->transit_bytes, c, sizeof c), tag_owner(t, dev, sizeof dev));
   }
   print_tag_notes(s);
+  print_tenants(s);
   if (s->nlast_pause_checks) {
     printf("\nlast pause:\n");
     print_checks(stdout, s->last_pause_checks, s->nlast_pause_checks, false);
@@ -325,6 +368,29 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
            (unsigned long long)x->buffers, size_format(x->bytes, a, sizeof a),
            x->residual_known ? size_format(x->residual, b, sizeof b) : "unknown");
   }
+}
+
+/* Share tags with every uid, or take that back, one by one; stops at the
+ * first the daemon refuses. */
+static int run_share(gpumem_client *c, bool shared, char **tags, size_t n, bool json) {
+  char name[NAME_BUF];
+  for (size_t i = 0; i < n; i++) {
+    int err = gpumem_share(c, tags[i], shared);
+    if (err < 0)
+      return fail(1, gpumem_error_name(err), "%s %s failed: %s",
+                  shared ? "share" : "unshare", printable(tags[i], name, sizeof name),
+                  gpumem_last_error());
+    if (json) {
+      printf("{\"tag\":");
+      json_str(tags[i]);
+      printf(",\"shared\":%s}\n", json_bool(shared));
+    } else {
+      printf("%s: %s\n", printable(tags[i], name, sizeof name),
+             shared ? "shared: every uid's buffers may join it"
+                    : "no longer shared: only its owner's buffers may join it");
+    }
+  }
+  return 0;
 }
 
 /* The buffers, as a table or JSON. */
@@ -573,7 +639,8 @@ int main(int argc, char **argv) {
   bool is_view = strcmp(cmd, "status") == 0 || strcmp(cmd, "list") == 0 ||
                  strcmp(cmd, "metrics") == 0;
   bool is_top = strcmp(cmd, "top") == 0;
-  if (!is_op && !is_view && !is_top) {
+  bool is_share = strcmp(cmd, "share") == 0 || strcmp(cmd, "unshare") == 0;
+  if (!is_op && !is_view && !is_top && !is_share) {
     usage(stderr);
     return fail(2, "USAGE", "unknown command '%s'", cmd);
   }
@@ -594,6 +661,9 @@ int main(int argc, char **argv) {
   }
   if ((is_view || is_top) && nargs) {
     return fail(2, "USAGE", "%s takes no arguments", cmd);
+  }
+  if (is_share && nargs == 0) {
+    return fail(2, "USAGE", "%s needs tags", cmd);
   }
   if (interval && !is_top) {
     return fail(2, "USAGE", "--interval is for top");
@@ -632,6 +702,8 @@ int main(int argc, char **argv) {
     o.npids = npids;
     o.session_prefix = prefix;
     rc = run_op(c, socket_path, owner, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
+  } else if (is_share) {
+    rc = run_share(c, strcmp(cmd, "share") == 0, args, nargs, json);
   } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
     struct gpumem_status *s;
     int err = gpumem_status(c, &s);

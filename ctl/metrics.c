@@ -167,6 +167,25 @@ void metrics_print(const struct gpumem_status *s) {
     label_value(p->name ? p->name : "");
     printf("\"} %llu\n", (unsigned long long)p->residual);
   }
+  metric("uid_bytes", "gauge", "Bytes of buffers a uid holds on a device, paused or not.");
+  for (size_t i = 0; i < s->ntenants; i++)
+    for (size_t d = 0; d < s->tenants[i]->ndevice_bytes; d++)
+      printf("gpumem_uid_bytes{uid=\"%u\",device=\"%zu\"} %llu\n", s->tenants[i]->uid, d,
+             (unsigned long long)s->tenants[i]->device_bytes[d]);
+  metric("uid_buffers", "gauge", "Buffers a uid holds.");
+  for (size_t i = 0; i < s->ntenants; i++)
+    printf("gpumem_uid_buffers{uid=\"%u\"} %llu\n", s->tenants[i]->uid,
+           (unsigned long long)s->tenants[i]->buffers);
+  metric("uid_backup_bytes", "gauge", "Host memory a uid's BACKUP buffers reserve.");
+  for (size_t i = 0; i < s->ntenants; i++)
+    printf("gpumem_uid_backup_bytes{uid=\"%u\"} %llu\n", s->tenants[i]->uid,
+           (unsigned long long)s->tenants[i]->backup_bytes);
+  metric("uid_quota", "gauge", "Per-uid quotas (0: none).");
+  printf("gpumem_uid_quota{kind=\"buffers\"} %llu\n", (unsigned long long)s->max_buffers_per_uid);
+  printf("gpumem_uid_quota{kind=\"device_bytes\"} %llu\n",
+         (unsigned long long)s->max_device_bytes_per_uid);
+  printf("gpumem_uid_quota{kind=\"backup_bytes\"} %llu\n",
+         (unsigned long long)s->max_backup_bytes_per_uid);
   metric("backup_reserved_bytes", "gauge", "Host memory reserved by BACKUP buffers.");
   printf("gpumem_backup_reserved_bytes %llu\n", (unsigned long long)s->backup_reserved);
   metric("backup_limit_bytes", "gauge", "The --backup-limit.");

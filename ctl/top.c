@@ -319,6 +319,14 @@ static int by_name(const void *x, const void *y) {
   return strcmp(a->name, b->name);
 }
 
+/* Whether top looks through a controller session, which sees every tag
+ * (without a controller's rights it sees only its own uid's). */
+static bool sees_every_tag(const struct gpumem_status *s) {
+  for (size_t i = 0; i < s->nsessions; i++)
+    if (s->sessions[i]->pid == (uint32_t)getpid()) return s->sessions[i]->role == GPUMEM_ROLE_CONTROLLER;
+  return true;
+}
+
 /* The tags, by name: state, bytes, paused, backed up and in transit. */
 static int draw_tags(int y, const struct gpumem_status *s, int after) {
   int x = 0;
@@ -332,7 +340,10 @@ static int draw_tags(int y, const struct gpumem_status *s, int after) {
   cell(y, &x, "IN TRANSIT", 10, true, h);
   y++;
   if (s->ntags == 0) {
-    line(y, 0, "no tags: no buffer is allocated", A_DIM);
+    line(y, 0,
+         sees_every_tag(s) ? "no tags: no buffer is allocated"
+                           : "no tags of yours (without a controller's rights top shows only your uid's)",
+         A_DIM);
     return y + 1;
   }
   const struct gpumem_tag_status **v = malloc(s->ntags * sizeof *v);

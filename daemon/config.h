@@ -24,6 +24,10 @@ struct config {
   unsigned max_sessions_per_uid;
   unsigned max_buffers_per_session;
   unsigned max_buffers_per_uid; /* over all of a uid's sessions */
+  uint64_t max_device_bytes_per_uid; /* on each device, any state; 0: none */
+  uint64_t max_backup_bytes_per_uid; /* host memory for backups; 0: none */
+  const char **shared_tags;  /* tags every uid may join from the start */
+  size_t nshared_tags;
   /* Hostile or broken peers: fds a frame still arriving may hold (per
    * session, and summed over a uid's sessions), how long a frame may take
    * once begun, and the replies and events queued unread (per session and

@@ -97,6 +97,7 @@ struct op {
   struct session *ctl;
   uint64_t req_id;
   uint32_t pid;          /* the requester's, for the record */
+  uint32_t uid;
   struct stats_op *rec;  /* the record while it runs */
   char **tags;
   size_t ntags;
@@ -268,6 +269,7 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
   }
   list_init(&op->groups);
   op->pid = ctl->pid > 0 ? (uint32_t)ctl->pid : 0;
+  op->uid = (uint32_t)ctl->uid;
   op->all_tags = ntags == 0;
   op->resume = resume;
   op->ctl = ctl;
@@ -580,10 +582,8 @@ static bool unscoped(const struct op *op) {
 
 /* Name the tags of an operation that names none: every tag there is now. */
 static bool name_all_tags(engine *e, struct op *op) {
-  size_t n = 0;
   struct list *tags = registry_tags(e->reg), *p;
-  for (p = tags->next; p != tags; p = p->next) n++;
-  char **names = calloc(n + 1, sizeof *names);
+  char **names = calloc(list_count(tags) + 1, sizeof *names);
   if (!names) return false;
   free(op->tags);
   op->tags = names;
@@ -1185,7 +1185,7 @@ static void run_queue(engine *e) {
     e->current = op;
     op->t0 = uv_hrtime();
     op->rec = stats_op_begin(e->stats, op->resume, op->tags, op->all_tags ? 0 : op->ntags,
-                             op->pid);
+                             op->pid, op->uid);
     registry_copy_totals(e->reg, !op->resume, &op->copied0, &op->copy_us0);
     e->busy = true;
     if (op->resume)

@@ -43,6 +43,11 @@ static void usage(FILE *out) {
           "  --max-sessions-per-uid N  (default 4096)\n"
           "  --max-buffers-per-session N (default 1000000)\n"
           "  --max-buffers-per-uid N   the same, over a uid's sessions (default 1000000)\n"
+          "  --max-device-bytes-per-uid SIZE  buffers a uid holds on each device, paused\n"
+          "                            or not (default 0: no limit)\n"
+          "  --max-backup-bytes-per-uid SIZE  host memory a uid's BACKUP buffers reserve\n"
+          "                            (default 0: only --backup-limit)\n"
+          "  --shared-tag TAG          a tag every uid may join (repeat for more)\n"
           "  --max-parked-fds-per-session N  fds a frame still arriving may hold (default 253)\n"
           "  --max-parked-fds-per-uid N      the same, over a uid's sessions (default 4096)\n"
           "  --frame-timeout DURATION  a frame begun must end within it (default 10s)\n"
@@ -144,6 +149,20 @@ static int open_backend(struct config *cfg, gpu **g) {
   return 0;
 }
 
+/* Nothing: the work that starts the thread pool. */
+static void no_work(uv_work_t *req) { (void)req; }
+
+/* Start libuv's thread pool now, with SIGTERM and SIGINT blocked: its
+ * threads keep that mask, so that only the loop's thread takes them. Else,
+ * once the daemon stops catching them (server_destroy closes its signal
+ * handles and libuv restores the default action), one that comes while it
+ * frees its memory or exits is taken by a pool thread and kills it. */
+static void start_thread_pool(uv_loop_t *loop) {
+  static uv_work_t req;
+  int rc = uv_queue_work(loop, &req, no_work, NULL);
+  if (rc < 0) log_warn("thread pool: %s", uv_strerror(rc));
+}
+
 /* Parse the flags, take systemd's socket or bind one, and serve. */
 int main(int argc, char **argv) {
   const char *env_socket = getenv("GPUMEM_SOCKET");
@@ -188,6 +207,9 @@ int main(int argc, char **argv) {
       {"max-sessions-per-uid", required_argument, 0, 'S'},
       {"max-buffers-per-session", required_argument, 0, 'B'},
       {"max-buffers-per-uid", required_argument, 0, 'A'},
+      {"max-device-bytes-per-uid", required_argument, 0, 'D'},
+      {"max-backup-bytes-per-uid", required_argument, 0, 'K'},
+      {"shared-tag", required_argument, 0, 'H'},
       {"max-parked-fds-per-session", required_argument, 0, 'P'},
       {"max-parked-fds-per-uid", required_argument, 0, 'U'},
       {"frame-timeout", required_argument, 0, 'F'},
@@ -273,6 +295,27 @@ int main(int argc, char **argv) {
       if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
       cfg.max_buffers_per_uid = (unsigned)v;
       break;
+    case 'D':
+      if (size_parse(optarg, &cfg.max_device_bytes_per_uid)) return die_usage(name, optarg);
+      break;
+    case 'K':
+      if (size_parse(optarg, &cfg.max_backup_bytes_per_uid)) return die_usage(name, optarg);
+      break;
+    case 'H': {
+      if (!wire_tag_valid(optarg)) {
+        fprintf(stderr, "gpumemd: --shared-tag: '%s' is not a tag (1-%d of A-Z a-z 0-9 _ . -)\n",
+                optarg, WIRE_TAG_MAX);
+        return 2;
+      }
+      static const char *shared[WIRE_MAX_TAGS];
+      if (cfg.nshared_tags == WIRE_MAX_TAGS) {
+        fprintf(stderr, "gpumemd: --shared-tag: at most %d\n", WIRE_MAX_TAGS);
+        return 2;
+      }
+      shared[cfg.nshared_tags++] = optarg;
+      cfg.shared_tags = shared;
+      break;
+    }
     case 'P':
       if (parse_uint(optarg, 1000000, &v) || v == 0) return die_usage(name, optarg);
       cfg.max_parked_fds_per_session = (unsigned)v;
@@ -338,6 +381,7 @@ int main(int argc, char **argv) {
   sigaddset(&stop, SIGINT);
   sigprocmask(SIG_BLOCK, &stop, &old_mask);
   server *srv = server_create(&loop, &cfg, g, err, sizeof err);
+  if (srv) start_thread_pool(&loop);
   sigprocmask(SIG_SETMASK, &old_mask, NULL);
   if (!srv) {
     log_error("%s", err);

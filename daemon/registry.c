@@ -18,7 +18,11 @@ struct registry {
   struct registry_options opt;
   uint64_t next_id;
   idmap *buffers;
-  struct list tags;
+  struct list all;  /* struct buffer.all_link, in id order */
+  struct list tags; /* in creation order */
+  idmap *tag_hash;  /* name hash | 1 -> first tag of that bucket */
+  uint64_t next_tag_seq;
+  tenants *tenants;
   uint64_t managed[REGISTRY_MAX_DEVICES];
   unsigned backup_buffers[REGISTRY_MAX_DEVICES]; /* BACKUP buffers per device */
   uint64_t backup_bytes;    /* valid backups */
@@ -37,7 +41,14 @@ registry *registry_create(gpu *g, const struct registry_options *opt) {
   r->opt = *opt;
   r->next_id = 1;
   list_init(&r->tags);
-  if (!(r->buffers = idmap_create())) {
+  list_init(&r->all);
+  r->buffers = idmap_create();
+  r->tag_hash = idmap_create();
+  r->tenants = tenants_create(&opt->quotas);
+  if (!r->buffers || !r->tag_hash || !r->tenants) {
+    idmap_destroy(r->buffers);
+    idmap_destroy(r->tag_hash);
+    tenants_destroy(r->tenants);
     free(r);
     return NULL;
   }
@@ -56,32 +67,133 @@ void registry_destroy(registry *r) {
     free(tag);
   }
   idmap_destroy(r->buffers);
+  idmap_destroy(r->tag_hash);
+  tenants_destroy(r->tenants);
   free(r);
 }
 
+/* A tag name's key in the hash (never 0). */
+static uint64_t tag_key(const char *name) { return XXH3_64bits(name, strlen(name)) | 1; }
+
 /* The tag with this name, or NULL. */
 struct tag *registry_tag(registry *r, const char *name) {
-  struct list *p, *t;
-  list_for_each_safe(p, t, &r->tags) {
-    struct tag *tag = list_entry(p, struct tag, link);
-    if (strcmp(tag->name, name) == 0) return tag;
-  }
+  for (struct tag *t = idmap_get(r->tag_hash, tag_key(name)); t; t = t->hash_next)
+    if (strcmp(t->name, name) == 0) return t;
   return NULL;
 }
 
-/* The tag with this name, created if new. */
-struct tag *registry_tag_get(registry *r, const char *name) {
-  struct tag *tag = registry_tag(r, name);
-  if (tag) return tag;
-  if (!(tag = calloc(1, sizeof *tag))) return NULL;
+/* A new tag with this name, at the end of the list; NULL when out of
+ * memory. */
+static struct tag *tag_new(registry *r, const char *name) {
+  struct tag *tag = calloc(1, sizeof *tag);
+  if (!tag) return NULL;
   strncpy(tag->name, name, WIRE_TAG_MAX);
+  uint64_t key = tag_key(name);
+  tag->hash_next = idmap_get(r->tag_hash, key);
+  if (idmap_put(r->tag_hash, key, tag) < 0) {
+    free(tag);
+    return NULL;
+  }
+  tag->seq = ++r->next_tag_seq;
   list_init(&tag->buffers);
   list_append(&r->tags, &tag->link);
   return tag;
 }
 
+/* Take a tag out of the hash and the list, and free it. */
+static void tag_delete(registry *r, struct tag *tag) {
+  uint64_t key = tag_key(tag->name);
+  struct tag *head = idmap_get(r->tag_hash, key);
+  if (head == tag) {
+    if (tag->hash_next)
+      idmap_put(r->tag_hash, key, tag->hash_next); /* replaces: cannot fail */
+    else
+      idmap_del(r->tag_hash, key);
+  } else {
+    for (struct tag *t = head; t; t = t->hash_next)
+      if (t->hash_next == tag) {
+        t->hash_next = tag->hash_next;
+        break;
+      }
+  }
+  list_remove(&tag->link);
+  free(tag);
+}
+
+/* Whether uid may see the tag. */
+bool registry_tag_visible(const struct tag *t, uint32_t uid) {
+  return t->shared || (t->owned && t->uid == uid);
+}
+
+/* The tag a buffer of uid joins: found or created, unless another uid
+ * owns it and it is not shared. */
+static wire_code join_tag(registry *r, const char *name, uint32_t uid, struct tag **out,
+                          struct fault *f) {
+  struct tag *tag = registry_tag(r, name);
+  if (!tag) {
+    if (!(tag = tag_new(r, name)))
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    tag->owned = true;
+    tag->uid = uid;
+  } else if (!tag->shared && tag->owned && tag->uid != uid) {
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                     "tag '%s' belongs to uid %u: use another tag, or have a controller "
+                     "share it (gpumemctl share %s)",
+                     name, tag->uid, name);
+  } else if (!tag->owned && !tag->shared) {
+    tag->owned = true;
+    tag->uid = uid;
+  }
+  *out = tag;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Share a tag with every uid, or make it its owner's alone again. */
+wire_code registry_share(registry *r, const char *name, bool shared, struct tag **out,
+                         struct fault *f) {
+  struct tag *tag = registry_tag(r, name);
+  *out = NULL;
+  if (shared) {
+    if (!tag && !(tag = tag_new(r, name)))
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    tag->shared = true;
+    *out = tag;
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  }
+  if (!tag) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag '%s'", name);
+  tag->shared = false;
+  if (!tag->owned && !list_empty(&tag->buffers)) {
+    tag->owned = true;
+    tag->uid = list_entry(tag->buffers.next, struct buffer, tag_link)->uid;
+  }
+  if (list_empty(&tag->buffers) && !tag->paused_devices) {
+    registry_prune(r, tag);
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  }
+  *out = tag;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
 /* The list of tags. */
 struct list *registry_tags(registry *r) { return &r->tags; }
+
+/* The list of buffers, in id order. */
+struct list *registry_buffers(registry *r) { return &r->all; }
+
+/* The first buffer whose id is above after: found at once when the buffer
+ * after still exists, else by walking the list. */
+struct buffer *registry_buffer_after(registry *r, uint64_t after) {
+  struct buffer *b = after ? idmap_get(r->buffers, after) : NULL;
+  struct list *p = b ? b->all_link.next : r->all.next;
+  for (; p != &r->all; p = p->next) {
+    struct buffer *x = list_entry(p, struct buffer, all_link);
+    if (x->id > after) return x;
+  }
+  return NULL;
+}
+
+/* What each uid holds, and the quotas. */
+tenants *registry_tenants(registry *r) { return r->tenants; }
 
 /* Create every chunk or none. */
 wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f) {
@@ -341,8 +453,19 @@ static void unreserve_backup(registry *r, struct buffer *b) {
 
 static void tally(struct buffer *b, int sign);
 
-/* Link a new buffer to its owner and tag in its first state. */
-static void attach(struct buffer *b, struct session *owner, struct list *owner_list,
+/* Count a new buffer against its uid's quotas. */
+static wire_code charge(registry *r, struct buffer *b, struct fault *f) {
+  return tenants_charge(r->tenants, b->uid, b->device, b->size, b->flags & BUF_FLAG_BACKUP, f);
+}
+
+/* Take back what charge counted. */
+static void uncharge(registry *r, struct buffer *b) {
+  tenants_credit(r->tenants, b->uid, b->device, b->size, b->flags & BUF_FLAG_BACKUP);
+}
+
+/* Link a new buffer to its owner, its tag and the registry's list in its
+ * first state. */
+static void attach(registry *r, struct buffer *b, struct session *owner, struct list *owner_list,
                    struct tag *tag, buffer_state st) {
   b->owner = owner;
   b->tag = tag;
@@ -350,10 +473,12 @@ static void attach(struct buffer *b, struct session *owner, struct list *owner_l
   tally(b, +1);
   list_append(&tag->buffers, &b->tag_link);
   list_append(owner_list, &b->owner_link);
+  list_append(&r->all, &b->all_link);
 }
 
 /* Give a buffer that has its memory (or starts paused) an id and link it
- * in; out of host memory, let go of its memory and backup room instead. */
+ * in; out of host memory, let go of its memory, backup room and its
+ * uid's count instead. */
 static wire_code enter(registry *r, struct buffer *b, struct session *owner,
                        struct list *owner_list, struct tag *tag, buffer_state st,
                        struct fault *f) {
@@ -361,9 +486,10 @@ static wire_code enter(registry *r, struct buffer *b, struct session *owner,
   if (idmap_put(r->buffers, b->id, b) < 0) {
     registry_memory_release(r, b);
     unreserve_backup(r, b);
+    uncharge(r, b);
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   }
-  attach(b, owner, owner_list, tag, st);
+  attach(r, b, owner, owner_list, tag, st);
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
@@ -380,20 +506,21 @@ wire_code registry_alloc(registry *r, struct session *owner,
   struct tag *tag = NULL;
   wire_code rc = plan_chunks(r, b, size, f);
   if (rc) goto fail;
-  tag = registry_tag_get(r, tagname);
-  if (!tag) {
-    rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-    goto fail;
-  }
+  if ((rc = join_tag(r, tagname, uid, &tag, f))) goto fail;
   bool paused = tag->paused_devices & (1ull << device);
   if (paused && !(flags & BUF_FLAG_ALLOW_PAUSED)) {
     rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__TAG_PAUSED,
                    "tag '%s' is paused on device %u", tagname, device);
     goto fail;
   }
-  if ((rc = reserve_backup(r, b, f))) goto fail;
+  if ((rc = charge(r, b, f))) goto fail;
+  if ((rc = reserve_backup(r, b, f))) {
+    uncharge(r, b);
+    goto fail;
+  }
   if (!paused && (rc = registry_memory_create(r, b, f))) {
     unreserve_backup(r, b);
+    uncharge(r, b);
     goto fail;
   }
   if ((rc = enter(r, b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
@@ -414,7 +541,8 @@ static bool owned_by(registry *r, uint64_t handle, uint32_t uid, uint32_t *holde
   return *holder == uid || (geteuid() != 0 && *holder == (uint32_t)geteuid());
 }
 
-/* Re-register a buffer a worker kept across a daemon restart. */
+/* Re-register a buffer a worker kept across a daemon restart: its tag
+ * and quotas first, then its chunks. */
 wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_list,
                          uint32_t uid, const char *tagname, unsigned device, uint64_t size, uint32_t flags,
                          bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
@@ -434,7 +562,14 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
   b->size = size;
   b->nchunks = nchunks;
   memcpy(b->chunk_sizes, chunk_sizes, nchunks * sizeof *chunk_sizes);
-  if ((rc = reserve_backup(r, b, f))) goto fail;
+  /* The tag's paused mark is a controller's: a worker's re-registered
+   * paused buffer shows as paused (the tag's state says so) without it. */
+  if ((rc = join_tag(r, tagname, uid, &tag, f))) goto fail;
+  if ((rc = charge(r, b, f))) goto fail;
+  if ((rc = reserve_backup(r, b, f))) {
+    uncharge(r, b);
+    goto fail;
+  }
   for (; took < nfds; took++) {
     int fd = fds[took];
     fds[took] = -1;
@@ -454,20 +589,12 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
   if (rc) {
     for (size_t i = 0; i < took; i++) gpu_chunk_release(r->gpu, device, b->handles[i], chunk_sizes[i]);
     unreserve_backup(r, b);
+    uncharge(r, b);
     goto fail;
   }
   if (!paused) {
     b->has_memory = true;
     r->managed[device] += size;
-  }
-  /* The tag's paused mark is a controller's: a worker's re-registered
-   * paused buffer shows as paused (the tag's state says so) without it. */
-  tag = registry_tag_get(r, tagname);
-  if (!tag) {
-    registry_memory_release(r, b);
-    unreserve_backup(r, b);
-    rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-    goto fail;
   }
   if ((rc = enter(r, b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
   start_backup_memory(r, b);
@@ -529,20 +656,20 @@ void registry_free(registry *r, struct buffer *b) {
   registry_memory_release(r, b);
   drop_backup(r, b);
   unreserve_backup(r, b);
+  uncharge(r, b);
   idmap_del(r->buffers, b->id);
   list_remove(&b->tag_link);
   list_remove(&b->owner_link);
+  list_remove(&b->all_link);
   if (!r->destroying) registry_prune(r, b->tag);
   buffer_destroy(b);
 }
 
-/* Forget a tag that has no buffers and is not paused anywhere, so that
- * names used once do not pile up. */
+/* Forget a tag that has no buffers and is neither paused anywhere nor
+ * shared, so that names used once do not pile up. */
 void registry_prune(registry *r, struct tag *tag) {
-  (void)r;
-  if (!list_empty(&tag->buffers) || tag->paused_devices) return;
-  list_remove(&tag->link);
-  free(tag);
+  if (!list_empty(&tag->buffers) || tag->paused_devices || tag->shared) return;
+  tag_delete(r, tag);
 }
 
 /* The buffer with this id, or NULL. */

@@ -11,6 +11,7 @@
 #include "fault.h"
 #include "gpu/gpu.h"
 #include "hostmem.h"
+#include "tenant.h"
 
 #define REGISTRY_MAX_DEVICES 64
 
@@ -27,9 +28,16 @@ typedef Gpumem__Wire__BufferState buffer_state;
 struct session;
 
 /* A tag: a name and its buffers, with counts per state kept by the
- * registry. Its state is derived from them (registry_tag_state). */
+ * registry. Its state is derived from them (registry_tag_state). It
+ * belongs to the uid whose buffer created it: only that uid's buffers
+ * join it, unless a controller shared it. */
 struct tag {
   char name[WIRE_TAG_MAX + 1];
+  uint64_t seq;    /* creation order: the registry's list is in it */
+  uint32_t uid;    /* the owner, when owned */
+  bool owned;      /* false: made shared before any buffer joined */
+  bool shared;     /* every uid's buffers may join (kept while empty) */
+  struct tag *hash_next; /* next tag in its hash bucket */
   struct list buffers;     /* struct buffer.tag_link */
   uint64_t paused_devices; /* bit d: fully paused on device d (a pause of
                               every session's buffers there, and no resume
@@ -71,6 +79,7 @@ struct buffer {
   bool backup_valid; /* the backup holds the contents (paused) */
   uint64_t backup_hash; /* with --verify-backups */
   struct list tag_link, owner_link;
+  struct list all_link; /* the registry's buffers, in id order */
 };
 
 typedef struct registry registry;
@@ -80,6 +89,7 @@ struct registry_options {
   uint64_t chunk_size;   /* largest physical chunk */
   uint64_t backup_limit; /* host memory BACKUP buffers may reserve */
   bool verify_backups;   /* hash backups and check them after restore */
+  struct tenant_limits quotas; /* per uid */
   uv_loop_t *loop;       /* makes BACKUP buffers' host memory on its thread
                             pool as they are allocated; NULL: on the first
                             pause. Buffers freed meanwhile leave jobs that
@@ -93,10 +103,12 @@ registry *registry_create(gpu *g, const struct registry_options *opt);
 void registry_destroy(registry *r);
 
 /* Allocate a buffer for owner (whose buffer list is owner_list, uid its
- * uid, recorded with the memory where the backend can). A buffer in a tag
- * fully paused on its device starts PAUSED if flags allow it, else
- * TAG_PAUSED; in a partly paused tag (a scoped pause) it starts ACTIVE.
- * Returns OK with *out, or the error code with f filled. */
+ * uid, recorded with the memory where the backend can). A tag another uid
+ * owns is PERMISSION_DENIED unless shared; a buffer past a uid's quota is
+ * LIMIT_EXCEEDED. A buffer in a tag fully paused on its device starts
+ * PAUSED if flags allow it, else TAG_PAUSED; in a partly paused tag (a
+ * scoped pause) it starts ACTIVE. Returns OK with *out, or the error code
+ * with f filled. */
 wire_code registry_alloc(registry *r, struct session *owner,
                          struct list *owner_list, uint32_t uid, const char *tag,
                          unsigned device, uint64_t size, uint32_t flags,
@@ -104,8 +116,9 @@ wire_code registry_alloc(registry *r, struct session *owner,
 
 /* Re-register a buffer that a worker kept across a daemon restart: the
  * chunk fds (consumed either way; none when paused) become its memory,
- * unless the backend says they belong to another uid. Returns OK with
- * *out, or the error with nothing changed. */
+ * unless the backend says they belong to another uid. Tags and quotas are
+ * checked as for registry_alloc. Returns OK with *out, or the error with
+ * nothing changed. */
 wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_list,
                          uint32_t uid, const char *tag, unsigned device, uint64_t size, uint32_t flags,
                          bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
@@ -127,14 +140,33 @@ struct buffer *registry_find(registry *r, uint64_t id);
 /* The tag with this name, or NULL. */
 struct tag *registry_tag(registry *r, const char *name);
 
-/* The tag with this name, created if new; NULL when out of memory. */
-struct tag *registry_tag_get(registry *r, const char *name);
+/* Share a tag with every uid (shared), creating it if new, or make it its
+ * owner's alone again: the owner then is the uid whose buffer created it,
+ * or, for a tag made shared before any buffer, that of its oldest buffer
+ * (buffers already in it stay). Returns OK with *out (NULL: an unshared
+ * tag with nothing in it is forgotten), NOT_FOUND for unsharing a tag
+ * that does not exist, or INTERNAL. */
+wire_code registry_share(registry *r, const char *name, bool shared, struct tag **out,
+                         struct fault *f);
 
-/* Forget a tag with no buffers that is not paused (it is freed). */
+/* Whether uid may see the tag: it owns it, or it is shared. */
+bool registry_tag_visible(const struct tag *t, uint32_t uid);
+
+/* Forget a tag with no buffers that is neither paused nor shared (it is
+ * freed). */
 void registry_prune(registry *r, struct tag *tag);
 
-/* The list of tags (struct tag.link), for walking. */
+/* The list of tags (struct tag.link), in creation order, for walking. */
 struct list *registry_tags(registry *r);
+
+/* The list of buffers (struct buffer.all_link), in id order. */
+struct list *registry_buffers(registry *r);
+
+/* The first buffer whose id is above after, or NULL. */
+struct buffer *registry_buffer_after(registry *r, uint64_t after);
+
+/* What each uid holds, and the quotas. */
+tenants *registry_tenants(registry *r);
 
 /* Create physical memory for a buffer that has none. Returns OK, or
  * OUT_OF_MEMORY/BACKEND_ERROR with nothing created. */

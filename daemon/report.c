@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gpumem.h"
@@ -57,23 +58,30 @@ void report_devices_free(Gpumem__Wire__DeviceInfo **v) {
   free(v);
 }
 
-/* A tag's figures for status, its state derived by the registry. */
-static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t) {
+/* A tag's figures for status, its state derived by the registry: all its
+ * buffers', or (all unset) only those of uid. */
+static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t, bool all, uint32_t uid) {
   gpumem__wire__tag_info__init(ti);
   ti->name = (char *)t->name;
+  ti->owner_uid = t->uid;
+  ti->owned = t->owned;
+  ti->shared = t->shared;
   struct tag_view v = registry_tag_state(t);
   ti->state = v.state;
   ti->mixed = v.mixed;
-  ti->transit_buffers = v.transit_buffers;
-  ti->transit_bytes = v.transit_bytes;
   const struct list *p;
   for (p = t->buffers.next; p != &t->buffers; p = p->next) {
     const struct buffer *b = list_entry(p, struct buffer, tag_link);
+    if (!all && b->uid != uid) continue;
     ti->buffers++;
     ti->bytes += b->size;
     if (b->state == BUF_PAUSED) {
       ti->paused_buffers++;
       if (!b->has_memory) ti->paused_bytes += b->size;
+    }
+    if (b->state == BUF_PAUSING || b->state == BUF_RESUMING) {
+      ti->transit_buffers++;
+      ti->transit_bytes += b->size;
     }
     if (b->backup_valid) ti->backup_bytes += b->size;
   }
@@ -162,92 +170,232 @@ static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMem
   return known && !unmeasured ? (long)n : -1;
 }
 
-/* Send s the status of every device, tag and session. */
-void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
-                   struct list *sessions, Gpumem__Wire__DeviceCheck *const *last_checks,
-                   size_t nlast, stats *st) {
+/* The uid a process runs as (its /proc entry's owner), or -1 if gone. */
+static long uid_of_pid(uint32_t pid) {
+  char path[32];
+  struct stat st;
+  snprintf(path, sizeof path, "/proc/%u", pid);
+  return stat(path, &st) == 0 ? (long)st.st_uid : -1;
+}
+
+/* Keep only the processes a viewer of uid may see: its own. */
+static size_t own_processes(Gpumem__Wire__ProcessMemory **procp, size_t n, struct list *sessions,
+                            uint32_t uid) {
+  size_t kept = 0;
+  for (size_t k = 0; k < n; k++) {
+    long owner = -1;
+    for (struct list *p = sessions->next; p != sessions && owner < 0; p = p->next) {
+      struct session *x = list_entry(p, struct session, link);
+      if (x->id == procp[k]->session_id) owner = (long)x->uid;
+    }
+    if (owner < 0) owner = uid_of_pid(procp[k]->pid);
+    if (owner == (long)uid) procp[kept++] = procp[k];
+  }
+  return kept;
+}
+
+/* One page of the tags after cursor (by creation order) that the viewer
+ * may see, into tags/tagp (room for limit); *n set to the count. Returns
+ * the next page's cursor, or 0 when this is the last. */
+static uint64_t page_tags(registry *reg, uint64_t cursor, size_t limit,
+                          Gpumem__Wire__TagInfo *tags, Gpumem__Wire__TagInfo **tagp, size_t *n,
+                          bool all, uint32_t uid) {
+  struct list *head = registry_tags(reg);
+  uint64_t last = 0;
+  *n = 0;
+  for (struct list *p = head->next; p != head; p = p->next) {
+    struct tag *t = list_entry(p, struct tag, link);
+    if (t->seq <= cursor || (!all && !registry_tag_visible(t, uid))) continue;
+    if (*n == limit) return last;
+    tag_info(&tags[*n], t, all, uid);
+    tagp[*n] = &tags[*n];
+    last = t->seq;
+    (*n)++;
+  }
+  return 0;
+}
+
+/* A session's figures for status, with its residual from procs. */
+static void session_info(Gpumem__Wire__SessionInfo *si, struct session *x,
+                         Gpumem__Wire__ProcessMemory *const *procp, size_t nprocs, bool known) {
+  gpumem__wire__session_info__init(si);
+  si->id = x->id;
+  si->pid = (uint32_t)x->pid;
+  si->uid = (uint32_t)x->uid;
+  si->name = x->name;
+  si->role = x->role;
+  for (struct list *q = x->buffers.next; q != &x->buffers; q = q->next) {
+    si->buffers++;
+    si->bytes += list_entry(q, struct buffer, owner_link)->size;
+  }
+  si->residual_known = known;
+  for (size_t k = 0; k < nprocs; k++)
+    if (procp[k]->session_id == x->id) si->residual += procp[k]->residual;
+}
+
+/* One page of the sessions after cursor (by id) that the viewer may see;
+ * as page_tags. */
+static uint64_t page_sessions(struct list *sessions, uint64_t cursor, size_t limit,
+                              Gpumem__Wire__SessionInfo *ses, Gpumem__Wire__SessionInfo **sesp,
+                              size_t *n, bool all, uint32_t uid,
+                              Gpumem__Wire__ProcessMemory *const *procp, size_t nprocs,
+                              bool known) {
+  uint64_t last = 0;
+  *n = 0;
+  for (struct list *p = sessions->next; p != sessions; p = p->next) {
+    struct session *x = list_entry(p, struct session, link);
+    if (x->id <= cursor || (!all && x->uid != (uid_t)uid)) continue;
+    if (*n == limit) return last;
+    session_info(&ses[*n], x, procp, nprocs, known);
+    sesp[*n] = &ses[*n];
+    last = x->id;
+    (*n)++;
+  }
+  return 0;
+}
+
+/* The tenants part of a status reply, and what it points to. */
+struct tenant_view {
+  Gpumem__Wire__TenantInfo *info;
+  Gpumem__Wire__TenantInfo **ptr;
+  uint64_t *bytes;
+};
+
+/* Fill r with what each uid holds (the viewer's alone unless all) and the
+ * quotas. Returns 0, or -1 when out of memory. */
+static int tenant_view_fill(struct tenant_view *tv, registry *reg, unsigned ndev, bool all,
+                            uint32_t uid, Gpumem__Wire__StatusReply *r) {
+  tenants *tt = registry_tenants(reg);
+  const struct tenant_limits *lim = tenants_limits(tt);
+  r->max_buffers_per_uid = lim->buffers;
+  r->max_device_bytes_per_uid = lim->device_bytes;
+  r->max_backup_bytes_per_uid = lim->backup_bytes;
+  if (ndev > TENANT_MAX_DEVICES) ndev = TENANT_MAX_DEVICES;
+  size_t count = tenants_count(tt);
+  const struct tenant **list = calloc(count + 1, sizeof *list);
+  tv->info = calloc(count + 1, sizeof *tv->info);
+  tv->ptr = calloc(count + 1, sizeof *tv->ptr);
+  tv->bytes = calloc((count + 1) * (ndev + 1), sizeof *tv->bytes);
+  if (!list || !tv->info || !tv->ptr || !tv->bytes) {
+    free(list);
+    return -1;
+  }
+  count = tenants_list(tt, list, count);
+  size_t n = 0;
+  for (size_t i = 0; i < count; i++) {
+    const struct tenant *t = list[i];
+    if (!all && t->uid != uid) continue;
+    Gpumem__Wire__TenantInfo *ti = &tv->info[n];
+    gpumem__wire__tenant_info__init(ti);
+    ti->uid = t->uid;
+    ti->buffers = t->buffers;
+    ti->bytes = t->bytes;
+    ti->backup_bytes = t->backup_bytes;
+    ti->device_bytes = tv->bytes + n * (ndev + 1);
+    memcpy(ti->device_bytes, t->device_bytes, ndev * sizeof *ti->device_bytes);
+    ti->n_device_bytes = ndev;
+    tv->ptr[n++] = ti;
+  }
+  free(list);
+  r->tenants = tv->ptr;
+  r->n_tenants = n;
+  return 0;
+}
+
+/* Free what tenant_view_fill made. */
+static void tenant_view_free(struct tenant_view *tv) {
+  free(tv->info);
+  free(tv->ptr);
+  free(tv->bytes);
+}
+
+/* Send s one page of the status of every device, tag and session it may
+ * see (a worker: its uid's). */
+void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__StatusRequest *req,
+                   registry *reg, gpu *g, struct list *sessions,
+                   Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st) {
+  bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
+  uint32_t uid = (uint32_t)s->uid;
+  size_t limit = req->limit && req->limit < REPORT_STATUS_PAGE ? req->limit : REPORT_STATUS_PAGE;
   Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
   r.backend = (char *)gpu_name(g);
   r.version = (char *)DAEMON_VERSION;
   r.granularity = gpu_granularity(g);
   r.devices = report_devices(reg, g, &r.n_devices);
-  size_t ntags = 0, nsessions = 0;
-  struct list *p;
-  for (p = registry_tags(reg)->next; p != registry_tags(reg); p = p->next) ntags++;
-  for (p = sessions->next; p != sessions; p = p->next) nsessions++;
-  Gpumem__Wire__TagInfo *tags = calloc(ntags + 1, sizeof *tags);
-  Gpumem__Wire__TagInfo **tagp = calloc(ntags + 1, sizeof *tagp);
-  Gpumem__Wire__SessionInfo *ses = calloc(nsessions + 1, sizeof *ses);
-  Gpumem__Wire__SessionInfo **sesp = calloc(nsessions + 1, sizeof *sesp);
-  if (!r.devices || !tags || !tagp || !ses || !sesp) {
-    struct fault f = {.code = GPUMEM__WIRE__ERROR_CODE__INTERNAL};
-    fault_set(&f, f.code, "out of host memory");
+  struct tenant_view tv = {0};
+  size_t ntags = list_count(registry_tags(reg)), nsessions = list_count(sessions);
+  size_t tag_room = (ntags < limit ? ntags : limit) + 1;
+  size_t session_room = (nsessions < limit ? nsessions : limit) + 1;
+  Gpumem__Wire__TagInfo *tags = calloc(tag_room, sizeof *tags);
+  Gpumem__Wire__TagInfo **tagp = calloc(tag_room, sizeof *tagp);
+  Gpumem__Wire__SessionInfo *ses = calloc(session_room, sizeof *ses);
+  Gpumem__Wire__SessionInfo **sesp = calloc(session_room, sizeof *sesp);
+  Gpumem__Wire__ProcessMemory *procs = NULL, **procp = NULL;
+  char(*names)[WIRE_NAME_MAX + 1] = NULL;
+  struct stats_view *figures = NULL;
+  long nprocs = processes_of(g, sessions, &procs, &names);
+  procp = calloc(nprocs > 0 ? (size_t)nprocs + 1 : 1, sizeof *procp);
+  if (!r.devices || !tags || !tagp || !ses || !sesp || !procp ||
+      tenant_view_fill(&tv, reg, gpu_device_count(g), all, uid, &r) < 0) {
+    struct fault f;
+    fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     stats_error(st, f.code);
     session_send_error(s, req_id, &f);
     goto out;
   }
-  size_t i = 0;
-  for (p = registry_tags(reg)->next; p != registry_tags(reg); p = p->next, i++) {
-    tag_info(&tags[i], list_entry(p, struct tag, link));
-    tagp[i] = &tags[i];
-  }
-  Gpumem__Wire__ProcessMemory *procs;
-  char(*names)[WIRE_NAME_MAX + 1];
-  long nprocs = processes_of(g, sessions, &procs, &names);
-  Gpumem__Wire__ProcessMemory **procp = calloc(nprocs > 0 ? (size_t)nprocs + 1 : 1, sizeof *procp);
   r.processes_known = nprocs >= 0;
-  for (long k = 0; procp && k < nprocs; k++) {
+  for (long k = 0; k < nprocs; k++) {
     procs[k].name = names[k];
     procp[k] = &procs[k];
-    r.n_processes = (size_t)k + 1;
   }
   r.processes = procp;
+  r.n_processes = nprocs > 0 ? (size_t)nprocs : 0;
   r.tags = tagp;
-  r.n_tags = ntags;
-  i = 0;
-  for (p = sessions->next; p != sessions; p = p->next, i++) {
-    struct session *x = list_entry(p, struct session, link);
-    Gpumem__Wire__SessionInfo *si = &ses[i];
-    gpumem__wire__session_info__init(si);
-    si->id = x->id;
-    si->pid = (uint32_t)x->pid;
-    si->uid = (uint32_t)x->uid;
-    si->name = x->name;
-    si->role = x->role;
-    for (struct list *q = x->buffers.next; q != &x->buffers; q = q->next) {
-      si->buffers++;
-      si->bytes += list_entry(q, struct buffer, owner_link)->size;
-    }
-    si->residual_known = r.processes_known;
-    for (size_t k = 0; k < r.n_processes; k++)
-      if (procs[k].session_id == x->id) si->residual += procs[k].residual;
-    sesp[i] = si;
-  }
+  r.next_tag = page_tags(reg, req->tag_cursor, tag_room - 1, tags, tagp, &r.n_tags, all, uid);
   r.sessions = sesp;
-  r.n_sessions = nsessions;
+  r.next_session = page_sessions(sessions, req->session_cursor, session_room - 1, ses, sesp,
+                                 &r.n_sessions,
+                                 all, uid, procp, r.n_processes, r.processes_known);
+  if (!all) r.n_processes = own_processes(procp, r.n_processes, sessions, uid);
   r.last_pause_checks = (Gpumem__Wire__DeviceCheck **)last_checks;
   r.n_last_pause_checks = nlast;
   registry_backup_budget(reg, &r.backup_reserved, &r.backup_limit);
   r.backup_ready = registry_backup_ready(reg);
   registry_last(reg, true, &r.last_backup_bytes, &r.last_backup_us);
   registry_last(reg, false, &r.last_restore_bytes, &r.last_restore_us);
-  struct stats_view *figures = stats_fill(st, &r);
+  figures = stats_fill(st, &r, all, uid);
   server_fill_status(s->server, &r);
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = req_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
   env.status_reply = &r;
   session_send(s, &env, NULL, 0);
+out:
   stats_view_free(figures);
+  tenant_view_free(&tv);
   free(procs);
   free(names);
   free(procp);
-out:
   report_devices_free(r.devices);
   free(tags);
   free(tagp);
   free(ses);
   free(sesp);
+}
+
+/* Send s the tag a share left, or none when it is gone. */
+void report_share(struct session *s, uint64_t req_id, const struct tag *t) {
+  Gpumem__Wire__TagInfo ti;
+  Gpumem__Wire__ShareReply r = GPUMEM__WIRE__SHARE_REPLY__INIT;
+  if (t) {
+    tag_info(&ti, t, true, 0);
+    r.tag = &ti;
+  }
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = req_id;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY;
+  env.share_reply = &r;
+  session_send(s, &env, NULL, 0);
 }
 
 /* Describe one buffer. */
@@ -263,12 +411,16 @@ static void buffer_info(Gpumem__Wire__BufferInfo *bi, const struct buffer *b) {
   bi->state = b->state;
 }
 
-/* Send s the buffers it may see. */
-void report_list(struct session *s, uint64_t req_id, registry *reg) {
+/* Send s one page of the buffers it may see (its own; a controller's:
+ * all), in id order. */
+void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListRequest *req,
+                 registry *reg) {
   bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
-  size_t n = all ? registry_count(reg) : s->nbuffers;
-  Gpumem__Wire__BufferInfo *bi = calloc(n + 1, sizeof *bi);
-  Gpumem__Wire__BufferInfo **bip = calloc(n + 1, sizeof *bip);
+  size_t limit = req->limit && req->limit < REPORT_LIST_PAGE ? req->limit : REPORT_LIST_PAGE;
+  size_t held = all ? registry_count(reg) : s->nbuffers;
+  size_t cap = held < limit ? held : limit;
+  Gpumem__Wire__BufferInfo *bi = calloc(cap + 1, sizeof *bi);
+  Gpumem__Wire__BufferInfo **bip = calloc(cap + 1, sizeof *bip);
   if (!bi || !bip) {
     struct fault f;
     fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
@@ -277,23 +429,34 @@ void report_list(struct session *s, uint64_t req_id, registry *reg) {
     free(bip);
     return;
   }
+  Gpumem__Wire__ListReply r = GPUMEM__WIRE__LIST_REPLY__INIT;
   size_t i = 0;
-  struct list *p, *q;
   if (all) {
-    for (p = registry_tags(reg)->next; p != registry_tags(reg); p = p->next) {
-      struct tag *t = list_entry(p, struct tag, link);
-      for (q = t->buffers.next; q != &t->buffers && i < n; q = q->next, i++) {
-        buffer_info(&bi[i], list_entry(q, struct buffer, tag_link));
-        bip[i] = &bi[i];
+    struct list *head = registry_buffers(reg);
+    struct buffer *b = registry_buffer_after(reg, req->after);
+    for (struct list *p = b ? &b->all_link : head; p != head; p = p->next) {
+      if (i == cap) {
+        r.next = bi[i - 1].id;
+        break;
       }
+      buffer_info(&bi[i], list_entry(p, struct buffer, all_link));
+      bip[i] = &bi[i];
+      i++;
     }
   } else {
-    for (q = s->buffers.next; q != &s->buffers && i < n; q = q->next, i++) {
-      buffer_info(&bi[i], list_entry(q, struct buffer, owner_link));
+    /* A session's own buffers are in id order too (appended as made). */
+    for (struct list *q = s->buffers.next; q != &s->buffers; q = q->next) {
+      struct buffer *b = list_entry(q, struct buffer, owner_link);
+      if (b->id <= req->after) continue;
+      if (i == cap) {
+        r.next = bi[i - 1].id;
+        break;
+      }
+      buffer_info(&bi[i], b);
       bip[i] = &bi[i];
+      i++;
     }
   }
-  Gpumem__Wire__ListReply r = GPUMEM__WIRE__LIST_REPLY__INIT;
   r.buffers = bip;
   r.n_buffers = i;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;

@@ -7,16 +7,29 @@
 #include "session.h"
 #include "stats.h"
 
-/* Send s the status of every device, tag and session (sessions: the
- * server's list of struct session.link), with the last pause's checks and
- * what the daemon did since it started (st, which also counts a failure
- * to answer). */
-void report_status(struct session *s, uint64_t req_id, registry *reg, gpu *g,
-                   struct list *sessions, Gpumem__Wire__DeviceCheck *const *last_checks,
-                   size_t nlast, stats *st);
+/* Tags and sessions in one status reply, at most. */
+#define REPORT_STATUS_PAGE 4096
+/* Buffers in one list reply, at most. */
+#define REPORT_LIST_PAGE 16384
 
-/* Send s the buffers it may see: its own, or all for a controller. */
-void report_list(struct session *s, uint64_t req_id, registry *reg);
+/* Send s one page (req's cursors and limit) of the status of every device,
+ * tag and session (sessions: the server's list of struct session.link),
+ * with the last pause's checks and what the daemon did since it started
+ * (st, which also counts a failure to answer). A controller sees every
+ * tag, session, process, tenant and operation; any other session only
+ * its own uid's, and the tags it owns or that are shared (a shared tag's
+ * figures then count only its uid's buffers). */
+void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__StatusRequest *req,
+                   registry *reg, gpu *g, struct list *sessions,
+                   Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st);
+
+/* Send s one page (req's cursor and limit) of the buffers it may see, in
+ * id order: its own, or all for a controller. */
+void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListRequest *req,
+                 registry *reg);
+
+/* Send s the state of a tag after a share (NULL: it is gone). */
+void report_share(struct session *s, uint64_t req_id, const struct tag *t);
 
 /* Fill info for every device; returns an array of pointers into one block
  * (free with report_devices_free), *n set to the count. */

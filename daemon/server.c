@@ -84,8 +84,19 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   struct registry_options ro = {.chunk_size = cfg->chunk_size,
                                 .backup_limit = cfg->backup_limit,
                                 .verify_backups = cfg->verify_backups,
+                                .quotas = {.buffers = cfg->max_buffers_per_uid,
+                                           .device_bytes = cfg->max_device_bytes_per_uid,
+                                           .backup_bytes = cfg->max_backup_bytes_per_uid},
                                 .loop = loop};
   srv->reg = registry_create(g, &ro);
+  for (size_t i = 0; srv->reg && i < cfg->nshared_tags; i++) {
+    struct fault f;
+    struct tag *t;
+    if (registry_share(srv->reg, cfg->shared_tags[i], true, &t, &f)) {
+      registry_destroy(srv->reg);
+      srv->reg = NULL;
+    }
+  }
   srv->stats = stats_create();
   srv->eng = srv->reg && srv->stats
                  ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, srv->stats)
@@ -138,6 +149,10 @@ void server_destroy(server *srv) {
     sigprocmask(SIG_BLOCK, &set, NULL);
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
     uv_close((uv_handle_t *)&srv->sigint, NULL);
+    /* Closing them put back the default action, which would let a thread
+     * that does not block them (a GPU driver's) die of one: ignore them. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
     uv_run(srv->loop, UV_RUN_DEFAULT);
   }
   registry_destroy(srv->reg);
@@ -220,16 +235,6 @@ static unsigned sessions_of(const server *srv, uid_t uid) {
   unsigned n = 0;
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next)
     n += list_entry(p, struct session, link)->uid == uid;
-  return n;
-}
-
-/* Buffers the sessions of one uid hold. */
-static uint64_t buffers_of(const server *srv, uid_t uid) {
-  uint64_t n = 0;
-  for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) {
-    const struct session *s = list_entry(p, struct session, link);
-    if (s->uid == uid) n += s->nbuffers;
-  }
   return n;
 }
 
@@ -457,18 +462,12 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
 }
 
 /* 0 when the session may hold n more buffers; else LIMIT_EXCEEDED is
- * answered to request id, naming the limit met, and -1. */
+ * answered to request id and -1. (The registry checks the uid's quotas.) */
 static int room_for_buffers(server *srv, struct session *s, uint64_t id, uint64_t n) {
+  if (n <= srv->cfg->max_buffers_per_session - s->nbuffers) return 0;
   char text[160];
-  if (n > srv->cfg->max_buffers_per_session - s->nbuffers) {
-    snprintf(text, sizeof text, "too many buffers in this session (limit %u)",
-             srv->cfg->max_buffers_per_session);
-  } else {
-    uint64_t held = buffers_of(srv, s->uid);
-    if (held + n <= srv->cfg->max_buffers_per_uid) return 0;
-    snprintf(text, sizeof text, "too many buffers for uid %d: %llu held (limit %u per uid)",
-             (int)s->uid, (unsigned long long)held, srv->cfg->max_buffers_per_uid);
-  }
+  snprintf(text, sizeof text, "too many buffers in this session (limit %u)",
+           srv->cfg->max_buffers_per_session);
   reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
   return -1;
 }
@@ -627,6 +626,25 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   free(bufs);
 }
 
+/* A controller shares a tag with every uid, or takes that back. */
+static void handle_share(server *srv, struct session *s, const wire_env *env) {
+  const Gpumem__Wire__ShareRequest *q = env->share;
+  if (s->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER) {
+    reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                "sharing a tag needs a controller session");
+    return;
+  }
+  struct fault f = {0};
+  struct tag *t;
+  if (registry_share(srv->reg, q->tag, q->shared, &t, &f)) {
+    answer_error(s, env->id, &f);
+    return;
+  }
+  log_info("pid %d: tag '%s' %s", (int)s->pid, q->tag,
+           q->shared ? "shared with every uid" : "no longer shared");
+  report_share(s, env->id, t);
+}
+
 /* Pause and resume: check role, scope and devices, then queue for the
  * engine. Workers may pause and resume only their own buffers (own). */
 static void handle_op(server *srv, struct session *s, const wire_env *env, bool resume) {
@@ -696,10 +714,12 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
     {
       size_t nlast;
       Gpumem__Wire__DeviceCheck *const *last = engine_last_checks(srv->eng, &nlast);
-      report_status(s, env->id, srv->reg, srv->gpu, &srv->sessions, last, nlast, srv->stats);
+      report_status(s, env->id, env->status, srv->reg, srv->gpu, &srv->sessions, last, nlast,
+                    srv->stats);
     }
       break;
-    case GPUMEM__WIRE__ENVELOPE__BODY_LIST: report_list(s, env->id, srv->reg); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_LIST: report_list(s, env->id, env->list, srv->reg); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_SHARE: handle_share(srv, s, env); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ACK: engine_ack(srv->eng, s, env->id, env->ack); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT: handle_adopt(srv, s, env, f); break;
     default: break; /* wire_check_request let only requests through */

@@ -21,7 +21,7 @@ struct stats_op {
   bool resume, done;
   char **tags;
   size_t ntags;
-  uint32_t pid;
+  uint32_t pid, uid;
   wire_code result;
   uint64_t bytes_done, bytes_total, copied;
   uint64_t started_ms; /* Unix time */
@@ -98,7 +98,7 @@ void stats_destroy(stats *st) {
 
 /* A record in flight for an operation that starts running. */
 struct stats_op *stats_op_begin(stats *st, bool resume, char *const *tags, size_t ntags,
-                                uint32_t pid) {
+                                uint32_t pid, uint32_t uid) {
   struct stats_op *r = calloc(1, sizeof *r);
   if (!r || !(r->tags = calloc(ntags + 1, sizeof *r->tags))) {
     free(r);
@@ -111,6 +111,7 @@ struct stats_op *stats_op_begin(stats *st, bool resume, char *const *tags, size_
     }
   r->resume = resume;
   r->pid = pid;
+  r->uid = uid;
   r->started_ms = clock_ns(CLOCK_REALTIME) / 1000000u;
   r->t0_ns = clock_ns(CLOCK_MONOTONIC);
   list_append(&st->running, &r->link);
@@ -232,25 +233,33 @@ static void fill_histograms(const stats *st, struct stats_view *v, Gpumem__Wire_
   r->n_histograms = 2;
 }
 
-/* The running operations, oldest first, then the done ones, newest first. */
-static void fill_records(const stats *st, struct stats_view *v, Gpumem__Wire__StatusReply *r) {
+/* The running operations, oldest first, then the done ones, newest first
+ * (those uid asked for, unless all). */
+static void fill_records(const stats *st, struct stats_view *v, Gpumem__Wire__StatusReply *r,
+                         bool all, uint32_t uid) {
   uint64_t now = clock_ns(CLOCK_MONOTONIC);
   size_t n = 0;
-  for (const struct list *p = st->running.next; p != &st->running; p = p->next, n++) {
-    record_info(&v->recs[n], list_entry(p, struct stats_op, link), now);
+  for (const struct list *p = st->running.next; p != &st->running; p = p->next) {
+    const struct stats_op *op = list_entry(p, struct stats_op, link);
+    if (!all && op->uid != uid) continue;
+    record_info(&v->recs[n], op, now);
     v->recp[n] = &v->recs[n];
+    n++;
   }
-  for (size_t i = 0; i < st->ndone; i++, n++) {
+  for (size_t i = 0; i < st->ndone; i++) {
     size_t at = (st->next + STATS_RECENT - 1 - i) % STATS_RECENT;
+    if (!all && st->done[at]->uid != uid) continue;
     record_info(&v->recs[n], st->done[at], now);
     v->recp[n] = &v->recs[n];
+    n++;
   }
   r->recent_ops = v->recp;
   r->n_recent_ops = n;
 }
 
 /* Fill the figures into a status reply. */
-struct stats_view *stats_fill(const stats *st, Gpumem__Wire__StatusReply *r) {
+struct stats_view *stats_fill(const stats *st, Gpumem__Wire__StatusReply *r, bool all,
+                              uint32_t uid) {
   r->uptime_ms = (clock_ns(CLOCK_MONOTONIC) - st->t0_ns) / 1000000u;
   r->bytes_released = st->released;
   r->bytes_restored = st->restored;
@@ -268,7 +277,7 @@ struct stats_view *stats_fill(const stats *st, Gpumem__Wire__StatusReply *r) {
   }
   fill_counts(st, v, r);
   fill_histograms(st, v, r);
-  fill_records(st, v, r);
+  fill_records(st, v, r, all, uid);
   return v;
 }
 

@@ -25,11 +25,11 @@ stats *stats_create(void);
 /* Free the figures and every record. */
 void stats_destroy(stats *st);
 
-/* A pause or resume of tags (none: every tag), asked for by pid, starts
+/* A pause or resume of tags (none: every tag), asked for by pid of uid, starts
  * running: its record is in flight until stats_op_end. NULL when out of
  * memory; the stats_op verbs take NULL and do nothing. */
 struct stats_op *stats_op_begin(stats *st, bool resume, char *const *tags, size_t ntags,
-                                uint32_t pid);
+                                uint32_t pid, uint32_t uid);
 
 /* The operation covers bytes more of device memory. */
 void stats_op_cover(struct stats_op *r, uint64_t bytes);
@@ -53,11 +53,13 @@ void stats_bytes(stats *st, bool resume, uint64_t bytes);
 /* An error was answered to a request. */
 void stats_error(stats *st, wire_code code);
 
-/* Fill the figures into a status reply (its 1.3 fields). What they point
+/* Fill the figures into a status reply (its 1.3 fields), with the records
+ * of the operations uid asked for (or of all: all set). What they point
  * to lives in the returned view, freed with stats_view_free after the
  * reply is sent; NULL (and the fields left empty but for the plain
  * numbers) when out of memory. */
-struct stats_view *stats_fill(const stats *st, Gpumem__Wire__StatusReply *r);
+struct stats_view *stats_fill(const stats *st, Gpumem__Wire__StatusReply *r, bool all,
+                              uint32_t uid);
 
 /* Free what stats_fill made (NULL is fine). */
 void stats_view_free(struct stats_view *v);

@@ -53,15 +53,15 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 3
+#define GPUMEM_VERSION_MINOR 4
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (10300 for 1.3.0). */
+/* The library's version, as GPUMEM_VERSION computes it (10400 for 1.4.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
-/* The library's version as text ("1.3.0"). */
+/* The library's version as text ("1.4.0"). */
 GPUMEM_EXPORT const char *gpumem_version_string(void);
 
 /* Error codes. Codes -1..-12 and -17..-19 are the daemon's; the others are
@@ -449,6 +449,13 @@ GPUMEM_EXPORT int gpumem_resume(gpumem_client *c, const char *const *tags, size_
 /* Free a report (NULL is fine). */
 GPUMEM_EXPORT void gpumem_op_report_free(struct gpumem_op_report *r);
 
+/* Share a tag with every uid (shared 1), creating it if it does not exist,
+ * or make it its owner's alone again (shared 0; buffers already in it
+ * stay). A tag belongs to the uid whose buffer created it: another uid's
+ * allocations in it get GPUMEM_E_PERMISSION until it is shared. Needs a
+ * controller (1.4). Returns 0 or a negative code. */
+GPUMEM_EXPORT int gpumem_share(gpumem_client *c, const char *tag, int shared);
+
 /* One device in a status. unmanaged = total - free - reserved - managed
  * (>= 0): memory processes use that gpumemd does not manage, leaving out
  * what the driver keeps for itself. */
@@ -473,6 +480,11 @@ struct gpumem_tag_status {
   uint64_t buffers, bytes, backup_bytes, paused_buffers, paused_bytes;
   int mixed;
   uint64_t transit_buffers, transit_bytes; /* PAUSING or RESUMING */
+  /* Who may add buffers (1.4): the owner's uid alone, or every uid when
+   * shared (then a worker's status counts only its own uid's buffers).
+   * owned is 0 for a tag a controller shared before any buffer joined. */
+  uint32_t owner_uid;
+  int owned, shared;
 };
 
 /* One session in a status. */
@@ -542,7 +554,20 @@ struct gpumem_histogram {
   uint64_t sum_us; /* their durations added */
 };
 
-/* The daemon's view of the node. */
+/* What one uid holds (1.4). */
+struct gpumem_tenant_status {
+  size_t size;
+  uint32_t uid;
+  uint64_t buffers;
+  uint64_t bytes;             /* on every device, paused or not */
+  uint64_t backup_bytes;      /* host memory its BACKUP buffers reserve */
+  size_t ndevice_bytes;
+  const uint64_t *device_bytes; /* by the daemon's device number */
+};
+
+/* The daemon's view of the node. A controller sees everything; a worker
+ * sees its own uid's sessions, processes and tenant line, and the tags
+ * its uid owns or that are shared. */
 struct gpumem_status {
   size_t size;
   const char *backend;
@@ -564,7 +589,7 @@ struct gpumem_status {
    * the driver's free memory before and after (none before the first). */
   size_t nlast_pause_checks;
   struct gpumem_device_check **last_pause_checks;
-  /* The daemon's version ("1.3.0"); "" from a daemon that does not say. */
+  /* The daemon's version ("1.4.0"); "" from a daemon that does not say. */
   const char *version;
   /* Since the daemon started (1.3; empty and 0 from an older daemon). */
   uint64_t uptime_ms;
@@ -579,7 +604,7 @@ struct gpumem_status {
    * (at most 16 done). */
   size_t nrecent_ops;
   struct gpumem_op_record **recent_ops;
-  /* The daemon's own fds and queues (1.5; 0 from an older daemon): the
+  /* The daemon's own fds and queues (1.3; 0 from an older daemon): the
    * fds it may hold (its RLIMIT_NOFILE) and holds now, of those the fds
    * parked in requests still arriving, the bytes of replies and events
    * queued for sessions and not yet read, and the connections refused for
@@ -587,9 +612,16 @@ struct gpumem_status {
   uint64_t fd_limit, fds_open, fds_parked;
   uint64_t queued_bytes;
   uint64_t connections_refused;
+  /* What each uid holds, by uid, and the per-uid quotas (0: none) (1.4;
+   * empty and 0 from an older daemon). */
+  size_t ntenants;
+  struct gpumem_tenant_status **tenants;
+  uint64_t max_buffers_per_uid, max_device_bytes_per_uid, max_backup_bytes_per_uid;
 };
 
-/* Ask for the status; free it with gpumem_status_free. */
+/* Ask for the status; free it with gpumem_status_free. The daemon sends
+ * a large status in pages: this gathers them all (each page is the
+ * daemon's state when it answered it). */
 GPUMEM_EXPORT int gpumem_status(gpumem_client *c, struct gpumem_status **out);
 
 /* Free a status (NULL is fine). */
@@ -615,7 +647,8 @@ struct gpumem_list {
   struct gpumem_buffer_info **buffers;
 };
 
-/* Ask for the list; free it with gpumem_list_free. Returns the count. */
+/* Ask for the list, in id order (gathered from the daemon's pages); free
+ * it with gpumem_list_free. Returns the count. */
 GPUMEM_EXPORT int gpumem_list(gpumem_client *c, struct gpumem_list **out);
 
 /* Free a list (NULL is fine). */

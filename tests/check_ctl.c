@@ -877,6 +877,11 @@ START_TEST(metrics_say_up_and_paused_and_count_workers) {
   ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
   ck_assert_msg(strstr(out_buf, "\ngpumem_tag_paused{tag=\"kv\"} 1\n"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "\ngpumem_tag_bytes{tag=\"kv\"} 4194304\n"), "%s", out_buf);
+  /* Paused bytes still count against the uid. */
+  char line[80];
+  snprintf(line, sizeof line, "\ngpumem_uid_bytes{uid=\"%u\",device=\"0\"} 4194304\n", getuid());
+  ck_assert_msg(strstr(out_buf, line), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_uid_quota{kind=\"buffers\"} 1000000\n"), "%s", out_buf);
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
   char gone[160];
   snprintf(gone, sizeof gone, "%s/none.sock", d.dir);
@@ -1042,9 +1047,10 @@ START_TEST(a_daemon_another_user_runs_is_not_trusted) {
 }
 END_TEST
 
-/* gpumemctl without a controller's rights looks through a worker session:
- * gpumem_sessions leaves that session out (a root test, where it can run
- * gpumemctl as nobody). */
+/* gpumemctl without a controller's rights looks through a worker session,
+ * which sees only its own uid's sessions, tags and tenants (root's worker
+ * and its tag stay hidden); gpumem_sessions leaves its own session out (a
+ * root test, where it can run gpumemctl as nobody). */
 START_TEST(metrics_leave_out_gpumemctl_own_worker_session) {
   if (getuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0) {
     printf("metrics_leave_out_gpumemctl_own_worker_session: skipped: needs root and setpriv\n");
@@ -1057,11 +1063,17 @@ START_TEST(metrics_leave_out_gpumemctl_own_worker_session) {
   const char *nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups";
   /* Refused as a controller, it looks as a worker: its session is there. */
   ck_assert_msg(ctl_as(nobody, d.dir, d.socket, "--json status") == 0, "%s", err_buf);
-  ck_assert_int_eq(json_check(d.dir, "sorted((s['role'],s['name']) for s in j['sessions'])"
-                                     "==[('worker','gpumem-worker'),('worker','gpumemctl')]"),
+  ck_assert_int_eq(json_check(d.dir, "[(s['role'],s['name'],s['uid']) for s in j['sessions']]"
+                                     "==[('worker','gpumemctl',65534)]"),
+                   0);
+  ck_assert_int_eq(json_check(d.dir, "j['tags']==[] and j['tenants']==[]"), 0);
+  /* Root's controller view has all of it. */
+  ck_assert_msg(ctl_as("", d.dir, d.socket, "--json status") == 0, "%s", err_buf);
+  ck_assert_int_eq(json_check(d.dir, "[t['name'] for t in j['tags']]==['kv'] and "
+                                     "[t['uid'] for t in j['tenants']]==[0]"),
                    0);
   ck_assert_msg(ctl_as(nobody, d.dir, d.socket, "metrics") == 0, "%s", err_buf);
-  ck_assert_msg(strstr(out_buf, "\ngpumem_sessions 1\n"), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "\ngpumem_sessions 0\n"), "%s", out_buf);
   /* Its refused requests for the controller role are routine, not errors. */
   ck_assert_msg(!strstr(out_buf, "gpumem_errors_total{code=\"PERMISSION_DENIED\"}"), "%s",
                 out_buf);

@@ -1,5 +1,6 @@
 /* The registry over the host backend: rounding, chunks, capacity, paused
  * tags, memory release and backups. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,9 +80,19 @@ START_TEST(capacity_is_enforced_per_device) {
 }
 END_TEST
 
+/* A tag with no buffers, as a pause on device 0 leaves it. */
+static struct tag *paused_tag(const char *name) {
+  struct buffer *b;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, name, 1, MiB, 0, &b, &f), CODE(OK));
+  struct tag *t = b->tag;
+  t->paused_devices = 1;
+  registry_free(reg, b);
+  ck_assert_ptr_eq(registry_tag(reg, name), t);
+  return t;
+}
+
 START_TEST(paused_tag_refuses_unless_asked) {
-  struct tag *t = registry_tag_get(reg, "kv");
-  t->paused_devices = 1; /* device 0 */
+  paused_tag("kv");
   struct buffer *b;
   ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, MiB, 0, &b, &f), CODE(TAG_PAUSED));
   ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 1, MiB, 0, &b, &f), CODE(OK));
@@ -189,10 +200,130 @@ START_TEST(unused_tags_are_forgotten) {
   ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "nope", 0, 40 * MiB, 0, &b, &f),
                    CODE(OUT_OF_MEMORY));
   ck_assert_ptr_null(registry_tag(reg, "nope"));
-  struct tag *t = registry_tag_get(reg, "paused");
-  t->paused_devices = 1;
+  struct tag *t = paused_tag("paused");
   registry_prune(reg, t);
   ck_assert_ptr_eq(registry_tag(reg, "paused"), t);
+}
+END_TEST
+
+/* A tag is its creator's: another uid's buffers join it only while a
+ * controller shares it, and unsharing keeps what joined. */
+START_TEST(tags_belong_to_their_creator) {
+  struct buffer *a, *b;
+  struct tag *t;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 1000, "kv", 0, MiB, 0, &a, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 1001, "kv", 0, MiB, 0, &b, &f),
+                   CODE(PERMISSION_DENIED));
+  ck_assert_ptr_nonnull(strstr(f.text, "belongs to uid 1000"));
+  ck_assert_uint_eq(registry_managed(reg, 0), 2 * MiB); /* the refused one took nothing */
+  ck_assert(registry_tag_visible(a->tag, 1000) && !registry_tag_visible(a->tag, 1001));
+  ck_assert_int_eq(registry_share(reg, "kv", true, &t, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 1001, "kv", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert(registry_tag_visible(t, 1001));
+  ck_assert_int_eq(registry_share(reg, "kv", false, &t, &f), CODE(OK));
+  ck_assert_ptr_eq(t, b->tag);
+  ck_assert(t->owned && t->uid == 1000 && !t->shared);
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 1001, "kv", 0, MiB, 0, &b, &f),
+                   CODE(PERMISSION_DENIED));
+  ck_assert_int_eq(registry_share(reg, "nothing", false, &t, &f), CODE(NOT_FOUND));
+}
+END_TEST
+
+/* A tag shared before any buffer joins stays while empty; unshared, it
+ * goes to its oldest buffer's uid, or away when it is empty. */
+START_TEST(shared_tags_outlive_their_buffers) {
+  struct tag *t;
+  struct buffer *b, *c;
+  ck_assert_int_eq(registry_share(reg, "common", true, &t, &f), CODE(OK));
+  ck_assert(!t->owned && t->shared);
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 7, "common", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 8, "common", 0, MiB, 0, &c, &f), CODE(OK));
+  registry_free(reg, b);
+  registry_free(reg, c);
+  ck_assert_ptr_eq(registry_tag(reg, "common"), t);
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 8, "common", 0, MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 7, "common", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_share(reg, "common", false, &t, &f), CODE(OK));
+  ck_assert(t->owned && t->uid == 8);
+  registry_free(reg, b);
+  registry_free(reg, c);
+  ck_assert_ptr_null(registry_tag(reg, "common"));
+  ck_assert_int_eq(registry_share(reg, "gone", true, &t, &f), CODE(OK));
+  ck_assert_int_eq(registry_share(reg, "gone", false, &t, &f), CODE(OK));
+  ck_assert_ptr_null(t);
+  ck_assert_ptr_null(registry_tag(reg, "gone"));
+}
+END_TEST
+
+/* Each uid's buffers, device bytes (paused ones too) and backup room are
+ * counted and capped; freeing gives the room back. */
+START_TEST(quotas_are_per_uid) {
+  registry_destroy(reg);
+  struct registry_options ro = {.chunk_size = 16 * MiB, .backup_limit = 32 * MiB,
+                                .quotas = {.buffers = 3, .device_bytes = 8 * MiB,
+                                           .backup_bytes = 4 * MiB}};
+  reg = registry_create(g, &ro);
+  struct buffer *a, *b, *c;
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 0, 6 * MiB, 0, &a, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 0, 4 * MiB, 0, &b, &f),
+                   CODE(LIMIT_EXCEEDED));
+  ck_assert_ptr_nonnull(strstr(f.text, "--max-device-bytes-per-uid"));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 6, "b", 0, 8 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 1, 4 * MiB, BUF_FLAG_BACKUP, &b, &f),
+                   CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 1, 2 * MiB, BUF_FLAG_BACKUP, &c, &f),
+                   CODE(LIMIT_EXCEEDED));
+  ck_assert_ptr_nonnull(strstr(f.text, "--max-backup-bytes-per-uid"));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 1, 2 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 1, 2 * MiB, 0, &c, &f),
+                   CODE(LIMIT_EXCEEDED));
+  ck_assert_ptr_nonnull(strstr(f.text, "too many buffers for uid 5"));
+  const struct tenant *t5 = tenants_find(registry_tenants(reg), 5);
+  ck_assert_uint_eq(t5->buffers, 3);
+  ck_assert_uint_eq(t5->device_bytes[0], 6 * MiB);
+  ck_assert_uint_eq(t5->device_bytes[1], 6 * MiB);
+  ck_assert_uint_eq(t5->backup_bytes, 4 * MiB);
+  registry_free(reg, a);
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 0, 8 * MiB, 0, &a, &f), CODE(OK));
+  registry_free(reg, a);
+  registry_free(reg, b);
+  registry_free(reg, c);
+  ck_assert_ptr_null(tenants_find(registry_tenants(reg), 5));
+  ck_assert_uint_eq(tenants_count(registry_tenants(reg)), 1);
+}
+END_TEST
+
+/* Buffers are walked in id order from any point, also from an id that
+ * is gone; thousands of tags are found by name. */
+START_TEST(buffers_page_in_id_order) {
+  struct buffer *v[6];
+  char name[16];
+  for (int i = 0; i < 6; i++) {
+    snprintf(name, sizeof name, "t%d", i);
+    ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, name, 0, MiB, 0, &v[i], &f), CODE(OK));
+  }
+  ck_assert_ptr_eq(registry_buffer_after(reg, 0), v[0]);
+  ck_assert_ptr_eq(registry_buffer_after(reg, v[2]->id), v[3]);
+  uint64_t gone = v[3]->id;
+  registry_free(reg, v[3]);
+  ck_assert_ptr_eq(registry_buffer_after(reg, gone), v[4]);
+  ck_assert_ptr_eq(registry_buffer_after(reg, v[2]->id), v[4]);
+  ck_assert_ptr_null(registry_buffer_after(reg, v[5]->id));
+  ck_assert_ptr_null(registry_tag(reg, "t3"));
+  ck_assert_ptr_eq(registry_tag(reg, "t4"), v[4]->tag);
+  struct tag *t;
+  for (int i = 0; i < 5000; i++) {
+    snprintf(name, sizeof name, "s%d", i);
+    ck_assert_int_eq(registry_share(reg, name, true, &t, &f), CODE(OK));
+  }
+  ck_assert_str_eq(registry_tag(reg, "s4321")->name, "s4321");
+  for (int i = 0; i < 5000; i += 2) {
+    snprintf(name, sizeof name, "s%d", i);
+    ck_assert_int_eq(registry_share(reg, name, false, &t, &f), CODE(OK));
+    ck_assert_ptr_null(registry_tag(reg, name));
+  }
+  ck_assert_str_eq(registry_tag(reg, "s4321")->name, "s4321");
+  ck_assert_ptr_null(registry_tag(reg, "s4320"));
 }
 END_TEST
 
@@ -206,5 +337,9 @@ int main(void) {
                      memory_create_is_all_or_nothing,
                      verification_catches_a_changed_backup,
                      backup_limit_is_enforced_at_allocation,
-                     unused_tags_are_forgotten);
+                     unused_tags_are_forgotten,
+                     tags_belong_to_their_creator,
+                     shared_tags_outlive_their_buffers,
+                     quotas_are_per_uid,
+                     buffers_page_in_id_order);
 }

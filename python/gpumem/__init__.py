@@ -995,8 +995,14 @@ class Client:
                 "buffers": t.buffers, "bytes": t.bytes, "paused_buffers": t.paused_buffers,
                 "paused_bytes": t.paused_bytes, "backup_bytes": t.backup_bytes,
                 "mixed": bool(t.mixed), "transit_buffers": t.transit_buffers,
-                "transit_bytes": t.transit_bytes,
+                "transit_bytes": t.transit_bytes, "owner_uid": t.owner_uid,
+                "owned": bool(t.owned), "shared": bool(t.shared),
             } for t in (s.tags[i][0] for i in range(s.ntags))]
+            tenants = [{
+                "uid": x.uid, "buffers": x.buffers, "bytes": x.bytes,
+                "backup_bytes": x.backup_bytes,
+                "device_bytes": [x.device_bytes[d] for d in range(x.ndevice_bytes)],
+            } for x in (s.tenants[i][0] for i in range(s.ntenants))]
             sessions = [{
                 "id": x.id, "pid": x.pid, "uid": x.uid, "name": _text(x.name),
                 "role": _ROLE_NAMES.get(x.role, "none"), "buffers": x.buffers,
@@ -1017,6 +1023,12 @@ class Client:
                 "sessions": sessions,
                 "processes_known": bool(s.processes_known),
                 "processes": processes,
+                "tenants": tenants,
+                "quotas": {
+                    "buffers_per_uid": s.max_buffers_per_uid,
+                    "device_bytes_per_uid": s.max_device_bytes_per_uid,
+                    "backup_bytes_per_uid": s.max_backup_bytes_per_uid,
+                },
                 "last_pause_checks": [dict(k) for k in _checks(s.last_pause_checks,
                                                                  s.nlast_pause_checks)],
                 "backups": {
@@ -1050,6 +1062,19 @@ class Client:
             return _figures(lib, p.contents)
         finally:
             lib.gpumem_status_free(p)
+
+    def share(self, tag: str, shared: bool = True) -> None:
+        """Let every uid's buffers join ``tag`` (made if it does not
+        exist), or, with ``shared=False``, only its owner's again (API 1.4;
+        needs a controller). A tag belongs to the uid whose buffer created
+        it: another uid's ``alloc`` in it raises an Error with code
+        ``PERMISSION_DENIED`` until it is shared."""
+        t = _check_tag(tag)
+        s = _check_bool("shared", shared)
+        c = self._talk()
+        rc = self._lib.gpumem_share(c, t, 1 if s else 0)
+        if rc < 0:
+            raise _last_error(self._lib, rc)
 
     def list(self) -> List[Dict[str, Any]]:
         """The buffers this session may see (a controller sees all), as

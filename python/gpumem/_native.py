@@ -147,6 +147,9 @@ class TagStatus(ctypes.Structure):
         ("mixed", ctypes.c_int),
         ("transit_buffers", ctypes.c_uint64),
         ("transit_bytes", ctypes.c_uint64),
+        ("owner_uid", ctypes.c_uint32),
+        ("owned", ctypes.c_int),
+        ("shared", ctypes.c_int),
     ]
 
 
@@ -227,6 +230,20 @@ class Histogram(ctypes.Structure):
     ]
 
 
+class TenantStatus(ctypes.Structure):
+    """struct gpumem_tenant_status (1.4)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("uid", ctypes.c_uint32),
+        ("buffers", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("backup_bytes", ctypes.c_uint64),
+        ("ndevice_bytes", ctypes.c_size_t),
+        ("device_bytes", ctypes.POINTER(ctypes.c_uint64)),
+    ]
+
+
 class Status(ctypes.Structure):
     """struct gpumem_status (allocated by the library; read only)."""
 
@@ -269,6 +286,11 @@ class Status(ctypes.Structure):
         ("fds_parked", ctypes.c_uint64),
         ("queued_bytes", ctypes.c_uint64),
         ("connections_refused", ctypes.c_uint64),
+        ("ntenants", ctypes.c_size_t),
+        ("tenants", ctypes.POINTER(ctypes.POINTER(TenantStatus))),
+        ("max_buffers_per_uid", ctypes.c_uint64),
+        ("max_device_bytes_per_uid", ctypes.c_uint64),
+        ("max_backup_bytes_per_uid", ctypes.c_uint64),
     ]
 
 
@@ -320,6 +342,7 @@ STRUCTS: Dict[str, Type[ctypes.Structure]] = {
     "gpumem_op_report": OpReport,
     "gpumem_device_status": DeviceStatus,
     "gpumem_tag_status": TagStatus,
+    "gpumem_tenant_status": TenantStatus,
     "gpumem_session_status": SessionStatus,
     "gpumem_process_status": ProcessStatus,
     "gpumem_op_record": OpRecord,
@@ -379,6 +402,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gpumem_resume": (i, [c_client_p, P(cp), sz, P(i), sz, P(OpOptions), P(P(OpReport))]),
         "gpumem_op_report_free": (None, [P(OpReport)]),
         "gpumem_status": (i, [c_client_p, P(P(Status))]),
+        "gpumem_share": (i, [c_client_p, ctypes.c_char_p, ctypes.c_int]),
         "gpumem_status_free": (None, [P(Status)]),
         "gpumem_list": (i, [c_client_p, P(P(BufferList))]),
         "gpumem_list_free": (None, [P(BufferList)]),

@@ -133,14 +133,15 @@ check_view() {
   see top:view 'no pause or resume since gpumemd started' "an empty list of operations"
 
   # --- Without a controller's rights (uid nobody), top looks through a plain
-  # session, as status does. Ctrl-C quits it (its shell ignores SIGINT, so
-  # as to say how top exited).
+  # session, as status does: the devices, and none of root's tags. Ctrl-C
+  # quits it (its shell ignores SIGINT, so as to say how top exited).
   if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
     chmod 755 "$t"
     chmod 666 "$sock"
     tmx new-window -t top -n nobody "trap '' INT; setpriv --reuid=65534 --regid=65534 \
       --clear-groups '$ctl' --socket '$sock' top; echo \"nobody exited \$?\""
-    see top:nobody '^kv_cache +ACTIVE +256 MiB ' "the tags in top run by nobody"
+    see top:nobody '^no tags of yours ' "no tags of root's in top run by nobody"
+    see top:nobody '^device 0 \[' "the devices in top run by nobody"
     tmx send-keys -t top:nobody C-c
     see top:nobody '^nobody exited 0$' "top run by nobody exiting 0 on Ctrl-C"
   else

@@ -737,16 +737,30 @@ static void act_ack(struct world *w, struct conn *c, struct in *in, struct how *
   send_how(w, c, &env, h, NULL, 0);
 }
 
-/* A status or a list request. */
-static void act_empty(struct world *w, struct conn *c, struct how *h, bool list) {
+/* A status or a list request (a page at cursors and a limit the input
+ * picks), or a share of one of the tags. */
+static void act_look(struct world *w, struct conn *c, struct in *in, struct how *h, int kind) {
   Gpumem__Wire__StatusRequest s = GPUMEM__WIRE__STATUS_REQUEST__INIT;
   Gpumem__Wire__ListRequest l = GPUMEM__WIRE__LIST_REQUEST__INIT;
+  Gpumem__Wire__ShareRequest sh = GPUMEM__WIRE__SHARE_REQUEST__INIT;
+  char tag[160];
+  uint8_t b = u8(in);
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  if (list) {
+  if (kind == 1) {
     env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
+    l.after = b & 1 ? u8(in) : 0;
+    l.limit = b & 2 ? u8(in) : 0;
     env.list = &l;
+  } else if (kind == 2) {
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE;
+    sh.tag = str(in, tag, sizeof tag);
+    sh.shared = b & 4;
+    env.share = &sh;
   } else {
     env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+    s.tag_cursor = b & 1 ? u8(in) : 0;
+    s.session_cursor = b & 2 ? u8(in) : 0;
+    s.limit = b & 4 ? u8(in) : 0;
     env.status = &s;
   }
   send_how(w, c, &env, h, NULL, 0);
@@ -877,7 +891,7 @@ static void act(struct world *w, struct in *in) {
   case 13:
     if (w->slow < MAX_SLOW) {
       w->slow++;
-      act_empty(w, c, &h, op & 0x10);
+      act_look(w, c, in, &h, op & 0x10 ? 1 : op & 0x20 ? 2 : 0);
     } else {
       for (size_t i = 0; i < h.nfds; i++) close(h.fds[i]);
     }
@@ -905,6 +919,8 @@ static void configure(struct config *cfg, uint8_t b) {
       .max_sessions_per_uid = b & 16 ? 2 : 4096,
       .max_buffers_per_session = b & 32 ? 3 : 1000000,
       .max_buffers_per_uid = b & 32 ? 5 : 1000000,
+      .max_device_bytes_per_uid = b & 32 ? 16 * GRAN : 0,
+      .max_backup_bytes_per_uid = b & 32 ? 8 * GRAN : 0,
       .max_parked_fds_per_session = b & 64 ? 8 : 253,
       .max_parked_fds_per_uid = b & 64 ? 16 : 4096,
       .frame_timeout_ms = b & 128 ? 5 : 10000,

@@ -265,6 +265,24 @@ def test_unknown_tag_is_not_found(worker, controller, tag):
     assert e.value.code_name == "PERMISSION_DENIED"
 
 
+def test_share_marks_a_tag_and_status_counts_the_uid(worker, controller, tag):
+    b = worker.alloc(tag("own"), 4 << 20)
+    controller.share(tag("common"))
+    tags = {t["name"]: t for t in controller.status()["tags"]}
+    assert tags[tag("common")]["shared"] and not tags[tag("common")]["owned"]
+    assert tags[tag("own")]["owner_uid"] == os.getuid() and not tags[tag("own")]["shared"]
+    mine = [t for t in worker.status()["tenants"] if t["uid"] == os.getuid()]
+    assert len(mine) == 1 and mine[0]["bytes"] >= b.size
+    controller.share(tag("common"), shared=False)
+    assert tag("common") not in {t["name"] for t in controller.status()["tags"]}
+    with pytest.raises(gpumem.Error) as e:
+        worker.share(tag("common"))
+    assert e.value.code_name == "PERMISSION_DENIED"
+    with pytest.raises(ValueError):
+        controller.share("bad tag")
+    b.free()
+
+
 def test_connect_failure(tmp_path):
     with pytest.raises(gpumem.Error) as e:
         gpumem.connect(str(tmp_path / "nothing-here"))
@@ -508,7 +526,7 @@ def test_daemon_gone_is_an_error_and_buffers_stay(make_daemon, tag):
 # API 1.2: version, error names, request timeouts, scopes, sub-allocation.
 
 def test_version_error_names_and_library_path():
-    assert gpumem.version() == (1, 3, 0)
+    assert gpumem.version() == (1, 4, 0)
     assert gpumem.error_name(-7) == "TAG_PAUSED" and gpumem.error_name(0) == "OK"
     assert gpumem.error_name(-20) == "TIMEOUT" and gpumem.error_name(-99) == "UNKNOWN"
     assert all(gpumem.error_name(int(c)) == c.name for c in gpumem.ErrorCode)

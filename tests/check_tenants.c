@@ -1,0 +1,455 @@
+/* Tenants: a tag belongs to the uid that created it unless a controller
+ * shares it, each uid's buffers and bytes are capped, a worker sees only
+ * its own uid's sessions, tags and buffers, and status and list come in
+ * pages that a controller can walk to the end. The other uids need root
+ * (the test connects under a borrowed effective uid, which is what
+ * SO_PEERCRED reports); without it those tests say so and pass. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gpumem.h"
+#include "harness.h"
+
+#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
+#define WORKER GPUMEM__WIRE__ROLE__ROLE_WORKER
+#define CONTROLLER GPUMEM__WIRE__ROLE__ROLE_CONTROLLER
+#define MiB (1ull << 20)
+#define ALICE 1000
+#define BOB 1001
+
+static struct daemon d;
+
+/* Start a daemon every uid may reach, with extra arguments. */
+static void daemon_open_to_all(const char *const *extra) {
+  const char *args[16] = {"--socket-mode", "0666"};
+  size_t n = 2;
+  for (; extra && *extra && n < 15; extra++) args[n++] = *extra;
+  args[n] = NULL;
+  daemon_start(&d, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7],
+               args[8], args[9], NULL);
+  ck_assert_int_eq(chmod(d.dir, 0755), 0);
+}
+
+/* Whether this test can be other uids; says so when it cannot. */
+static bool can_be_others(const char *test) {
+  if (geteuid() == 0) return true;
+  printf("%s: skipped: needs root to connect as other uids\n", test);
+  return false;
+}
+
+/* Connect as uid (root's real uid is kept, to come back) and say hello. */
+static void open_as(struct peer *p, uid_t uid, int role) {
+  ck_assert_int_eq(seteuid(uid), 0);
+  peer_connect(p, &d);
+  ck_assert_int_eq(seteuid(0), 0);
+  wire_env *r = peer_hello(p, role);
+  wire_env_free(r);
+}
+
+/* Send a request and take its reply (the test fails if none comes). */
+static wire_env *ask(struct peer *p, wire_env *env) {
+  env->id = p->next_id++;
+  peer_put(p, env, NULL, 0);
+  wire_env *r = peer_get(p, NULL);
+  ck_assert_ptr_nonnull(r);
+  return r;
+}
+
+/* Share a tag or take that back; the reply's code. */
+static wire_code share(struct peer *c, const char *tag, bool shared) {
+  Gpumem__Wire__ShareRequest q = GPUMEM__WIRE__SHARE_REQUEST__INIT;
+  q.tag = (char *)tag;
+  q.shared = shared;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE;
+  env.share = &q;
+  wire_env *r = ask(c, &env);
+  wire_code code = peer_reply_code(r, NULL, 0);
+  wire_env_free(r);
+  return code;
+}
+
+/* One status page at these cursors, at most limit of each list. */
+static wire_env *status_page(struct peer *c, uint64_t tags, uint64_t sessions, uint32_t limit) {
+  Gpumem__Wire__StatusRequest q = GPUMEM__WIRE__STATUS_REQUEST__INIT;
+  q.tag_cursor = tags;
+  q.session_cursor = sessions;
+  q.limit = limit;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  env.status = &q;
+  wire_env *r = ask(c, &env);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
+  return r;
+}
+
+/* One list page after a buffer id. */
+static wire_env *list_page(struct peer *c, uint64_t after, uint32_t limit) {
+  Gpumem__Wire__ListRequest q = GPUMEM__WIRE__LIST_REQUEST__INIT;
+  q.after = after;
+  q.limit = limit;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
+  env.list = &q;
+  wire_env *r = ask(c, &env);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
+  return r;
+}
+
+/* Whether a status lists a tag. */
+static bool has_tag(const wire_env *st, const char *name) {
+  const Gpumem__Wire__StatusReply *r = st->status_reply;
+  for (size_t i = 0; i < r->n_tags; i++)
+    if (strcmp(r->tags[i]->name, name) == 0) return true;
+  return false;
+}
+
+/* Another uid can neither add buffers to a tag, nor (paused) slip
+ * ALLOW_PAUSED ones into it to make its resume fail, nor hold its pause
+ * hostage with a worker that never acks: the owner's pause and resume go
+ * through untouched. */
+START_TEST(another_uid_cannot_join_a_tag) {
+  if (!can_be_others("another_uid_cannot_join_a_tag")) return;
+  daemon_open_to_all((const char *const[]){"--host-device-size", "64M", "--ack-timeout", "500ms",
+                                           NULL});
+  struct peer alice, bob, ctl;
+  open_as(&alice, ALICE, WORKER);
+  open_as(&bob, BOB, WORKER);
+  open_as(&ctl, 0, CONTROLLER);
+  struct pbuf a, x;
+  peer_alloc(&alice, "kv", 0, 40 * MiB, 0, &a);
+  char why[256];
+  ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 2 * MiB, 0, &x), CODE(PERMISSION_DENIED));
+  peer_op(&ctl, false, "kv", 0, 0);
+  peer_serve(&alice, &a, 1, 1);
+  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  /* Paused, the tag still refuses bob's buffers that would start paused
+   * and then need room on resume. */
+  ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 40 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED,
+                                  &x),
+                   CODE(PERMISSION_DENIED));
+  wire_env *st = peer_status(&ctl);
+  const Gpumem__Wire__TagInfo *t = peer_tag(st, "kv");
+  ck_assert_uint_eq(t->buffers, 1);
+  ck_assert_uint_eq(t->owner_uid, ALICE);
+  ck_assert(t->owned && !t->shared);
+  wire_env_free(st);
+  peer_op(&ctl, true, "kv", 0, 0);
+  peer_serve(&alice, &a, 1, 1);
+  wire_env *r;
+  ck_assert_int_eq(peer_op_wait(&ctl, &r), CODE(OK));
+  ck_assert_uint_eq(r->op_reply->buffers, 1);
+  wire_env_free(r);
+  /* The refusal names the owner and the way out. */
+  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  q.tag = "kv";
+  q.size = 2 * MiB;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &q;
+  r = ask(&bob, &env);
+  ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(PERMISSION_DENIED));
+  ck_assert_msg(strstr(why, "belongs to uid 1000") && strstr(why, "gpumemctl share kv"), "%s",
+                why);
+  wire_env_free(r);
+  peer_unmap(&a);
+  peer_close(&alice);
+  peer_close(&bob);
+  peer_close(&ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* A shared tag takes every uid's buffers, and a pause covers them all;
+ * unshared, it is its owner's again and what joined stays. */
+START_TEST(shared_tags_take_every_uid) {
+  if (!can_be_others("shared_tags_take_every_uid")) return;
+  daemon_open_to_all((const char *const[]){"--shared-tag", "common", NULL});
+  struct peer alice, bob, ctl;
+  open_as(&alice, ALICE, WORKER);
+  open_as(&bob, BOB, WORKER);
+  open_as(&ctl, 0, CONTROLLER);
+  struct pbuf a, b, x;
+  peer_alloc(&alice, "common", 0, 2 * MiB, 0, &a); /* shared from the start */
+  peer_alloc(&bob, "common", 0, 2 * MiB, 0, &b);
+  peer_alloc(&alice, "rollout", 0, 2 * MiB, 0, &x);
+  peer_unmap(&x);
+  ck_assert_int_eq(peer_try_alloc(&bob, "rollout", 0, 2 * MiB, 0, &x), CODE(PERMISSION_DENIED));
+  ck_assert_int_eq(share(&alice, "rollout", true), CODE(PERMISSION_DENIED)); /* not a controller */
+  ck_assert_int_eq(share(&ctl, "rollout", true), CODE(OK));
+  peer_alloc(&bob, "rollout", 0, 2 * MiB, 0, &x);
+  wire_env *st = peer_status(&ctl);
+  ck_assert(peer_tag(st, "rollout")->shared && peer_tag(st, "common")->shared);
+  ck_assert_uint_eq(peer_tag(st, "rollout")->buffers, 2);
+  wire_env_free(st);
+  /* Bob's view of a shared tag counts bob's buffers alone. */
+  st = peer_status(&bob);
+  ck_assert_uint_eq(peer_tag(st, "rollout")->buffers, 1);
+  wire_env_free(st);
+  peer_op(&ctl, false, "common", 0, 0);
+  peer_serve(&alice, &a, 1, 1);
+  peer_serve(&bob, &b, 1, 1);
+  wire_env *r;
+  ck_assert_int_eq(peer_op_wait(&ctl, &r), CODE(OK));
+  ck_assert_uint_eq(r->op_reply->buffers, 2);
+  wire_env_free(r);
+  ck_assert_int_eq(share(&ctl, "rollout", false), CODE(OK));
+  struct pbuf y;
+  ck_assert_int_eq(peer_try_alloc(&bob, "rollout", 0, 2 * MiB, 0, &y), CODE(PERMISSION_DENIED));
+  st = peer_status(&ctl);
+  const Gpumem__Wire__TagInfo *t = peer_tag(st, "rollout");
+  ck_assert(!t->shared && t->owned && t->owner_uid == ALICE && t->buffers == 2);
+  wire_env_free(st);
+  ck_assert_int_eq(share(&ctl, "nothing", false), CODE(NOT_FOUND));
+  peer_unmap(&x);
+  peer_close(&alice);
+  peer_close(&bob);
+  peer_close(&ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* A worker's status and list hold its own uid's sessions, tags, buffers,
+ * tenant line and operations, nothing of another uid's; a controller's
+ * hold everyone's. */
+START_TEST(workers_see_only_their_own) {
+  if (!can_be_others("workers_see_only_their_own")) return;
+  daemon_open_to_all(NULL);
+  struct peer alice, alice2, bob, ctl;
+  open_as(&alice, ALICE, WORKER);
+  open_as(&alice2, ALICE, WORKER);
+  open_as(&bob, BOB, WORKER);
+  open_as(&ctl, 0, CONTROLLER);
+  struct pbuf a, a2, b;
+  peer_alloc(&alice, "alice-kv", 0, 2 * MiB, 0, &a);
+  peer_alloc(&alice2, "alice-kv", 1, 4 * MiB, 0, &a2);
+  peer_alloc(&bob, "bob-secret", 0, 2 * MiB, 0, &b);
+  peer_op(&ctl, false, "bob-secret", 0, 0);
+  peer_serve(&bob, &b, 1, 1);
+  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  wire_env *st = peer_status(&alice);
+  const Gpumem__Wire__StatusReply *s = st->status_reply;
+  ck_assert_uint_eq(s->n_sessions, 2);
+  for (size_t i = 0; i < s->n_sessions; i++) ck_assert_uint_eq(s->sessions[i]->uid, ALICE);
+  ck_assert(has_tag(st, "alice-kv") && !has_tag(st, "bob-secret"));
+  ck_assert_uint_eq(s->n_tenants, 1);
+  ck_assert_uint_eq(s->tenants[0]->uid, ALICE);
+  ck_assert_uint_eq(s->tenants[0]->buffers, 2);
+  ck_assert_uint_eq(s->tenants[0]->bytes, 6 * MiB);
+  ck_assert_uint_eq(s->tenants[0]->n_device_bytes, 2);
+  ck_assert_uint_eq(s->tenants[0]->device_bytes[1], 4 * MiB);
+  ck_assert_uint_eq(s->n_recent_ops, 0); /* the controller's pause of bob's tag */
+  wire_env_free(st);
+  st = list_page(&alice, 0, 0);
+  ck_assert_uint_eq(st->list_reply->n_buffers, 1);
+  ck_assert_uint_eq(st->list_reply->buffers[0]->id, a.id);
+  wire_env_free(st);
+  st = peer_status(&ctl);
+  s = st->status_reply;
+  ck_assert_uint_eq(s->n_sessions, 4);
+  ck_assert(has_tag(st, "alice-kv") && has_tag(st, "bob-secret"));
+  ck_assert_uint_eq(s->n_tenants, 2);
+  ck_assert_uint_eq(s->n_recent_ops, 1);
+  wire_env_free(st);
+  peer_unmap(&a);
+  peer_unmap(&a2);
+  peer_close(&alice);
+  peer_close(&alice2);
+  peer_close(&bob);
+  peer_close(&ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Per-uid quotas hold across a uid's sessions, count paused buffers, leave
+ * other uids alone, and come back as buffers are freed. */
+START_TEST(quotas_hold_across_sessions) {
+  if (!can_be_others("quotas_hold_across_sessions")) return;
+  daemon_open_to_all((const char *const[]){"--max-device-bytes-per-uid", "8M",
+                                           "--max-backup-bytes-per-uid", "4M", NULL});
+  struct peer a1, a2, bob, ctl;
+  open_as(&a1, ALICE, WORKER);
+  open_as(&a2, ALICE, WORKER);
+  open_as(&bob, BOB, WORKER);
+  open_as(&ctl, 0, CONTROLLER);
+  struct pbuf x, y, z;
+  peer_alloc(&a1, "kv", 0, 6 * MiB, 0, &x);
+  peer_op(&ctl, false, "kv", 0, 0);
+  peer_serve(&a1, &x, 1, 1);
+  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  /* Paused, its bytes still count: a resume must find room in the quota. */
+  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  q.tag = "other";
+  q.size = 4 * MiB;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &q;
+  wire_env *r = ask(&a2, &env);
+  char why[256];
+  ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
+  ck_assert_msg(strstr(why, "uid 1000 holds 6.00 MiB on device 0") &&
+                    strstr(why, "--max-device-bytes-per-uid 8.00 MiB"),
+                "%s", why);
+  wire_env_free(r);
+  peer_alloc(&a2, "other", 1, 4 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP, &y);
+  q.size = 2 * MiB;
+  q.device = 1;
+  q.flags = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP;
+  r = ask(&a2, &env);
+  ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
+  ck_assert_msg(strstr(why, "--max-backup-bytes-per-uid"), "%s", why);
+  wire_env_free(r);
+  peer_alloc(&bob, "bobs", 0, 8 * MiB, 0, &z); /* alice's use is not bob's */
+  peer_unmap(&z);
+  wire_env *st = peer_status(&ctl);
+  const Gpumem__Wire__StatusReply *s = st->status_reply;
+  ck_assert_uint_eq(s->max_device_bytes_per_uid, 8 * MiB);
+  ck_assert_uint_eq(s->max_backup_bytes_per_uid, 4 * MiB);
+  ck_assert_uint_eq(s->n_tenants, 2);
+  ck_assert_uint_eq(s->tenants[0]->uid, ALICE);
+  ck_assert_uint_eq(s->tenants[0]->bytes, 10 * MiB);
+  ck_assert_uint_eq(s->tenants[0]->backup_bytes, 4 * MiB);
+  ck_assert_uint_eq(s->tenants[1]->uid, BOB);
+  ck_assert_uint_eq(s->tenants[1]->bytes, 8 * MiB);
+  wire_env_free(st);
+  /* Alice's first session ends: its paused buffer goes, and the room with
+   * it. */
+  peer_close(&a1);
+  for (int i = 0; i < 300; i++) {
+    st = peer_status(&ctl);
+    bool gone = st->status_reply->n_tenants == 2 && st->status_reply->tenants[0]->bytes == 4 * MiB;
+    wire_env_free(st);
+    if (gone) break;
+    usleep(10000);
+  }
+  peer_alloc(&a2, "other", 0, 8 * MiB, 0, &x);
+  peer_unmap(&x);
+  peer_unmap(&y);
+  peer_close(&a2);
+  peer_close(&bob);
+  peer_close(&ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Status pages: walking the cursors with a small limit gives every tag
+ * and session once; list pages give every buffer once, in id order. */
+START_TEST(status_and_list_come_in_pages) {
+  daemon_start(&d, NULL);
+  struct peer w[5], ctl;
+  for (int i = 0; i < 5; i++) peer_open(&w[i], &d, WORKER);
+  peer_open(&ctl, &d, CONTROLLER);
+  struct pbuf b[11];
+  char tag[16];
+  for (int i = 0; i < 11; i++) {
+    snprintf(tag, sizeof tag, "t%d", i);
+    peer_alloc(&w[i % 5], tag, 0, 2 * MiB, 0, &b[i]);
+    peer_unmap(&b[i]);
+  }
+  int seen_tags[11] = {0}, pages = 0;
+  size_t sessions = 0;
+  uint64_t tc = 0, sc = 0;
+  do {
+    wire_env *st = status_page(&ctl, tc, sc, 3);
+    const Gpumem__Wire__StatusReply *s = st->status_reply;
+    ck_assert_uint_le(s->n_tags, 3);
+    ck_assert_uint_le(s->n_sessions, 3);
+    for (size_t i = 0; i < s->n_tags; i++) seen_tags[atoi(s->tags[i]->name + 1)]++;
+    sessions += s->n_sessions;
+    tc = s->next_tag ? s->next_tag : UINT64_MAX;
+    sc = s->next_session ? s->next_session : UINT64_MAX;
+    pages++;
+    wire_env_free(st);
+  } while (tc != UINT64_MAX || sc != UINT64_MAX);
+  for (int i = 0; i < 11; i++) ck_assert_int_eq(seen_tags[i], 1);
+  ck_assert_uint_eq(sessions, 6);
+  ck_assert_int_eq(pages, 4);
+  uint64_t after = 0, last = 0;
+  size_t n = 0;
+  do {
+    wire_env *l = list_page(&ctl, after, 4);
+    ck_assert_uint_le(l->list_reply->n_buffers, 4);
+    for (size_t i = 0; i < l->list_reply->n_buffers; i++, n++) {
+      ck_assert_uint_gt(l->list_reply->buffers[i]->id, last);
+      last = l->list_reply->buffers[i]->id;
+    }
+    after = l->list_reply->next;
+    wire_env_free(l);
+  } while (after);
+  ck_assert_uint_eq(n, 11);
+  for (int i = 0; i < 5; i++) peer_close(&w[i]);
+  peer_close(&ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Re-register n paused buffers, one tag each, in one request. */
+static void adopt_paused(struct peer *w, size_t first, size_t n) {
+  Gpumem__Wire__AdoptBuffer *bufs = calloc(n, sizeof *bufs);
+  Gpumem__Wire__AdoptBuffer **ptrs = calloc(n, sizeof *ptrs);
+  char(*tags)[16] = calloc(n, sizeof *tags);
+  uint64_t chunk = 2 * MiB;
+  ck_assert(bufs && ptrs && tags);
+  for (size_t i = 0; i < n; i++) {
+    gpumem__wire__adopt_buffer__init(&bufs[i]);
+    snprintf(tags[i], sizeof tags[i], "p%zu", first + i);
+    bufs[i].tag = tags[i];
+    bufs[i].size = chunk;
+    bufs[i].chunk_sizes = &chunk;
+    bufs[i].n_chunk_sizes = 1;
+    bufs[i].paused = true;
+    ptrs[i] = &bufs[i];
+  }
+  Gpumem__Wire__AdoptRequest q = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
+  q.buffers = ptrs;
+  q.n_buffers = n;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
+  env.adopt = &q;
+  wire_env *r = ask(w, &env);
+  char why[256];
+  ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "%s", why);
+  wire_env_free(r);
+  free(bufs);
+  free(ptrs);
+  free(tags);
+}
+
+/* More buffers and tags than one page holds: the library gathers every
+ * page, so a controller lists and sees everything. */
+START_TEST(a_controller_always_sees_everything) {
+  daemon_start(&d, NULL);
+  struct peer w;
+  peer_open(&w, &d, WORKER);
+  const size_t total = 20000, batch = 2000;
+  for (size_t i = 0; i < total; i += batch) adopt_paused(&w, i, batch);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(d.socket, "pager", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
+  struct gpumem_list *l;
+  ck_assert_int_eq(gpumem_list(c, &l), (int)total);
+  for (size_t i = 1; i < l->nbuffers; i++) ck_assert_uint_gt(l->buffers[i]->id, l->buffers[i - 1]->id);
+  gpumem_list_free(l);
+  struct gpumem_status *s;
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  ck_assert_uint_eq(s->ntags, total);
+  ck_assert_str_eq(s->tags[total - 1]->name, "p19999");
+  ck_assert_uint_eq(s->nsessions, 2);
+  ck_assert_uint_eq(s->ntenants, 1);
+  ck_assert_uint_eq(s->tenants[0]->buffers, total);
+  gpumem_status_free(s);
+  gpumem_disconnect(c);
+  peer_close(&w);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+int main(void) {
+  return HARNESS_RUN("tenants", 60, harness_fd_setup, harness_fd_teardown,
+                     another_uid_cannot_join_a_tag, shared_tags_take_every_uid,
+                     workers_see_only_their_own, quotas_hold_across_sessions,
+                     status_and_list_come_in_pages, a_controller_always_sees_everything);
+}
