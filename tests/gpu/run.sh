@@ -58,6 +58,9 @@ cat "$run/faults.log"
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 # The Python package over the CUDA backend.
 python3 tests/gpu/python_check.py build/bin/gpumemd || status=1
+# Two uids' workers and a root controller: tag ownership, quotas, what a
+# tenant sees, shared tags.
+python3 tests/gpu/tenants_check.py build/bin/gpumemd build/lib || status=1
 # The preload library under the real CUDA runtime (libcudart from
 # CUDA_HOME, else PyTorch's nvidia-cuda-runtime wheel): a C program and
 # PyTorch's caching allocator, each with a daemon of its own.
