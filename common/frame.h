@@ -50,7 +50,8 @@ int frame_reader_next(frame_reader *r, struct frame *out);
  * reading. */
 int frame_reader_ready(const frame_reader *r);
 
-/* Bytes buffered that do not yet form a whole frame (0 at a frame edge). */
+/* Bytes buffered and not yet taken as frames: whole frames waiting to be
+ * taken and a frame still arriving (0 at a frame edge with none waiting). */
 size_t frame_reader_pending(const frame_reader *r);
 
 /* Fds received and not yet taken by a whole frame: after frame_reader_next

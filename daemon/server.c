@@ -712,13 +712,18 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
     case GPUMEM__WIRE__ENVELOPE__BODY_RESUME: handle_op(srv, s, env, true); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
     {
+      /* A status or a list changes nothing: for a peer that stopped
+       * reading it is only work (a status reads all of /proc). */
+      if (s->write_failed) break;
       size_t nlast;
       Gpumem__Wire__DeviceCheck *const *last = engine_last_checks(srv->eng, &nlast);
       report_status(s, env->id, env->status, srv->reg, srv->gpu, &srv->sessions, last, nlast,
                     srv->stats);
     }
       break;
-    case GPUMEM__WIRE__ENVELOPE__BODY_LIST: report_list(s, env->id, env->list, srv->reg); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_LIST:
+      if (!s->write_failed) report_list(s, env->id, env->list, srv->reg);
+      break;
     case GPUMEM__WIRE__ENVELOPE__BODY_SHARE: handle_share(srv, s, env); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ACK: engine_ack(srv->eng, s, env->id, env->ack); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT: handle_adopt(srv, s, env, f); break;

@@ -265,9 +265,12 @@ static void on_timer(uv_timer_t *t) {
 }
 
 /* Time the frame still arriving: from its first byte (a frame that ended
- * in this wakeup started the clock again), stopped at a frame edge. */
+ * in this wakeup started the clock again), stopped at a frame edge. Whole
+ * frames waiting for the loop's next turn (the backlog) are ours to
+ * serve, not the peer's to finish: no clock runs for them, and it starts
+ * again when the backlog is served down to a frame still arriving. */
 static void watch_frame(struct session *s, bool completed) {
-  if (frame_reader_pending(s->reader) == 0) {
+  if (frame_reader_pending(s->reader) == 0 || frame_reader_ready(s->reader)) {
     uv_timer_stop(&s->timer);
     return;
   }
