@@ -98,6 +98,7 @@ struct op {
   uint64_t req_id;
   uint32_t pid;          /* the requester's, for the record */
   uint32_t uid;
+  bool by_controller;    /* else a worker's pause or resume of its own */
   struct stats_op *rec;  /* the record while it runs */
   char **tags;
   size_t ntags;
@@ -245,6 +246,20 @@ static bool take_scope(struct op *op, struct session *ctl, const struct engine_s
   return true;
 }
 
+/* Queue an operation: a controller's goes ahead of the workers' own ones
+ * waiting (in order among controllers'), so that workers, however many,
+ * delay a controller by the one running at most. */
+static void enqueue(engine *e, struct op *op) {
+  struct list *p;
+  if (op->by_controller)
+    for (p = e->queue.next; p != &e->queue; p = p->next)
+      if (!list_entry(p, struct op, link)->by_controller) {
+        list_append(p, &op->link); /* just before it */
+        return;
+      }
+  list_append(&e->queue, &op->link);
+}
+
 /* Queue an operation and start it if nothing runs. */
 void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
@@ -282,8 +297,13 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
     log_info("timeout of %u ms capped at %u ms", op->timeout_ms, ENGINE_MAX_TIMEOUT_MS);
     op->timeout_ms = ENGINE_MAX_TIMEOUT_MS;
   }
+  /* A worker's own operation holds the one queue while it waits for its
+   * owners: no longer than --ack-timeout. */
+  op->by_controller = ctl->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
+  if (!op->by_controller && op->timeout_ms > e->cfg->ack_timeout_ms)
+    op->timeout_ms = e->cfg->ack_timeout_ms;
   op->max_residual = max_residual;
-  list_append(&e->queue, &op->link);
+  enqueue(e, op);
   run_queue(e);
 }
 
@@ -580,16 +600,35 @@ static bool unscoped(const struct op *op) {
   return !op->own && op->nscope_pids == 0 && !op->prefix[0];
 }
 
-/* Name the tags of an operation that names none: every tag there is now. */
+/* Name the tags of an operation that names none: every tag there is now
+ * (for a worker's own operation, those its session has buffers in, so
+ * that it costs what the worker holds, not what the node holds). */
 static bool name_all_tags(engine *e, struct op *op) {
   struct list *tags = registry_tags(e->reg), *p;
-  char **names = calloc(list_count(tags) + 1, sizeof *names);
-  if (!names) return false;
+  size_t most = op->own ? (op->self ? op->self->nbuffers : 0) : registry_tag_count(e->reg);
+  char **names = calloc(most + 1, sizeof *names);
+  idmap *seen = op->own ? idmap_create() : NULL;
+  if (!names || (op->own && !seen)) {
+    free(names);
+    idmap_destroy(seen);
+    return false;
+  }
   free(op->tags);
   op->tags = names;
-  for (p = tags->next; p != tags; p = p->next)
-    if (!(op->tags[op->ntags++] = strdup(list_entry(p, struct tag, link)->name))) return false;
-  return true;
+  bool ok = true;
+  if (op->own) {
+    for (p = op->self ? op->self->buffers.next : NULL; ok && p && p != &op->self->buffers;
+         p = p->next) {
+      struct tag *t = list_entry(p, struct buffer, owner_link)->tag;
+      if (idmap_get(seen, t->seq)) continue;
+      ok = idmap_put(seen, t->seq, t) == 0 && (op->tags[op->ntags++] = strdup(t->name));
+    }
+  } else {
+    for (p = tags->next; ok && p != tags; p = p->next)
+      ok = (op->tags[op->ntags++] = strdup(list_entry(p, struct tag, link)->name)) != NULL;
+  }
+  idmap_destroy(seen);
+  return ok;
 }
 
 /* True if session s has a buffer in tag t. */
@@ -885,6 +924,12 @@ static void commit_resume(engine *e, struct op *op) {
       count(op, b);
     }
   }
+  /* A tag left with no buffers and paused nowhere is forgotten: its name
+   * is free again, for any uid. */
+  for (size_t t = 0; t < op->ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->tags[t]);
+    if (tag) registry_prune(e->reg, tag);
+  }
 }
 
 /* Undo a remap group whose owner answered: buffers it could not map are
@@ -966,7 +1011,12 @@ static size_t check_devices(engine *e, struct op *op, Gpumem__Wire__DeviceCheck 
            "device %u: the driver gives no per-process figures, so --max-residual cannot be "
            "checked",
            d);
-    else if (r.bytes > op->max_residual) {
+    else if (r.bytes > op->max_residual && !op->by_controller) {
+      /* A worker is not told which process it is: it may be another uid's. */
+      fail(op, GPUMEM__WIRE__ERROR_CODE__RESIDUAL_EXCEEDED,
+           "device %u still holds %s outside gpumemd, more than %s", d,
+           size_format(r.bytes, a, sizeof a), size_format(op->max_residual, b, sizeof b));
+    } else if (r.bytes > op->max_residual) {
       char top[32];
       note_pid(op, r.top_pid);
       fail(op, GPUMEM__WIRE__ERROR_CODE__RESIDUAL_EXCEEDED,
@@ -1023,6 +1073,7 @@ static void reply(engine *e, struct op *op) {
   Gpumem__Wire__TagDeviceBytes **tdp = calloc(op->ndetail + 1, sizeof *tdp);
   if (op->fault.code) {
     err.code = op->fault.code;
+    wire_text_clean(op->fault.text); /* a worker's words cut mid-character */
     err.message = op->fault.text;
     err.bytes_needed = op->fault.bytes_needed;
     err.bytes_free = op->fault.bytes_free;

@@ -47,7 +47,8 @@ static void usage(FILE *out) {
           "                            or not (default 0: no limit)\n"
           "  --max-backup-bytes-per-uid SIZE  host memory a uid's BACKUP buffers reserve\n"
           "                            (default 0: only --backup-limit)\n"
-          "  --shared-tag TAG          a tag every uid may join (repeat for more)\n"
+          "  --shared-tag TAG          a tag every uid may join (repeat for more; \"default\"\n"
+          "                            always is)\n"
           "  --max-parked-fds-per-session N  fds a frame still arriving may hold (default 253)\n"
           "  --max-parked-fds-per-uid N      the same, over a uid's sessions (default 4096)\n"
           "  --frame-timeout DURATION  a frame begun must end within it (default 10s)\n"
@@ -166,6 +167,9 @@ static void start_thread_pool(uv_loop_t *loop) {
 /* Parse the flags, take systemd's socket or bind one, and serve. */
 int main(int argc, char **argv) {
   const char *env_socket = getenv("GPUMEM_SOCKET");
+  /* "default", the tag of allocations that name none (the preload library,
+   * PyTorch's allocator), is every uid's; --shared-tag adds more. */
+  static const char *shared_tags[WIRE_MAX_TAGS + 1] = {"default"};
   struct config cfg = {
       .socket_path = env_socket && *env_socket ? env_socket : DEFAULT_SOCKET,
       .backend = "auto",
@@ -175,6 +179,8 @@ int main(int argc, char **argv) {
       .backup_limit = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 2,
       .ack_timeout_ms = 10000,
       .timeout_policy = TIMEOUT_REPORT,
+      .shared_tags = shared_tags,
+      .nshared_tags = 1,
       .max_sessions_per_uid = 4096,
       .max_buffers_per_session = 1000000,
       .max_buffers_per_uid = 1000000,
@@ -307,13 +313,11 @@ int main(int argc, char **argv) {
                 optarg, WIRE_TAG_MAX);
         return 2;
       }
-      static const char *shared[WIRE_MAX_TAGS];
-      if (cfg.nshared_tags == WIRE_MAX_TAGS) {
+      if (cfg.nshared_tags == WIRE_MAX_TAGS + 1) {
         fprintf(stderr, "gpumemd: --shared-tag: at most %d\n", WIRE_MAX_TAGS);
         return 2;
       }
-      shared[cfg.nshared_tags++] = optarg;
-      cfg.shared_tags = shared;
+      shared_tags[cfg.nshared_tags++] = optarg;
       break;
     }
     case 'P':

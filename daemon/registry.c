@@ -21,6 +21,7 @@ struct registry {
   struct list all;  /* struct buffer.all_link, in id order */
   struct list tags; /* in creation order */
   idmap *tag_hash;  /* name hash | 1 -> first tag of that bucket */
+  idmap *tag_seqs;  /* seq -> tag */
   uint64_t next_tag_seq;
   tenants *tenants;
   uint64_t managed[REGISTRY_MAX_DEVICES];
@@ -44,10 +45,12 @@ registry *registry_create(gpu *g, const struct registry_options *opt) {
   list_init(&r->all);
   r->buffers = idmap_create();
   r->tag_hash = idmap_create();
+  r->tag_seqs = idmap_create();
   r->tenants = tenants_create(&opt->quotas);
-  if (!r->buffers || !r->tag_hash || !r->tenants) {
+  if (!r->buffers || !r->tag_hash || !r->tag_seqs || !r->tenants) {
     idmap_destroy(r->buffers);
     idmap_destroy(r->tag_hash);
+    idmap_destroy(r->tag_seqs);
     tenants_destroy(r->tenants);
     free(r);
     return NULL;
@@ -68,6 +71,7 @@ void registry_destroy(registry *r) {
   }
   idmap_destroy(r->buffers);
   idmap_destroy(r->tag_hash);
+  idmap_destroy(r->tag_seqs);
   tenants_destroy(r->tenants);
   free(r);
 }
@@ -95,6 +99,14 @@ static struct tag *tag_new(registry *r, const char *name) {
     return NULL;
   }
   tag->seq = ++r->next_tag_seq;
+  if (idmap_put(r->tag_seqs, tag->seq, tag) < 0) {
+    if (tag->hash_next)
+      idmap_put(r->tag_hash, key, tag->hash_next);
+    else
+      idmap_del(r->tag_hash, key);
+    free(tag);
+    return NULL;
+  }
   list_init(&tag->buffers);
   list_append(&r->tags, &tag->link);
   return tag;
@@ -116,25 +128,49 @@ static void tag_delete(registry *r, struct tag *tag) {
         break;
       }
   }
+  idmap_del(r->tag_seqs, tag->seq);
   list_remove(&tag->link);
   free(tag);
 }
+
+/* The first tag made after seq: found at once when that tag still
+ * exists, else by walking the list. */
+struct tag *registry_tag_after(registry *r, uint64_t seq) {
+  struct tag *t = seq ? idmap_get(r->tag_seqs, seq) : NULL;
+  for (struct list *p = t ? t->link.next : r->tags.next; p != &r->tags; p = p->next) {
+    struct tag *x = list_entry(p, struct tag, link);
+    if (x->seq > seq) return x;
+  }
+  return NULL;
+}
+
+/* Number of tags. */
+size_t registry_tag_count(const registry *r) { return idmap_count(r->tag_seqs); }
 
 /* Whether uid may see the tag. */
 bool registry_tag_visible(const struct tag *t, uint32_t uid) {
   return t->shared || (t->owned && t->uid == uid);
 }
 
-/* The tag a buffer of uid joins: found or created, unless another uid
- * owns it and it is not shared. */
+/* Whether the configuration shares every tag of this name. */
+static bool shared_by_config(const registry *r, const char *name) {
+  for (size_t i = 0; i < r->opt.nshared_names; i++)
+    if (strcmp(r->opt.shared_names[i], name) == 0) return true;
+  return false;
+}
+
+/* The tag a buffer of uid joins: found or created (shared when the
+ * configuration says so), unless another uid owns it and it is not
+ * shared. */
 static wire_code join_tag(registry *r, const char *name, uint32_t uid, struct tag **out,
                           struct fault *f) {
   struct tag *tag = registry_tag(r, name);
   if (!tag) {
     if (!(tag = tag_new(r, name)))
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-    tag->owned = true;
-    tag->uid = uid;
+    tag->shared = shared_by_config(r, name);
+    tag->owned = !tag->shared;
+    tag->uid = tag->owned ? uid : 0;
   } else if (!tag->shared && tag->owned && tag->uid != uid) {
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                      "tag '%s' belongs to uid %u: use another tag, or have a controller "
@@ -161,11 +197,25 @@ wire_code registry_share(registry *r, const char *name, bool shared, struct tag 
     return GPUMEM__WIRE__ERROR_CODE__OK;
   }
   if (!tag) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag '%s'", name);
-  tag->shared = false;
+  if (shared_by_config(r, name))
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "tag '%s' is shared by gpumemd's configuration (--shared-tag, or "
+                     "\"default\", the tag of allocations that name none)",
+                     name);
   if (!tag->owned && !list_empty(&tag->buffers)) {
+    /* Shared before any buffer joined, it has no owner: it goes to the
+     * uid whose buffers are in it, when there is one. */
+    uint32_t uid = list_entry(tag->buffers.next, struct buffer, tag_link)->uid;
+    for (struct list *p = tag->buffers.next; p != &tag->buffers; p = p->next)
+      if (list_entry(p, struct buffer, tag_link)->uid != uid)
+        return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                         "tag '%s' has no owner and holds buffers of several uids: it stays "
+                         "shared until only one uid's are left",
+                         name);
     tag->owned = true;
-    tag->uid = list_entry(tag->buffers.next, struct buffer, tag_link)->uid;
+    tag->uid = uid;
   }
+  tag->shared = false;
   if (list_empty(&tag->buffers) && !tag->paused_devices) {
     registry_prune(r, tag);
     return GPUMEM__WIRE__ERROR_CODE__OK;
@@ -474,6 +524,7 @@ static void attach(registry *r, struct buffer *b, struct session *owner, struct 
   list_append(&tag->buffers, &b->tag_link);
   list_append(owner_list, &b->owner_link);
   list_append(&r->all, &b->all_link);
+  list_append(tenants_members(r->tenants, b->uid), &b->uid_link); /* charged: it exists */
 }
 
 /* Give a buffer that has its memory (or starts paused) an id and link it
@@ -656,6 +707,7 @@ void registry_free(registry *r, struct buffer *b) {
   registry_memory_release(r, b);
   drop_backup(r, b);
   unreserve_backup(r, b);
+  list_remove(&b->uid_link);
   uncharge(r, b);
   idmap_del(r->buffers, b->id);
   list_remove(&b->tag_link);
@@ -666,9 +718,12 @@ void registry_free(registry *r, struct buffer *b) {
 }
 
 /* Forget a tag that has no buffers and is neither paused anywhere nor
- * shared, so that names used once do not pile up. */
+ * shared by a controller, so that names used once do not pile up (the
+ * configuration's shared names are shared again whenever made). */
 void registry_prune(registry *r, struct tag *tag) {
-  if (!list_empty(&tag->buffers) || tag->paused_devices || tag->shared) return;
+  if (!list_empty(&tag->buffers) || tag->paused_devices ||
+      (tag->shared && !shared_by_config(r, tag->name)))
+    return;
   tag_delete(r, tag);
 }
 

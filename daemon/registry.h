@@ -80,6 +80,7 @@ struct buffer {
   uint64_t backup_hash; /* with --verify-backups */
   struct list tag_link, owner_link;
   struct list all_link; /* the registry's buffers, in id order */
+  struct list uid_link; /* its uid's buffers (tenants_members), in id order */
 };
 
 typedef struct registry registry;
@@ -90,6 +91,8 @@ struct registry_options {
   uint64_t backup_limit; /* host memory BACKUP buffers may reserve */
   bool verify_backups;   /* hash backups and check them after restore */
   struct tenant_limits quotas; /* per uid */
+  const char *const *shared_names; /* tags made shared whenever created */
+  size_t nshared_names;
   uv_loop_t *loop;       /* makes BACKUP buffers' host memory on its thread
                             pool as they are allocated; NULL: on the first
                             pause. Buffers freed meanwhile leave jobs that
@@ -142,10 +145,11 @@ struct tag *registry_tag(registry *r, const char *name);
 
 /* Share a tag with every uid (shared), creating it if new, or make it its
  * owner's alone again: the owner then is the uid whose buffer created it,
- * or, for a tag made shared before any buffer, that of its oldest buffer
- * (buffers already in it stay). Returns OK with *out (NULL: an unshared
- * tag with nothing in it is forgotten), NOT_FOUND for unsharing a tag
- * that does not exist, or INTERNAL. */
+ * or, for a tag made shared before any buffer, the one uid whose buffers
+ * are in it (WRONG_STATE while several uids' are; buffers already in it
+ * stay). Returns OK with *out (NULL: an unshared tag with nothing in it is
+ * forgotten), NOT_FOUND for unsharing a tag that does not exist, or
+ * INTERNAL. */
 wire_code registry_share(registry *r, const char *name, bool shared, struct tag **out,
                          struct fault *f);
 
@@ -158,6 +162,12 @@ void registry_prune(registry *r, struct tag *tag);
 
 /* The list of tags (struct tag.link), in creation order, for walking. */
 struct list *registry_tags(registry *r);
+
+/* The first tag made after the one numbered seq (struct tag.seq), or NULL. */
+struct tag *registry_tag_after(registry *r, uint64_t seq);
+
+/* Number of tags. */
+size_t registry_tag_count(const registry *r);
 
 /* The list of buffers (struct buffer.all_link), in id order. */
 struct list *registry_buffers(registry *r);

@@ -201,11 +201,12 @@ static uint64_t page_tags(registry *reg, uint64_t cursor, size_t limit,
                           Gpumem__Wire__TagInfo *tags, Gpumem__Wire__TagInfo **tagp, size_t *n,
                           bool all, uint32_t uid) {
   struct list *head = registry_tags(reg);
+  struct tag *first = registry_tag_after(reg, cursor);
   uint64_t last = 0;
   *n = 0;
-  for (struct list *p = head->next; p != head; p = p->next) {
+  for (struct list *p = first ? &first->link : head; p != head; p = p->next) {
     struct tag *t = list_entry(p, struct tag, link);
-    if (t->seq <= cursor || (!all && !registry_tag_visible(t, uid))) continue;
+    if (!all && !registry_tag_visible(t, uid)) continue;
     if (*n == limit) return last;
     tag_info(&tags[*n], t, all, uid);
     tagp[*n] = &tags[*n];
@@ -323,7 +324,7 @@ void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__Statu
   r.granularity = gpu_granularity(g);
   r.devices = report_devices(reg, g, &r.n_devices);
   struct tenant_view tv = {0};
-  size_t ntags = list_count(registry_tags(reg)), nsessions = list_count(sessions);
+  size_t ntags = registry_tag_count(reg), nsessions = list_count(sessions);
   size_t tag_room = (ntags < limit ? ntags : limit) + 1;
   size_t session_room = (nsessions < limit ? nsessions : limit) + 1;
   Gpumem__Wire__TagInfo *tags = calloc(tag_room, sizeof *tags);
@@ -411,13 +412,15 @@ static void buffer_info(Gpumem__Wire__BufferInfo *bi, const struct buffer *b) {
   bi->state = b->state;
 }
 
-/* Send s one page of the buffers it may see (its own; a controller's:
+/* Send s one page of the buffers it may see (its uid's; a controller's:
  * all), in id order. */
 void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListRequest *req,
                  registry *reg) {
   bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
   size_t limit = req->limit && req->limit < REPORT_LIST_PAGE ? req->limit : REPORT_LIST_PAGE;
-  size_t held = all ? registry_count(reg) : s->nbuffers;
+  const struct tenant *me = tenants_find(registry_tenants(reg), (uint32_t)s->uid);
+  struct list *mine = me ? tenants_members(registry_tenants(reg), (uint32_t)s->uid) : NULL;
+  size_t held = all ? registry_count(reg) : me ? me->buffers : 0;
   size_t cap = held < limit ? held : limit;
   Gpumem__Wire__BufferInfo *bi = calloc(cap + 1, sizeof *bi);
   Gpumem__Wire__BufferInfo **bip = calloc(cap + 1, sizeof *bip);
@@ -443,10 +446,10 @@ void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListReq
       bip[i] = &bi[i];
       i++;
     }
-  } else {
-    /* A session's own buffers are in id order too (appended as made). */
-    for (struct list *q = s->buffers.next; q != &s->buffers; q = q->next) {
-      struct buffer *b = list_entry(q, struct buffer, owner_link);
+  } else if (mine) {
+    /* Its uid's buffers are in id order too (appended as made). */
+    for (struct list *q = mine->next; q != mine; q = q->next) {
+      struct buffer *b = list_entry(q, struct buffer, uid_link);
       if (b->id <= req->after) continue;
       if (i == cap) {
         r.next = bi[i - 1].id;

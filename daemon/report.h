@@ -24,7 +24,7 @@ void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__Statu
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st);
 
 /* Send s one page (req's cursor and limit) of the buffers it may see, in
- * id order: its own, or all for a controller. */
+ * id order: its uid's, or all for a controller. */
 void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListRequest *req,
                  registry *reg);
 

@@ -87,16 +87,10 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
                                 .quotas = {.buffers = cfg->max_buffers_per_uid,
                                            .device_bytes = cfg->max_device_bytes_per_uid,
                                            .backup_bytes = cfg->max_backup_bytes_per_uid},
+                                .shared_names = cfg->shared_tags,
+                                .nshared_names = cfg->nshared_tags,
                                 .loop = loop};
   srv->reg = registry_create(g, &ro);
-  for (size_t i = 0; srv->reg && i < cfg->nshared_tags; i++) {
-    struct fault f;
-    struct tag *t;
-    if (registry_share(srv->reg, cfg->shared_tags[i], true, &t, &f)) {
-      registry_destroy(srv->reg);
-      srv->reg = NULL;
-    }
-  }
   srv->stats = stats_create();
   srv->eng = srv->reg && srv->stats
                  ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, srv->stats)

@@ -220,8 +220,11 @@ int session_send(struct session *s, const wire_env *env, const int *fds,
 /* Queue an Error reply to request id. */
 void session_send_error(struct session *s, uint64_t id, const struct fault *f) {
   Gpumem__Wire__Error err = GPUMEM__WIRE__ERROR__INIT;
+  char text[sizeof f->text];
+  snprintf(text, sizeof text, "%s", f->text);
+  wire_text_clean(text); /* a worker's words cut mid-character stay valid UTF-8 */
   err.code = f->code;
-  err.message = (char *)f->text;
+  err.message = text;
   err.bytes_needed = f->bytes_needed;
   err.bytes_free = f->bytes_free;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;

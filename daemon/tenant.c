@@ -44,6 +44,12 @@ const struct tenant *tenants_find(const tenants *t, uint32_t uid) {
   return idmap_get(t->by_uid, (uint64_t)uid + 1);
 }
 
+/* The list the registry links uid's buffers into, or NULL. */
+struct list *tenants_members(tenants *t, uint32_t uid) {
+  struct tenant *x = idmap_get(t->by_uid, (uint64_t)uid + 1);
+  return x ? &x->members : NULL;
+}
+
 /* Whether adding n to used passes limit (0: none). */
 static bool over(uint64_t used, uint64_t n, uint64_t limit) {
   return limit && (n > limit || used > limit - n);
@@ -79,6 +85,7 @@ wire_code tenants_charge(tenants *t, uint32_t uid, unsigned device, uint64_t siz
     if (!(x = calloc(1, sizeof *x)))
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     x->uid = uid;
+    list_init(&x->members);
     if (idmap_put(t->by_uid, (uint64_t)uid + 1, x) < 0) {
       free(x);
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/list.h"
 #include "common/wire.h"
 #include "fault.h"
 
@@ -25,6 +26,7 @@ struct tenant {
   uint64_t bytes; /* over all devices */
   uint64_t device_bytes[TENANT_MAX_DEVICES];
   uint64_t backup_bytes;
+  struct list members; /* the uid's buffers, linked by the registry */
 };
 
 typedef struct tenants tenants;
@@ -49,6 +51,11 @@ void tenants_credit(tenants *t, uint32_t uid, unsigned device, uint64_t size, bo
 
 /* What uid holds, or NULL when it holds nothing. */
 const struct tenant *tenants_find(const tenants *t, uint32_t uid);
+
+/* The list the registry links uid's buffers into (charged ones: it exists
+ * from the first tenants_charge until the last tenants_credit, which
+ * finds it empty), or NULL. */
+struct list *tenants_members(tenants *t, uint32_t uid);
 
 /* Up to max tenants holding anything, by uid; returns how many. */
 size_t tenants_list(const tenants *t, const struct tenant **out, size_t max);

@@ -1092,6 +1092,35 @@ START_TEST(ack_messages_cannot_forge_log_lines) {
 }
 END_TEST
 
+/* A worker's words in a failed ack, cut to fit the controller's error,
+ * are never cut in the middle of a character: the error stays UTF-8 that
+ * a strict proto3 parser takes. */
+START_TEST(errors_cut_at_a_character) {
+  daemon_up(NULL);
+  struct peer c, w;
+  open_peer(&c, CONTROLLER);
+  open_peer(&w, WORKER);
+  struct pbuf b;
+  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
+  peer_op(&c, false, "kv", 0, 0);
+  struct frame f;
+  wire_env *e = peer_event(&w, &f);
+  char words[WIRE_MAX_MESSAGE + 1] = "";
+  for (size_t i = 0; i + 2 <= WIRE_MAX_MESSAGE; i += 2) strcat(words, "\xc3\xa9"); /* é */
+  peer_unmap(&b);
+  peer_ack_code(&w, e->id, CODE(BACKEND_ERROR), NULL, 0, words);
+  wire_env *r;
+  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(NOT_RELEASED)); /* "could not unmap: ..." */
+  ck_assert_msg(wire_text_valid(r->error->message, 4096), "%s", r->error->message);
+  ck_assert_ptr_nonnull(strstr(r->error->message, "\xc3\xa9\xc3\xa9"));
+  wire_env_free(r);
+  wire_env_free(e);
+  frame_release(&f);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
 /* A process may give itself any bytes as a name (prctl); when it holds
  * device memory outside gpumemd, the status names it in valid text. */
 START_TEST(process_names_are_made_valid_text) {
@@ -1475,7 +1504,7 @@ int main(void) {
       adopt_the_same_memfd_twice, adopt_memory_the_daemon_holds,
       adopt_that_fails_half_way_leaves_nothing, adopt_more_buffers_than_allowed,
       adopt_beyond_the_device, ack_failed_ids_repeated_and_by_thousands,
-      ack_with_absurd_codes, ack_messages_cannot_forge_log_lines,
+      ack_with_absurd_codes, ack_messages_cannot_forge_log_lines, errors_cut_at_a_character,
                      process_names_are_made_valid_text, ack_twice_back_to_back, ack_for_another_sessions_event,
       pause_and_resume_of_unknown_tags, pause_names_twice_count_once, pause_with_max_residual,
       sigterm_answers_the_operation_in_flight, sigterm_with_stuck_peers);

@@ -230,7 +230,8 @@ START_TEST(tags_belong_to_their_creator) {
 END_TEST
 
 /* A tag shared before any buffer joins stays while empty; unshared, it
- * goes to its oldest buffer's uid, or away when it is empty. */
+ * goes to the one uid whose buffers are in it (refused while several
+ * uids' are), or away when it is empty. */
 START_TEST(shared_tags_outlive_their_buffers) {
   struct tag *t;
   struct buffer *b, *c;
@@ -243,9 +244,12 @@ START_TEST(shared_tags_outlive_their_buffers) {
   ck_assert_ptr_eq(registry_tag(reg, "common"), t);
   ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 8, "common", 0, MiB, 0, &c, &f), CODE(OK));
   ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 7, "common", 0, MiB, 0, &b, &f), CODE(OK));
-  ck_assert_int_eq(registry_share(reg, "common", false, &t, &f), CODE(OK));
-  ck_assert(t->owned && t->uid == 8);
+  ck_assert_int_eq(registry_share(reg, "common", false, &t, &f), CODE(WRONG_STATE));
+  ck_assert_ptr_nonnull(strstr(f.text, "several uids"));
+  ck_assert(t == NULL && registry_tag(reg, "common")->shared);
   registry_free(reg, b);
+  ck_assert_int_eq(registry_share(reg, "common", false, &t, &f), CODE(OK));
+  ck_assert(t->owned && t->uid == 8 && !t->shared);
   registry_free(reg, c);
   ck_assert_ptr_null(registry_tag(reg, "common"));
   ck_assert_int_eq(registry_share(reg, "gone", true, &t, &f), CODE(OK));

@@ -244,9 +244,10 @@ START_TEST(workers_see_only_their_own) {
   ck_assert_uint_eq(s->tenants[0]->device_bytes[1], 4 * MiB);
   ck_assert_uint_eq(s->n_recent_ops, 0); /* the controller's pause of bob's tag */
   wire_env_free(st);
-  st = list_page(&alice, 0, 0);
-  ck_assert_uint_eq(st->list_reply->n_buffers, 1);
+  st = list_page(&alice, 0, 0); /* both of alice's sessions' buffers, not bob's */
+  ck_assert_uint_eq(st->list_reply->n_buffers, 2);
   ck_assert_uint_eq(st->list_reply->buffers[0]->id, a.id);
+  ck_assert_uint_eq(st->list_reply->buffers[1]->id, a2.id);
   wire_env_free(st);
   st = peer_status(&ctl);
   s = st->status_reply;
@@ -330,6 +331,119 @@ START_TEST(quotas_hold_across_sessions) {
   peer_unmap(&x);
   peer_unmap(&y);
   peer_close(&a2);
+  peer_close(&bob);
+  peer_close(&ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Send a worker's pause of its own buffers in one tag, with a timeout. */
+static void own_pause(struct peer *w, const char *tag, uint32_t timeout_ms) {
+  Gpumem__Wire__PauseRequest q = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
+  char *tags[1] = {(char *)tag};
+  q.tags = tags;
+  q.n_tags = 1;
+  q.own = true;
+  q.timeout_ms = timeout_ms;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = w->next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  env.pause = &q;
+  peer_put(w, &env, NULL, 0);
+}
+
+/* Workers' own pauses that never get their acks cannot hold the node:
+ * each waits --ack-timeout at most, whatever timeout it asks for, and a
+ * controller's pause goes ahead of the workers' waiting ones. */
+START_TEST(workers_cannot_hold_the_queue) {
+  if (!can_be_others("workers_cannot_hold_the_queue")) return;
+  daemon_open_to_all((const char *const[]){"--ack-timeout", "1s", NULL});
+  struct peer alice, bob1, bob2, ctl;
+  open_as(&alice, ALICE, WORKER);
+  open_as(&bob1, BOB, WORKER);
+  open_as(&bob2, BOB, WORKER);
+  open_as(&ctl, 0, CONTROLLER);
+  struct pbuf a, b1, b2;
+  peer_alloc(&alice, "alice-kv", 0, 2 * MiB, 0, &a);
+  peer_alloc(&bob1, "bob-one", 0, 2 * MiB, 0, &b1);
+  peer_alloc(&bob2, "bob-two", 0, 2 * MiB, 0, &b2);
+  own_pause(&bob1, "bob-one", 600000); /* asks for ten minutes, never acks */
+  wire_env *ev = peer_event(&bob1, NULL);
+  ck_assert_int_eq(ev->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
+  wire_env_free(ev);
+  own_pause(&bob2, "bob-two", 600000); /* waits behind bob1's */
+  wire_env_free(peer_status(&bob2));   /* the daemon has queued it */
+  peer_op(&ctl, false, "alice-kv", 0, 0);
+  wire_env *r = peer_get_within(&bob1, NULL, 10000);
+  char why[512];
+  ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(CLIENT_TIMEOUT));
+  ck_assert_msg(strstr(why, "no ack within 1000 ms"), "%s", why);
+  wire_env_free(r);
+  peer_serve(&alice, &a, 1, 1);
+  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  ev = peer_event(&bob2, NULL);
+  ck_assert_int_eq(ev->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
+  peer_unmap(&b2);
+  peer_ack(&bob2, ev->id, NULL, 0, NULL);
+  wire_env_free(ev);
+  r = peer_get(&bob2, NULL);
+  ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
+  wire_env_free(r);
+  /* In the daemon's record, newest first: bob2's, the controller's, bob1's. */
+  wire_env *st = peer_status(&ctl);
+  const Gpumem__Wire__StatusReply *s = st->status_reply;
+  ck_assert_uint_eq(s->n_recent_ops, 3);
+  ck_assert_str_eq(s->recent_ops[0]->tags[0], "bob-two");
+  ck_assert_str_eq(s->recent_ops[1]->tags[0], "alice-kv");
+  ck_assert_str_eq(s->recent_ops[2]->tags[0], "bob-one");
+  wire_env_free(st);
+  peer_unmap(&a);
+  peer_unmap(&b1);
+  peer_close(&alice);
+  peer_close(&bob1);
+  peer_close(&bob2);
+  peer_close(&ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* A tag emptied while paused is forgotten once resumed, so another uid
+ * may use its name; "default" is every uid's and stays so. */
+START_TEST(names_come_free_and_default_is_shared) {
+  if (!can_be_others("names_come_free_and_default_is_shared")) return;
+  daemon_open_to_all(NULL);
+  struct peer alice, bob, ctl;
+  open_as(&alice, ALICE, WORKER);
+  open_as(&bob, BOB, WORKER);
+  open_as(&ctl, 0, CONTROLLER);
+  struct pbuf a, b;
+  peer_alloc(&alice, "kv", 0, 2 * MiB, 0, &a);
+  peer_op(&ctl, false, "kv", 0, 0);
+  peer_serve(&alice, &a, 1, 1);
+  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  fr.buffer_id = a.id;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  env.free = &fr;
+  wire_env *r = ask(&alice, &env);
+  ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
+  wire_env_free(r);
+  ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 2 * MiB, 0, &b), CODE(PERMISSION_DENIED));
+  peer_op(&ctl, true, "kv", 0, 0);
+  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  peer_alloc(&bob, "kv", 0, 2 * MiB, 0, &b);
+  peer_unmap(&b);
+  peer_alloc(&alice, "default", 0, 2 * MiB, 0, &a);
+  peer_alloc(&bob, "default", 0, 2 * MiB, 0, &b);
+  peer_unmap(&a);
+  peer_unmap(&b);
+  ck_assert_int_eq(share(&ctl, "default", false), CODE(INVALID_ARGUMENT));
+  wire_env *st = peer_status(&ctl);
+  ck_assert(peer_tag(st, "default")->shared && peer_tag(st, "default")->buffers == 2);
+  ck_assert_uint_eq(peer_tag(st, "kv")->owner_uid, BOB);
+  wire_env_free(st);
+  peer_close(&alice);
   peer_close(&bob);
   peer_close(&ctl);
   ck_assert_int_eq(daemon_stop(&d), 0);
@@ -451,5 +565,6 @@ int main(void) {
   return HARNESS_RUN("tenants", 60, harness_fd_setup, harness_fd_teardown,
                      another_uid_cannot_join_a_tag, shared_tags_take_every_uid,
                      workers_see_only_their_own, quotas_hold_across_sessions,
-                     status_and_list_come_in_pages, a_controller_always_sees_everything);
+                     status_and_list_come_in_pages, a_controller_always_sees_everything,
+                     workers_cannot_hold_the_queue, names_come_free_and_default_is_shared);
 }
