@@ -300,10 +300,14 @@ static const char *tag_owner(const struct gpumem_tag_status *t, char *buf, size_
 /* What each uid holds, against the quotas. */
 static void print_tenants(const struct gpumem_status *s) {
   char a[32], b[32], c[32];
-  printf("\nquotas per uid: %llu buffers, %s per device, %s of backups (0: no limit)\n",
-         (unsigned long long)s->max_buffers_per_uid,
-         size_format(s->max_device_bytes_per_uid, a, sizeof a),
-         size_format(s->max_backup_bytes_per_uid, b, sizeof b));
+  if (s->max_device_bytes_per_uid) {
+    size_format(s->max_device_bytes_per_uid, a, sizeof a);
+    strcat(a, " per device");
+  }
+  printf("\nquotas per uid: %llu buffers; device bytes: %s; backup bytes: %s\n",
+         (unsigned long long)s->max_buffers_per_uid, s->max_device_bytes_per_uid ? a : "none",
+         s->max_backup_bytes_per_uid ? size_format(s->max_backup_bytes_per_uid, b, sizeof b)
+                                     : "none");
   if (!s->ntenants) return;
   printf("%-10s %7s %11s %11s\n", "UID", "BUFFERS", "BYTES", "BACKUP");
   for (size_t i = 0; i < s->ntenants; i++) {
