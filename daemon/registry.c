@@ -12,6 +12,7 @@
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
+#include "fdbudget.h"
 
 struct registry {
   gpu *gpu;
@@ -24,6 +25,7 @@ struct registry {
   idmap *tag_seqs;  /* seq -> tag */
   uint64_t next_tag_seq;
   tenants *tenants;
+  uint64_t chunks; /* chunk handles held (descriptors, on the host backend) */
   uint64_t managed[REGISTRY_MAX_DEVICES];
   unsigned backup_buffers[REGISTRY_MAX_DEVICES]; /* BACKUP buffers per device */
   uint64_t backup_bytes;    /* valid backups */
@@ -245,8 +247,42 @@ struct buffer *registry_buffer_after(registry *r, uint64_t after) {
 /* What each uid holds, and the quotas. */
 tenants *registry_tenants(registry *r) { return r->tenants; }
 
-/* Create every chunk or none. */
+/* Chunks the backend's descriptors may be, all together: where each is
+ * one of the daemon's descriptors, three quarters of its limit, the rest
+ * left to connections and the daemon's own (0: no such limit). */
+static uint64_t chunk_budget(const registry *r) {
+  if (!gpu_fd_per_chunk(r->gpu)) return 0;
+  uint64_t limit = fdbudget_limit();
+  return limit == UINT64_MAX ? 0 : limit / 4 * 3;
+}
+
+/* Count n more chunks held for uid, if they fit the chunk budget and
+ * uid's half of it; else LIMIT_EXCEEDED and nothing counted. */
+static wire_code take_chunks(registry *r, uint32_t uid, uint64_t n, struct fault *f) {
+  uint64_t budget = chunk_budget(r);
+  if (budget && r->chunks + n > budget)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+                     "the daemon holds %llu chunks, each one of its descriptors on this backend: "
+                     "%llu more would pass %llu, three quarters of its descriptor limit (the "
+                     "rest is kept for connections)",
+                     (unsigned long long)r->chunks, (unsigned long long)n,
+                     (unsigned long long)budget);
+  wire_code rc = tenants_take_chunks(r->tenants, uid, n, budget / 2, f);
+  if (rc == GPUMEM__WIRE__ERROR_CODE__OK) r->chunks += n;
+  return rc;
+}
+
+/* Give back what take_chunks counted. */
+static void give_chunks(registry *r, uint32_t uid, uint64_t n) {
+  r->chunks -= n;
+  tenants_give_chunks(r->tenants, uid, n);
+}
+
+/* Create every chunk or none (none past the chunk budget). */
 wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f) {
+  uint64_t n = b->ipc ? 1 : b->nchunks;
+  wire_code room = take_chunks(r, b->uid, n, f);
+  if (room) return room;
   for (size_t i = 0; i < b->nchunks; i++) {
     int rc = b->ipc ? gpu_ipc_alloc(r->gpu, b->device, b->size, &b->handles[0], b->ipc_handle)
                     : gpu_chunk_create(r->gpu, b->device, b->chunk_sizes[i], &b->handles[i]);
@@ -255,6 +291,7 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
       snprintf(said, sizeof said, "%s", gpu_error());
       while (i-- > 0)
         gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
+      give_chunks(r, b->uid, n);
       uint64_t free_b = 0, total = 0;
       gpu_mem_info(r->gpu, b->device, &free_b, &total);
       f->bytes_needed = b->size;
@@ -286,6 +323,7 @@ void registry_memory_release(registry *r, struct buffer *b) {
       gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
   b->has_memory = false;
   r->managed[b->device] -= b->size;
+  give_chunks(r, b->uid, b->ipc ? 1 : b->nchunks);
 }
 
 static uint64_t now_us(void) {
@@ -621,6 +659,11 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
     uncharge(r, b);
     goto fail;
   }
+  if ((rc = take_chunks(r, uid, nfds, f))) {
+    unreserve_backup(r, b);
+    uncharge(r, b);
+    goto fail;
+  }
   for (; took < nfds; took++) {
     int fd = fds[took];
     fds[took] = -1;
@@ -639,6 +682,7 @@ wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_
   }
   if (rc) {
     for (size_t i = 0; i < took; i++) gpu_chunk_release(r->gpu, device, b->handles[i], chunk_sizes[i]);
+    give_chunks(r, uid, nfds);
     unreserve_backup(r, b);
     uncharge(r, b);
     goto fail;

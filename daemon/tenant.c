@@ -113,6 +113,28 @@ void tenants_credit(tenants *t, uint32_t uid, unsigned device, uint64_t size, bo
   }
 }
 
+/* Count n more chunks held by uid, or refuse them. */
+wire_code tenants_take_chunks(tenants *t, uint32_t uid, uint64_t n, uint64_t limit,
+                              struct fault *f) {
+  struct tenant *x = idmap_get(t->by_uid, (uint64_t)uid + 1);
+  if (!x) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "uid %u holds no buffer", uid);
+  if (over(x->chunks, n, limit))
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+                     "uid %u holds %llu chunks, and each is a descriptor of the daemon on this "
+                     "backend: %llu more would pass %llu per uid (half of what chunks may take "
+                     "of its descriptor limit)",
+                     uid, (unsigned long long)x->chunks, (unsigned long long)n,
+                     (unsigned long long)limit);
+  x->chunks += n;
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Take back n chunks from uid's count. */
+void tenants_give_chunks(tenants *t, uint32_t uid, uint64_t n) {
+  struct tenant *x = idmap_get(t->by_uid, (uint64_t)uid + 1);
+  if (x) x->chunks -= n;
+}
+
 /* Order tenants by uid. */
 static int by_uid(const void *a, const void *b) {
   uint32_t x = (*(const struct tenant *const *)a)->uid, y = (*(const struct tenant *const *)b)->uid;

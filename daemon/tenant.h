@@ -17,6 +17,7 @@ struct tenant_limits {
   uint64_t buffers;      /* buffers, over all of a uid's sessions */
   uint64_t device_bytes; /* bytes of buffers on each device, in any state */
   uint64_t backup_bytes; /* host memory BACKUP buffers reserve */
+  uint64_t chunks;       /* physical chunks held now */
 };
 
 /* What one uid holds now. */
@@ -26,6 +27,7 @@ struct tenant {
   uint64_t bytes; /* over all devices */
   uint64_t device_bytes[TENANT_MAX_DEVICES];
   uint64_t backup_bytes;
+  uint64_t chunks;
   struct list members; /* the uid's buffers, linked by the registry */
 };
 
@@ -48,6 +50,15 @@ wire_code tenants_charge(tenants *t, uint32_t uid, unsigned device, uint64_t siz
 
 /* Take back what tenants_charge counted. */
 void tenants_credit(tenants *t, uint32_t uid, unsigned device, uint64_t size, bool backup);
+
+/* Count n more chunks held by uid (which holds a buffer) against limit
+ * (0: none; where each chunk is one of the daemon's descriptors, a share
+ * of its descriptor limit, which may change), or answer LIMIT_EXCEEDED. */
+wire_code tenants_take_chunks(tenants *t, uint32_t uid, uint64_t n, uint64_t limit,
+                              struct fault *f);
+
+/* Take back n chunks from uid's count. */
+void tenants_give_chunks(tenants *t, uint32_t uid, uint64_t n);
 
 /* What uid holds, or NULL when it holds nothing. */
 const struct tenant *tenants_find(const tenants *t, uint32_t uid);

@@ -8,6 +8,7 @@ struct gpu_ops {
   const char *name;
   const char *built_with; /* the vendor headers compiled against (NULL: none) */
   const void *impl; /* what open needs beyond the options (vendor table) */
+  bool fd_per_chunk; /* each chunk the daemon holds is one of its descriptors */
   int (*open)(const struct gpu_ops *self, const struct gpu_options *opt,
               void **state, char *err, size_t errlen);
   void (*close)(void *state);

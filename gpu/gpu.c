@@ -292,6 +292,9 @@ int gpu_fill32(gpu *g, unsigned dev, void *va, uint64_t len, uint32_t value) {
 /* True if the backend has legacy IPC handles. */
 bool gpu_has_ipc(const gpu *g) { return g->ops->ipc_alloc != NULL; }
 
+/* True if each chunk is one of the daemon's descriptors. */
+bool gpu_fd_per_chunk(const gpu *g) { return g->ops->fd_per_chunk; }
+
 /* Allocate plain device memory with an IPC handle. */
 int gpu_ipc_alloc(gpu *g, unsigned dev, uint64_t size, uint64_t *dptr,
                   uint8_t handle[GPU_IPC_HANDLE_SIZE]) {

@@ -212,6 +212,10 @@ int gpu_fill32(gpu *g, unsigned dev, void *va, uint64_t len, uint32_t value);
 /* True if the backend has legacy IPC handles (plain device memory). */
 bool gpu_has_ipc(const gpu *g);
 
+/* True if each chunk the daemon holds is one of its file descriptors (the
+ * host backend's memfds), so that chunks take from its descriptor limit. */
+bool gpu_fd_per_chunk(const gpu *g);
+
 /* Daemon side: allocate plain device memory and its IPC handle. */
 int gpu_ipc_alloc(gpu *g, unsigned dev, uint64_t size, uint64_t *dptr,
                   uint8_t handle[GPU_IPC_HANDLE_SIZE]);

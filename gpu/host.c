@@ -740,6 +740,7 @@ static int host_chunk_adopt(void *state, unsigned dev, int fd, uint64_t size,
 
 const struct gpu_ops gpu_host_ops = {
     .name = "host",
+    .fd_per_chunk = true,
     .open = host_open,
     .close = host_close,
     .device_count = host_device_count,

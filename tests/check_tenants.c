@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -450,6 +451,71 @@ START_TEST(names_come_free_and_default_is_shared) {
 }
 END_TEST
 
+/* Allocate one-chunk buffers as a worker until the daemon refuses;
+ * returns how many it took, the refusal's words in why. */
+static int alloc_until_refused(struct peer *w, const char *tag, char *why, size_t len) {
+  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  q.tag = (char *)tag;
+  q.size = 4096;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &q;
+  for (int n = 0; n < 100000; n++) {
+    env.id = w->next_id++;
+    peer_put(w, &env, NULL, 0);
+    wire_env *r = peer_get(w, NULL); /* its chunk fd is closed: the daemon keeps its own */
+    ck_assert_ptr_nonnull(r);
+    wire_code code = peer_reply_code(r, why, len);
+    wire_env_free(r);
+    if (code) {
+      ck_assert_int_eq(code, CODE(LIMIT_EXCEEDED));
+      return n;
+    }
+  }
+  ck_abort_msg("never refused");
+  return -1;
+}
+
+/* On the host backend each chunk is one of the daemon's descriptors: one
+ * uid's chunks take half of three quarters of its limit at most, all
+ * chunks three quarters, and the rest stays for connections (a controller
+ * still gets in and is answered). */
+START_TEST(chunks_leave_descriptors_for_connections) {
+  if (!can_be_others("chunks_leave_descriptors_for_connections")) return;
+  struct rlimit rl = {400, 400};
+  ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0); /* the daemon's, and this test's */
+  daemon_open_to_all((const char *const[]){"--host-granularity", "4K", NULL});
+  struct peer alice, bob, carol, ctl;
+  open_as(&alice, ALICE, WORKER);
+  open_as(&bob, BOB, WORKER);
+  open_as(&carol, 1002, WORKER);
+  char why[512];
+  ck_assert_int_eq(alloc_until_refused(&alice, "a", why, sizeof why), 150);
+  ck_assert_msg(strstr(why, "uid 1000 holds 150 chunks") && strstr(why, "descriptor"), "%s", why);
+  ck_assert_int_eq(alloc_until_refused(&bob, "b", why, sizeof why), 150);
+  ck_assert_int_eq(alloc_until_refused(&carol, "c", why, sizeof why), 0);
+  ck_assert_msg(strstr(why, "holds 300 chunks") && strstr(why, "three quarters"), "%s", why);
+  open_as(&ctl, 0, CONTROLLER);
+  wire_env *st = peer_status(&ctl);
+  ck_assert_uint_eq(st->status_reply->fd_limit, 400);
+  ck_assert_uint_lt(st->status_reply->fds_open, 400 - 50);
+  wire_env_free(st);
+  peer_close(&alice); /* its chunks go, and the room with them */
+  for (int i = 0; i < 300; i++) {
+    st = peer_status(&ctl);
+    bool gone = st->status_reply->n_tenants == 2;
+    wire_env_free(st);
+    if (gone) break;
+    usleep(10000);
+  }
+  ck_assert_int_eq(alloc_until_refused(&carol, "c", why, sizeof why), 150);
+  peer_close(&bob);
+  peer_close(&carol);
+  peer_close(&ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* Status pages: walking the cursors with a small limit gives every tag
  * and session once; list pages give every buffer once, in id order. */
 START_TEST(status_and_list_come_in_pages) {
@@ -566,5 +632,6 @@ int main(void) {
                      another_uid_cannot_join_a_tag, shared_tags_take_every_uid,
                      workers_see_only_their_own, quotas_hold_across_sessions,
                      status_and_list_come_in_pages, a_controller_always_sees_everything,
-                     workers_cannot_hold_the_queue, names_come_free_and_default_is_shared);
+                     workers_cannot_hold_the_queue, names_come_free_and_default_is_shared,
+                     chunks_leave_descriptors_for_connections);
 }
