@@ -65,8 +65,8 @@ int main(int argc, char **argv) {
   }
   if (optind < argc) bin = argv[optind];
   if (!sessions || buffers < sessions) die("parameters", "buffers must be at least sessions");
-  /* The host backend keeps an fd per chunk in the daemon: raise the
-   * limit where we may, or measure fewer buffers. */
+  /* Chunks cost descriptors: raise the limit where we may, or measure
+   * fewer buffers. */
   struct rlimit rl;
   getrlimit(RLIMIT_NOFILE, &rl);
   FILE *f = fopen("/proc/sys/fs/nr_open", "r");
@@ -81,10 +81,12 @@ int main(int argc, char **argv) {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   bool host = strcmp(backend, "host") == 0;
-  /* The daemon lets one uid's chunks take three eighths of its limit. */
-  uint64_t room = rl.rlim_cur / 4 * 3 / 2;
-  if (room > rl.rlim_cur - sessions - 1024) room = rl.rlim_cur - sessions - 1024;
-  if (host && room < buffers) {
+  /* Every chunk is a descriptor of this process too on the VMM backends
+   * (kept for re-registration after a daemon restart); on the host backend
+   * the daemon lets one uid's chunks take three eighths of its limit. */
+  uint64_t room = rl.rlim_cur > 2ull * sessions + 1024 ? rl.rlim_cur - 2ull * sessions - 1024 : 0;
+  if (host && room > rl.rlim_cur / 4 * 3 / 2) room = rl.rlim_cur / 4 * 3 / 2;
+  if (room < buffers) {
     buffers = (unsigned)room / sessions * sessions;
     fprintf(stderr, "bench_scale: fd limit %llu: measuring %u buffers instead of 100000\n",
             (unsigned long long)rl.rlim_cur, buffers);
