@@ -20,6 +20,7 @@ struct config {
   uint64_t backup_limit;
   bool verify_backups;
   uint32_t ack_timeout_ms;
+  uint32_t adopt_grace_ms; /* new tags wait this long after start (0: not) */
   enum timeout_policy timeout_policy;
   unsigned max_sessions_per_uid;
   unsigned max_buffers_per_session;

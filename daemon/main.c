@@ -37,6 +37,9 @@ static void usage(FILE *out) {
           "  --backup-limit SIZE       host memory for BACKUP buffers (default half of RAM)\n"
           "  --verify-backups          hash backups; fail a resume whose restore differs\n"
           "  --ack-timeout DURATION    wait for workers' acks (default 10s; 500ms, 2s)\n"
+          "  --adopt-grace DURATION    after start, allocations that would make a new tag\n"
+          "                            wait this long, so that workers re-register theirs\n"
+          "                            first (default none; the systemd unit sets 3s)\n"
           "  --timeout-policy P        report (default) or kill workers that miss it\n"
           "  --controller-uid UID      a uid allowed to pause/resume (root and ours are)\n"
           "  --controller-group GROUP  a group allowed to pause/resume\n"
@@ -207,6 +210,7 @@ int main(int argc, char **argv) {
       {"backup-limit", required_argument, 0, 'k'},
       {"verify-backups", no_argument, 0, 'v'},
       {"ack-timeout", required_argument, 0, 't'},
+      {"adopt-grace", required_argument, 0, 'a'},
       {"timeout-policy", required_argument, 0, 'p'},
       {"controller-uid", required_argument, 0, 'u'},
       {"controller-group", required_argument, 0, 'g'},
@@ -272,6 +276,9 @@ int main(int argc, char **argv) {
       break;
     case 't':
       if (parse_duration(optarg, &cfg.ack_timeout_ms)) return die_usage(name, optarg);
+      break;
+    case 'a':
+      if (parse_duration(optarg, &cfg.adopt_grace_ms)) return die_usage(name, optarg);
       break;
     case 'p':
       if (strcmp(optarg, "report") == 0) cfg.timeout_policy = TIMEOUT_REPORT;

@@ -17,6 +17,7 @@
 #include "notify.h"
 #include "registry.h"
 #include "report.h"
+#include "grace.h"
 #include "session.h"
 #include "stats.h"
 
@@ -46,6 +47,7 @@ struct server {
   int exit_status;
   bool stopping;          /* told every session; waiting for them to drain */
   uv_timer_t stop_timer;  /* closes sessions that do not drain in time */
+  grace *grace;           /* new tags wait while workers re-register */
 };
 
 /* How long sessions may take to read the shutdown notice. */
@@ -58,6 +60,8 @@ struct server {
 
 static void on_accept(uv_poll_t *h, int status, int events);
 static void on_signal(uv_signal_t *h, int signum);
+static void serve_waiting(void *ctx, struct session *s, uint64_t id,
+                          const Gpumem__Wire__AllocRequest *a);
 static void refuse_session(struct session *s, uint64_t id, wire_code code, const char *text);
 
 /* Bind the socket and get ready to serve. */
@@ -104,6 +108,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
     free(srv);
     return NULL;
   }
+  srv->grace = grace_create(loop, cfg->adopt_grace_ms, serve_waiting, srv);
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   uv_timer_init(loop, &srv->accept_timer);
   srv->accept_timer.data = srv;
@@ -133,6 +138,7 @@ int server_run(server *srv) {
 /* Free everything that is left once the loop has stopped. */
 void server_destroy(server *srv) {
   if (!srv) return;
+  grace_destroy(srv->grace); /* NULL once stopping began */
   if (srv->stopping) {
     /* A second signal while the handles close stays pending, unanswered:
      * we are leaving anyway. */
@@ -174,6 +180,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   if (srv->stopping) return;
   srv->stopping = true;
   log_info("%s: shutting down", strsignal(signum));
+  grace_destroy(srv->grace); /* what waited is answered as below */
+  srv->grace = NULL;
   notify_stopping();
   engine_destroy(srv->eng);
   srv->eng = NULL;
@@ -342,6 +350,7 @@ void server_session_doomed(server *srv, struct session *s) {
 
 /* Forget a session that ended: free its buffers, tell the engine. */
 void server_session_closed(server *srv, struct session *s) {
+  grace_forget(srv->grace, s);
   list_remove(&s->link);
   list_remove(&s->backlog_link);
   struct list *p, *t;
@@ -466,19 +475,28 @@ static int room_for_buffers(server *srv, struct session *s, uint64_t id, uint64_
   return -1;
 }
 
-static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
-  const Gpumem__Wire__AllocRequest *a = env->alloc;
+/* Allocate a buffer for a worker (request id), unless it would make a new
+ * tag during the re-registration grace: then it waits for the grace to end
+ * (grace.h). */
+static void handle_alloc(server *srv, struct session *s, uint64_t id,
+                         const Gpumem__Wire__AllocRequest *a) {
   if (s->role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
-    reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                 "only workers allocate; connect as a worker");
     return;
   }
-  if (room_for_buffers(srv, s, env->id, 1) < 0) return;
+  if (room_for_buffers(srv, s, id, 1) < 0) return;
+  if (grace_active(srv->grace) && !registry_tag(srv->reg, a->tag) &&
+      grace_defer(srv->grace, s, id, a) == 0) {
+    log_debug("pid %d: alloc in new tag '%s' waits for the re-registration grace", (int)s->pid,
+              a->tag);
+    return;
+  }
   struct fault f = {0};
   struct buffer *b;
   if (registry_alloc(srv->reg, s, &s->buffers, (uint32_t)s->uid, a->tag, a->device, a->size,
                      a->flags, &b, &f)) {
-    answer_error(s, env->id, &f);
+    answer_error(s, id, &f);
     return;
   }
   int fds[FRAME_MAX_FDS];
@@ -486,7 +504,7 @@ static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
   if (b->state == BUF_ACTIVE) {
     if (registry_export(srv->reg, b, fds, &f)) {
       registry_free(srv->reg, b);
-      answer_error(s, env->id, &f);
+      answer_error(s, id, &f);
       return;
     }
     nfds = b->ipc ? 0 : b->nchunks;
@@ -503,7 +521,7 @@ static void handle_alloc(server *srv, struct session *s, const wire_env *env) {
     r.ipc_handle.len = sizeof b->ipc_handle;
   }
   wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = env->id;
+  out.id = id;
   out.fd_count = (uint32_t)nfds;
   out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY;
   out.alloc_reply = &r;
@@ -620,6 +638,14 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   free(bufs);
 }
 
+/* An allocation that waited for the re-registration grace is served now
+ * (a session ended meanwhile took its own away). */
+static void serve_waiting(void *ctx, struct session *s, uint64_t id,
+                          const Gpumem__Wire__AllocRequest *a) {
+  server *srv = ctx;
+  if (!s->doomed && !s->closed) handle_alloc(srv, s, id, a);
+}
+
 /* A controller shares a tag with every uid, or takes that back. */
 static void handle_share(server *srv, struct session *s, const wire_env *env) {
   const Gpumem__Wire__ShareRequest *q = env->share;
@@ -700,7 +726,7 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
   } else {
     switch (env->body_case) {
     case GPUMEM__WIRE__ENVELOPE__BODY_HELLO: handle_hello(srv, s, env); break;
-    case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC: handle_alloc(srv, s, env); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC: handle_alloc(srv, s, env->id, env->alloc); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_FREE: handle_free(srv, s, env); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE: handle_op(srv, s, env, false); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_RESUME: handle_op(srv, s, env, true); break;

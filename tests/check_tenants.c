@@ -4,12 +4,14 @@
  * pages that a controller can walk to the end. The other uids need root
  * (the test connects under a borrowed effective uid, which is what
  * SO_PEERCRED reports); without it those tests say so and pass. */
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpumem.h"
@@ -516,6 +518,81 @@ START_TEST(chunks_leave_descriptors_for_connections) {
 }
 END_TEST
 
+/* After a restart with a re-registration grace, a new tag cannot be taken
+ * by another uid before its owner's worker re-registers it: the other
+ * uid's allocation waits for the grace (its status is answered meanwhile),
+ * the owner's re-registration goes through, and the late allocation is
+ * refused as any other would be. */
+START_TEST(a_restart_keeps_tags_for_their_owners) {
+  if (!can_be_others("a_restart_keeps_tags_for_their_owners")) return;
+  daemon_open_to_all(NULL);
+  struct peer alice, bob;
+  open_as(&alice, ALICE, WORKER);
+  struct pbuf a;
+  peer_alloc(&alice, "kv", 0, 2 * MiB, 0, &a);
+  peer_close(&alice);
+  /* The next daemon on the same socket (the host backend's memory is the
+   * socket's), with a grace. */
+  int status;
+  kill(d.pid, SIGTERM);
+  ck_assert_int_eq(waitpid(d.pid, &status, 0), d.pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  d.pid = daemon_spawn(d.socket, d.log,
+                       (const char *const[]){"--socket-mode", "0666", "--adopt-grace", "2s",
+                                             NULL});
+  double end = now_ms() + 5000;
+  int fd;
+  while ((fd = raw_connect(&d)) < 0 && now_ms() < end) {
+    struct pollfd none;
+    poll(&none, 0, 10);
+  }
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  open_as(&bob, BOB, WORKER);
+  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  q.tag = "kv";
+  q.size = 2 * MiB;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = bob.next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  env.alloc = &q;
+  peer_put(&bob, &env, NULL, 0);
+  wire_env *st = peer_status(&bob); /* answered first: the allocation waits */
+  wire_env_free(st);
+  open_as(&alice, ALICE, WORKER);
+  Gpumem__Wire__AdoptBuffer ab = GPUMEM__WIRE__ADOPT_BUFFER__INIT;
+  uint64_t chunk = 2 * MiB;
+  ab.tag = "kv";
+  ab.size = chunk;
+  ab.chunk_sizes = &chunk;
+  ab.n_chunk_sizes = 1;
+  Gpumem__Wire__AdoptBuffer *abp = &ab;
+  Gpumem__Wire__AdoptRequest ar = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
+  ar.buffers = &abp;
+  ar.n_buffers = 1;
+  wire_env ae = GPUMEM__WIRE__ENVELOPE__INIT;
+  ae.id = alice.next_id++;
+  ae.fd_count = 1;
+  ae.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
+  ae.adopt = &ar;
+  int give = dup(a.fds[0]);
+  peer_put(&alice, &ae, &give, 1);
+  wire_env *r = peer_get(&alice, NULL);
+  char why[256];
+  ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "%s", why);
+  wire_env_free(r);
+  r = peer_get(&bob, NULL);
+  ck_assert_int_eq(r->id, env.id);
+  ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(PERMISSION_DENIED));
+  ck_assert_msg(strstr(why, "belongs to uid 1000"), "%s", why);
+  wire_env_free(r);
+  peer_unmap(&a);
+  peer_close(&alice);
+  peer_close(&bob);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* Status pages: walking the cursors with a small limit gives every tag
  * and session once; list pages give every buffer once, in id order. */
 START_TEST(status_and_list_come_in_pages) {
@@ -633,5 +710,6 @@ int main(void) {
                      workers_see_only_their_own, quotas_hold_across_sessions,
                      status_and_list_come_in_pages, a_controller_always_sees_everything,
                      workers_cannot_hold_the_queue, names_come_free_and_default_is_shared,
-                     chunks_leave_descriptors_for_connections);
+                     chunks_leave_descriptors_for_connections,
+                     a_restart_keeps_tags_for_their_owners);
 }

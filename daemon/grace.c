@@ -1,0 +1,101 @@
+#include "grace.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/list.h"
+
+/* One allocation waiting for the grace to end. */
+struct waiting {
+  struct list link;
+  struct session *s;
+  uint64_t id;
+  char tag[WIRE_TAG_MAX + 1];
+  uint32_t device, flags;
+  uint64_t size;
+};
+
+struct grace {
+  uv_timer_t timer;
+  bool active;
+  struct list waiting; /* struct waiting.link, in arrival order */
+  grace_serve_fn serve;
+  void *ctx;
+};
+
+/* Serve what waited, in order (serving may end sessions: each is taken
+ * off the list before it is served). */
+static void on_end(uv_timer_t *t) {
+  grace *g = t->data;
+  g->active = false;
+  while (!list_empty(&g->waiting)) {
+    struct waiting *w = list_entry(g->waiting.next, struct waiting, link);
+    list_remove(&w->link);
+    Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+    a.tag = w->tag;
+    a.device = w->device;
+    a.size = w->size;
+    a.flags = w->flags;
+    g->serve(g->ctx, w->s, w->id, &a);
+    free(w);
+  }
+}
+
+/* A grace of ms from now. */
+grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, void *ctx) {
+  grace *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  list_init(&g->waiting);
+  g->serve = serve;
+  g->ctx = ctx;
+  uv_timer_init(loop, &g->timer);
+  g->timer.data = g;
+  g->active = ms > 0;
+  if (g->active) uv_timer_start(&g->timer, on_end, ms, 0);
+  return g;
+}
+
+/* Whether the grace still runs. */
+bool grace_active(const grace *g) { return g && g->active; }
+
+/* Keep an allocation until the grace ends. */
+int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__AllocRequest *a) {
+  struct waiting *w = calloc(1, sizeof *w);
+  if (!w) return -ENOMEM;
+  w->s = s;
+  w->id = id;
+  strncpy(w->tag, a->tag, WIRE_TAG_MAX); /* checked at the edge: it fits */
+  w->device = a->device;
+  w->flags = a->flags;
+  w->size = a->size;
+  list_append(&g->waiting, &w->link);
+  return 0;
+}
+
+/* Drop the waiting allocations of a session that ended. */
+void grace_forget(grace *g, struct session *s) {
+  struct list *p, *t;
+  if (!g) return;
+  list_for_each_safe(p, t, &g->waiting) {
+    struct waiting *w = list_entry(p, struct waiting, link);
+    if (w->s != s) continue;
+    list_remove(&w->link);
+    free(w);
+  }
+}
+
+/* Free the grace once its timer has closed. */
+static void on_closed(uv_handle_t *h) { free(h->data); }
+
+/* Drop everything waiting and close the timer. */
+void grace_destroy(grace *g) {
+  struct list *p, *t;
+  if (!g) return;
+  list_for_each_safe(p, t, &g->waiting) {
+    list_remove(p);
+    free(list_entry(p, struct waiting, link));
+  }
+  g->active = false;
+  uv_close((uv_handle_t *)&g->timer, on_closed);
+}

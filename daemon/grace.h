@@ -1,0 +1,38 @@
+/* The re-registration grace: for a while after the daemon starts, an
+ * allocation that would make a new tag waits, so that the workers of the
+ * daemon before it re-register their tags first, and no other uid takes
+ * a tag's name in the meantime (the tag belongs to its first uid). */
+#ifndef GPUMEMD_GRACE_H
+#define GPUMEMD_GRACE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/wire.h"
+
+struct session;
+typedef struct grace grace;
+
+/* What serves a waiting allocation once the grace ends. */
+typedef void (*grace_serve_fn)(void *ctx, struct session *s, uint64_t id,
+                               const Gpumem__Wire__AllocRequest *a);
+
+/* A grace of ms from now on loop (0: none), serve called for each waiting
+ * allocation when it ends, in arrival order; NULL when out of memory. */
+grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, void *ctx);
+
+/* Whether the grace still runs. */
+bool grace_active(const grace *g);
+
+/* Keep an allocation (copied) of session s, request id, until the grace
+ * ends. Returns 0, or -ENOMEM (then nothing is kept). */
+int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__AllocRequest *a);
+
+/* Drop the waiting allocations of a session that ended. */
+void grace_forget(grace *g, struct session *s);
+
+/* Drop every waiting allocation and close the timer (the loop frees it). */
+void grace_destroy(grace *g);
+
+#endif
