@@ -593,6 +593,48 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
 }
 END_TEST
 
+/* A worker's own pause with --max-residual says how much a device holds
+ * outside gpumemd, but not which process holds it (another uid's, which
+ * its status would not show). */
+START_TEST(a_worker_is_not_told_whose_residual_it_is) {
+  if (!can_be_others("a_worker_is_not_told_whose_residual_it_is")) return;
+  daemon_open_to_all(NULL);
+  struct peer alice, mallory;
+  open_as(&alice, ALICE, WORKER);
+  open_as(&mallory, BOB, WORKER);
+  struct pbuf a, m;
+  peer_alloc(&alice, "kv", 0, 8 * MiB, 0, &a);
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  fr.buffer_id = a.id;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  env.free = &fr;
+  wire_env *r = ask(&alice, &env); /* freed, but its chunk stays held here: outside gpumemd */
+  ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
+  wire_env_free(r);
+  peer_alloc(&mallory, "m", 0, 2 * MiB, 0, &m);
+  Gpumem__Wire__PauseRequest q = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
+  q.own = true;
+  q.max_residual = 1;
+  wire_env pe = GPUMEM__WIRE__ENVELOPE__INIT;
+  pe.id = mallory.next_id++;
+  pe.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  pe.pause = &q;
+  peer_put(&mallory, &pe, NULL, 0);
+  peer_serve(&mallory, &m, 1, 1);
+  r = peer_get(&mallory, NULL);
+  char why[512];
+  ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(RESIDUAL_EXCEEDED));
+  ck_assert_msg(strstr(why, "outside gpumemd") && !strstr(why, "pid"), "%s", why);
+  ck_assert_uint_eq(r->error->n_pids, 0);
+  wire_env_free(r);
+  peer_unmap(&a);
+  peer_close(&alice);
+  peer_close(&mallory);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* Status pages: walking the cursors with a small limit gives every tag
  * and session once; list pages give every buffer once, in id order. */
 START_TEST(status_and_list_come_in_pages) {
@@ -711,5 +753,6 @@ int main(void) {
                      status_and_list_come_in_pages, a_controller_always_sees_everything,
                      workers_cannot_hold_the_queue, names_come_free_and_default_is_shared,
                      chunks_leave_descriptors_for_connections,
-                     a_restart_keeps_tags_for_their_owners);
+                     a_restart_keeps_tags_for_their_owners,
+                     a_worker_is_not_told_whose_residual_it_is);
 }
