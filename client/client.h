@@ -99,6 +99,7 @@ struct gpumem_client {
   unsigned flags;
   char backend[32];
   uint64_t granularity;
+  unsigned daemon_minor; /* the daemon's protocol minor version (its Hello) */
   unsigned ndevices;
   int local_of[WIRE_MAX_DEVICES]; /* daemon device -> ours, -1 if not visible */
   bool threaded;

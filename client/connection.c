@@ -748,6 +748,7 @@ static int greet(gpumem_client *c, bool first) {
      * between daemons: the bus id says which of ours each device is. */
     pthread_mutex_lock(&c->mu);
     c->granularity = r->granularity;
+    c->daemon_minor = r->version_minor;
     c->ndevices = (unsigned)r->n_devices;
     for (size_t i = 0; i < WIRE_MAX_DEVICES; i++) c->local_of[i] = -1;
     for (size_t i = 0; rc == 0 && i < r->n_devices && i < WIRE_MAX_DEVICES; i++)

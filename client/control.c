@@ -694,6 +694,12 @@ int gpumem_share(gpumem_client *c, const char *tag, int shared) {
   if (!wire_tag_valid(tag))
     return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
+  pthread_mutex_lock(&c->mu);
+  unsigned minor = c->daemon_minor;
+  pthread_mutex_unlock(&c->mu);
+  if (minor < 4) /* an older daemon would end the session on a message it does not know */
+    return client_fail(GPUMEM_E_VERSION, "sharing a tag needs gpumemd 1.4 or later (it speaks 1.%u)",
+                       minor);
   Gpumem__Wire__ShareRequest q = GPUMEM__WIRE__SHARE_REQUEST__INIT;
   q.tag = (char *)tag;
   q.shared = shared != 0;

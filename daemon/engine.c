@@ -658,6 +658,11 @@ static bool names_exist(engine *e, struct op *op) {
   }
   for (size_t t = 0; t < op->ntags; t++) {
     struct tag *tag = registry_tag(e->reg, op->tags[t]);
+    if (!tag && op->own) { /* one answer whether or not another uid has the tag */
+      fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "this session has no buffers in tag '%s'",
+           op->tags[t]);
+      return false;
+    }
     if (!tag) {
       fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag '%s'", op->tags[t]);
       return false;

@@ -16,10 +16,14 @@ struct waiting {
   uint64_t size;
 };
 
+/* Allocations that may wait at once (each some 150 bytes). */
+#define GRACE_MAX_WAITING 4096
+
 struct grace {
   uv_timer_t timer;
   bool active;
   struct list waiting; /* struct waiting.link, in arrival order */
+  size_t nwaiting;
   grace_serve_fn serve;
   void *ctx;
 };
@@ -32,6 +36,7 @@ static void on_end(uv_timer_t *t) {
   while (!list_empty(&g->waiting)) {
     struct waiting *w = list_entry(g->waiting.next, struct waiting, link);
     list_remove(&w->link);
+    g->nwaiting--;
     Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
     a.tag = w->tag;
     a.device = w->device;
@@ -61,6 +66,7 @@ bool grace_active(const grace *g) { return g && g->active; }
 
 /* Keep an allocation until the grace ends. */
 int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__AllocRequest *a) {
+  if (g->nwaiting == GRACE_MAX_WAITING) return -ENOSPC;
   struct waiting *w = calloc(1, sizeof *w);
   if (!w) return -ENOMEM;
   w->s = s;
@@ -70,6 +76,7 @@ int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__Al
   w->flags = a->flags;
   w->size = a->size;
   list_append(&g->waiting, &w->link);
+  g->nwaiting++;
   return 0;
 }
 
@@ -81,6 +88,7 @@ void grace_forget(grace *g, struct session *s) {
     struct waiting *w = list_entry(p, struct waiting, link);
     if (w->s != s) continue;
     list_remove(&w->link);
+    g->nwaiting--;
     free(w);
   }
 }

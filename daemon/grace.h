@@ -26,7 +26,8 @@ grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, void *ct
 bool grace_active(const grace *g);
 
 /* Keep an allocation (copied) of session s, request id, until the grace
- * ends. Returns 0, or -ENOMEM (then nothing is kept). */
+ * ends. Returns 0, -ENOSPC when 4096 wait already, or -ENOMEM (then
+ * nothing is kept). */
 int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__AllocRequest *a);
 
 /* Drop the waiting allocations of a session that ended. */

@@ -178,11 +178,8 @@ static wire_code join_tag(registry *r, const char *name, uint32_t uid, struct ta
                      "tag '%s' belongs to uid %u: use another tag, or have a controller "
                      "share it (gpumemctl share %s)",
                      name, tag->uid, name);
-  } else if (!tag->owned && !tag->shared) {
-    tag->owned = true;
-    tag->uid = uid;
   }
-  *out = tag;
+  *out = tag; /* an unowned one is claimed by the buffer that joins it (attach) */
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
@@ -552,9 +549,13 @@ static void uncharge(registry *r, struct buffer *b) {
 }
 
 /* Link a new buffer to its owner, its tag and the registry's list in its
- * first state. */
+ * first state; a tag no uid owns (and not shared) becomes its uid's. */
 static void attach(registry *r, struct buffer *b, struct session *owner, struct list *owner_list,
                    struct tag *tag, buffer_state st) {
+  if (!tag->owned && !tag->shared) {
+    tag->owned = true;
+    tag->uid = b->uid;
+  }
   b->owner = owner;
   b->tag = tag;
   b->state = st;

@@ -69,10 +69,12 @@ static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t, bool all, u
   struct tag_view v = registry_tag_state(t);
   ti->state = v.state;
   ti->mixed = v.mixed;
+  uint64_t active = 0;
   const struct list *p;
   for (p = t->buffers.next; p != &t->buffers; p = p->next) {
     const struct buffer *b = list_entry(p, struct buffer, tag_link);
     if (!all && b->uid != uid) continue;
+    active += b->state == BUF_ACTIVE && !(b->flags & BUF_FLAG_IPC_LEGACY);
     ti->buffers++;
     ti->bytes += b->size;
     if (b->state == BUF_PAUSED) {
@@ -84,6 +86,12 @@ static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t, bool all, u
       ti->transit_bytes += b->size;
     }
     if (b->backup_valid) ti->backup_bytes += b->size;
+  }
+  if (!all && t->shared) { /* the viewer's own buffers' state, not other uids' */
+    ti->mixed = active && ti->paused_buffers;
+    ti->state = ti->transit_buffers ? v.state
+                : ti->paused_buffers || (!active && t->paused_devices) ? BUF_PAUSED
+                                                                        : BUF_ACTIVE;
   }
 }
 
@@ -318,6 +326,7 @@ void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__Statu
   bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
   uint32_t uid = (uint32_t)s->uid;
   size_t limit = req->limit && req->limit < REPORT_STATUS_PAGE ? req->limit : REPORT_STATUS_PAGE;
+  if (s->minor < 4) limit = SIZE_MAX; /* a 1.3 client knows no pages: all in one */
   Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
   r.backend = (char *)gpu_name(g);
   r.version = (char *)DAEMON_VERSION;
@@ -418,6 +427,7 @@ void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListReq
                  registry *reg) {
   bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
   size_t limit = req->limit && req->limit < REPORT_LIST_PAGE ? req->limit : REPORT_LIST_PAGE;
+  if (s->minor < 4) limit = SIZE_MAX; /* a 1.3 client knows no pages: all in one */
   const struct tenant *me = tenants_find(registry_tenants(reg), (uint32_t)s->uid);
   struct list *mine = me ? tenants_members(registry_tenants(reg), (uint32_t)s->uid) : NULL;
   size_t held = all ? registry_count(reg) : me ? me->buffers : 0;
@@ -447,8 +457,11 @@ void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListReq
       i++;
     }
   } else if (mine) {
-    /* Its uid's buffers are in id order too (appended as made). */
-    for (struct list *q = mine->next; q != mine; q = q->next) {
+    /* Its uid's buffers are in id order too (appended as made): start after
+     * the cursor's buffer when it is still there. */
+    struct buffer *at = req->after ? registry_find(reg, req->after) : NULL;
+    struct list *from = at && at->uid == (uint32_t)s->uid ? &at->uid_link : mine;
+    for (struct list *q = from->next; q != mine; q = q->next) {
       struct buffer *b = list_entry(q, struct buffer, uid_link);
       if (b->id <= req->after) continue;
       if (i == cap) {

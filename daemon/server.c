@@ -446,6 +446,7 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
     return;
   }
   s->role = h->role;
+  s->minor = h->version_minor;
   snprintf(s->name, sizeof s->name, "%s", h->name);
   Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
   r.version_major = WIRE_VERSION_MAJOR;
@@ -486,11 +487,19 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
     return;
   }
   if (room_for_buffers(srv, s, id, 1) < 0) return;
-  if (grace_active(srv->grace) && !registry_tag(srv->reg, a->tag) &&
-      grace_defer(srv->grace, s, id, a) == 0) {
-    log_debug("pid %d: alloc in new tag '%s' waits for the re-registration grace", (int)s->pid,
-              a->tag);
-    return;
+  if (grace_active(srv->grace) && !registry_tag(srv->reg, a->tag)) {
+    int rc = grace_defer(srv->grace, s, id, a);
+    if (rc == 0) {
+      log_debug("pid %d: alloc in new tag '%s' waits for the re-registration grace",
+                (int)s->pid, a->tag);
+      return;
+    }
+    if (rc == -ENOSPC) {
+      reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+                  "too many allocations in new tags wait for the re-registration grace "
+                  "(--adopt-grace) to end: try again after it");
+      return;
+    }
   }
   struct fault f = {0};
   struct buffer *b;

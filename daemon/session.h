@@ -30,6 +30,7 @@ struct session {
   gid_t gid;
   bool may_control; /* allowed to be a controller (credentials) */
   Gpumem__Wire__Role role; /* ROLE_UNSPECIFIED until Hello */
+  uint32_t minor;          /* the client's protocol minor version (Hello) */
   char name[WIRE_NAME_MAX + 1];
   struct list buffers; /* struct buffer.owner_link */
   size_t nbuffers;

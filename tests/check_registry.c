@@ -252,6 +252,20 @@ START_TEST(shared_tags_outlive_their_buffers) {
   ck_assert(t->owned && t->uid == 8 && !t->shared);
   registry_free(reg, c);
   ck_assert_ptr_null(registry_tag(reg, "common"));
+  /* An unowned tag that stays (paused) is claimed only by a buffer that
+   * joins it, not by one that is refused. */
+  ck_assert_int_eq(registry_share(reg, "held", true, &t, &f), CODE(OK));
+  t->paused_devices = 1;
+  ck_assert_int_eq(registry_share(reg, "held", false, &t, &f), CODE(OK));
+  ck_assert(t && !t->owned && !t->shared);
+  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 9, "held", 0, MiB, 0, &b, &f),
+                   CODE(TAG_PAUSED));
+  ck_assert(!t->owned);
+  ck_assert_int_eq(
+      registry_alloc(reg, NULL, &owner, 8, "held", 0, MiB, BUF_FLAG_ALLOW_PAUSED, &b, &f),
+      CODE(OK));
+  ck_assert(t->owned && t->uid == 8);
+  registry_free(reg, b);
   ck_assert_int_eq(registry_share(reg, "gone", true, &t, &f), CODE(OK));
   ck_assert_int_eq(registry_share(reg, "gone", false, &t, &f), CODE(OK));
   ck_assert_ptr_null(t);
