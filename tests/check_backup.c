@@ -263,16 +263,6 @@ static bool holds(const struct pbuf *b, uint64_t len, uint32_t seed) {
   return ok;
 }
 
-/* Lines of the daemon's log that contain text. */
-static int log_count(const char *text) {
-  FILE *f = fopen(d.log, "r");
-  char line[1024];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
-  if (f) fclose(f);
-  return n;
-}
-
 /* Answer one event for one raw buffer, however long the daemon's copies
  * take on a slow machine. */
 static void serve_one(struct peer *w, struct pbuf *b) {
@@ -388,7 +378,7 @@ START_TEST(pause_racing_the_background_allocation_backs_up_right) {
   send_own(&w, false, "small");
   take_alloc(&w, &small);
   ck_assert_uint_eq(own_cycle(&w, "small", &small, 2 * MiB, 0x5eed), 2 * MiB);
-  ck_assert_int_eq(log_count("still queued: made on the pause path"), 1);
+  ck_assert_int_eq(daemon_log_count(&d, "still queued: made on the pause path"), 1);
   /* Exactly one backup each: what was made is what the buffers need. */
   ck_assert(wait_ready(&c, (1024 + 2) * MiB));
   peer_unmap(&seed);
@@ -437,7 +427,7 @@ START_TEST(pause_taking_a_running_job_makes_each_piece_once) {
     ck_assert_uint_eq(background + on_path, size);
     ck_assert_uint_eq(background % piece, 0);
   } else { /* the pool had not started it: all of it on the pause path */
-    ck_assert_int_eq(log_count("still queued: made on the pause path"), 1);
+    ck_assert_int_eq(daemon_log_count(&d, "still queued: made on the pause path"), 1);
   }
   /* Made once: the daemon holds exactly the buffer's backup. */
   ck_assert(wait_ready(&c, size));

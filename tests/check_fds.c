@@ -40,16 +40,6 @@ static void teardown(void) {
   harness_fd_teardown();
 }
 
-/* Occurrences of text in the daemon's log. */
-static int log_count(const char *text) {
-  FILE *f = fopen(d.log, "r");
-  char line[1024];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
-  if (f) fclose(f);
-  return n;
-}
-
 /* Lines in the daemon's log. */
 static int log_lines(void) {
   FILE *f = fopen(d.log, "r");
@@ -63,7 +53,7 @@ static int log_lines(void) {
 static bool log_wait(const char *text, int ms) {
   double end = now_ms() + ms;
   while (now_ms() < end) {
-    if (log_count(text) > 0) return true;
+    if (daemon_log_count(&d, text) > 0) return true;
     struct pollfd none;
     poll(&none, 0, 5);
   }
@@ -120,24 +110,9 @@ static int daemon_baseline(struct peer *c) {
   return last;
 }
 
-/* Send bytes with fds in one sendmsg (fds not closed). */
+/* Send bytes with fds (not closed) in one sendmsg, all of them. */
 static void send_raw(int sock, const void *bytes, size_t len, const int *fds, size_t nfds) {
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(FRAME_MAX_FDS * sizeof(int))];
-  } ctl;
-  struct iovec iov = {(void *)bytes, len};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (nfds) {
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
-  }
-  ck_assert_int_eq(sendmsg(sock, &msg, MSG_NOSIGNAL), (ssize_t)len);
+  ck_assert_int_eq(raw_sendmsg(sock, bytes, len, fds, nfds), (ssize_t)len);
 }
 
 /* Send n requests on p that each get an error of some 60 bytes (frees of
@@ -262,11 +237,11 @@ START_TEST(out_of_fds_the_daemon_backs_off_and_recovers) {
                (now_ms() - start);
   int more = log_lines() - lines;
   fprintf(stderr, "EMFILE episode: %.1f%% CPU, %d log lines in 1 s, %d in all\n", cpu * 100,
-          more, log_count("out of file descriptors"));
+          more, daemon_log_count(&d, "out of file descriptors"));
   ck_assert_msg(cpu < 0.10, "the daemon used %.0f%% CPU while out of fds", cpu * 100);
   ck_assert_int_le(more, 2);
-  ck_assert_int_eq(log_count("out of file descriptors"), 1);
-  ck_assert_int_eq(log_count("limit"), 1); /* the episode's line names the limit */
+  ck_assert_int_eq(daemon_log_count(&d, "out of file descriptors"), 1);
+  ck_assert_int_eq(daemon_log_count(&d, "limit"), 1); /* the episode's line names the limit */
   for (int i = 0; i < QUEUED; i++) close(waiting[i]);
   ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, &old, NULL), 0);
   struct peer again;
@@ -275,7 +250,7 @@ START_TEST(out_of_fds_the_daemon_backs_off_and_recovers) {
   ck_assert_int_eq(peer_try_alloc(&again, "kv", 0, 2 * MiB, 0, &b), CODE(OK));
   peer_unmap(&b);
   ck_assert(log_wait("connections refused", 2000));
-  ck_assert_int_eq(log_count("file descriptors free again"), 1);
+  ck_assert_int_eq(daemon_log_count(&d, "file descriptors free again"), 1);
   wire_env *st = status_of(&c);
   ck_assert_uint_gt(st->status_reply->connections_refused, 0);
   wire_env_free(st);
@@ -473,7 +448,7 @@ START_TEST(unread_replies_are_capped_per_session) {
   ck_assert_int_eq(ending_error(&deaf, why, sizeof why), CODE(LIMIT_EXCEEDED));
   ck_assert_msg(strstr(why, "per session"), "%s", why);
   ck_assert(peer_ended(&deaf));
-  ck_assert_int_eq(log_count("left unread"), 1);
+  ck_assert_int_eq(daemon_log_count(&d, "left unread"), 1);
   peer_close(&deaf);
   st = status_of(&c);
   ck_assert_uint_eq(st->status_reply->queued_bytes, 0);
@@ -569,11 +544,11 @@ START_TEST(status_is_served_while_100_sessions_never_read) {
   double worst = worst_status(&c, 5, &queued);
   /* Every flooder is cut (its socket full, it may never see why). */
   double end = now_ms() + 20000;
-  while (log_count("left unread") < N && now_ms() < end) {
+  while (daemon_log_count(&d, "left unread") < N && now_ms() < end) {
     struct pollfd none;
     poll(&none, 0, 20);
   }
-  int cut = log_count("left unread");
+  int cut = daemon_log_count(&d, "left unread");
   uint64_t grown = daemon_peak_rss() - rss0;
   fprintf(stderr,
           "100 sessions never reading: worst status %.1f ms (idle daemon: %.1f ms), at most "

@@ -660,24 +660,9 @@ static void controller_main(void) {
 
 /* ===================== hostile peers ===================== */
 
-/* Send bytes with fds (not closed) in one sendmsg. */
+/* Send bytes with fds (not closed) in one sendmsg, all of them. */
 static void send_raw(int sock, const void *bytes, size_t len, const int *fds, size_t nfds) {
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(PARK_FDS * sizeof(int))];
-  } ctl;
-  struct iovec iov = {(void *)bytes, len};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (nfds) {
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
-  }
-  if (sendmsg(sock, &msg, MSG_NOSIGNAL) != (ssize_t)len) die("sendmsg: %s", strerror(errno));
+  if (raw_sendmsg(sock, bytes, len, fds, nfds) != (ssize_t)len) die("sendmsg: %s", strerror(errno));
 }
 
 /* Wait (up to ms) until the daemon ends c: the error it says first (its
@@ -1034,16 +1019,6 @@ static void wait_children(struct peer *c, int alive, const pid_t *pids, int *sta
   reap_children(pids, status, true);
 }
 
-/* Lines of the daemon's log that contain text. */
-static int log_count(const char *text) {
-  FILE *f = fopen(d.log, "re");
-  char line[1024];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
-  if (f) fclose(f);
-  return n;
-}
-
 /* Order floats (qsort). */
 static int cmp_float(const void *a, const void *b) {
   float x = *(const float *)a, y = *(const float *)b;
@@ -1088,7 +1063,7 @@ static void print_summary(const struct peaks *pk, const struct memory *before,
           (long)sh->frees, (long)sh->tag_paused, (long)sh->allow_paused, (long)sh->free_retries,
           (long)sh->pauses, (long)sh->resumes, (long)sh->unmaps, (long)sh->remaps,
           (long)sh->garbage, (long)sh->parked, (long)sh->parked_ended, (long)sh->silent,
-          (long)sh->deaf, log_count("left unread"), (unsigned long long)pk->fds_parked,
+          (long)sh->deaf, daemon_log_count(&d, "left unread"), (unsigned long long)pk->fds_parked,
           (unsigned long long)(pk->queued_bytes >> 10), latency_ms(50), latency_ms(99), fds0,
           fds1, (double)before->rss / MiB, (double)after->rss / MiB, (double)after->peak / MiB,
           (unsigned long long)(before->shmem >> 10), (unsigned long long)(after->shmem >> 10),

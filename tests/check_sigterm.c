@@ -92,16 +92,6 @@ static const char *log_tail(void) {
   return buf;
 }
 
-/* Lines of the daemon's log that contain text. */
-static int log_count(const char *text) {
-  FILE *f = fopen(d.log, "r");
-  char line[1024];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
-  if (f) fclose(f);
-  return n;
-}
-
 /* Whether the daemon's socket file still exists. */
 static bool socket_exists(void) {
   struct stat st;
@@ -532,7 +522,7 @@ START_TEST(sigterm_twice) {
   int status = daemon_exit_within(DRAIN_EXIT_MS);
   ck_assert_msg(status == 0, "gpumemd exited %d; its log ends:\n%s", status, log_tail());
   ck_assert_int_eq(children_but(NULL, 0), 0);
-  ck_assert_int_eq(log_count("Terminated: shutting down"), 1);
+  ck_assert_int_eq(daemon_log_count(&d, "Terminated: shutting down"), 1);
   fprintf(stderr, "SIGTERM twice (and once more while draining): exit 0 in %.0f ms\n",
           now_ms() - t0);
   expect_told(&c, 0);

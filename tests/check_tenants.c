@@ -53,15 +53,6 @@ static void open_as(struct peer *p, uid_t uid, int role) {
   wire_env_free(r);
 }
 
-/* Send a request and take its reply (the test fails if none comes). */
-static wire_env *ask(struct peer *p, wire_env *env) {
-  env->id = p->next_id++;
-  peer_put(p, env, NULL, 0);
-  wire_env *r = peer_get(p, NULL);
-  ck_assert_ptr_nonnull(r);
-  return r;
-}
-
 /* Share a tag or take that back; the reply's code. */
 static wire_code share(struct peer *c, const char *tag, bool shared) {
   Gpumem__Wire__ShareRequest q = GPUMEM__WIRE__SHARE_REQUEST__INIT;
@@ -70,7 +61,7 @@ static wire_code share(struct peer *c, const char *tag, bool shared) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE;
   env.share = &q;
-  wire_env *r = ask(c, &env);
+  wire_env *r = peer_call(c, &env);
   wire_code code = peer_reply_code(r, NULL, 0);
   wire_env_free(r);
   return code;
@@ -85,7 +76,7 @@ static wire_env *status_page(struct peer *c, uint64_t tags, uint64_t sessions, u
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
   env.status = &q;
-  wire_env *r = ask(c, &env);
+  wire_env *r = peer_call(c, &env);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   return r;
 }
@@ -98,7 +89,7 @@ static wire_env *list_page(struct peer *c, uint64_t after, uint32_t limit) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
   env.list = &q;
-  wire_env *r = ask(c, &env);
+  wire_env *r = peer_call(c, &env);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
   return r;
 }
@@ -156,7 +147,7 @@ START_TEST(another_uid_cannot_join_a_tag) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
   env.alloc = &q;
-  r = ask(&bob, &env);
+  r = peer_call(&bob, &env);
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(PERMISSION_DENIED));
   ck_assert_msg(strstr(why, "belongs to uid 1000") && strstr(why, "gpumemctl share kv"), "%s",
                 why);
@@ -321,7 +312,7 @@ START_TEST(quotas_hold_across_sessions) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
   env.alloc = &q;
-  wire_env *r = ask(&a2, &env);
+  wire_env *r = peer_call(&a2, &env);
   char why[256];
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
   ck_assert_msg(strstr(why, "uid 1000 holds 6.00 MiB on device 0") &&
@@ -332,7 +323,7 @@ START_TEST(quotas_hold_across_sessions) {
   q.size = 2 * MiB;
   q.device = 1;
   q.flags = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP;
-  r = ask(&a2, &env);
+  r = peer_call(&a2, &env);
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
   ck_assert_msg(strstr(why, "--max-backup-bytes-per-uid"), "%s", why);
   wire_env_free(r);
@@ -459,7 +450,7 @@ START_TEST(names_come_free_and_default_is_shared) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
   env.free = &fr;
-  wire_env *r = ask(&alice, &env);
+  wire_env *r = peer_call(&alice, &env);
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   wire_env_free(r);
   ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 2 * MiB, 0, &b), CODE(PERMISSION_DENIED));
@@ -640,7 +631,7 @@ START_TEST(a_worker_is_not_told_whose_residual_it_is) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
   env.free = &fr;
-  wire_env *r = ask(&alice, &env); /* freed, but its chunk stays held here: outside gpumemd */
+  wire_env *r = peer_call(&alice, &env); /* freed, but its chunk stays held here: outside gpumemd */
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   wire_env_free(r);
   peer_alloc(&mallory, "m", 0, 2 * MiB, 0, &m);
@@ -722,7 +713,7 @@ START_TEST(status_and_list_come_in_pages) {
   wire_env he = GPUMEM__WIRE__ENVELOPE__INIT;
   he.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
   he.hello = &h;
-  wire_env_free(ask(&old, &he));
+  wire_env_free(peer_call(&old, &he));
   wire_env *st = status_page(&old, 0, 0, 3);
   ck_assert_uint_eq(st->status_reply->n_tags, 11);
   ck_assert_uint_eq(st->status_reply->n_sessions, 7);
@@ -762,7 +753,7 @@ static void adopt_paused(struct peer *w, size_t first, size_t n) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
   env.adopt = &q;
-  wire_env *r = ask(w, &env);
+  wire_env *r = peer_call(w, &env);
   char why[256];
   ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "%s", why);
   wire_env_free(r);

@@ -120,6 +120,36 @@ int raw_connect(const struct daemon *d) {
   return fd;
 }
 
+/* Send bytes with fds in one sendmsg. */
+ssize_t raw_sendmsg(int sock, const void *bytes, size_t len, const int *fds, size_t nfds) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(FRAME_MAX_FDS * sizeof(int))];
+  } ctl;
+  struct iovec iov = {(void *)bytes, len};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds) {
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+  }
+  return sendmsg(sock, &msg, MSG_NOSIGNAL);
+}
+
+/* Lines of the daemon's log that contain text. */
+int daemon_log_count(const struct daemon *d, const char *text) {
+  FILE *f = fopen(d->log, "re");
+  char line[1024];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f)) n += strstr(line, text) != NULL;
+  if (f) fclose(f);
+  return n;
+}
+
 /* Start gpumemd and wait until it answers. */
 void daemon_start(struct daemon *d, ...) {
   snprintf(d->dir, sizeof d->dir, "/tmp/gpumemd-test.XXXXXX");
@@ -559,11 +589,17 @@ void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size
 
 /* Send a request with an empty body and return its reply, which must be
  * of kind want. */
-static wire_env *peer_ask(struct peer *c, wire_env *env, Gpumem__Wire__Envelope__BodyCase want) {
-  env->id = c->next_id++;
-  peer_put(c, env, NULL, 0);
-  wire_env *r = peer_get(c, NULL);
+/* Send a request and take its reply, of any kind. */
+wire_env *peer_call(struct peer *p, wire_env *env) {
+  env->id = p->next_id++;
+  peer_put(p, env, NULL, 0);
+  wire_env *r = peer_get(p, NULL);
   ck_assert_ptr_nonnull(r);
+  return r;
+}
+
+static wire_env *peer_ask(struct peer *c, wire_env *env, Gpumem__Wire__Envelope__BodyCase want) {
+  wire_env *r = peer_call(c, env);
   ck_assert_int_eq(r->body_case, want);
   return r;
 }

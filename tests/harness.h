@@ -81,6 +81,13 @@ double now_ms(void);
 /* Connect a raw socket to the daemon. */
 int raw_connect(const struct daemon *d);
 
+/* Send bytes with fds (not closed) in one sendmsg; its result (no
+ * assertion: forked helpers use it too). */
+ssize_t raw_sendmsg(int sock, const void *bytes, size_t len, const int *fds, size_t nfds);
+
+/* Lines of the daemon's log that contain text. */
+int daemon_log_count(const struct daemon *d, const char *text);
+
 
 /* --- a raw protocol peer, to drive the daemon exactly as a test needs --- */
 
@@ -186,6 +193,10 @@ void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size
 
 /* Answer every event of one operation: unmaps close, remaps take fds. */
 void peer_serve(struct peer *w, struct pbuf *bufs, size_t n, size_t events);
+
+/* Send a request (its id set here) and take the reply, of any kind (the
+ * test fails if none comes). */
+wire_env *peer_call(struct peer *p, wire_env *env);
 
 /* A status as the daemon sends it. */
 wire_env *peer_status(struct peer *c);
