@@ -99,7 +99,9 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   srv->eng = srv->reg && srv->stats
                  ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, srv->stats)
                  : NULL;
-  if (!srv->eng) {
+  srv->grace = srv->eng ? grace_create(loop, cfg->adopt_grace_ms, serve_waiting, srv) : NULL;
+  if (!srv->grace) {
+    engine_destroy(srv->eng);
     snprintf(err, errlen, "out of memory");
     stats_destroy(srv->stats);
     registry_destroy(srv->reg);
@@ -108,7 +110,6 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
     free(srv);
     return NULL;
   }
-  srv->grace = grace_create(loop, cfg->adopt_grace_ms, serve_waiting, srv);
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   uv_timer_init(loop, &srv->accept_timer);
   srv->accept_timer.data = srv;
@@ -494,12 +495,13 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
                 (int)s->pid, a->tag);
       return;
     }
-    if (rc == -ENOSPC) {
+    if (rc == -ENOSPC)
       reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
                   "too many allocations in new tags wait for the re-registration grace "
                   "(--adopt-grace) to end: try again after it");
-      return;
-    }
+    else /* not served now either: that would skip the grace */
+      reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    return;
   }
   struct fault f = {0};
   struct buffer *b;
