@@ -111,23 +111,30 @@ INST_BINS := $(O)/inst/bin/gpumemctl $(O)/inst/bin/gpumem-worker
 all: $(BINS) $(LIBS) $(EXAMPLES) $(INST_BINS)
 
 # Install missing packages: only demo and check do it, never plain make.
+# Run with sh: on a clone where nothing may be executed, preflight says so.
 deps:
-	@./tools/install-deps.sh
+	@sh tools/preflight.sh $(O)
+	@sh tools/install-deps.sh
 
 # The backends and flags every object was built with: rewritten only when
 # they change, so that a change rebuilds everything. HIP=1 without the
 # headers stops here.
 BUILD_CONFIG := $(O)/build-config
 sq = '$(subst ','\'',$(1))'
+# What a build cannot start without (make deps installs it).
+MISSING := $(if $(shell command -v pkg-config 2>/dev/null),,pkg-config) \
+  $(if $(shell command -v protoc-c 2>/dev/null),,protoc-c) \
+  $(foreach p,$(PKGS),$(if $(shell pkg-config --exists $(p) 2>/dev/null && echo y),,$(p)))
 $(BUILD_CONFIG): FORCE
 	$(if $(filter 1,$(HIP)),$(if $(HIP_INCLUDE),,$(error HIP=1 but no hip/hip_runtime_api.h in $(ROCM_PATH)/include or /usr/include)))
+	$(if $(strip $(MISSING)),$(error missing $(strip $(MISSING)): run make deps first (it installs them with apt-get), or make demo or make check, which do))
 	@mkdir -p $(@D)
 	@printf '%s\n' $(call sq,CC=$(CC)) $(call sq,CUDA=$(CUDA) $(CUDA_HOME)) \
 	  $(call sq,HIP=$(HIP) $(HIP_INCLUDE)) $(call sq,NCURSES=$(NCURSES)) $(call sq,CFLAGS=$(CFLAGS) $(PKG_CFLAGS)) \
 	  $(call sq,LDFLAGS=$(LDFLAGS)) > $@.new
 	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
-$(GEN): proto/gpumemd.proto
+$(GEN): proto/gpumemd.proto | $(BUILD_CONFIG)
 	@mkdir -p $(O)/gen
 	@echo "  PROTOC  $<"
 	@protoc-c --c_out=$(O)/gen $<
@@ -254,6 +261,7 @@ test: all $(TESTS)
 	@if [ "$(SAN)" != 0 ]; then echo "tests/build/check_install.sh: skipped under SAN=$(SAN)"; \
 	else $(SUBMAKE_ENV) GPUMEM_O=$(O) ./tests/build/check_install.sh; fi
 	@GPUMEM_O=$(O) ./tests/build/check_man.sh
+	@GPUMEM_O=$(O) ./tests/build/check_package.sh
 	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory fuzz-replay
 
 test-asan:
@@ -316,13 +324,20 @@ test-tsan:
 # sees what was installed.
 # The HIP backend is also compiled against sid's ROCm headers, downloaded
 # into the build tree (tools/fetch-rocm-headers.sh), next to the installed ones.
+# Where the registry cannot serve sid, check says it skipped them; make
+# check-hip-headers runs them on demand and fails where they cannot be had.
 ROCM_SID := $(O)/rocm/sid
+.PHONY: check-hip-headers
 check: deps
 	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory test
-	@./tools/fetch-rocm-headers.sh $(ROCM_SID)
+	@./tools/fetch-rocm-headers.sh --optional $(ROCM_SID)
 	@$(SUBMAKE_ENV) ./tests/build/check_hip_headers.sh /usr $(abspath $(ROCM_SID))/usr
 	@$(SUBMAKE_ENV) ./tests/build/check_rebuild.sh
 	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory test-asan
+
+check-hip-headers:
+	@./tools/fetch-rocm-headers.sh $(ROCM_SID)
+	@$(SUBMAKE_ENV) ./tests/build/check_hip_headers.sh /usr $(abspath $(ROCM_SID))/usr
 
 demo: deps
 	@$(SUBMAKE_ENV) $(MAKE) --no-print-directory all
@@ -401,11 +416,15 @@ uninstall:
 	rmdir $(DESTDIR)$(LIBEXECDIR)/gpumemd 2>/dev/null || true
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then $(LDCONFIG) 2>/dev/null || true; fi
 
-# Debian packages gpumemd, libgpumem1 and libgpumem-dev (debian/), built
-# from a copy of the working tree (tracked and untracked files that git
-# does not ignore) in build/deb/src: the .debs land in build/deb/, then
-# lintian checks them. DEB_BUILD_OPTIONS=nocheck leaves out make test.
+# Debian packages gpumemd, libgpumem1, libgpumem-dev and python3-gpumem
+# (debian/), built from a copy of the working tree (tracked and untracked
+# files that git does not ignore) in build/deb/src: the .debs land in
+# build/deb/, then lintian checks them. DEB_BUILD_OPTIONS=nocheck leaves
+# out make test. The build sees the system's programs only (DEB_PATH): a
+# python3 of pyenv or of an active venv first in PATH would otherwise be
+# the one pybuild and make test run.
 DEB_OUT := build/deb
+DEB_PATH := /usr/sbin:/usr/bin:/sbin:/bin
 deb:
 	@./tools/install-deps.sh deb
 	rm -rf $(DEB_OUT)
@@ -416,7 +435,8 @@ deb:
 	    tar --null -T - -cf - | tar -xf - -C $(DEB_OUT)/src; \
 	else tar --exclude=./build -cf - . | tar -xf - -C $(DEB_OUT)/src; fi
 	cd $(DEB_OUT)/src && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u CFLAGS -u CPPFLAGS \
-	  -u LDFLAGS dpkg-buildpackage -us -uc -b -Jauto
+	  -u LDFLAGS -u VIRTUAL_ENV -u PYTHONPATH -u PYTHONHOME PATH=$(DEB_PATH) \
+	  dpkg-buildpackage -us -uc -b -Jauto
 	lintian $(DEB_OUT)/*.changes
 	@ls -l $(DEB_OUT)/*.deb
 

@@ -598,6 +598,8 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   s->fds_parked = r->fds_parked;
   s->queued_bytes = r->queued_bytes;
   s->connections_refused = r->connections_refused;
+  s->grace_left_ms = r->grace_left_ms;
+  s->grace_waiting = r->grace_waiting;
   client_reply_free(&reply);
   if ((rc = status_rest(c, s, next_tag, next_session)) < 0) {
     gpumem_status_free(s);

@@ -8,7 +8,9 @@
 
 #include <stdbool.h>
 
-enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG };
+/* LOG_SILENT, as a level to set only, prints nothing (the fuzzers: a
+ * hostile input's errors are what the daemon should say, not news). */
+enum log_level { LOG_SILENT = -1, LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 /* Set the most verbose level that is printed. */
 void log_set_level(enum log_level level);

@@ -219,6 +219,8 @@ static void print_status_json(const struct gpumem_status *s) {
          (unsigned long long)s->max_buffers_per_uid,
          (unsigned long long)s->max_device_bytes_per_uid,
          (unsigned long long)s->max_backup_bytes_per_uid);
+  printf(",\"grace\":{\"left_ms\":%llu,\"waiting\":%llu}",
+         (unsigned long long)s->grace_left_ms, (unsigned long long)s->grace_waiting);
   printf(",\"last_pause_checks\":[");
   json_checks(s->last_pause_checks, s->nlast_pause_checks);
   printf("],\"backups\":{\"reserved\":%llu,\"ready\":%llu,\"limit\":%llu,"
@@ -320,9 +322,14 @@ static void print_tenants(const struct gpumem_status *s) {
 /* The status for people. */
 static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   char a[32], b[32], c[32], d[32], e[32], name[NAME_BUF], dev[32];
-  printf("gpumemd %s, backend %s, granularity %s\n\n",
+  printf("gpumemd %s, backend %s, granularity %s\n",
          s->version && s->version[0] ? printable(s->version, name, sizeof name) : "(unknown)",
          printable(s->backend, e, sizeof e), size_format(s->granularity, a, sizeof a));
+  if (s->grace_left_ms)
+    printf("re-registration grace: %.1f s left; allocations in new tags wait for it "
+           "(%llu waiting)\n",
+           (double)s->grace_left_ms / 1e3, (unsigned long long)s->grace_waiting);
+  printf("\n");
   printf("%-6s %11s %11s %11s %11s %11s\n", "DEVICE", "TOTAL", "FREE", "RESERVED", "MANAGED",
          "UNMANAGED");
   for (size_t i = 0; i < s->ndevices; i++) {

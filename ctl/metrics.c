@@ -66,6 +66,11 @@ static void durations(const struct gpumem_status *s) {
 static void operations(const struct gpumem_status *s) {
   metric("uptime_seconds", "gauge", "Seconds since gpumemd started.");
   printf("gpumem_uptime_seconds %.3f\n", (double)s->uptime_ms / 1e3);
+  metric("grace_left_seconds", "gauge",
+         "Seconds the re-registration grace (--adopt-grace) still runs (0: over).");
+  printf("gpumem_grace_left_seconds %.3f\n", (double)s->grace_left_ms / 1e3);
+  metric("grace_waiting", "gauge", "Allocations in new tags waiting for the grace to end.");
+  printf("gpumem_grace_waiting %llu\n", (unsigned long long)s->grace_waiting);
   metric("operations_total", "counter",
          "Pauses and resumes that ended, by result (OK or the error's name).");
   for (size_t i = 0; i < s->nop_counts; i++) {

@@ -41,6 +41,7 @@
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
+#include "grace.h"
 #include "peer.h"
 #include "report.h"
 #include "session.h"
@@ -133,6 +134,7 @@ struct engine {
   const struct config *cfg;
   stats *stats;
   struct list *sessions; /* the server's, for scopes */
+  const grace *grace;    /* the server's, for what a missing tag may mean */
   struct list queue;
   struct op *current;
   uv_timer_t timer;
@@ -207,6 +209,9 @@ static void answer_fault(engine *e, struct session *ctl, uint64_t req_id, wire_c
 }
 
 static void on_timer_closed(uv_handle_t *h) { free(h->data); }
+
+/* Know the server's re-registration grace (NULL once it is gone). */
+void engine_set_grace(engine *e, const grace *g) { e->grace = g; }
 
 /* Answer every operation with SHUTTING_DOWN and free the engine. */
 void engine_destroy(engine *e) {
@@ -661,6 +666,13 @@ static bool names_exist(engine *e, struct op *op) {
     if (!tag && op->own) { /* one answer whether or not another uid has the tag */
       fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "this session has no buffers in tag '%s'",
            op->tags[t]);
+      return false;
+    }
+    if (!tag && grace_active(e->grace)) {
+      fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,
+           "no tag '%s' yet: the re-registration grace runs %.1f s more, and allocations in "
+           "new tags wait for it to end (%zu waiting)",
+           op->tags[t], (double)grace_left_ms(e->grace) / 1e3, grace_waiting(e->grace));
       return false;
     }
     if (!tag) {

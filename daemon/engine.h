@@ -11,6 +11,7 @@
 #include "registry.h"
 #include "stats.h"
 
+struct grace;
 struct session;
 typedef struct engine engine;
 
@@ -30,6 +31,10 @@ struct engine_scope {
  * operation is counted and recorded in st as it runs. */
 engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
                       struct list *sessions, stats *st);
+
+/* The re-registration grace (grace.h) the server runs: a pause naming a
+ * tag that is not there yet says that it may be waiting for it. */
+void engine_set_grace(engine *e, const struct grace *g);
 
 /* Answer queued and running operations with SHUTTING_DOWN and free the
  * engine; closes its timer, so the loop must run once more before the

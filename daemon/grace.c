@@ -64,6 +64,17 @@ grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, void *ct
 /* Whether the grace still runs. */
 bool grace_active(const grace *g) { return g && g->active; }
 
+/* Milliseconds the grace still runs: its timer's, at least 1 while it is
+ * active (the timer may be due and not yet run). */
+uint64_t grace_left_ms(const grace *g) {
+  if (!grace_active(g)) return 0;
+  uint64_t left = uv_timer_get_due_in(&g->timer);
+  return left ? left : 1;
+}
+
+/* Allocations waiting for the grace to end. */
+size_t grace_waiting(const grace *g) { return g ? g->nwaiting : 0; }
+
 /* Keep an allocation until the grace ends. */
 int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__AllocRequest *a) {
   if (g->nwaiting == GRACE_MAX_WAITING) return -ENOSPC;

@@ -6,6 +6,7 @@
 #define GPUMEMD_GRACE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -24,6 +25,12 @@ grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, void *ct
 
 /* Whether the grace still runs. */
 bool grace_active(const grace *g);
+
+/* Milliseconds the grace still runs (0: over, or none; NULL is fine). */
+uint64_t grace_left_ms(const grace *g);
+
+/* Allocations waiting for the grace to end (NULL is fine). */
+size_t grace_waiting(const grace *g);
 
 /* Keep an allocation (copied) of session s, request id, until the grace
  * ends. Returns 0, -ENOSPC when 4096 wait already, or -ENOMEM (then

@@ -100,6 +100,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
                  ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, srv->stats)
                  : NULL;
   srv->grace = srv->eng ? grace_create(loop, cfg->adopt_grace_ms, serve_waiting, srv) : NULL;
+  if (srv->grace) engine_set_grace(srv->eng, srv->grace);
   if (!srv->grace) {
     engine_destroy(srv->eng);
     snprintf(err, errlen, "out of memory");
@@ -139,6 +140,7 @@ int server_run(server *srv) {
 /* Free everything that is left once the loop has stopped. */
 void server_destroy(server *srv) {
   if (!srv) return;
+  if (srv->eng) engine_set_grace(srv->eng, NULL);
   grace_destroy(srv->grace); /* NULL once stopping began */
   if (srv->stopping) {
     /* A second signal while the handles close stays pending, unanswered:
@@ -181,6 +183,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   if (srv->stopping) return;
   srv->stopping = true;
   log_info("%s: shutting down", strsignal(signum));
+  engine_set_grace(srv->eng, NULL);
   grace_destroy(srv->grace); /* what waited is answered as below */
   srv->grace = NULL;
   notify_stopping();
@@ -403,6 +406,8 @@ void server_fill_status(server *srv, Gpumem__Wire__StatusReply *r) {
     r->fds_parked += frame_reader_held_fds(list_entry(p, struct session, link)->reader);
   r->queued_bytes = srv->queued_total;
   r->connections_refused = srv->refused_total;
+  r->grace_left_ms = grace_left_ms(srv->grace);
+  r->grace_waiting = grace_waiting(srv->grace);
 }
 
 /* Answer request id with a fault, counting the error. */

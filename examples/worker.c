@@ -18,6 +18,7 @@ int main(void) {
   memset(gpumem_buffer_ptr(kv), 0, gpumem_buffer_size(kv));
   printf("kv_cache at %p, %llu bytes\n", gpumem_buffer_ptr(kv),
          (unsigned long long)gpumem_buffer_size(kv));
+  fflush(stdout); /* seen now, also when stdout is a file or a pipe */
   sleep(60);
   gpumem_free(c, kv);
   gpumem_disconnect(c);

@@ -617,6 +617,10 @@ struct gpumem_status {
   size_t ntenants;
   struct gpumem_tenant_status **tenants;
   uint64_t max_buffers_per_uid, max_device_bytes_per_uid, max_backup_bytes_per_uid;
+  /* The re-registration grace after the daemon started (--adopt-grace):
+   * the milliseconds it still runs (0: over, or none) and the allocations
+   * in new tags that wait for it to end (0 from a daemon before 1.4.1). */
+  uint64_t grace_left_ms, grace_waiting;
 };
 
 /* Ask for the status; free it with gpumem_status_free. The daemon sends

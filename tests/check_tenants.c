@@ -580,7 +580,30 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   env.alloc = &q;
   peer_put(&bob, &env, NULL, 0);
   wire_env *st = peer_status(&bob); /* answered first: the allocation waits */
+  /* The status says that the grace runs, how long more, and who waits. */
+  ck_assert_uint_gt(st->status_reply->grace_left_ms, 0);
+  ck_assert_uint_le(st->status_reply->grace_left_ms, 4000);
+  ck_assert_uint_eq(st->status_reply->grace_waiting, 1);
+  ck_assert_uint_eq(st->status_reply->n_tags, 0);
   wire_env_free(st);
+  /* A controller's pause of the tag not yet re-registered says why. */
+  struct peer ctl;
+  open_as(&ctl, 0, CONTROLLER);
+  Gpumem__Wire__PauseRequest pq = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
+  char *kv_tags[1] = {"kv"};
+  pq.tags = kv_tags;
+  pq.n_tags = 1;
+  wire_env pe = GPUMEM__WIRE__ENVELOPE__INIT;
+  pe.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  pe.pause = &pq;
+  char why[256];
+  wire_env *pr = peer_call(&ctl, &pe);
+  ck_assert_int_eq(peer_reply_code(pr, why, sizeof why), CODE(NOT_FOUND));
+  ck_assert_msg(strstr(why, "no tag 'kv' yet: the re-registration grace runs") &&
+                    strstr(why, "(1 waiting)"),
+                "%s", why);
+  wire_env_free(pr);
+  peer_close(&ctl);
   open_as(&alice, ALICE, WORKER);
   Gpumem__Wire__AdoptBuffer ab = GPUMEM__WIRE__ADOPT_BUFFER__INIT;
   uint64_t chunk = 2 * MiB;
@@ -600,7 +623,6 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   int give = dup(a.fds[0]);
   peer_put(&alice, &ae, &give, 1);
   wire_env *r = peer_get(&alice, NULL);
-  char why[256];
   ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "%s", why);
   wire_env_free(r);
   r = peer_get_within(&bob, NULL, 15000); /* once the grace is over */

@@ -1,6 +1,8 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <grp.h>
+#include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -77,6 +79,48 @@ const char *harness_bin(const char *name) {
   char *p = path[next++ % 4];
   snprintf(p, sizeof path[0], "%s/bin/%s", build ? build : "build", name);
   return p;
+}
+
+/* The build directory whose programs user nobody runs. */
+static const char *others_build(void) {
+  const char *copy = getenv("GPUMEM_OTHERS_BUILD");
+  const char *build = getenv("GPUMEM_BUILD");
+  return copy && *copy ? copy : build ? build : "build";
+}
+
+/* Path of a built program that user nobody can run. */
+const char *harness_others_bin(const char *name) {
+  static char path[4][512];
+  static int next;
+  char *p = path[next++ % 4];
+  snprintf(p, sizeof path[0], "%s/bin/%s", others_build(), name);
+  return p;
+}
+
+/* Whether root may run the build's programs as nobody, asked of the
+ * kernel as nobody. */
+bool harness_others_can_run(const char *test) {
+  if (geteuid() != 0) {
+    printf("%s: skipped: needs root to run programs as nobody\n", test);
+    return false;
+  }
+  char lib[512];
+  snprintf(lib, sizeof lib, "%s/lib/libgpumem.so.1", others_build());
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
+        setresuid(65534, 65534, 65534) < 0)
+      _exit(2);
+    _exit(access(harness_others_bin("gpumemctl"), X_OK) == 0 && access(lib, R_OK) == 0 ? 0 : 1);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  printf("%s: skipped: user nobody cannot reach %s/bin (a private build directory; "
+         "tests/run.sh copies the programs to a shared temporary directory where it can)\n",
+         test, others_build());
+  return false;
 }
 
 /* Exec with stdout and stderr into a file. */
@@ -211,7 +255,7 @@ int worker_count(const struct worker *w, const char *text) {
 
 /* Wait until the output has count lines containing text. */
 bool worker_wait_for(const struct worker *w, const char *text, int count, int timeout_ms) {
-  double end = now_ms() + timeout_ms;
+  double end = now_ms() + harness_patience_ms(timeout_ms);
   while (now_ms() < end) {
     if (worker_count(w, text) >= count) return true;
     sleep_ms(5);
@@ -220,18 +264,38 @@ bool worker_wait_for(const struct worker *w, const char *text, int count, int ti
 }
 
 /* Start gpumem-worker and wait for its "ready" line. */
-void worker_start(struct worker *w, const struct daemon *d, ...) {
+static void worker_spawnv(struct worker *w, const struct daemon *d, va_list ap) {
   static int seq;
   snprintf(w->out, sizeof w->out, "%s/worker%d.out", d->dir, seq++);
   const char *argv[32] = {harness_bin("gpumem-worker"), "--socket", d->socket};
   int n = 3;
-  va_list ap;
-  va_start(ap, d);
   for (const char *a; n < 31 && (a = va_arg(ap, const char *));) argv[n++] = a;
-  va_end(ap);
   argv[n] = NULL;
   w->pid = spawn(argv, w->out);
+}
+
+/* Start a worker, without waiting. */
+void worker_spawn(struct worker *w, const struct daemon *d, ...) {
+  va_list ap;
+  va_start(ap, d);
+  worker_spawnv(w, d, ap);
+  va_end(ap);
+}
+
+/* Start a worker and wait for its "ready" line. */
+void worker_start(struct worker *w, const struct daemon *d, ...) {
+  va_list ap;
+  va_start(ap, d);
+  worker_spawnv(w, d, ap);
+  va_end(ap);
   ck_assert_msg(worker_wait_for(w, "ready", 1, 20000), "worker not ready: %s", worker_output(w));
+}
+
+/* A wait for what should happen at once, stretched for busy machines. */
+int harness_patience_ms(int ms) {
+  const char *v = getenv("GPUMEM_TEST_PATIENCE");
+  int k = v && atoi(v) > 0 ? atoi(v) : 5;
+  return ms > INT_MAX / k ? INT_MAX : ms * k;
 }
 
 /* Stop a worker with SIGSTOP and wait until it is stopped. */
@@ -331,7 +395,8 @@ wire_env *peer_get_within(struct peer *p, struct frame *keep, int ms) {
     ck_assert_int_ge(rc, 0);
     if (rc == 1) break;
     struct pollfd pf = {p->fd, POLLIN, 0};
-    ck_assert_msg(poll(&pf, 1, ms) == 1, "nothing from gpumemd in %d ms", ms);
+    int wait = harness_patience_ms(ms);
+    ck_assert_msg(poll(&pf, 1, wait) == 1, "nothing from gpumemd in %d ms", wait);
     ssize_t got = frame_reader_fill(p->r, p->fd);
     if (got == 0 || got == -ECONNRESET) return NULL;
     ck_assert(got > 0 || got == -EAGAIN);

@@ -36,6 +36,16 @@ struct daemon {
 /* Path of a built program ("gpumemd", "gpumem-worker", ...). */
 const char *harness_bin(const char *name);
 
+/* Path of a built program that user nobody (65534) can run: a copy in
+ * $GPUMEM_OTHERS_BUILD, which tests/run.sh makes when the build directory
+ * is private (a clone under /root), else harness_bin's. */
+const char *harness_others_bin(const char *name);
+
+/* Whether this test may run the build's programs as nobody: root, and
+ * nobody can reach them (harness_others_bin); when not, says why the test
+ * named test is skipped. */
+bool harness_others_can_run(const char *test);
+
 /* Start gpumemd with extra arguments (NULL-terminated) and wait until it
  * answers. Fails the test if it does not. */
 void daemon_start(struct daemon *d, ...);
@@ -55,6 +65,14 @@ struct worker {
 /* Start gpumem-worker against d with extra arguments (NULL-terminated)
  * and wait for its "ready" line. */
 void worker_start(struct worker *w, const struct daemon *d, ...);
+
+/* Start gpumem-worker as worker_start does, without waiting for it. */
+void worker_spawn(struct worker *w, const struct daemon *d, ...);
+
+/* How long a test waits for something that should happen at once: ms
+ * times GPUMEM_TEST_PATIENCE (default 5), so that a busy machine is slow
+ * without failing; the waits return as soon as it happens. */
+int harness_patience_ms(int ms);
 
 /* Wait until the worker's output has count lines containing text. */
 bool worker_wait_for(const struct worker *w, const char *text, int count, int timeout_ms);

@@ -1,6 +1,9 @@
 #!/bin/sh
 # Run each Check suite; every test forks and has a timeout. Fails if any does.
 set -u
+. "$(dirname "$0")/others.sh"
+others_setup
+trap others_cleanup EXIT INT TERM
 status=0
 for t in "$@"; do
   name=$(basename "$t")

@@ -4,67 +4,119 @@
 #                                       clang and its sanitizer runtimes for make
 #                                       fuzz, or for make deb dpkg-dev, debhelper,
 #                                       lintian and debian/control's Build-Depends)
-# Run by make deps, demo and check; never by a plain make.
-set -e
+# Run by make.sh (before make itself is there), make deps, demo and check;
+# never by a plain make. It says what is missing before it changes anything,
+# and stops, saying what to run, where it cannot install: no root and no
+# sudo, no apt-get, a registry it cannot reach, an apt that is broken.
+set -eu
+what=${1:-}
 need=""
-if [ "${1:-}" = bench ]; then
-  command -v gnuplot >/dev/null 2>&1 || need="$need gnuplot-nox"
+add() { need="$need $1"; }
+if [ "$what" = bench ]; then
+  command -v gnuplot >/dev/null 2>&1 || add gnuplot-nox
 fi
-if [ "${1:-}" = fuzz ]; then
-  command -v clang >/dev/null 2>&1 || need="$need clang"
+if [ "$what" = fuzz ]; then
+  command -v clang >/dev/null 2>&1 || add clang
   ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 ||
-    need="$need libclang-rt-dev"
+    add libclang-rt-dev
 fi
-if [ "${1:-}" = deb ]; then
-  command -v dpkg-buildpackage >/dev/null 2>&1 || need="$need dpkg-dev"
-  command -v dh >/dev/null 2>&1 || need="$need debhelper"
-  command -v lintian >/dev/null 2>&1 || need="$need lintian"
+if [ "$what" = deb ]; then
+  command -v dpkg-buildpackage >/dev/null 2>&1 || add dpkg-dev
+  command -v dh >/dev/null 2>&1 || add debhelper
+  command -v lintian >/dev/null 2>&1 || add lintian
 fi
-have_pkg() { pkg-config --exists "$1" 2>/dev/null; }
-command -v cc >/dev/null 2>&1 || need="$need build-essential"
-command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
-have_pkg libuv || need="$need libuv1-dev"
-have_pkg libprotobuf-c || need="$need libprotobuf-c-dev"
-command -v protoc-c >/dev/null 2>&1 || need="$need protobuf-c-compiler"
-have_pkg check || need="$need check"
-have_pkg libxxhash || need="$need libxxhash-dev"
-have_pkg libsystemd || need="$need libsystemd-dev"
+have_pkg() { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$1" 2>/dev/null; }
+command -v make >/dev/null 2>&1 || add make
+command -v cc >/dev/null 2>&1 || add build-essential
+command -v pkg-config >/dev/null 2>&1 || add pkg-config
+have_pkg libuv || add libuv1-dev
+have_pkg libprotobuf-c || add libprotobuf-c-dev
+command -v protoc-c >/dev/null 2>&1 || add protobuf-c-compiler
+have_pkg check || add check
+have_pkg libxxhash || add libxxhash-dev
+have_pkg libsystemd || add libsystemd-dev
 # tmux, the terminal tests/build/check_top.sh drives gpumemctl top in.
-command -v tmux >/dev/null 2>&1 || need="$need tmux"
+command -v tmux >/dev/null 2>&1 || add tmux
 # ncursesw for gpumemctl top.
-have_pkg ncursesw || need="$need libncurses-dev"
+have_pkg ncursesw || add libncurses-dev
 # scdoc turns man/*.scd into the man pages (make builds them where it is).
-command -v scdoc >/dev/null 2>&1 || need="$need scdoc"
+command -v scdoc >/dev/null 2>&1 || add scdoc
 # systemd-analyze, for make check's verify of the units in systemd/.
-command -v systemd-analyze >/dev/null 2>&1 || need="$need systemd"
+command -v systemd-analyze >/dev/null 2>&1 || add systemd
 # pytest for tests/python (make test runs it with python3, else /usr/bin/python3).
 python3 -c 'import pytest' 2>/dev/null || /usr/bin/python3 -c 'import pytest' 2>/dev/null ||
-  need="$need python3-pytest"
+  add python3-pytest
 # HIP headers and runtime: the hip backend builds against them everywhere,
 # unless the build says HIP=0 or they are under ROCM_PATH.
 if [ "${HIP:-}" != 0 ] && [ ! -f "${ROCM_PATH:-/opt/rocm}/include/hip/hip_runtime_api.h" ]; then
-  [ -f /usr/include/hip/hip_runtime_api.h ] || need="$need libamdhip64-dev"
+  [ -f /usr/include/hip/hip_runtime_api.h ] || add libamdhip64-dev
 fi
 # make deb: whether dpkg finds debian/control's Build-Depends installed.
 root=$(cd "$(dirname "$0")/.." && pwd)
 builddeps_met() {
-  [ "${1:-}" != deb ] || (cd "$root" && dpkg-checkbuilddeps >/dev/null 2>&1)
+  [ "$what" != deb ] || (cd "$root" && dpkg-checkbuilddeps >/dev/null 2>&1)
 }
-[ -z "$need" ] && builddeps_met "${1:-}" && exit 0
+[ -z "$need" ] && builddeps_met && exit 0
+
+say() { echo "install-deps: $*"; }
+if [ -n "$need" ]; then
+  say "missing Debian packages:$need"
+fi
+builddeps_met || say "missing: debian/control's Build-Depends (apt-get build-dep $root)"
 if [ -n "${GPUMEM_NO_APT:-}" ]; then
-  builddeps_met "${1:-}" || need="$need (Build-Depends of debian/control)"
-  echo "install-deps: missing$need (GPUMEM_NO_APT set: not installing)"
+  say "GPUMEM_NO_APT set: not installing"
   exit 0
 fi
+
+# What root would run, said whole wherever this script cannot run it.
+line="apt-get update && apt-get install -y$need"
+[ -n "$need" ] || line="apt-get update && apt-get build-dep -y $root"
+stop() {
+  say "$1"
+  say "as root, run:"
+  echo "    $line"
+  say "then run the same command again"
+  exit 1
+}
+command -v apt-get >/dev/null 2>&1 ||
+  stop "no apt-get here: gpumemd's make demo and make check install with apt-get (Debian 12 or later)"
 sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || stop "you are not root and sudo is not installed"
+  # sudo -n succeeds without asking where no password is needed (or one
+  # was given lately); otherwise ask once, on a terminal only.
+  if ! sudo -n true 2>/dev/null; then
+    if [ -t 0 ]; then
+      say "sudo asks for your password to install them"
+      sudo -v || stop "sudo refused ($(id -un) may not run apt-get through sudo)"
+    else
+      stop "you are not root and sudo needs a password, with no terminal to ask on"
+    fi
+  fi
+  sudo="sudo"
+fi
+apt() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get "$@"; }
+log=$(mktemp "${TMPDIR:-/tmp}/gpumemd-apt.XXXXXX")
+trap 'rm -f "$log"' EXIT INT TERM
+# A stale list still installs what it has; a registry out of reach shows
+# in the install that follows, which stops before changing anything.
+if ! apt update -qq >"$log" 2>&1; then
+  say "apt-get update failed (trying with the package lists already here):"
+  sed 's/^/    /' "$log"
+fi
 if [ -n "$need" ]; then
-  echo "install-deps: installing$need"
+  say "installing$need"
   # shellcheck disable=SC2086
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need
+  if ! apt install -y -qq $need >"$log" 2>&1; then
+    sed 's/^/    /' "$log"
+    stop "apt-get install failed (above): nothing was built"
+  fi
 fi
-if ! builddeps_met "${1:-}"; then
-  echo "install-deps: installing debian/control's Build-Depends"
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get build-dep -y -qq "$root"
+if ! builddeps_met; then
+  say "installing debian/control's Build-Depends"
+  if ! apt build-dep -y -qq "$root" >"$log" 2>&1; then
+    sed 's/^/    /' "$log"
+    stop "apt-get build-dep failed (above)"
+  fi
 fi
+say "installed"

@@ -56,7 +56,7 @@ from . import _native
 from ._native import FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_IPC_LEGACY
 
 
-__version__ = "0.1.0"
+__version__ = "1.4.0"
 
 __all__ = [
     "Buffer",
@@ -1029,6 +1029,7 @@ class Client:
                     "device_bytes_per_uid": s.max_device_bytes_per_uid,
                     "backup_bytes_per_uid": s.max_backup_bytes_per_uid,
                 },
+                "grace": {"left_ms": s.grace_left_ms, "waiting": s.grace_waiting},
                 "last_pause_checks": [dict(k) for k in _checks(s.last_pause_checks,
                                                                  s.nlast_pause_checks)],
                 "backups": {

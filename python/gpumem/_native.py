@@ -291,6 +291,8 @@ class Status(ctypes.Structure):
         ("max_buffers_per_uid", ctypes.c_uint64),
         ("max_device_bytes_per_uid", ctypes.c_uint64),
         ("max_backup_bytes_per_uid", ctypes.c_uint64),
+        ("grace_left_ms", ctypes.c_uint64),
+        ("grace_waiting", ctypes.c_uint64),
     ]
 
 

@@ -22,6 +22,8 @@ if ! command -v tmux >/dev/null 2>&1; then
   exit 1
 fi
 
+GPUMEM_BUILD=$build
+. ./tests/others.sh
 t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-top.XXXXXX")
 sock=$t/gpumemd.sock
 t0=$(date +%s)
@@ -31,6 +33,7 @@ cleanup() {
   for p in $pids; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
   for p in $pids; do wait "$p" 2>/dev/null || true; done
   [ -n "${KEEP:-}" ] || rm -rf "$t"
+  others_cleanup
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
@@ -135,17 +138,20 @@ check_view() {
   # --- Without a controller's rights (uid nobody), top looks through a plain
   # session, as status does: the devices, and none of root's tags. Ctrl-C
   # quits it (its shell ignores SIGINT, so as to say how top exited).
-  if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
+  others_setup
+  nobody_ctl=${GPUMEM_OTHERS_BUILD:-$build}/bin/gpumemctl
+  if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1 &&
+     setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$nobody_ctl"; then
     chmod 755 "$t"
     chmod 666 "$sock"
     tmx new-window -t top -n nobody "trap '' INT; setpriv --reuid=65534 --regid=65534 \
-      --clear-groups '$ctl' --socket '$sock' top; echo \"nobody exited \$?\""
+      --clear-groups '$nobody_ctl' --socket '$sock' top; echo \"nobody exited \$?\""
     see top:nobody '^no tags of yours ' "no tags of root's in top run by nobody"
     see top:nobody '^device 0 \[' "the devices in top run by nobody"
     tmx send-keys -t top:nobody C-c
     see top:nobody '^nobody exited 0$' "top run by nobody exiting 0 on Ctrl-C"
   else
-    echo "check_top: not root or no setpriv: top without a controller's rights not tried"
+    echo "check_top: not root, no setpriv, or nobody cannot run gpumemctl: top without a controller's rights not tried"
   fi
 
   # --- A pause from outside: the tag turns PAUSED, the pause is listed.
