@@ -53,15 +53,15 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 4
+#define GPUMEM_VERSION_MINOR 5
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (10400 for 1.4.0). */
+/* The library's version, as GPUMEM_VERSION computes it (10500 for 1.5.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
-/* The library's version as text ("1.4.0"). */
+/* The library's version as text ("1.5.0"). */
 GPUMEM_EXPORT const char *gpumem_version_string(void);
 
 /* Error codes. Codes -1..-12 and -17..-19 are the daemon's; the others are
@@ -589,7 +589,7 @@ struct gpumem_status {
    * the driver's free memory before and after (none before the first). */
   size_t nlast_pause_checks;
   struct gpumem_device_check **last_pause_checks;
-  /* The daemon's version ("1.4.0"); "" from a daemon that does not say. */
+  /* The daemon's version ("1.5.0"); "" from a daemon that does not say. */
   const char *version;
   /* Since the daemon started (1.3; empty and 0 from an older daemon). */
   uint64_t uptime_ms;
@@ -619,7 +619,7 @@ struct gpumem_status {
   uint64_t max_buffers_per_uid, max_device_bytes_per_uid, max_backup_bytes_per_uid;
   /* The re-registration grace after the daemon started (--adopt-grace):
    * the milliseconds it still runs (0: over, or none) and the allocations
-   * in new tags that wait for it to end (0 from a daemon before 1.4.1). */
+   * in new tags that wait for it to end (1.5; 0 from an older daemon). */
   uint64_t grace_left_ms, grace_waiting;
 };
 

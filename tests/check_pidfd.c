@@ -126,7 +126,7 @@ START_TEST(unseen_pid_is_never_signalled_and_its_session_ends) {
   wire_env *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
   const char *m = r->error->message;
-  fprintf(stderr, "pid 0, stuck: %s\n", m);
+  fprintf(stderr, "pid 0, stuck (the answer expected): %s\n", m);
   ck_assert_msg(!strstr(m, "killed"), "claims a kill: %s", m);
   ck_assert_msg(strstr(m, "pid 0 (not signalled, pid not visible here: session ended)"), "%s", m);
   ck_assert_msg(strstr(m, "1 buffers (4.00 MiB) freed with their sessions"), "%s", m);
@@ -237,7 +237,7 @@ START_TEST(recycled_pid_is_never_signalled) {
   const char *m = r->error->message;
   ck_assert_msg(waitpid(victim, &status, WNOHANG) == 0, "the process that got pid %d was %s",
                 (int)wpid, WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "ended");
-  fprintf(stderr, "recycled pid %d: %s\n", (int)wpid, m);
+  fprintf(stderr, "recycled pid %d (the answer expected): %s\n", (int)wpid, m);
   char want[96];
   snprintf(want, sizeof want, "pid %d (not signalled, process gone: session ended)", (int)wpid);
   ck_assert_msg(strstr(m, want), "%s", m);

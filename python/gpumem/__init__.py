@@ -56,7 +56,7 @@ from . import _native
 from ._native import FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_IPC_LEGACY
 
 
-__version__ = "1.4.0"
+__version__ = "1.5.0"
 
 __all__ = [
     "Buffer",

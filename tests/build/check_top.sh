@@ -175,6 +175,13 @@ check_view() {
   start_daemon
   see top:view '^kv_cache +PAUSED +256 MiB ' "the tags again from the restarted daemon"
   see top:view '^weights +ACTIVE +64\.0 MiB ' "weights re-registered"
+  # The stuck workers too, whole (their hooks ran), before check_progress
+  # stops them: one stopped in the middle of its re-registration was once
+  # seen to let a pause through on a loaded machine.
+  for n in stuck-a stuck-b stuck-c; do
+    what="worker $n re-registered"
+    await file_has "$t/$n.log" '^re-registered 1 buffers with gpumemd$'
+  done
 
   # --- q quits with status 0 and leaves the terminal as it was (the pane's
   # script then waits for a line, so that the live pane can be looked at).
