@@ -137,7 +137,10 @@ $(BUILD_CONFIG): FORCE
 $(GEN): proto/gpumemd.proto | $(BUILD_CONFIG)
 	@mkdir -p $(O)/gen
 	@echo "  PROTOC  $<"
-	@protoc-c --c_out=$(O)/gen $<
+	@# protoc-c of Debian 13 says it is deprecated in favour of protoc, which
+	@# need not be installed: that one line is left out, the rest is shown.
+	@protoc-c --c_out=$(O)/gen $< 2>$(O)/gen/protoc.err; rc=$$?; \
+	  grep -v '`protoc-c` is deprecated' $(O)/gen/protoc.err >&2; rm -f $(O)/gen/protoc.err; exit $$rc
 
 $(O)/obj/gen/gpumemd.pb-c.o: $(GEN) $(BUILD_CONFIG)
 	@mkdir -p $(@D)
@@ -228,11 +231,12 @@ $(O)/tests/preload_app: tests/preload/preload_app.c $(O)/tests/libcudart_stub.so
 
 $(O)/tests/check_preload: $(O)/lib/libgpumem_preload.so $(O)/tests/preload_app
 
-# The README's example, built as a user would: public header and -lgpumem.
+# The README's example, built as a user would: public header and -lgpumem
+# (with LDFLAGS: under SAN, the sanitizer runtime libgpumem then needs).
 $(O)/examples/%: examples/%.c $(O)/lib/libgpumem.so
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
-	@$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -o $@ $< -L$(O)/lib -lgpumem $(RPATH)
+	@$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(RPATH)
 
 $(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@mkdir -p $(@D)

@@ -6,8 +6,9 @@ build=${1:-build}
 bin=$build/bin
 dir=$(mktemp -d /tmp/gpumemd-demo.XXXXXX)
 sock=$dir/gpumemd.sock
+. "$(dirname "$0")/children.sh"
 cleanup() {
-  for p in ${w1:-} ${w2:-} ${d:-}; do kill "$p" 2>/dev/null || true; done
+  children_signal TERM ${w1:-} ${w2:-} ${d:-}
   wait 2>/dev/null || true
   rm -rf "$dir"
 }

@@ -41,6 +41,8 @@ command -v tmux >/dev/null 2>&1 || add tmux
 have_pkg ncursesw || add libncurses-dev
 # scdoc turns man/*.scd into the man pages (make builds them where it is).
 command -v scdoc >/dev/null 2>&1 || add scdoc
+# groff, which check_man renders the pages with to catch their warnings.
+command -v groff >/dev/null 2>&1 || add groff-base
 # systemd-analyze, for make check's verify of the units in systemd/.
 command -v systemd-analyze >/dev/null 2>&1 || add systemd
 # pytest for tests/python (make test runs it with python3, else /usr/bin/python3).

@@ -39,10 +39,12 @@ t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-readme.XXXXXX")
 t0=$(date +%s)
 pids=""
 unsafe_sock=/tmp/gpumemd-check-readme-$$.sock
+. ./tools/children.sh
 # Stop every process this run started (the daemons exit on SIGTERM).
 stop_all() {
   tmux -S "$t/tmux.sock" kill-server 2>/dev/null || true
-  for p in $pids; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
+  children_signal CONT $pids
+  children_signal TERM $pids
   for p in $pids; do wait "$p" 2>/dev/null || true; done
   pids=""
 }
@@ -454,7 +456,7 @@ else
   pids="$pids $p"
   what="gpumemd --backend auto"
   await listens_or_exit "$t/auto/log" "$p"
-  kill "$p" 2>/dev/null || true
+  children_signal TERM "$p"
   compare backend-auto "$t/auto/log"
 fi
 

@@ -24,13 +24,15 @@ fi
 
 GPUMEM_BUILD=$build
 . ./tests/others.sh
+. ./tools/children.sh
 t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-top.XXXXXX")
 sock=$t/gpumemd.sock
 t0=$(date +%s)
 pids=""
 cleanup() {
   tmux -S "$t/tmux.sock" kill-server 2>/dev/null || true
-  for p in $pids; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
+  children_signal CONT $pids
+  children_signal TERM $pids
   for p in $pids; do wait "$p" 2>/dev/null || true; done
   [ -n "${KEEP:-}" ] || rm -rf "$t"
   others_cleanup

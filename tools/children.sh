@@ -1,0 +1,16 @@
+# Sourced by the scripts that start programs in the background
+# (tools/demo.sh, tests/build/check_top.sh, tests/build/check_readme.sh).
+# children_signal SIGNAL PID... signals only those of the pids that are
+# still this shell's children (running, or exited and not yet waited for).
+# A pid the shell has already waited for may be another program's by now
+# (a busy machine reuses pids within seconds: once, another run's worker
+# stopped for a test was sent SIGCONT this way), and is left alone.
+children_signal() {
+  sig=$1
+  shift
+  for p in "$@"; do
+    # /proc/PID/stat: "PID (COMM) STATE PPID ..."; COMM may hold ") ".
+    ppid=$(sed -n 's/.*) [A-Za-z] \([0-9]*\) .*/\1/p' "/proc/$p/stat" 2>/dev/null) || ppid=""
+    [ "$ppid" != "$$" ] || kill -s "$sig" "$p" 2>/dev/null || true
+  done
+}
