@@ -20,7 +20,9 @@
 # sample it knows that README.md lacks, and a flag used in README.md that is
 # not in the usage block of its program (`gpumemd --help`, `gpumemctl
 # --help`, `gpumem-worker --help`, each of which must be what the program
-# prints) fail as well. A new sample needs its marker, a step below that
+# prints) fail as well. It also runs examples/worker.c, the README's
+# example, with its stdout a file: its line must be there while it runs.
+# A new sample needs its marker, a step below that
 # makes its output, and its name in $known.
 #   GPUMEM_O       the build to test (default build; build/asan under SAN=1)
 #   GPUMEM_README  the file to check (default README.md), to try the check
@@ -474,6 +476,16 @@ await grace_waits
 "$bin/gpumemctl" --socket "$sock" status >"$t/grace/status.full" 2>&1
 head -n 2 "$t/grace/status.full" >"$t/grace/status.out"
 compare grace "$t/grace/status.out"
+
+# examples/worker.c, its stdout a file: its line is there while it runs
+# (flushed), not only once it exits, and it is killed, as a user would.
+start_daemon example
+GPUMEM_SOCKET=$sock "$o/examples/worker" >"$t/example/worker.out" 2>&1 &
+example=$!
+pids="$pids $example"
+what="examples/worker's line in a file while it runs" whose=$t/example/worker.out
+await file_has "$t/example/worker.out" '^kv_cache at 0x[0-9a-f]+, 67108864 bytes$'
+children_signal KILL "$example"
 
 # gpumemctl --json failures.
 sock=""
