@@ -206,7 +206,7 @@ int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
   if (!tag || !wire_tag_valid(tag))
     return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
-  int map[WIRE_MAX_DEVICES];
+  int map[GPUMEM_MAX_DEVICES];
   unsigned seen = client_local_map(c, map);
   int node = client_node_device(map, device);
   pthread_mutex_lock(&c->mu);
@@ -523,7 +523,7 @@ int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint6
 
 /* Wait until a device has finished its work. */
 int gpumem_sync(gpumem_client *c, int device) {
-  int map[WIRE_MAX_DEVICES];
+  int map[GPUMEM_MAX_DEVICES];
   if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
   unsigned seen = client_local_map(c, map);
   if (client_node_device(map, device) < 0)

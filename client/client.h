@@ -101,7 +101,7 @@ struct gpumem_client {
   uint64_t granularity;
   unsigned daemon_minor; /* the daemon's protocol minor version (its Hello) */
   unsigned ndevices;
-  int local_of[WIRE_MAX_DEVICES]; /* daemon device -> ours, -1 if not visible */
+  int local_of[GPUMEM_MAX_DEVICES]; /* daemon device -> ours, -1 if not visible */
   bool threaded;
   pthread_t thread;
   pthread_mutex_t mu; /* everything below */
@@ -214,7 +214,7 @@ void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b);
 int client_buffer_export(gpumem_client *c, gpumem_buffer *b, int *fds);
 
 /* Copy the daemon -> this process device map (-1: not visible) into
- * map[WIRE_MAX_DEVICES]; returns how many devices this process sees. */
+ * map[GPUMEM_MAX_DEVICES]; returns how many devices this process sees. */
 unsigned client_local_map(gpumem_client *c, int *map);
 
 /* This process's number of the daemon's device node, or -1. */

@@ -750,8 +750,8 @@ static int greet(gpumem_client *c, bool first) {
     c->granularity = r->granularity;
     c->daemon_minor = r->version_minor;
     c->ndevices = (unsigned)r->n_devices;
-    for (size_t i = 0; i < WIRE_MAX_DEVICES; i++) c->local_of[i] = -1;
-    for (size_t i = 0; rc == 0 && i < r->n_devices && i < WIRE_MAX_DEVICES; i++)
+    for (size_t i = 0; i < GPUMEM_MAX_DEVICES; i++) c->local_of[i] = -1;
+    for (size_t i = 0; rc == 0 && i < r->n_devices && i < GPUMEM_MAX_DEVICES; i++)
       c->local_of[i] = c->gpu ? gpu_device_by_bus_id(c->gpu, r->devices[i]->bus_id) : (int)i;
     pthread_mutex_unlock(&c->mu);
   }
@@ -761,7 +761,7 @@ static int greet(gpumem_client *c, bool first) {
 
 /* The new daemon's index of a buffer's device, or -1. Called with mu held. */
 static int daemon_index(const gpumem_client *c, unsigned local) {
-  for (unsigned i = 0; i < c->ndevices && i < WIRE_MAX_DEVICES; i++)
+  for (unsigned i = 0; i < c->ndevices && i < GPUMEM_MAX_DEVICES; i++)
     if (c->local_of[i] == (int)local) return (int)i;
   return -1;
 }
@@ -1227,7 +1227,7 @@ uint64_t gpumem_granularity(const gpumem_client *c) {
 unsigned client_local_map(gpumem_client *c, int *map) {
   unsigned seen = 0;
   pthread_mutex_lock(&c->mu);
-  for (unsigned i = 0; i < WIRE_MAX_DEVICES; i++) {
+  for (unsigned i = 0; i < GPUMEM_MAX_DEVICES; i++) {
     map[i] = i < c->ndevices ? c->local_of[i] : -1;
     if (map[i] >= 0) seen++;
   }
@@ -1237,18 +1237,18 @@ unsigned client_local_map(gpumem_client *c, int *map) {
 
 /* This process's number of a daemon device. */
 int client_local_device(const int *map, uint32_t node) {
-  return node < WIRE_MAX_DEVICES ? map[node] : -1;
+  return node < GPUMEM_MAX_DEVICES ? map[node] : -1;
 }
 
 /* The daemon's number of one of this process's devices. */
 int client_node_device(const int *map, int local) {
-  for (int i = 0; local >= 0 && i < WIRE_MAX_DEVICES; i++)
+  for (int i = 0; local >= 0 && i < GPUMEM_MAX_DEVICES; i++)
     if (map[i] == local) return i;
   return -1;
 }
 
 /* The number of the daemon's devices this process sees. */
 unsigned gpumem_device_count(const gpumem_client *c) {
-  int map[WIRE_MAX_DEVICES];
+  int map[GPUMEM_MAX_DEVICES];
   return client_local_map((gpumem_client *)c, map);
 }

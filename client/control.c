@@ -6,32 +6,11 @@
 
 #include "client.h"
 
-/* The daemon caps an owner timeout at ten minutes (ENGINE_MAX_TIMEOUT_MS
- * in daemon/engine.c): a pause with timeout 0 waits that long at most. */
-#define OP_OWNER_WAIT_MAX_MS (10u * 60u * 1000u)
-
-
-/* True if s is valid UTF-8 without control characters. */
-static bool text_ok(const char *s) {
-  const unsigned char *p = (const unsigned char *)s;
-  while (*p) {
-    unsigned char b = *p;
-    size_t more = b < 0x80 ? 0 : (b & 0xE0) == 0xC0 ? 1 : (b & 0xF0) == 0xE0 ? 2
-                 : (b & 0xF8) == 0xF0 ? 3 : 4;
-    if (more == 4 || (b < 0x80 && (b < 0x20 || b == 0x7f))) return false;
-    if (more == 1 && b < 0xC2) return false; /* overlong */
-    for (size_t i = 1; i <= more; i++)
-      if ((p[i] & 0xC0) != 0x80) return false;
-    p += more + 1;
-  }
-  return true;
-}
-
 /* A session prefix must be one a session name could start with. */
 static int check_prefix(const char *prefix) {
   if (strlen(prefix) > WIRE_NAME_MAX)
     return client_fail(GPUMEM_E_INVALID, "session prefix longer than %d bytes", WIRE_NAME_MAX);
-  if (!text_ok(prefix))
+  if (!wire_name_valid(prefix))
     return client_fail(GPUMEM_E_INVALID,
                        "session prefix is not UTF-8 text without control characters");
   return 0;
@@ -50,9 +29,9 @@ static int op_check(bool resume, const char *const *tags, size_t ntags, const in
       return client_fail(GPUMEM_E_INVALID, "invalid tag '%.64s': 1-%d characters of [A-Za-z0-9_.-]",
                          tags[i] ? tags[i] : "(null)", WIRE_TAG_MAX);
   if (ndevices && !devices) return client_fail(GPUMEM_E_INVALID, "no device list given");
-  if (ndevices > WIRE_MAX_DEVICES)
+  if (ndevices > GPUMEM_MAX_DEVICES)
     return client_fail(GPUMEM_E_INVALID, "too many devices (%zu, at most %d)", ndevices,
-                       WIRE_MAX_DEVICES);
+                       GPUMEM_MAX_DEVICES);
   /* Copy what the caller's version of the struct has; the rest stays 0. */
   memset(o, 0, sizeof *o);
   if (opts) {
@@ -81,7 +60,7 @@ static int op_check(bool resume, const char *const *tags, size_t ntags, const in
 
 /* Turn the caller's device numbers into the daemon's. */
 static int op_devices(gpumem_client *c, const int *devices, size_t n, uint32_t *out) {
-  int map[WIRE_MAX_DEVICES];
+  int map[GPUMEM_MAX_DEVICES];
   unsigned count = client_local_map(c, map);
   for (size_t i = 0; i < n; i++) {
     int d = client_node_device(map, devices[i]);
@@ -103,7 +82,7 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
   if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
   struct gpumem_op_options o;
   int rc = op_check(resume, tags, ntags, devices, ndevices, opts, &o);
-  uint32_t devs[WIRE_MAX_DEVICES];
+  uint32_t devs[GPUMEM_MAX_DEVICES];
   if (rc == 0) rc = op_devices(c, devices, ndevices, devs);
   if (rc < 0) return rc;
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
@@ -136,8 +115,9 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
     req.pause = &p;
   }
   /* The daemon may wait this long for owners before it answers. */
-  reply->extra_ms = o.timeout_ms && o.timeout_ms < OP_OWNER_WAIT_MAX_MS ? o.timeout_ms
-                                                                       : OP_OWNER_WAIT_MAX_MS;
+  reply->extra_ms = o.timeout_ms && o.timeout_ms < GPUMEM_OWNER_TIMEOUT_MAX_MS
+                       ? o.timeout_ms
+                       : GPUMEM_OWNER_TIMEOUT_MAX_MS;
   rc = client_call_with(c, &req, reply);
   const wire_env *env = reply->env;
   if (rc == 0 && env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY)
@@ -210,7 +190,7 @@ static bool copy_details(const int *map, struct gpumem_op_report *r,
 static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env, int rc) {
   struct gpumem_op_report *r = sized(sizeof *r);
   if (!r) return NULL;
-  int map[WIRE_MAX_DEVICES];
+  int map[GPUMEM_MAX_DEVICES];
   client_local_map(c, map);
   r->error = rc;
   bool ok;
@@ -572,7 +552,7 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   int rc = status_page(c, 0, 0, &reply);
   if (rc < 0) return rc;
   const Gpumem__Wire__StatusReply *r = reply.env->status_reply;
-  int map[WIRE_MAX_DEVICES];
+  int map[GPUMEM_MAX_DEVICES];
   client_local_map(c, map);
   struct gpumem_status *s = sized(sizeof *s);
   if (!s || !(s->backend = dup_text(r->backend)) || !(s->version = dup_text(r->version)) || !copy_devices(map, s, r) ||
@@ -665,7 +645,7 @@ static bool copy_buffers(const int *map, struct gpumem_list *l, const Gpumem__Wi
 /* List the buffers this session may see, page after page. */
 int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
   if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the list");
-  int map[WIRE_MAX_DEVICES];
+  int map[GPUMEM_MAX_DEVICES];
   client_local_map(c, map);
   struct gpumem_list *l = sized(sizeof *l);
   if (!l) return client_fail(GPUMEM_E_NOMEM, "out of memory");

@@ -130,7 +130,7 @@ static wire_code check_selection(size_t ntags, char **tags, size_t ndevs,
                   "too many tags (%zu, at most %d)", ntags, WIRE_MAX_TAGS);
   for (size_t i = 0; i < ntags; i++)
     if (!wire_tag_valid(tags[i])) return refuse_tag(tags[i], why, whylen);
-  if (ndevs > WIRE_MAX_DEVICES)
+  if (ndevs > GPUMEM_MAX_DEVICES)
     return refuse(GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, why, whylen,
                   "too many devices (%zu)", ndevs);
   return GPUMEM__WIRE__ERROR_CODE__OK;

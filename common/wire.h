@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/limits.h"
 #include "proto/gpumemd.pb-c.h"
 
 /* Don't forget to bump these when proto/gpumemd.proto changes. */
@@ -18,7 +19,6 @@
 #define WIRE_TAG_MAX 63
 #define WIRE_NAME_MAX 127
 #define WIRE_MAX_TAGS 64
-#define WIRE_MAX_DEVICES 64
 #define WIRE_MAX_MESSAGE 512
 #define WIRE_MAX_PIDS 256 /* pids in a pause or resume scope */
 

@@ -20,7 +20,6 @@
 #define GPUMEM_CTL_VERSION \
   VSTR(GPUMEM_VERSION_MAJOR) "." VSTR(GPUMEM_VERSION_MINOR) "." VSTR(GPUMEM_VERSION_PATCH)
 
-#define MAX_DEVICES 64
 #define MAX_PIDS WIRE_MAX_PIDS /* the daemon takes no more in one operation */
 
 /* Print the usage text. */
@@ -541,7 +540,7 @@ static int print_version(const char *socket_path, uid_t owner, bool json) {
 int main(int argc, char **argv) {
   const char *socket_path = NULL;
   bool json = false;
-  int devs[MAX_DEVICES];
+  int devs[GPUMEM_MAX_DEVICES];
   size_t ndevs = 0;
   static uint32_t pids[MAX_PIDS];
   size_t npids = 0;
@@ -579,7 +578,7 @@ int main(int argc, char **argv) {
     case 'd': {
       errno = 0;
       unsigned long v = strtoul(optarg, &end, 10);
-      if (errno || *end || end == optarg || v >= MAX_DEVICES || ndevs == MAX_DEVICES) {
+      if (errno || *end || end == optarg || v >= GPUMEM_MAX_DEVICES || ndevs == GPUMEM_MAX_DEVICES) {
         return fail(2, "USAGE", "invalid device '%s'", optarg);
       }
       devs[ndevs++] = (int)v;

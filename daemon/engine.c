@@ -47,8 +47,6 @@
 #include "session.h"
 #include "stats.h"
 
-/* The longest a controller may ask the engine to wait for owners. */
-#define ENGINE_MAX_TIMEOUT_MS (10u * 60u * 1000u)
 /* What the driver's free memory may miss beyond one granularity a buffer. */
 #define ENGINE_CHECK_SLACK (16ull << 20)
 
@@ -140,8 +138,8 @@ struct engine {
   uv_timer_t timer;
   struct list stragglers;
   idmap *events; /* event id -> group */
-  Gpumem__Wire__DeviceCheck last[WIRE_MAX_DEVICES]; /* the last pause's checks */
-  Gpumem__Wire__DeviceCheck *lastp[WIRE_MAX_DEVICES];
+  Gpumem__Wire__DeviceCheck last[GPUMEM_MAX_DEVICES]; /* the last pause's checks */
+  Gpumem__Wire__DeviceCheck *lastp[GPUMEM_MAX_DEVICES];
   size_t nlast;
   uint64_t next_event;
   bool busy; /* inside a step: completion is checked at its end */
@@ -295,12 +293,12 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
   op->ctl = ctl;
   op->req_id = req_id;
   op->ndev = ndev;
-  uint64_t all = ndev >= 64 ? ~0ull : (1ull << ndev) - 1;
+  uint64_t all = ndev >= GPUMEM_MAX_DEVICES ? ~0ull : (1ull << ndev) - 1;
   op->devmask = (devmask ? devmask : ~0ull) & all;
   op->timeout_ms = timeout_ms ? timeout_ms : e->cfg->ack_timeout_ms;
-  if (op->timeout_ms > ENGINE_MAX_TIMEOUT_MS) {
-    log_info("timeout of %u ms capped at %u ms", op->timeout_ms, ENGINE_MAX_TIMEOUT_MS);
-    op->timeout_ms = ENGINE_MAX_TIMEOUT_MS;
+  if (op->timeout_ms > GPUMEM_OWNER_TIMEOUT_MAX_MS) {
+    log_info("timeout of %u ms capped at %u ms", op->timeout_ms, GPUMEM_OWNER_TIMEOUT_MAX_MS);
+    op->timeout_ms = GPUMEM_OWNER_TIMEOUT_MAX_MS;
   }
   /* A worker's own operation holds the one queue while it waits for its
    * owners: no longer than --ack-timeout. */
@@ -1058,7 +1056,7 @@ static void reply(engine *e, struct op *op) {
   if (op->ctl) stats_error(e->stats, op->fault.code);
   for (size_t i = 0; i < nchecks; i++) checkp[i] = &checks[i];
   if (!op->resume) {
-    e->nlast = nchecks < WIRE_MAX_DEVICES ? nchecks : WIRE_MAX_DEVICES;
+    e->nlast = nchecks < GPUMEM_MAX_DEVICES ? nchecks : GPUMEM_MAX_DEVICES;
     for (size_t i = 0; i < e->nlast; i++) {
       e->last[i] = checks[i];
       e->lastp[i] = &e->last[i];

@@ -26,8 +26,8 @@ struct registry {
   uint64_t next_tag_seq;
   tenants *tenants;
   uint64_t chunks; /* chunk handles held (descriptors, on the host backend) */
-  uint64_t managed[REGISTRY_MAX_DEVICES];
-  unsigned backup_buffers[REGISTRY_MAX_DEVICES]; /* BACKUP buffers per device */
+  uint64_t managed[GPUMEM_MAX_DEVICES];
+  unsigned backup_buffers[GPUMEM_MAX_DEVICES]; /* BACKUP buffers per device */
   uint64_t backup_bytes;    /* valid backups */
   uint64_t backup_reserved; /* sizes of all BACKUP buffers */
   uint64_t backup_ready;    /* host memory made for them */
@@ -777,7 +777,7 @@ struct buffer *registry_find(registry *r, uint64_t id) { return idmap_get(r->buf
 
 /* Bytes of physical memory the daemon holds on a device. */
 uint64_t registry_managed(const registry *r, unsigned device) {
-  return device < REGISTRY_MAX_DEVICES ? r->managed[device] : 0;
+  return device < GPUMEM_MAX_DEVICES ? r->managed[device] : 0;
 }
 
 /* Bytes of backups held in host memory. */

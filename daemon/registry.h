@@ -13,8 +13,6 @@
 #include "hostmem.h"
 #include "tenant.h"
 
-#define REGISTRY_MAX_DEVICES 64
-
 typedef Gpumem__Wire__BufferState buffer_state;
 #define BUF_ACTIVE GPUMEM__WIRE__BUFFER_STATE__ACTIVE
 #define BUF_PAUSING GPUMEM__WIRE__BUFFER_STATE__PAUSING

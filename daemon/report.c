@@ -279,7 +279,7 @@ static int tenant_view_fill(struct tenant_view *tv, registry *reg, unsigned ndev
   r->max_buffers_per_uid = lim->buffers;
   r->max_device_bytes_per_uid = lim->device_bytes;
   r->max_backup_bytes_per_uid = lim->backup_bytes;
-  if (ndev > TENANT_MAX_DEVICES) ndev = TENANT_MAX_DEVICES;
+  if (ndev > GPUMEM_MAX_DEVICES) ndev = GPUMEM_MAX_DEVICES;
   size_t count = tenants_count(tt);
   const struct tenant **list = calloc(count + 1, sizeof *list);
   tv->info = calloc(count + 1, sizeof *tv->info);

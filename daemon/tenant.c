@@ -58,7 +58,7 @@ static bool over(uint64_t used, uint64_t n, uint64_t limit) {
 /* Count one buffer for uid, or refuse it naming the quota. */
 wire_code tenants_charge(tenants *t, uint32_t uid, unsigned device, uint64_t size, bool backup,
                          struct fault *f) {
-  if (device >= TENANT_MAX_DEVICES)
+  if (device >= GPUMEM_MAX_DEVICES)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, "device %u out of range",
                      device);
   struct tenant *x = idmap_get(t->by_uid, (uint64_t)uid + 1);
@@ -102,7 +102,7 @@ wire_code tenants_charge(tenants *t, uint32_t uid, unsigned device, uint64_t siz
  * forgotten. */
 void tenants_credit(tenants *t, uint32_t uid, unsigned device, uint64_t size, bool backup) {
   struct tenant *x = idmap_get(t->by_uid, (uint64_t)uid + 1);
-  if (!x || device >= TENANT_MAX_DEVICES) return;
+  if (!x || device >= GPUMEM_MAX_DEVICES) return;
   x->buffers--;
   x->bytes -= size;
   x->device_bytes[device] -= size;

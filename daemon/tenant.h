@@ -10,8 +10,6 @@
 #include "common/wire.h"
 #include "fault.h"
 
-#define TENANT_MAX_DEVICES 64
-
 /* Per-uid quotas; 0 means no limit. */
 struct tenant_limits {
   uint64_t buffers;      /* buffers, over all of a uid's sessions */
@@ -25,7 +23,7 @@ struct tenant {
   uint32_t uid;
   uint64_t buffers;
   uint64_t bytes; /* over all devices */
-  uint64_t device_bytes[TENANT_MAX_DEVICES];
+  uint64_t device_bytes[GPUMEM_MAX_DEVICES];
   uint64_t backup_bytes;
   uint64_t chunks;
   struct list members; /* the uid's buffers, linked by the registry */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "common/limits.h"
 #include "vmm.h"
 
 #define STR(x) #x
@@ -58,8 +59,7 @@ static int (*p_nvmlDeviceGetMemoryInfo_v2)(nvml_device dev, nvml_memory_v2 *mem)
 static int (*p_nvmlDeviceGetComputeRunningProcesses)(nvml_device dev, unsigned *count,
                                                      nvml_process *infos); /* optional */
 
-#define MAX_DEVICES 64
-static CUcontext contexts[MAX_DEVICES];
+static CUcontext contexts[GPUMEM_MAX_DEVICES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int load_status;
 static char load_error[256];

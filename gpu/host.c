@@ -32,15 +32,15 @@
 
 #include "backend.h"
 #include "common/idmap.h"
+#include "common/limits.h"
 
 #define HOST_DEFAULT_GRANULARITY (2ull << 20)
-#define HOST_MAX_DEVICES 64
 
 struct host {
   unsigned ndev;
   uint64_t granularity;
   uint64_t capacity;
-  uint64_t committed[HOST_MAX_DEVICES];
+  uint64_t committed[GPUMEM_MAX_DEVICES];
   char node[40];  /* names the simulated devices: bus id "host-<node>:<d>" */
   idmap *live;    /* inode -> device + 1 of every chunk held (daemon side) */
   dev_t live_dev; /* the filesystem those inodes are on (memfds share one) */
@@ -52,8 +52,8 @@ static int host_open(const struct gpu_ops *self, const struct gpu_options *opt, 
   struct host *h = calloc(1, sizeof *h);
   if (!h) return -ENOMEM;
   if (!opt->client) {
-    if (opt->host_devices == 0 || opt->host_devices > HOST_MAX_DEVICES) {
-      snprintf(err, errlen, "host devices must be 1..%d", HOST_MAX_DEVICES);
+    if (opt->host_devices == 0 || opt->host_devices > GPUMEM_MAX_DEVICES) {
+      snprintf(err, errlen, "host devices must be 1..%d", GPUMEM_MAX_DEVICES);
       free(h);
       return -EINVAL;
     }
@@ -333,7 +333,7 @@ static int host_device_by_bus_id(void *state, const char *bus_id) {
   char *end;
   if (strncmp(bus_id, "host-", 5) != 0 || !colon || !colon[1]) return -ENODEV;
   unsigned long dev = strtoul(colon + 1, &end, 10);
-  if (*end || dev >= HOST_MAX_DEVICES) return -ENODEV;
+  if (*end || dev >= GPUMEM_MAX_DEVICES) return -ENODEV;
   return (int)dev;
 }
 

@@ -40,9 +40,8 @@
 
 #include "backend.h"
 #include "common/idmap.h"
+#include "common/limits.h"
 #include "vmm.h"
-
-#define VMM_MAX_DEVICES 64
 
 struct vmm {
   const struct vmm_vendor *v;
@@ -50,8 +49,8 @@ struct vmm {
   int ndev;
   uint64_t granularity;
   pthread_mutex_t mu;
-  unsigned ctx_refs[VMM_MAX_DEVICES]; /* contexts this process holds */
-  bool client_held[VMM_MAX_DEVICES];  /* one of them is the client side's */
+  unsigned ctx_refs[GPUMEM_MAX_DEVICES]; /* contexts this process holds */
+  bool client_held[GPUMEM_MAX_DEVICES];  /* one of them is the client side's */
   idmap *kept; /* imported handle -> fd + 1 it came from, under mu */
   /* The gate between backup pieces and every other driver call. */
   pthread_mutex_t gate_mu;
@@ -290,7 +289,7 @@ static int vmm_open(const struct gpu_ops *self, const struct gpu_options *opt, v
     vmm_free(m);
     return -ENODEV;
   }
-  m->ndev = n < VMM_MAX_DEVICES ? n : VMM_MAX_DEVICES;
+  m->ndev = n < GPUMEM_MAX_DEVICES ? n : GPUMEM_MAX_DEVICES;
   /* Granularity with the very properties chunks are created with; every
    * device must agree, and the coarsest wins. */
   for (int d = 0; d < m->ndev; d++) {
@@ -310,7 +309,7 @@ static int vmm_open(const struct gpu_ops *self, const struct gpu_options *opt, v
 /* Let go of every context still held and free the state. */
 static void vmm_close(void *state) {
   struct vmm *m = state;
-  for (int d = 0; d < VMM_MAX_DEVICES; d++)
+  for (int d = 0; d < GPUMEM_MAX_DEVICES; d++)
     if (m->ctx_refs[d]) m->v->ctx_release(d);
   vmm_free(m);
 }
@@ -653,7 +652,7 @@ static void vmm_unhold(void *state, unsigned dev) {
 static bool vmm_holding(void *state, unsigned dev) {
   struct vmm *m = state;
   pthread_mutex_lock(&m->mu);
-  bool held = dev < VMM_MAX_DEVICES && m->ctx_refs[dev] > 0;
+  bool held = dev < GPUMEM_MAX_DEVICES && m->ctx_refs[dev] > 0;
   pthread_mutex_unlock(&m->mu);
   return held;
 }

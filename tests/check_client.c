@@ -1010,6 +1010,11 @@ START_TEST(test_scopes_and_devices_reach_the_daemon_as_meant) {
       {0, zero, 1, NULL, NULL, "pid 0"},
       {0, NULL, 0, "bad\nname", NULL, "control characters"},
       {0, NULL, 0, "\xff\xfe", NULL, "not UTF-8"},
+      /* The one text check, the daemon's: a C1 control (CSI), an encoded
+       * surrogate and an overlong encoding are refused too. */
+      {0, NULL, 0, "rank\xc2\x9b", NULL, "control characters"},
+      {0, NULL, 0, "rank\xed\xa0\x80", NULL, "not UTF-8"},
+      {0, NULL, 0, "rank\xe0\x80\xaf", NULL, "not UTF-8"},
       {0, NULL, 0, long_prefix, NULL, "longer than"},
       {0, NULL, 0, NULL, &dev2, "device 2 is not one of the 2 gpumemd devices"},
       {0, NULL, 0, NULL, &minus, "device -1 is not one of the 2"},
