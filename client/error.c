@@ -18,58 +18,75 @@ int client_fail(int err, const char *fmt, ...) {
 /* The words for the calling thread's last failure. */
 const char *gpumem_last_error(void) { return last_error; }
 
-/* Daemon codes 1..12 map onto -1..-12; the later ones onto -17 and on,
- * after the library's own. */
+/* Every error of the library, once: its GPUMEM_E_* code (gpumem.h), the
+ * daemon's code it stands for (0: one of the library's own, which then
+ * has a name of its own in the daemon's style), and its words. The wire
+ * mapping, gpumem_strerror and gpumem_error_name all read this table;
+ * tests/python checks it against the header and the Python package. */
+#define W(name) GPUMEM__WIRE__ERROR_CODE__##name
+#define CLIENT_ERRORS(X)                                                                    \
+  X(GPUMEM_E_INVALID, W(INVALID_ARGUMENT), NULL, "invalid argument")                       \
+  X(GPUMEM_E_PROTOCOL, W(PROTOCOL_ERROR), NULL, "protocol error")                          \
+  X(GPUMEM_E_VERSION, W(VERSION_MISMATCH), NULL, "protocol version mismatch")              \
+  X(GPUMEM_E_PERMISSION, W(PERMISSION_DENIED), NULL, "permission denied")                  \
+  X(GPUMEM_E_NOT_FOUND, W(NOT_FOUND), NULL, "no such buffer, tag or session")              \
+  X(GPUMEM_E_OUT_OF_MEMORY, W(OUT_OF_MEMORY), NULL, "out of device memory")                \
+  X(GPUMEM_E_TAG_PAUSED, W(TAG_PAUSED), NULL, "tag is paused")                             \
+  X(GPUMEM_E_CLIENT_TIMEOUT, W(CLIENT_TIMEOUT), NULL, "workers did not answer in time")    \
+  X(GPUMEM_E_LIMIT, W(LIMIT_EXCEEDED), NULL, "limit exceeded")                             \
+  X(GPUMEM_E_WRONG_STATE, W(WRONG_STATE), NULL, "buffer is being paused or resumed")       \
+  X(GPUMEM_E_BACKEND, W(BACKEND_ERROR), NULL, "GPU backend error")                         \
+  X(GPUMEM_E_INTERNAL, W(INTERNAL), NULL, "daemon internal error")                         \
+  X(GPUMEM_E_CONNECT, 0, "CONNECT", "cannot connect to gpumemd")                           \
+  X(GPUMEM_E_DISCONNECTED, 0, "DISCONNECTED", "disconnected from gpumemd")                 \
+  X(GPUMEM_E_NOMEM, 0, "NOMEM", "out of memory")                                           \
+  X(GPUMEM_E_MAP, 0, "MAP", "mapping memory failed")                                       \
+  X(GPUMEM_E_NOT_RELEASED, W(NOT_RELEASED), NULL, "memory was not released")               \
+  X(GPUMEM_E_RESIDUAL, W(RESIDUAL_EXCEEDED), NULL,                                          \
+    "memory held outside gpumemd above the limit")                                          \
+  X(GPUMEM_E_SHUTTING_DOWN, W(SHUTTING_DOWN), NULL, "gpumemd is shutting down")            \
+  X(GPUMEM_E_TIMEOUT, 0, "TIMEOUT", "gpumemd did not answer in time")
+
+struct client_error {
+  int code;
+  wire_code wire;
+  const char *own_name;
+  const char *words;
+};
+
+#define ENTRY(code, wire, own_name, words) {code, (wire_code)(wire), own_name, words},
+static const struct client_error errors[] = {CLIENT_ERRORS(ENTRY)};
+#undef ENTRY
+#undef W
+
+/* The table's entry for a GPUMEM_E_* code; NULL for none. */
+static const struct client_error *error_of(int err) {
+  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].code == err) return &errors[i];
+  return NULL;
+}
+
+/* The library's code for a code the daemon sent; PROTOCOL for one it
+ * does not know (a newer daemon's). */
 int client_code(wire_code code) {
-  if (code >= 1 && code <= 12) return -(int)code;
-  if (code >= 13 && code <= 15) return -(int)code - 4;
+  for (size_t i = 0; code && i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].wire == code) return errors[i].code;
   return GPUMEM_E_PROTOCOL;
 }
 
 /* A short description of an error code. */
 const char *gpumem_strerror(int err) {
-  switch (err) {
-  case GPUMEM_OK: return "success";
-  case GPUMEM_E_INVALID: return "invalid argument";
-  case GPUMEM_E_PROTOCOL: return "protocol error";
-  case GPUMEM_E_VERSION: return "protocol version mismatch";
-  case GPUMEM_E_PERMISSION: return "permission denied";
-  case GPUMEM_E_NOT_FOUND: return "no such buffer, tag or session";
-  case GPUMEM_E_OUT_OF_MEMORY: return "out of device memory";
-  case GPUMEM_E_TAG_PAUSED: return "tag is paused";
-  case GPUMEM_E_CLIENT_TIMEOUT: return "workers did not answer in time";
-  case GPUMEM_E_LIMIT: return "limit exceeded";
-  case GPUMEM_E_WRONG_STATE: return "buffer is being paused or resumed";
-  case GPUMEM_E_BACKEND: return "GPU backend error";
-  case GPUMEM_E_INTERNAL: return "daemon internal error";
-  case GPUMEM_E_CONNECT: return "cannot connect to gpumemd";
-  case GPUMEM_E_DISCONNECTED: return "disconnected from gpumemd";
-  case GPUMEM_E_NOMEM: return "out of memory";
-  case GPUMEM_E_MAP: return "mapping memory failed";
-  case GPUMEM_E_NOT_RELEASED: return "memory was not released";
-  case GPUMEM_E_RESIDUAL: return "memory held outside gpumemd above the limit";
-  case GPUMEM_E_SHUTTING_DOWN: return "gpumemd is shutting down";
-  case GPUMEM_E_TIMEOUT: return "gpumemd did not answer in time";
-  default: return "unknown error";
-  }
+  const struct client_error *e = error_of(err);
+  return err == GPUMEM_OK ? "success" : e ? e->words : "unknown error";
 }
 
 /* The daemon's name of an error code; the library's own codes have names
  * in the same style. */
 const char *gpumem_error_name(int err) {
-  if (err == 0) return "OK";
-  if ((err <= -1 && err >= -12) || (err <= -17 && err >= -19)) {
-    wire_code code = (wire_code)(err >= -12 ? -err : -err - 4);
-    return wire_code_name(code);
-  }
-  switch (err) {
-  case GPUMEM_E_CONNECT: return "CONNECT";
-  case GPUMEM_E_DISCONNECTED: return "DISCONNECTED";
-  case GPUMEM_E_NOMEM: return "NOMEM";
-  case GPUMEM_E_MAP: return "MAP";
-  case GPUMEM_E_TIMEOUT: return "TIMEOUT";
-  default: return "UNKNOWN";
-  }
+  const struct client_error *e = error_of(err);
+  if (err == GPUMEM_OK) return "OK";
+  if (!e) return "UNKNOWN";
+  return e->wire ? wire_code_name(e->wire) : e->own_name;
 }
 
 /* The name of a state. */

@@ -636,6 +636,23 @@ def test_free_ptr_frees_one_allocation_after_hooks_saw_its_buffer(worker, contro
     worker.trim()
 
 
+def test_error_codes_are_one_list_in_header_library_and_package():
+    """Every GPUMEM_E_* of the header has a name and words in the library's
+    table, the Python ErrorCode with the same value has that name, and
+    neither knows a code the header does not."""
+    header = (REPO / "include" / "gpumem.h").read_text()
+    codes = {int(v): n for n, v in re.findall(r"^\s*(GPUMEM_E_\w+) = (-\d+),", header, re.M)}
+    assert len(codes) == 20, codes
+    assert {int(c) for c in gpumem.ErrorCode} == set(codes)
+    for value, cname in codes.items():
+        name = gpumem.error_name(value)
+        assert name == gpumem.ErrorCode(value).name, (cname, name)
+        assert name != "UNKNOWN", cname
+        assert _native.load().gpumem_strerror(value) not in (b"unknown error", b"success"), cname
+    known = {v for v in range(-64, 0) if gpumem.error_name(v) != "UNKNOWN"}
+    assert known == set(codes)
+
+
 def test_wire_limits_match_the_library():
     wire = (REPO / "common" / "wire.h").read_text()
     defines = dict(re.findall(r"#define (WIRE_\w+) (\d+)", wire))
