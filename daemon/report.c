@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "gpumem.h"
-#include "server.h"
 
 #define VSTR_(x) #x
 #define VSTR(x) VSTR_(x)
@@ -322,7 +321,8 @@ static void tenant_view_free(struct tenant_view *tv) {
  * see (a worker: its uid's). */
 void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__StatusRequest *req,
                    registry *reg, gpu *g, struct list *sessions,
-                   Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st) {
+                   Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
+                   const struct report_own *own) {
   bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
   uint32_t uid = (uint32_t)s->uid;
   size_t limit = req->limit && req->limit < REPORT_STATUS_PAGE ? req->limit : REPORT_STATUS_PAGE;
@@ -374,7 +374,13 @@ void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__Statu
   registry_last(reg, true, &r.last_backup_bytes, &r.last_backup_us);
   registry_last(reg, false, &r.last_restore_bytes, &r.last_restore_us);
   figures = stats_fill(st, &r, all, uid);
-  server_fill_status(s->server, &r);
+  r.fd_limit = own->fd_limit;
+  r.fds_open = own->fds_open;
+  r.fds_parked = own->fds_parked;
+  r.queued_bytes = own->queued_bytes;
+  r.connections_refused = own->connections_refused;
+  r.grace_left_ms = own->grace_left_ms;
+  r.grace_waiting = own->grace_waiting;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = req_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;

@@ -12,16 +12,25 @@
 /* Buffers in one list reply, at most. */
 #define REPORT_LIST_PAGE 16384
 
+/* The daemon's own figures, which the server keeps: the fds it may use and
+ * uses, fds parked in frames still arriving, replies queued unread,
+ * connections refused, and the re-registration grace. */
+struct report_own {
+  uint64_t fd_limit, fds_open, fds_parked, queued_bytes, connections_refused;
+  uint64_t grace_left_ms, grace_waiting;
+};
+
 /* Send s one page (req's cursors and limit) of the status of every device,
  * tag and session (sessions: the server's list of struct session.link),
- * with the last pause's checks and what the daemon did since it started
- * (st, which also counts a failure to answer). A controller sees every
+ * with the last pause's checks, what the daemon did since it started
+ * (st, which also counts a failure to answer) and its own figures. A controller sees every
  * tag, session, process, tenant and operation; any other session only
  * its own uid's, and the tags it owns or that are shared (a shared tag's
  * figures then count only its uid's buffers). */
 void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__StatusRequest *req,
                    registry *reg, gpu *g, struct list *sessions,
-                   Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st);
+                   Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
+                   const struct report_own *own);
 
 /* Send s one page (req's cursor and limit) of the buffers it may see, in
  * id order: its uid's, or all for a controller. */

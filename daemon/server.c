@@ -398,16 +398,17 @@ size_t server_parked_fds(const server *srv, uid_t uid) {
   return n;
 }
 
-/* Fill the status fields about the daemon's fds and queues. */
-void server_fill_status(server *srv, Gpumem__Wire__StatusReply *r) {
-  r->fd_limit = fdbudget_limit();
-  r->fds_open = fdbudget_open();
+/* The daemon's own figures for a status: its fds and queues, the grace. */
+static struct report_own own_figures(const server *srv) {
+  struct report_own o = {.fd_limit = fdbudget_limit(),
+                         .fds_open = fdbudget_open(),
+                         .queued_bytes = srv->queued_total,
+                         .connections_refused = srv->refused_total,
+                         .grace_left_ms = grace_left_ms(srv->grace),
+                         .grace_waiting = grace_waiting(srv->grace)};
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next)
-    r->fds_parked += frame_reader_held_fds(list_entry(p, struct session, link)->reader);
-  r->queued_bytes = srv->queued_total;
-  r->connections_refused = srv->refused_total;
-  r->grace_left_ms = grace_left_ms(srv->grace);
-  r->grace_waiting = grace_waiting(srv->grace);
+    o.fds_parked += frame_reader_held_fds(list_entry(p, struct session, link)->reader);
+  return o;
 }
 
 /* Answer request id with a fault, counting the error. */
@@ -753,8 +754,9 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
       if (s->write_failed) break;
       size_t nlast;
       Gpumem__Wire__DeviceCheck *const *last = engine_last_checks(srv->eng, &nlast);
+      struct report_own own = own_figures(srv);
       report_status(s, env->id, env->status, srv->reg, srv->gpu, &srv->sessions, last, nlast,
-                    srv->stats);
+                    srv->stats, &own);
     }
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_LIST:

@@ -51,8 +51,4 @@ struct session *server_biggest_queue(server *srv);
 /* Fds parked in frames still arriving, over the sessions of uid. */
 size_t server_parked_fds(const server *srv, uid_t uid);
 
-/* Fill the status fields about the daemon's own resources: fds it may use
- * and uses, fds parked, output queued, connections refused. */
-void server_fill_status(server *srv, Gpumem__Wire__StatusReply *r);
-
 #endif
