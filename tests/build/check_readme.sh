@@ -614,15 +614,17 @@ else
   ctl pause kv_cache weights
   kill -STOP "$kv"
   tmx new-window -t readme -n progress \
-    "'$bin/gpumemctl' --socket '$sock' resume kv_cache weights; echo \"resume exited \$?\""
+    "'$bin/gpumemctl' --socket '$sock' resume kv_cache weights; echo \"resume exited \$?\" | tee '$t/resume.rc'"
   screen_has() { tmx capture-pane -p -t "$1" >"$t/screen" 2>/dev/null && grep -Eq -- "$2" "$t/screen"; }
   what="the progress line of a resume"
   await screen_has readme:progress '^resuming '
   grep '^resuming ' "$t/screen" >"$t/progress.out"
   kill -CONT "$kv"
+  # The exit status in a file: a pane whose shell ends at once may be
+  # dead before its last line is drawn.
   what="the resume to end"
-  await screen_has readme:progress '^resume exited '
-  grep -q '^resume exited 0$' "$t/screen" || fail "the resume failed: $(cat "$t/screen")"
+  await file_has "$t/resume.rc" '^resume exited '
+  grep -q '^resume exited 0$' "$t/resume.rc" || fail "the resume failed: $(cat "$t/screen")"
   compare progress "$t/progress.out"
 
   # gpumemctl top, in a 100x24 pane: a worker of draft is stopped, so its
