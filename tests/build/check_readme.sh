@@ -323,7 +323,10 @@ start_worker() {
   shift 3
   nworkers=$((nworkers + 1))
   wlog=$t/worker$nworkers-$wname.log
-  "$bin/gpumem-worker" --socket "$sock" --name "$wname" --tag "$wtag" --size "$wsize" "$@" \
+  # A session of its own (setsid: the same pid): a worker stopped below
+  # gets no signal sent to this script's process group (the kernel's
+  # SIGHUP and SIGCONT to the stopped members of an orphaned group).
+  setsid "$bin/gpumem-worker" --socket "$sock" --name "$wname" --tag "$wtag" --size "$wsize" "$@" \
     >"$wlog" 2>&1 &
   worker=$!
   pids="$pids $worker"

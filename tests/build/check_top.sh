@@ -95,11 +95,15 @@ start_daemon() {
 }
 
 # Start a worker: name, tag, size, device, then any other options; waits
-# until it is ready and leaves its pid in $worker.
+# until it is ready and leaves its pid in $worker. Each runs in a session
+# of its own (setsid: the same pid), so that a worker stopped for a test
+# gets no signal sent to this script's process group: the kernel sends
+# SIGHUP and SIGCONT to the stopped members of a group that becomes
+# orphaned, and a stopped worker that died of it once let a pause through.
 start_worker() {
   name=$1 tag=$2 size=$3 dev=$4
   shift 4
-  "$bin/gpumem-worker" --socket "$sock" --name "$name" --tag "$tag" --size "$size" \
+  setsid "$bin/gpumem-worker" --socket "$sock" --name "$name" --tag "$tag" --size "$size" \
     --device "$dev" "$@" >"$t/$name.log" 2>&1 &
   worker=$!
   pids="$pids $worker"
