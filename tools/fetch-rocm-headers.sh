@@ -22,10 +22,14 @@ fi
 # Cannot fetch: the log's last lines, then skip (--optional) or fail.
 unavailable() { # $1: what failed, $2: its log
   if [ "$optional" = 1 ]; then
-    why=$(grep -E '^(E|W|Err):' "$2" | tail -n 1 | sed -E 's/^(E|W|Err): *//')
+    # The cause is in update's log when update only warned (no network:
+    # "Temporary failure resolving"), else in the failed step's own.
+    why=$(cat "$apt/update.log" "$2" 2>/dev/null | grep -E '^(E:|W: Failed)' | head -n 1 |
+      sed -E 's/^(E|W): *//; s/  +/: /')
     echo "fetch-rocm-headers: skipped: $1${why:+ ($why)}, so the HIP backend is not compiled against the $suite headers here (make check-hip-headers runs it where the registry serves $suite)"
     exit 0
   fi
+  [ "$2" = "$apt/update.log" ] || grep -E '^(E|W|Err):' "$apt/update.log" | sed 's/^/    /'
   tail -n 5 "$2" | sed 's/^/    /'
   echo "FAIL: fetch-rocm-headers: $1"
   exit 1

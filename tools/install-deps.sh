@@ -99,26 +99,41 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 apt() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get "$@"; }
 log=$(mktemp "${TMPDIR:-/tmp}/gpumemd-apt.XXXXXX")
-trap 'rm -f "$log"' EXIT INT TERM
+updlog=$(mktemp "${TMPDIR:-/tmp}/gpumemd-apt.XXXXXX")
+trap 'rm -f "$log" "$updlog"' EXIT INT TERM
 # A stale list still installs what it has; a registry out of reach shows
-# in the install that follows, which stops before changing anything.
-if ! apt update -qq >"$log" 2>&1; then
+# in the install that follows, which stops before changing anything. apt's
+# update exits 0 when it could not fetch an index (it only warns): its
+# warnings are shown when the install then fails.
+if ! apt update -qq >"$updlog" 2>&1; then
   say "apt-get update failed (trying with the package lists already here):"
-  sed 's/^/    /' "$log"
+  sed 's/^/    /' "$updlog"
+  : >"$updlog"
 fi
+# Stop after a failed apt-get: its words (and update's warnings), and
+# what root should run first when dpkg itself is left half done.
+apt_failed() { # $1: what failed
+  sed 's/^/    /' "$log"
+  if grep -q '^[WE]:\|^Err:' "$updlog"; then
+    say "apt-get update had said:"
+    grep '^[WE]:\|^Err:' "$updlog" | sed 's/^/    /'
+  fi
+  if grep -q "dpkg --configure -a" "$log"; then
+    line="dpkg --configure -a && $line"
+  fi
+  stop "$1"
+}
 if [ -n "$need" ]; then
   say "installing$need"
   # shellcheck disable=SC2086
   if ! apt install -y -qq $need >"$log" 2>&1; then
-    sed 's/^/    /' "$log"
-    stop "apt-get install failed (above): nothing was built"
+    apt_failed "apt-get install failed (above): nothing was built"
   fi
 fi
 if ! builddeps_met; then
   say "installing debian/control's Build-Depends"
   if ! apt build-dep -y -qq "$root" >"$log" 2>&1; then
-    sed 's/^/    /' "$log"
-    stop "apt-get build-dep failed (above)"
+    apt_failed "apt-get build-dep failed (above)"
   fi
 fi
 say "installed"
