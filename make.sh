@@ -5,9 +5,14 @@
 #   sh make.sh demo      (the same as make demo once make is there)
 set -eu
 cd "$(dirname "$0")"
-o=build
+# O, HIP and ROCM_PATH, from the environment or as make arguments, are
+# what preflight and install-deps look at too.
+o=${O:-build}
 for a in "$@"; do
-  case $a in O=*) o=${a#O=} ;; esac
+  case $a in
+  O=*) o=${a#O=} ;;
+  HIP=* | ROCM_PATH=*) export "${a?}" ;;
+  esac
 done
 sh tools/preflight.sh "$o"
 sh tools/install-deps.sh

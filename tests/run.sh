@@ -3,7 +3,10 @@
 set -u
 . "$(dirname "$0")/others.sh"
 others_setup
-trap others_cleanup EXIT INT TERM
+# A signal ends the run (the EXIT trap cleans up); it does not go on.
+trap others_cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 status=0
 for t in "$@"; do
   name=$(basename "$t")

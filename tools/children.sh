@@ -6,11 +6,12 @@
 # (a busy machine reuses pids within seconds: once, another run's worker
 # stopped for a test was sent SIGCONT this way), and is left alone.
 children_signal() {
-  sig=$1
+  _children_sig=$1
   shift
-  for p in "$@"; do
+  for _children_p in "$@"; do
     # /proc/PID/stat: "PID (COMM) STATE PPID ..."; COMM may hold ") ".
-    ppid=$(sed -n 's/.*) [A-Za-z] \([0-9]*\) .*/\1/p' "/proc/$p/stat" 2>/dev/null) || ppid=""
-    [ "$ppid" != "$$" ] || kill -s "$sig" "$p" 2>/dev/null || true
+    _children_ppid=$(sed -n 's/.*) [A-Za-z] \([0-9]*\) .*/\1/p' "/proc/$_children_p/stat" \
+      2>/dev/null) || _children_ppid=""
+    [ "$_children_ppid" != "$$" ] || kill -s "$_children_sig" "$_children_p" 2>/dev/null || true
   done
 }

@@ -12,7 +12,9 @@ cleanup() {
   wait 2>/dev/null || true
   rm -rf "$dir"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 shmem() { awk '/^Shmem:/ { printf "%.0f MiB", $2 / 1024 }' /proc/meminfo; }
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }

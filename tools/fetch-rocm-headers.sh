@@ -37,7 +37,9 @@ unavailable() { # $1: what failed, $2: its log
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 apt=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-apt.XXXXXX")
-trap 'rm -rf "$apt"' EXIT INT TERM
+trap 'rm -rf "$apt"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs"
 : >"$apt/status"
 echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
@@ -48,6 +50,7 @@ private_apt() {
   apt-get -q -o Dir::Etc::SourceList="$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null \
     -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache" \
     -o Dir::State::status="$apt/status" -o Debug::NoLocking=1 \
+    -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null \
     -o APT::Sandbox::User="$(id -un)" -o Acquire::Check-Valid-Until=false "$@"
 }
 echo "fetch-rocm-headers: downloading libamdhip64-dev and libhsa-runtime-dev from $suite"

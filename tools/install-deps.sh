@@ -64,15 +64,20 @@ say() { echo "install-deps: $*"; }
 if [ -n "$need" ]; then
   say "missing Debian packages:$need"
 fi
-builddeps_met || say "missing: debian/control's Build-Depends (apt-get build-dep $root)"
+if [ "$what" = deb ] && ! command -v dpkg-checkbuilddeps >/dev/null 2>&1; then
+  say "debian/control's Build-Depends: not checked yet (dpkg-dev is missing); apt-get build-dep installs them"
+elif ! builddeps_met; then
+  say "missing: debian/control's Build-Depends (apt-get build-dep $root)"
+fi
 if [ -n "${GPUMEM_NO_APT:-}" ]; then
   say "GPUMEM_NO_APT set: not installing"
   exit 0
 fi
 
 # What root would run, said whole wherever this script cannot run it.
-line="apt-get update && apt-get install -y$need"
-[ -n "$need" ] || line="apt-get update && apt-get build-dep -y $root"
+line="apt-get update"
+[ -z "$need" ] || line="$line && apt-get install -y$need"
+builddeps_met || line="$line && apt-get build-dep -y $root"
 stop() {
   say "$1"
   say "as root, run:"
@@ -100,7 +105,9 @@ fi
 apt() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get "$@"; }
 log=$(mktemp "${TMPDIR:-/tmp}/gpumemd-apt.XXXXXX")
 updlog=$(mktemp "${TMPDIR:-/tmp}/gpumemd-apt.XXXXXX")
-trap 'rm -f "$log" "$updlog"' EXIT INT TERM
+trap 'rm -f "$log" "$updlog"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 # A stale list still installs what it has; a registry out of reach shows
 # in the install that follows, which stops before changing anything. apt's
 # update exits 0 when it could not fetch an index (it only warns): its

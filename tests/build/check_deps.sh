@@ -12,19 +12,27 @@ root=$(pwd)
 t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-deps.XXXXXX")
 mounted=""
 cleanup() {
-  for m in $mounted; do umount "$m" 2>/dev/null; done
+  [ -z "$mounted" ] || umount "$mounted" 2>/dev/null
   rm -rf "$t"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 status=0
 fail() { echo "FAIL: check_deps: $*"; status=1; }
 
-# A PATH with the few tools install-deps needs to speak and apt-get, but no
-# make, compiler, pkg-config, python3 or sudo: as on a bare Debian.
+# A PATH with the few tools install-deps needs to speak, but no make,
+# compiler, pkg-config, python3 or sudo: as on a bare Debian. Its apt-get
+# only records that it was called: these cases must never reach it, and
+# the test must not install anything if they do.
 mkdir -p "$t/bin"
-for tool in sh id sed mktemp rm dirname cat tail apt-get; do
+for tool in sh id sed mktemp rm dirname cat tail; do
   p=$(command -v "$tool") && ln -s "$p" "$t/bin/$tool"
 done
+printf '#!/bin/sh\necho "$*" >>%s/apt.calls\nexit 1\n' "$t" >"$t/bin/apt-get"
+chmod 755 "$t/bin/apt-get"
+: >"$t/apt.calls"
+chmod 666 "$t/apt.calls"
 
 # Not root, no sudo: the list and the line, exit 1, nothing installed.
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
@@ -52,6 +60,7 @@ rc=0
 out=$(env -i PATH="$t/bin" GPUMEM_NO_APT=1 HIP=0 "$t/bin/sh" tools/install-deps.sh 2>&1) || rc=$?
 [ "$rc" = 0 ] && echo "$out" | grep -q 'GPUMEM_NO_APT set: not installing' ||
   fail "install-deps with GPUMEM_NO_APT exited $rc: $out"
+[ ! -s "$t/apt.calls" ] || fail "install-deps called apt-get: $(cat "$t/apt.calls")"
 
 # make with a dependency missing says to run make deps (and builds nothing).
 rc=0

@@ -10,7 +10,9 @@ set -eu
 cd "$(dirname "$0")/../.."
 o=${GPUMEM_O:-build}
 t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-man.XXXXXX")
-trap 'rm -rf "$t"' EXIT INT TERM
+trap 'rm -rf "$t"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 status=0
 fail() { echo "FAIL: check_man: $*"; status=1; }

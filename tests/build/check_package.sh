@@ -20,7 +20,9 @@ set -eu
 cd "$(dirname "$0")/../.."
 o=${GPUMEM_O:-build}
 t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-package.XXXXXX")
-trap 'rm -rf "$t"' EXIT INT TERM
+trap 'rm -rf "$t"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 status=0
 fail() { echo "FAIL: check_package: $*"; status=1; }
