@@ -122,7 +122,7 @@ deps:
 BUILD_CONFIG := $(O)/build-config
 sq = '$(subst ','\'',$(1))'
 # What a build cannot start without (make deps installs it).
-MISSING := $(if $(shell command -v pkg-config 2>/dev/null),,pkg-config) \
+MISSING = $(if $(shell command -v pkg-config 2>/dev/null),,pkg-config) \
   $(if $(shell command -v protoc-c 2>/dev/null),,protoc-c) \
   $(foreach p,$(PKGS),$(if $(shell pkg-config --exists $(p) 2>/dev/null && echo y),,$(p)))
 $(BUILD_CONFIG): FORCE

@@ -23,40 +23,37 @@ const char *gpumem_last_error(void) { return last_error; }
  * has a name of its own in the daemon's style), and its words. The wire
  * mapping, gpumem_strerror and gpumem_error_name all read this table;
  * tests/python checks it against the header and the Python package. */
-#define W(name) GPUMEM__WIRE__ERROR_CODE__##name
-#define CLIENT_ERRORS(X)                                                                    \
-  X(GPUMEM_E_INVALID, W(INVALID_ARGUMENT), NULL, "invalid argument")                       \
-  X(GPUMEM_E_PROTOCOL, W(PROTOCOL_ERROR), NULL, "protocol error")                          \
-  X(GPUMEM_E_VERSION, W(VERSION_MISMATCH), NULL, "protocol version mismatch")              \
-  X(GPUMEM_E_PERMISSION, W(PERMISSION_DENIED), NULL, "permission denied")                  \
-  X(GPUMEM_E_NOT_FOUND, W(NOT_FOUND), NULL, "no such buffer, tag or session")              \
-  X(GPUMEM_E_OUT_OF_MEMORY, W(OUT_OF_MEMORY), NULL, "out of device memory")                \
-  X(GPUMEM_E_TAG_PAUSED, W(TAG_PAUSED), NULL, "tag is paused")                             \
-  X(GPUMEM_E_CLIENT_TIMEOUT, W(CLIENT_TIMEOUT), NULL, "workers did not answer in time")    \
-  X(GPUMEM_E_LIMIT, W(LIMIT_EXCEEDED), NULL, "limit exceeded")                             \
-  X(GPUMEM_E_WRONG_STATE, W(WRONG_STATE), NULL, "buffer is being paused or resumed")       \
-  X(GPUMEM_E_BACKEND, W(BACKEND_ERROR), NULL, "GPU backend error")                         \
-  X(GPUMEM_E_INTERNAL, W(INTERNAL), NULL, "daemon internal error")                         \
-  X(GPUMEM_E_CONNECT, 0, "CONNECT", "cannot connect to gpumemd")                           \
-  X(GPUMEM_E_DISCONNECTED, 0, "DISCONNECTED", "disconnected from gpumemd")                 \
-  X(GPUMEM_E_NOMEM, 0, "NOMEM", "out of memory")                                           \
-  X(GPUMEM_E_MAP, 0, "MAP", "mapping memory failed")                                       \
-  X(GPUMEM_E_NOT_RELEASED, W(NOT_RELEASED), NULL, "memory was not released")               \
-  X(GPUMEM_E_RESIDUAL, W(RESIDUAL_EXCEEDED), NULL,                                          \
-    "memory held outside gpumemd above the limit")                                          \
-  X(GPUMEM_E_SHUTTING_DOWN, W(SHUTTING_DOWN), NULL, "gpumemd is shutting down")            \
-  X(GPUMEM_E_TIMEOUT, 0, "TIMEOUT", "gpumemd did not answer in time")
-
 struct client_error {
   int code;
-  wire_code wire;
-  const char *own_name;
+  wire_code wire;       /* 0: one of the library's own */
+  const char *own_name; /* the name of one of the library's own */
   const char *words;
 };
 
-#define ENTRY(code, wire, own_name, words) {code, (wire_code)(wire), own_name, words},
-static const struct client_error errors[] = {CLIENT_ERRORS(ENTRY)};
-#undef ENTRY
+#define W(name) GPUMEM__WIRE__ERROR_CODE__##name
+static const struct client_error errors[] = {
+    {GPUMEM_E_INVALID, W(INVALID_ARGUMENT), NULL, "invalid argument"},
+    {GPUMEM_E_PROTOCOL, W(PROTOCOL_ERROR), NULL, "protocol error"},
+    {GPUMEM_E_VERSION, W(VERSION_MISMATCH), NULL, "protocol version mismatch"},
+    {GPUMEM_E_PERMISSION, W(PERMISSION_DENIED), NULL, "permission denied"},
+    {GPUMEM_E_NOT_FOUND, W(NOT_FOUND), NULL, "no such buffer, tag or session"},
+    {GPUMEM_E_OUT_OF_MEMORY, W(OUT_OF_MEMORY), NULL, "out of device memory"},
+    {GPUMEM_E_TAG_PAUSED, W(TAG_PAUSED), NULL, "tag is paused"},
+    {GPUMEM_E_CLIENT_TIMEOUT, W(CLIENT_TIMEOUT), NULL, "workers did not answer in time"},
+    {GPUMEM_E_LIMIT, W(LIMIT_EXCEEDED), NULL, "limit exceeded"},
+    {GPUMEM_E_WRONG_STATE, W(WRONG_STATE), NULL, "buffer is being paused or resumed"},
+    {GPUMEM_E_BACKEND, W(BACKEND_ERROR), NULL, "GPU backend error"},
+    {GPUMEM_E_INTERNAL, W(INTERNAL), NULL, "daemon internal error"},
+    {GPUMEM_E_CONNECT, 0, "CONNECT", "cannot connect to gpumemd"},
+    {GPUMEM_E_DISCONNECTED, 0, "DISCONNECTED", "disconnected from gpumemd"},
+    {GPUMEM_E_NOMEM, 0, "NOMEM", "out of memory"},
+    {GPUMEM_E_MAP, 0, "MAP", "mapping memory failed"},
+    {GPUMEM_E_NOT_RELEASED, W(NOT_RELEASED), NULL, "memory was not released"},
+    {GPUMEM_E_RESIDUAL, W(RESIDUAL_EXCEEDED), NULL,
+     "memory held outside gpumemd above the limit"},
+    {GPUMEM_E_SHUTTING_DOWN, W(SHUTTING_DOWN), NULL, "gpumemd is shutting down"},
+    {GPUMEM_E_TIMEOUT, 0, "TIMEOUT", "gpumemd did not answer in time"},
+};
 #undef W
 
 /* The table's entry for a GPUMEM_E_* code; NULL for none. */

@@ -23,10 +23,10 @@ struct report_own {
 /* Send s one page (req's cursors and limit) of the status of every device,
  * tag and session (sessions: the server's list of struct session.link),
  * with the last pause's checks, what the daemon did since it started
- * (st, which also counts a failure to answer) and its own figures. A controller sees every
- * tag, session, process, tenant and operation; any other session only
- * its own uid's, and the tags it owns or that are shared (a shared tag's
- * figures then count only its uid's buffers). */
+ * (st, which also counts a failure to answer) and its own figures (own).
+ * A controller sees every tag, session, process, tenant and operation; any
+ * other session only its own uid's, and the tags it owns or that are
+ * shared (a shared tag's figures then count only its uid's buffers). */
 void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__StatusRequest *req,
                    registry *reg, gpu *g, struct list *sessions,
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,

@@ -645,12 +645,7 @@ else
     bus=$("$bin/gpumemctl" --socket "$sock" --json status | sed -n 's/.*"bus_id":"\([^"]*:0\)".*/\1/p')
     [ -n "$bus" ] || die "no bus id for device 0 in status --json"
     ln -s "$("$py" -c 'import sys; print(sys.executable)')" "$t/python3"
-    "$t/python3" -c '
-import os, signal, sys
-fd = os.memfd_create(sys.argv[1], 0)
-os.posix_fallocate(fd, 0, 192 << 20)
-print("holding", flush=True)
-signal.pause()' "gpumem-$bus" >"$t/hog.log" 2>&1 &
+    "$t/python3" tests/build/hold_memfd.py "gpumem-$bus" 192 >"$t/hog.log" 2>&1 &
     pids="$pids $!"
     what="the process holding memory outside gpumemd"
     await file_has "$t/hog.log" '^holding$'

@@ -285,12 +285,7 @@ bus=$("$ctl" --socket "$sock" --json status | sed -n 's/.*"bus_id":"\([^"]*:0\)"
 [ -n "$bus" ] || fail "no bus id for device 0 in status --json"
 hog=$t/$(printf 'hog\033[31m')
 ln -s "$(python3 -c 'import sys; print(sys.executable)')" "$hog" # the interpreter, not a shim
-"$hog" -c '
-import os, signal, sys
-fd = os.memfd_create(sys.argv[1], 0)
-os.posix_fallocate(fd, 0, 64 << 20)
-print("holding", flush=True)
-signal.pause()' "gpumem-$bus" >"$t/hog.log" 2>&1 &
+"$hog" tests/build/hold_memfd.py "gpumem-$bus" 64 >"$t/hog.log" 2>&1 &
 pids="$pids $!"
 what="the process holding memory outside gpumemd"
 await file_has "$t/hog.log" '^holding$'
