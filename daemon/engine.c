@@ -30,7 +30,6 @@
 #include "engine.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,9 +41,8 @@
 #include "common/log.h"
 #include "common/size.h"
 #include "grace.h"
-#include "peer.h"
+#include "outbox.h"
 #include "report.h"
-#include "session.h"
 #include "stats.h"
 
 /* What the driver's free memory may miss beyond one granularity a buffer. */
@@ -58,7 +56,7 @@ enum kind {
 
 /* The buffers of one owner in one step, and the events sent for them. */
 struct group {
-  struct session *s;
+  struct owner *s;
   struct op *op; /* NULL once the operation stopped waiting (a straggler) */
   enum kind kind;
   bool done;
@@ -93,7 +91,7 @@ struct op {
   struct list link;
   bool resume;
   bool rolling_back;
-  struct session *ctl;
+  struct owner *ctl;
   uint64_t req_id;
   uint32_t pid;          /* the requester's, for the record */
   uint32_t uid;
@@ -103,7 +101,7 @@ struct op {
   size_t ntags;
   bool all_tags;         /* no tags named: every tag that exists at the start */
   bool own;              /* scope: the requester's buffers (self) */
-  struct session *self;  /* the requester, NULL once it is gone */
+  struct owner *self;  /* the requester, NULL once it is gone */
   uint32_t *scope_pids;  /* scope: sessions of these pids (none: any) */
   size_t nscope_pids;
   char prefix[WIRE_NAME_MAX + 1]; /* scope: sessions named so ("": any) */
@@ -131,7 +129,8 @@ struct engine {
   gpu *gpu;
   const struct config *cfg;
   stats *stats;
-  struct list *sessions; /* the server's, for scopes */
+  struct list *owners; /* the server's (struct owner.link), for scopes */
+  const struct outbox *out;
   const grace *grace;    /* the server's, for what a missing tag may mean */
   struct list queue;
   struct op *current;
@@ -148,9 +147,9 @@ struct engine {
 static void run_queue(engine *e);
 static void check_done(engine *e);
 
-/* Create an engine over the registry and the server's sessions. */
+/* Create an engine over the registry and the server's owners. */
 engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
-                      struct list *sessions, stats *st) {
+                      struct list *owners, const struct outbox *out, stats *st) {
   engine *e = calloc(1, sizeof *e);
   if (!e || !(e->events = idmap_create())) {
     free(e);
@@ -161,7 +160,8 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct confi
   e->gpu = g;
   e->cfg = cfg;
   e->stats = st;
-  e->sessions = sessions;
+  e->owners = owners;
+  e->out = out;
   e->next_event = 1;
   list_init(&e->queue);
   list_init(&e->stragglers);
@@ -197,13 +197,23 @@ static void op_free(engine *e, struct op *op) {
   free(op);
 }
 
+/* Queue a message with fds for o through the outbox. */
+static int say(engine *e, struct owner *o, const wire_env *env, const int *fds, size_t nfds) {
+  return e->out->send(e->out->ctx, o, env, fds, nfds);
+}
+
+/* Queue an Error for o through the outbox. */
+static void say_error(engine *e, struct owner *o, uint64_t id, const struct fault *f) {
+  e->out->send_error(e->out->ctx, o, id, f);
+}
+
 /* Answer a controller's request with a fault and nothing else. */
-static void answer_fault(engine *e, struct session *ctl, uint64_t req_id, wire_code code,
+static void answer_fault(engine *e, struct owner *ctl, uint64_t req_id, wire_code code,
                          const char *text) {
   struct fault f = {0};
   fault_set(&f, code, "%s", text);
   stats_error(e->stats, code);
-  session_send_error(ctl, req_id, &f);
+  say_error(e, ctl, req_id, &f);
 }
 
 static void on_timer_closed(uv_handle_t *h) { free(h->data); }
@@ -237,7 +247,7 @@ void engine_destroy(engine *e) {
 }
 
 /* Copy a scope into an operation; false when out of memory. */
-static bool take_scope(struct op *op, struct session *ctl, const struct engine_scope *scope) {
+static bool take_scope(struct op *op, struct owner *ctl, const struct engine_scope *scope) {
   if (!scope) return true;
   op->own = scope->own;
   op->self = scope->own ? ctl : NULL;
@@ -264,7 +274,7 @@ static void enqueue(engine *e, struct op *op) {
 }
 
 /* Queue an operation and start it if nothing runs. */
-void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
+void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
                    uint32_t timeout_ms, uint64_t max_residual,
                    const struct engine_scope *scope) {
@@ -490,7 +500,7 @@ static void number_events(engine *e, struct group *g, size_t nevents) {
 }
 
 /* A new group of one owner's buffers. */
-static struct group *group_new(struct op *op, struct session *s, enum kind kind) {
+static struct group *group_new(struct op *op, struct owner *s, enum kind kind) {
   struct group *g = calloc(1, sizeof *g);
   if (!g) return NULL;
   g->s = s;
@@ -531,7 +541,7 @@ static void send_unmap(engine *e, struct group *g) {
   env.id = g->first_event;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
   env.unmap = &ev;
-  session_send(g->s, &env, NULL, 0);
+  say(e, g->s, &env, NULL, 0);
 }
 
 /* Send one owner its Remap events with the fds exported for them, at most
@@ -577,14 +587,14 @@ static int send_remap(engine *e, struct group *g) {
     env.remap = &rm;
     int fds[FRAME_MAX_FDS];
     memcpy(fds, g->fds + first_fd, nfds * sizeof *fds);
-    for (size_t k = first_fd; k < fd_at; k++) g->fds[k] = -1; /* session_send owns them */
-    if (session_send(g->s, &env, fds, nfds) < 0) return -1;
+    for (size_t k = first_fd; k < fd_at; k++) g->fds[k] = -1; /* the outbox owns them */
+    if (say(e, g->s, &env, fds, nfds) < 0) return -1;
   }
   return 0;
 }
 
 /* True if an operation without own covers the buffers of session s. */
-static bool session_selected(const struct op *op, const struct session *s) {
+static bool session_selected(const struct op *op, const struct owner *s) {
   if (s->role != GPUMEM__WIRE__ROLE__ROLE_WORKER) return false;
   bool pid_ok = op->nscope_pids == 0;
   for (size_t i = 0; i < op->nscope_pids && !pid_ok; i++)
@@ -635,7 +645,7 @@ static bool name_all_tags(engine *e, struct op *op) {
 }
 
 /* True if session s has a buffer in tag t. */
-static bool has_buffer_in(const struct session *s, const struct tag *t) {
+static bool has_buffer_in(const struct owner *s, const struct tag *t) {
   for (const struct list *p = t->buffers.next; p != &t->buffers; p = p->next)
     if (list_entry(p, struct buffer, tag_link)->owner == s) return true;
   return false;
@@ -684,8 +694,8 @@ static bool names_exist(engine *e, struct op *op) {
     }
   }
   if (op->own || unscoped(op)) return true;
-  for (struct list *p = e->sessions->next; p != e->sessions; p = p->next) {
-    const struct session *s = list_entry(p, struct session, link);
+  for (struct list *p = e->owners->next; p != e->owners; p = p->next) {
+    const struct owner *s = list_entry(p, struct owner, link);
     if (!s->closed && session_selected(op, s)) return true;
   }
   char words[WIRE_NAME_MAX + 128];
@@ -1123,7 +1133,7 @@ static void reply(engine *e, struct op *op) {
     env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
     env.op_reply = &r;
   }
-  if (op->ctl) session_send(op->ctl, &env, NULL, 0);
+  if (op->ctl) say(e, op->ctl, &env, NULL, 0);
   report_devices_free(r.devices);
   free(td);
   free(tdp);
@@ -1154,25 +1164,25 @@ static void check_done(engine *e) {
   run_queue(e);
 }
 
-/* Under the kill policy, a straggler is killed through the pidfd its
- * session pinned at connect, and its buffers go with its session when it
- * dies. One that cannot be signalled (pid 0: another pid namespace; not
+/* Under the kill policy, a straggler is killed (the outbox's stop: through
+ * the pidfd its session pinned at connect), and its buffers go with its
+ * session when it dies. One that cannot be signalled (pid 0: another pid namespace; not
  * pinned; the process that connected is gone) has its session ended here
  * instead, as if it had died. What happened goes into what; true when the
  * session was ended (its buffers are freed, not held). */
-static bool kill_straggler(struct session *s, char *what, size_t len) {
-  if (s->doomed || s->closed) {
+static bool kill_straggler(engine *e, struct owner *s, char *what, size_t len) {
+  int rc = s->closed ? -ENOENT : e->out->stop(e->out->ctx, s);
+  if (rc == -ENOENT) {
     snprintf(what, len, "session ended");
     return true;
   }
-  int rc = peer_signal(s->pidfd, SIGKILL);
   if (rc == 0) {
     log_warn("killing pid %d: no ack in time", (int)s->pid);
     snprintf(what, len, "killed");
     return false;
   }
   const char *why = s->pid <= 0    ? "pid not visible here"
-                    : s->pidfd < 0 ? "not pinned"
+                    : rc == -EBADF ? "not pinned"
                     : rc == -ESRCH ? "process gone"
                                    : strerror(-rc);
   snprintf(what, len, "not signalled, %s: session ended", why);
@@ -1180,8 +1190,7 @@ static bool kill_straggler(struct session *s, char *what, size_t len) {
            (int)s->pid, why, (unsigned long long)s->id);
   struct fault f = {.code = GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT};
   snprintf(f.text, sizeof f.text, "no ack in time: session ended (--timeout-policy kill)");
-  session_send_error(s, 0, &f);
-  session_end(s);
+  e->out->end(e->out->ctx, s, &f);
   return true;
 }
 
@@ -1202,7 +1211,7 @@ static void on_timeout(uv_timer_t *t) {
     struct group *g = list_entry(p, struct group, link);
     if (g->done) continue;
     char what[80] = "";
-    bool ended = kill_them && kill_straggler(g->s, what, sizeof what);
+    bool ended = kill_them && kill_straggler(e, g->s, what, sizeof what);
     if (len < (int)sizeof pids)
       len += snprintf(pids + len, sizeof pids - (size_t)len, " %d%s%s%s", (int)g->s->pid,
                       what[0] ? " (" : "", what, what[0] ? ")" : "");
@@ -1276,14 +1285,15 @@ Gpumem__Wire__DeviceCheck *const *engine_last_checks(const engine *e, size_t *n)
 }
 
 /* Tell a session that its ack was wrong, without ending it. */
-static void refuse_ack(struct session *s, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void refuse_ack(engine *e, struct owner *s,
+                                                             const char *fmt, ...) {
   struct fault f = {.code = GPUMEM__WIRE__ERROR_CODE__NOT_FOUND};
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(f.text, sizeof f.text, fmt, ap);
   va_end(ap);
   log_warn("session %llu (pid %d): %s", (unsigned long long)s->id, (int)s->pid, f.text);
-  session_send_error(s, 0, &f);
+  say_error(e, s, 0, &f);
 }
 
 /* A late ack of a group whose operation stopped waiting. */
@@ -1299,11 +1309,11 @@ static void settle_straggler(engine *e, struct group *g) {
 }
 
 /* A worker acknowledged an event. */
-void engine_ack(engine *e, struct session *s, uint64_t event_id,
+void engine_ack(engine *e, struct owner *s, uint64_t event_id,
                 const Gpumem__Wire__EventAck *ack) {
   struct group *g = idmap_get(e->events, event_id);
   if (!g || g->s != s) {
-    refuse_ack(s, "ack for event %llu, which this session has not been sent or has acked",
+    refuse_ack(e, s, "ack for event %llu, which this session has not been sent or has acked",
                (unsigned long long)event_id);
     return;
   }
@@ -1324,7 +1334,7 @@ void engine_ack(engine *e, struct session *s, uint64_t event_id,
     }
   }
   if (strangers) /* one error for the ack, however many ids it got wrong */
-    refuse_ack(s, "ack of event %llu names %zu buffers the event did not carry (buffer %llu, ...)",
+    refuse_ack(e, s, "ack of event %llu names %zu buffers the event did not carry (buffer %llu, ...)",
                (unsigned long long)event_id, strangers, (unsigned long long)stranger);
   if (bad && !g->why[0])
     snprintf(g->why, sizeof g->why, "%s", ack->message[0] ? ack->message : wire_code_name(ack->code));
@@ -1361,7 +1371,7 @@ void engine_ack(engine *e, struct session *s, uint64_t event_id,
 }
 
 /* A session is ending: stop waiting for it and never answer it. */
-void engine_forget(engine *e, struct session *s) {
+void engine_forget(engine *e, struct owner *s) {
   struct list *p, *n;
   list_for_each_safe(p, n, &e->queue) {
     struct op *op = list_entry(p, struct op, link);

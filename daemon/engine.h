@@ -8,11 +8,12 @@
 #include <uv.h>
 
 #include "config.h"
+#include "outbox.h"
+#include "owner.h"
 #include "registry.h"
 #include "stats.h"
 
 struct grace;
-struct session;
 typedef struct engine engine;
 
 /* Whose buffers an operation covers. With no filter, every session's;
@@ -26,11 +27,12 @@ struct engine_scope {
   const char *prefix;
 };
 
-/* Create an engine over the registry; sessions is the server's list of
- * struct session.link, where scopes find the sessions they name; each
- * operation is counted and recorded in st as it runs. */
+/* Create an engine over the registry; owners is the server's list of
+ * struct owner.link (one per session), where scopes find the sessions they
+ * name; everything the engine sends goes through out (which must outlive
+ * it); each operation is counted and recorded in st as it runs. */
 engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
-                      struct list *sessions, stats *st);
+                      struct list *owners, const struct outbox *out, stats *st);
 
 /* The re-registration grace (grace.h) the server runs: a pause naming a
  * tag that is not there yet says that it may be waiting for it. */
@@ -46,7 +48,7 @@ void engine_destroy(engine *e);
  * all), answering request req_id of session ctl when done. timeout_ms (0:
  * the configured one) is capped; a pause with max_residual (0: none) fails
  * when a device it touched still holds more than that outside the daemon. */
-void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
+void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
                    uint32_t timeout_ms, uint64_t max_residual,
                    const struct engine_scope *scope);
@@ -56,11 +58,11 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
 Gpumem__Wire__DeviceCheck *const *engine_last_checks(const engine *e, size_t *n);
 
 /* A worker acknowledged event event_id. */
-void engine_ack(engine *e, struct session *s, uint64_t event_id,
+void engine_ack(engine *e, struct owner *s, uint64_t event_id,
                 const Gpumem__Wire__EventAck *ack);
 
 /* A session is ending: stop waiting for it and never answer it. Called
  * before its buffers are freed. */
-void engine_forget(engine *e, struct session *s);
+void engine_forget(engine *e, struct owner *s);
 
 #endif

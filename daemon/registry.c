@@ -550,7 +550,7 @@ static void uncharge(registry *r, struct buffer *b) {
 
 /* Link a new buffer to its owner, its tag and the registry's list in its
  * first state; a tag no uid owns (and not shared) becomes its uid's. */
-static void attach(registry *r, struct buffer *b, struct session *owner, struct list *owner_list,
+static void attach(registry *r, struct buffer *b, struct owner *owner, struct list *owner_list,
                    struct tag *tag, buffer_state st) {
   if (!tag->owned && !tag->shared) {
     tag->owned = true;
@@ -569,7 +569,7 @@ static void attach(registry *r, struct buffer *b, struct session *owner, struct 
 /* Give a buffer that has its memory (or starts paused) an id and link it
  * in; out of host memory, let go of its memory, backup room and its
  * uid's count instead. */
-static wire_code enter(registry *r, struct buffer *b, struct session *owner,
+static wire_code enter(registry *r, struct buffer *b, struct owner *owner,
                        struct list *owner_list, struct tag *tag, buffer_state st,
                        struct fault *f) {
   b->id = r->next_id++;
@@ -584,7 +584,7 @@ static wire_code enter(registry *r, struct buffer *b, struct session *owner,
 }
 
 /* Allocate a buffer for owner. */
-wire_code registry_alloc(registry *r, struct session *owner,
+wire_code registry_alloc(registry *r, struct owner *owner,
                          struct list *owner_list, uint32_t uid, const char *tagname,
                          unsigned device, uint64_t size, uint32_t flags,
                          struct buffer **out, struct fault *f) {
@@ -633,7 +633,7 @@ static bool owned_by(registry *r, uint64_t handle, uint32_t uid, uint32_t *holde
 
 /* Re-register a buffer a worker kept across a daemon restart: its tag
  * and quotas first, then its chunks. */
-wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_list,
+wire_code registry_adopt(registry *r, struct owner *owner, struct list *owner_list,
                          uint32_t uid, const char *tagname, unsigned device, uint64_t size, uint32_t flags,
                          bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
                          struct buffer **out, struct fault *f) {

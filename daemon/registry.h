@@ -11,6 +11,7 @@
 #include "fault.h"
 #include "gpu/gpu.h"
 #include "hostmem.h"
+#include "owner.h"
 #include "tenant.h"
 
 typedef Gpumem__Wire__BufferState buffer_state;
@@ -23,7 +24,6 @@ typedef Gpumem__Wire__BufferState buffer_state;
 #define BUF_FLAG_IPC_LEGACY GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY
 #define BUF_FLAG_ALLOW_PAUSED GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED
 
-struct session;
 
 /* A tag: a name and its buffers, with counts per state kept by the
  * registry. Its state is derived from them (registry_tag_state). It
@@ -59,7 +59,7 @@ struct tag_view {
  * while the daemon holds memory for it (has_memory). */
 struct buffer {
   uint64_t id;
-  struct session *owner;
+  struct owner *owner;
   uint32_t uid;  /* the owner's, kept with the memory where the backend can */
   struct tag *tag;
   unsigned device;
@@ -110,7 +110,7 @@ void registry_destroy(registry *r);
  * PAUSED if flags allow it, else TAG_PAUSED; in a partly paused tag (a
  * scoped pause) it starts ACTIVE. Returns OK with *out, or the error code
  * with f filled. */
-wire_code registry_alloc(registry *r, struct session *owner,
+wire_code registry_alloc(registry *r, struct owner *owner,
                          struct list *owner_list, uint32_t uid, const char *tag,
                          unsigned device, uint64_t size, uint32_t flags,
                          struct buffer **out, struct fault *f);
@@ -120,7 +120,7 @@ wire_code registry_alloc(registry *r, struct session *owner,
  * unless the backend says they belong to another uid. Tags and quotas are
  * checked as for registry_alloc. Returns OK with *out, or the error with
  * nothing changed. */
-wire_code registry_adopt(registry *r, struct session *owner, struct list *owner_list,
+wire_code registry_adopt(registry *r, struct owner *owner, struct list *owner_list,
                          uint32_t uid, const char *tag, unsigned device, uint64_t size, uint32_t flags,
                          bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
                          struct buffer **out, struct fault *f);

@@ -164,7 +164,7 @@ static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMem
       pm->residual = procs[i].used;
       comm_of(procs[i].pid, (*names)[n], sizeof (*names)[n]);
       for (struct list *p = sessions->next; p != sessions; p = p->next) {
-        struct session *x = list_entry(p, struct session, link);
+        struct owner *x = list_entry(p, struct owner, link);
         if (x->pid != procs[i].pid) continue;
         pm->session_id = x->id;
         if (x->name[0]) snprintf((*names)[n], sizeof (*names)[n], "%s", x->name);
@@ -192,7 +192,7 @@ static size_t own_processes(Gpumem__Wire__ProcessMemory **procp, size_t n, struc
   for (size_t k = 0; k < n; k++) {
     long owner = -1;
     for (struct list *p = sessions->next; p != sessions && owner < 0; p = p->next) {
-      struct session *x = list_entry(p, struct session, link);
+      struct owner *x = list_entry(p, struct owner, link);
       if (x->id == procp[k]->session_id) owner = (long)x->uid;
     }
     if (owner < 0) owner = uid_of_pid(procp[k]->pid);
@@ -224,7 +224,7 @@ static uint64_t page_tags(registry *reg, uint64_t cursor, size_t limit,
 }
 
 /* A session's figures for status, with its residual from procs. */
-static void session_info(Gpumem__Wire__SessionInfo *si, struct session *x,
+static void session_info(Gpumem__Wire__SessionInfo *si, struct owner *x,
                          Gpumem__Wire__ProcessMemory *const *procp, size_t nprocs, bool known) {
   gpumem__wire__session_info__init(si);
   si->id = x->id;
@@ -251,7 +251,7 @@ static uint64_t page_sessions(struct list *sessions, uint64_t cursor, size_t lim
   uint64_t last = 0;
   *n = 0;
   for (struct list *p = sessions->next; p != sessions; p = p->next) {
-    struct session *x = list_entry(p, struct session, link);
+    struct owner *x = list_entry(p, struct owner, link);
     if (x->id <= cursor || (!all && x->uid != (uid_t)uid)) continue;
     if (*n == limit) return last;
     session_info(&ses[*n], x, procp, nprocs, known);
@@ -323,8 +323,8 @@ void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__Statu
                    registry *reg, gpu *g, struct list *sessions,
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
                    const struct report_own *own) {
-  bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
-  uint32_t uid = (uint32_t)s->uid;
+  bool all = s->owner.role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
+  uint32_t uid = (uint32_t)s->owner.uid;
   size_t limit = req->limit && req->limit < REPORT_STATUS_PAGE ? req->limit : REPORT_STATUS_PAGE;
   if (s->minor < 4) limit = SIZE_MAX; /* a 1.3 client knows no pages: all in one */
   Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
@@ -431,11 +431,11 @@ static void buffer_info(Gpumem__Wire__BufferInfo *bi, const struct buffer *b) {
  * all), in id order. */
 void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListRequest *req,
                  registry *reg) {
-  bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
+  bool all = s->owner.role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
   size_t limit = req->limit && req->limit < REPORT_LIST_PAGE ? req->limit : REPORT_LIST_PAGE;
   if (s->minor < 4) limit = SIZE_MAX; /* a 1.3 client knows no pages: all in one */
-  const struct tenant *me = tenants_find(registry_tenants(reg), (uint32_t)s->uid);
-  struct list *mine = me ? tenants_members(registry_tenants(reg), (uint32_t)s->uid) : NULL;
+  const struct tenant *me = tenants_find(registry_tenants(reg), (uint32_t)s->owner.uid);
+  struct list *mine = me ? tenants_members(registry_tenants(reg), (uint32_t)s->owner.uid) : NULL;
   size_t held = all ? registry_count(reg) : me ? me->buffers : 0;
   size_t cap = held < limit ? held : limit;
   Gpumem__Wire__BufferInfo *bi = calloc(cap + 1, sizeof *bi);
@@ -466,7 +466,7 @@ void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListReq
     /* Its uid's buffers are in id order too (appended as made): start after
      * the cursor's buffer when it is still there. */
     struct buffer *at = req->after ? registry_find(reg, req->after) : NULL;
-    struct list *from = at && at->uid == (uint32_t)s->uid ? &at->uid_link : mine;
+    struct list *from = at && at->uid == (uint32_t)s->owner.uid ? &at->uid_link : mine;
     for (struct list *q = from->next; q != mine; q = q->next) {
       struct buffer *b = list_entry(q, struct buffer, uid_link);
       if (b->id <= req->after) continue;

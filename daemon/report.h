@@ -21,7 +21,7 @@ struct report_own {
 };
 
 /* Send s one page (req's cursors and limit) of the status of every device,
- * tag and session (sessions: the server's list of struct session.link),
+ * tag and session (sessions: the server's list of struct owner.link),
  * with the last pause's checks, what the daemon did since it started
  * (st, which also counts a failure to answer) and its own figures (own).
  * A controller sees every tag, session, process, tenant and operation; any

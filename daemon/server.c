@@ -31,7 +31,8 @@ struct server {
   int listen_fd;
   uv_poll_t listen_poll;
   uv_signal_t sigterm, sigint;
-  struct list sessions;
+  struct list sessions; /* struct owner.link of every session */
+  struct outbox out;    /* the engine's way to the sessions */
   uint64_t next_session_id;
   int reserve_fd; /* given up to accept-and-close when out of fds */
   bool starved;   /* out of fds: listening paused, counting refusals */
@@ -64,6 +65,31 @@ static void serve_waiting(void *ctx, struct session *s, uint64_t id,
                           const Gpumem__Wire__AllocRequest *a);
 static void refuse_session(struct session *s, uint64_t id, wire_code code, const char *text);
 
+/* The outbox's send: session_send to the owner's session. */
+static int out_send(void *ctx, struct owner *o, const wire_env *env, const int *fds, size_t nfds) {
+  (void)ctx;
+  return session_send(session_of(o), env, fds, nfds);
+}
+
+/* The outbox's send_error: session_send_error to the owner's session. */
+static void out_send_error(void *ctx, struct owner *o, uint64_t id, const struct fault *f) {
+  (void)ctx;
+  session_send_error(session_of(o), id, f);
+}
+
+/* The outbox's end: say f, then end the owner's session. */
+static void out_end(void *ctx, struct owner *o, const struct fault *f) {
+  (void)ctx;
+  if (f) session_send_error(session_of(o), 0, f);
+  session_end(session_of(o));
+}
+
+/* The outbox's stop: kill the owner's process. */
+static int out_stop(void *ctx, struct owner *o) {
+  (void)ctx;
+  return session_kill(session_of(o));
+}
+
 /* Bind the socket and get ready to serve. */
 server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
                       char *err, size_t errlen) {
@@ -76,6 +102,8 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   srv->cfg = cfg;
   srv->gpu = g;
   srv->next_session_id = 1;
+  srv->out = (struct outbox){.ctx = srv, .send = out_send, .send_error = out_send_error,
+                             .end = out_end, .stop = out_stop};
   list_init(&srv->sessions);
   list_init(&srv->backlog_sessions);
   srv->listen_fd = cfg->listen_fd >= 0 ? cfg->listen_fd
@@ -97,7 +125,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   srv->reg = registry_create(g, &ro);
   srv->stats = stats_create();
   srv->eng = srv->reg && srv->stats
-                 ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, srv->stats)
+                 ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, &srv->out, srv->stats)
                  : NULL;
   srv->grace = srv->eng ? grace_create(loop, cfg->adopt_grace_ms, serve_waiting, srv) : NULL;
   if (srv->grace) engine_set_grace(srv->eng, srv->grace);
@@ -171,7 +199,7 @@ void server_destroy(server *srv) {
 static void on_stop_timer(uv_timer_t *t) {
   server *srv = t->data;
   struct list *p, *n;
-  list_for_each_safe(p, n, &srv->sessions) session_close(list_entry(p, struct session, link));
+  list_for_each_safe(p, n, &srv->sessions) session_close(list_entry(p, struct session, owner.link));
   if (!uv_is_closing((uv_handle_t *)t)) uv_close((uv_handle_t *)t, NULL);
 }
 
@@ -197,7 +225,7 @@ static void on_signal(uv_signal_t *h, int signum) {
            strsignal(signum));
   struct list *p, *t;
   list_for_each_safe(p, t, &srv->sessions)
-      session_fail(list_entry(p, struct session, link), 0,
+      session_fail(list_entry(p, struct session, owner.link), 0,
                    GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, text);
   if (list_empty(&srv->sessions) && !uv_is_closing((uv_handle_t *)&srv->stop_timer))
     uv_close((uv_handle_t *)&srv->stop_timer, NULL);
@@ -240,7 +268,7 @@ static size_t sessions_count(const server *srv) {
 static unsigned sessions_of(const server *srv, uid_t uid) {
   unsigned n = 0;
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next)
-    n += list_entry(p, struct session, link)->uid == uid;
+    n += list_entry(p, struct session, owner.link)->owner.uid == uid;
   return n;
 }
 
@@ -300,11 +328,11 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     }
     struct session *s = session_create(srv, srv->loop, fd, srv->next_session_id++);
     if (!s) continue;
-    s->may_control = may_control(srv, fd, s->uid, s->gid);
-    list_append(&srv->sessions, &s->link);
-    log_debug("session %llu: pid %d uid %d connected", (unsigned long long)s->id,
-              (int)s->pid, (int)s->uid);
-    if (sessions_of(srv, s->uid) > srv->cfg->max_sessions_per_uid)
+    s->may_control = may_control(srv, fd, s->owner.uid, s->gid);
+    list_append(&srv->sessions, &s->owner.link);
+    log_debug("session %llu: pid %d uid %d connected", (unsigned long long)s->owner.id,
+              (int)s->owner.pid, (int)s->owner.uid);
+    if (sessions_of(srv, s->owner.uid) > srv->cfg->max_sessions_per_uid)
       refuse_session(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
                      "too many sessions for this uid");
   }
@@ -316,7 +344,7 @@ static void on_reap(uv_idle_t *h) {
   uv_idle_stop(h);
   struct list *p, *t;
   list_for_each_safe(p, t, &srv->sessions) {
-    struct session *s = list_entry(p, struct session, link);
+    struct session *s = list_entry(p, struct session, owner.link);
     if (s->doomed) session_close(s);
   }
 }
@@ -355,13 +383,13 @@ void server_session_doomed(server *srv, struct session *s) {
 /* Forget a session that ended: free its buffers, tell the engine. */
 void server_session_closed(server *srv, struct session *s) {
   grace_forget(srv->grace, s);
-  list_remove(&s->link);
+  list_remove(&s->owner.link);
   list_remove(&s->backlog_link);
   struct list *p, *t;
-  list_for_each_safe(p, t, &s->buffers)
+  list_for_each_safe(p, t, &s->owner.buffers)
       registry_free(srv->reg, list_entry(p, struct buffer, owner_link));
-  s->nbuffers = 0;
-  if (srv->eng) engine_forget(srv->eng, s);
+  s->owner.nbuffers = 0;
+  if (srv->eng) engine_forget(srv->eng, &s->owner);
   if (srv->stopping && list_empty(&srv->sessions) &&
       !uv_is_closing((uv_handle_t *)&srv->stop_timer))
     uv_close((uv_handle_t *)&srv->stop_timer, NULL);
@@ -378,9 +406,9 @@ struct session *server_biggest_queue(server *srv) {
   struct session *big = NULL;
   size_t most = 0;
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) {
-    struct session *x = list_entry(p, struct session, link);
+    struct session *x = list_entry(p, struct session, owner.link);
     size_t q = x->writer ? frame_writer_queued(x->writer) : 0;
-    if (!x->closed && !x->doomed && !x->draining && q > most) {
+    if (!x->owner.closed && !x->doomed && !x->draining && q > most) {
       most = q;
       big = x;
     }
@@ -392,8 +420,8 @@ struct session *server_biggest_queue(server *srv) {
 size_t server_parked_fds(const server *srv, uid_t uid) {
   size_t n = 0;
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) {
-    const struct session *x = list_entry(p, struct session, link);
-    if (x->uid == uid) n += frame_reader_held_fds(x->reader);
+    const struct session *x = list_entry(p, struct session, owner.link);
+    if (x->owner.uid == uid) n += frame_reader_held_fds(x->reader);
   }
   return n;
 }
@@ -407,7 +435,7 @@ static struct report_own own_figures(const server *srv) {
                          .grace_left_ms = grace_left_ms(srv->grace),
                          .grace_waiting = grace_waiting(srv->grace)};
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next)
-    o.fds_parked += frame_reader_held_fds(list_entry(p, struct session, link)->reader);
+    o.fds_parked += frame_reader_held_fds(list_entry(p, struct session, owner.link)->reader);
   return o;
 }
 
@@ -434,7 +462,7 @@ static void refuse_session(struct session *s, uint64_t id, wire_code code, const
 static void handle_hello(server *srv, struct session *s, const wire_env *env) {
   const Gpumem__Wire__Hello *h = env->hello;
   char text[160];
-  if (s->role != GPUMEM__WIRE__ROLE__ROLE_UNSPECIFIED) {
+  if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_UNSPECIFIED) {
     refuse_session(s, env->id, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, "Hello sent twice");
     return;
   }
@@ -448,19 +476,19 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
     /* Not counted in the errors: gpumemctl asks for the controller role
      * first and falls back to a worker's view, so this is routine (every
      * run of the metrics timer would count one). */
-    snprintf(text, sizeof text, "uid %d may not pause or resume", (int)s->uid);
+    snprintf(text, sizeof text, "uid %d may not pause or resume", (int)s->owner.uid);
     session_fail(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED, text);
     return;
   }
-  s->role = h->role;
+  s->owner.role = h->role;
   s->minor = h->version_minor;
-  snprintf(s->name, sizeof s->name, "%s", h->name);
+  snprintf(s->owner.name, sizeof s->owner.name, "%s", h->name);
   Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
   r.version_major = WIRE_VERSION_MAJOR;
   r.version_minor = WIRE_VERSION_MINOR;
   r.backend = (char *)gpu_name(srv->gpu);
   r.granularity = gpu_granularity(srv->gpu);
-  r.session_id = s->id;
+  r.session_id = s->owner.id;
   r.devices = report_devices(srv->reg, srv->gpu, &r.n_devices);
   wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
   out.id = env->id;
@@ -468,14 +496,14 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
   out.hello_reply = &r;
   session_send(s, &out, NULL, 0);
   report_devices_free(r.devices);
-  log_debug("session %llu: pid %d is %s '%s'", (unsigned long long)s->id, (int)s->pid,
-            s->role == GPUMEM__WIRE__ROLE__ROLE_WORKER ? "worker" : "controller", s->name);
+  log_debug("session %llu: pid %d is %s '%s'", (unsigned long long)s->owner.id, (int)s->owner.pid,
+            s->owner.role == GPUMEM__WIRE__ROLE__ROLE_WORKER ? "worker" : "controller", s->owner.name);
 }
 
 /* 0 when the session may hold n more buffers; else LIMIT_EXCEEDED is
  * answered to request id and -1. (The registry checks the uid's quotas.) */
 static int room_for_buffers(server *srv, struct session *s, uint64_t id, uint64_t n) {
-  if (n <= srv->cfg->max_buffers_per_session - s->nbuffers) return 0;
+  if (n <= srv->cfg->max_buffers_per_session - s->owner.nbuffers) return 0;
   char text[160];
   snprintf(text, sizeof text, "too many buffers in this session (limit %u)",
            srv->cfg->max_buffers_per_session);
@@ -488,7 +516,7 @@ static int room_for_buffers(server *srv, struct session *s, uint64_t id, uint64_
  * (grace.h). */
 static void handle_alloc(server *srv, struct session *s, uint64_t id,
                          const Gpumem__Wire__AllocRequest *a) {
-  if (s->role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
+  if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
     reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                 "only workers allocate; connect as a worker");
     return;
@@ -498,7 +526,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
     int rc = grace_defer(srv->grace, s, id, a);
     if (rc == 0) {
       log_debug("pid %d: alloc in new tag '%s' waits for the re-registration grace",
-                (int)s->pid, a->tag);
+                (int)s->owner.pid, a->tag);
       return;
     }
     if (rc == -ENOSPC)
@@ -511,7 +539,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
   }
   struct fault f = {0};
   struct buffer *b;
-  if (registry_alloc(srv->reg, s, &s->buffers, (uint32_t)s->uid, a->tag, a->device, a->size,
+  if (registry_alloc(srv->reg, &s->owner, &s->owner.buffers, (uint32_t)s->owner.uid, a->tag, a->device, a->size,
                      a->flags, &b, &f)) {
     answer_error(s, id, &f);
     return;
@@ -526,7 +554,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
     }
     nfds = b->ipc ? 0 : b->nchunks;
   }
-  s->nbuffers++;
+  s->owner.nbuffers++;
   Gpumem__Wire__AllocReply r = GPUMEM__WIRE__ALLOC_REPLY__INIT;
   r.buffer_id = b->id;
   r.size = b->size;
@@ -542,7 +570,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
   out.fd_count = (uint32_t)nfds;
   out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY;
   out.alloc_reply = &r;
-  log_debug("pid %d: alloc %llu bytes '%s' on device %u: buffer %llu", (int)s->pid,
+  log_debug("pid %d: alloc %llu bytes '%s' on device %u: buffer %llu", (int)s->owner.pid,
             (unsigned long long)b->size, a->tag, a->device, (unsigned long long)b->id);
   session_send(s, &out, fds, nfds);
 }
@@ -550,7 +578,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
 static void handle_free(server *srv, struct session *s, const wire_env *env) {
   struct buffer *b = registry_find(srv->reg, env->free->buffer_id);
   char text[96];
-  if (!b || b->owner != s) {
+  if (!b || b->owner != &s->owner) {
     snprintf(text, sizeof text, "no buffer %llu in this session",
              (unsigned long long)env->free->buffer_id);
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, text);
@@ -565,7 +593,7 @@ static void handle_free(server *srv, struct session *s, const wire_env *env) {
   Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
   r.bytes = b->size;
   registry_free(srv->reg, b);
-  s->nbuffers--;
+  s->owner.nbuffers--;
   wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
   out.id = env->id;
   out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
@@ -615,7 +643,7 @@ static wire_code adopt_check(server *srv, const Gpumem__Wire__AdoptBuffer *a, si
 static void handle_adopt(server *srv, struct session *s, const wire_env *env, struct frame *fr) {
   const Gpumem__Wire__AdoptRequest *a = env->adopt;
   struct fault f = {0};
-  if (s->role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
+  if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                 "only workers re-register buffers");
     return;
@@ -632,7 +660,7 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   if (!ids || !bufs) fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   for (; !f.code && done < a->n_buffers; done++) {
     const Gpumem__Wire__AdoptBuffer *b = a->buffers[done];
-    if (registry_adopt(srv->reg, s, &s->buffers, (uint32_t)s->uid, b->tag, b->device, b->size,
+    if (registry_adopt(srv->reg, &s->owner, &s->owner.buffers, (uint32_t)s->owner.uid, b->tag, b->device, b->size,
                        b->flags, b->paused, b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at,
                        &bufs[done], &f))
       break;
@@ -641,14 +669,14 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
     if (b->paused && (b->flags & BUF_FLAG_BACKUP))
       log_warn("pid %d: BACKUP buffer %llu ('%s') was paused when the previous daemon went "
                "away: its saved contents are lost",
-               (int)s->pid, (unsigned long long)ids[done], b->tag);
+               (int)s->owner.pid, (unsigned long long)ids[done], b->tag);
   }
   if (f.code) {
     for (size_t i = 0; i < done; i++) registry_free(srv->reg, bufs[i]);
     answer_error(s, env->id, &f);
   } else {
-    s->nbuffers += done;
-    log_info("pid %d re-registered %zu buffers", (int)s->pid, done);
+    s->owner.nbuffers += done;
+    log_info("pid %d re-registered %zu buffers", (int)s->owner.pid, done);
     reply_adopt(s, env->id, ids, done);
   }
   free(ids);
@@ -660,13 +688,13 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
 static void serve_waiting(void *ctx, struct session *s, uint64_t id,
                           const Gpumem__Wire__AllocRequest *a) {
   server *srv = ctx;
-  if (!s->doomed && !s->closed) handle_alloc(srv, s, id, a);
+  if (!s->doomed && !s->owner.closed) handle_alloc(srv, s, id, a);
 }
 
 /* A controller shares a tag with every uid, or takes that back. */
 static void handle_share(server *srv, struct session *s, const wire_env *env) {
   const Gpumem__Wire__ShareRequest *q = env->share;
-  if (s->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER) {
+  if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER) {
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                 "sharing a tag needs a controller session");
     return;
@@ -677,7 +705,7 @@ static void handle_share(server *srv, struct session *s, const wire_env *env) {
     answer_error(s, env->id, &f);
     return;
   }
-  log_info("pid %d: tag '%s' %s", (int)s->pid, q->tag,
+  log_info("pid %d: tag '%s' %s", (int)s->owner.pid, q->tag,
            q->shared ? "shared with every uid" : "no longer shared");
   report_share(s, env->id, t);
 }
@@ -699,7 +727,7 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
       .npids = resume ? rr->n_pids : pr->n_pids,
       .prefix = resume ? rr->session_prefix : pr->session_prefix,
   };
-  if (s->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER && !scope.own) {
+  if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER && !scope.own) {
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                 scope.npids || (scope.prefix && scope.prefix[0])
                     ? "pause and resume of other sessions need a controller session"
@@ -718,7 +746,7 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
     }
     mask |= 1ull << devs[i];
   }
-  engine_submit(srv->eng, s, env->id, resume, tags, ntags, mask, timeout, max_residual, &scope);
+  engine_submit(srv->eng, &s->owner, env->id, resume, tags, ntags, mask, timeout, max_residual, &scope);
 }
 
 /* Parse, check and route one request. */
@@ -737,7 +765,7 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
     refuse_session(s, env->id, code, why);
   } else if (code) {
     reply_error(s, env->id, code, why);
-  } else if (!hello && s->role == GPUMEM__WIRE__ROLE__ROLE_UNSPECIFIED) {
+  } else if (!hello && s->owner.role == GPUMEM__WIRE__ROLE__ROLE_UNSPECIFIED) {
     refuse_session(s, env->id, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
                    "the first message must be Hello");
   } else {
@@ -763,7 +791,7 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
       if (!s->write_failed) report_list(s, env->id, env->list, srv->reg);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_SHARE: handle_share(srv, s, env); break;
-    case GPUMEM__WIRE__ENVELOPE__BODY_ACK: engine_ack(srv->eng, s, env->id, env->ack); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_ACK: engine_ack(srv->eng, &s->owner, env->id, env->ack); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT: handle_adopt(srv, s, env, f); break;
     default: break; /* wire_check_request let only requests through */
     }

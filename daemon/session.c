@@ -1,6 +1,7 @@
 #include "session.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,11 +25,11 @@ static void on_poll(uv_poll_t *h, int status, int events);
 static void on_timer(uv_timer_t *t);
 
 /* Whether the session still reads and answers requests. */
-static bool live(const struct session *s) { return !s->closed && !s->draining && !s->doomed; }
+static bool live(const struct session *s) { return !s->owner.closed && !s->draining && !s->doomed; }
 
 /* Ask libuv for writability only while something is queued. */
 static void update_poll(struct session *s) {
-  if (s->closed || s->doomed) return;
+  if (s->owner.closed || s->doomed) return;
   int want = s->draining ? 0 : UV_READABLE;
   if (frame_writer_queued(s->writer)) want |= UV_WRITABLE;
   if (want == s->poll_events) return;
@@ -47,18 +48,18 @@ struct session *session_create(struct server *srv, uv_loop_t *loop, int fd,
   socklen_t len = sizeof cred;
   if (s) s->pidfd = -1;
   if (!s || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) goto fail;
-  s->id = id;
+  s->owner.id = id;
   s->server = srv;
   s->fd = fd;
-  s->pid = cred.pid;
-  s->uid = cred.uid;
+  s->owner.pid = cred.pid;
+  s->owner.uid = cred.uid;
   s->gid = cred.gid;
   s->pidfd = peer_pin(fd, &cred);
   if (s->pidfd < 0)
     log_debug("pid %d not pinned (%s): it will never be signalled", (int)cred.pid,
               cred.pid > 0 ? strerror(-s->pidfd) : "not in gpumemd's pid namespace");
-  list_init(&s->buffers);
-  list_init(&s->link);
+  list_init(&s->owner.buffers);
+  list_init(&s->owner.link);
   list_init(&s->backlog_link);
   s->reader = frame_reader_create(WIRE_MAX_REQUEST);
   s->writer = frame_writer_create();
@@ -82,6 +83,13 @@ fail:
   return NULL;
 }
 
+/* Kill the session's process. */
+int session_kill(struct session *s) {
+  if (s->doomed || s->owner.closed) return -ENOENT;
+  if (s->pidfd < 0) return -EBADF;
+  return peer_signal(s->pidfd, SIGKILL);
+}
+
 /* Free the session's memory once libuv is done with the handle. */
 static void on_closed(uv_handle_t *h) {
   struct session *s = h->data;
@@ -95,9 +103,9 @@ static void on_closed(uv_handle_t *h) {
 
 /* End the session now. */
 void session_close(struct session *s) {
-  if (s->closed) return;
-  log_debug("session %llu (pid %d) closed", (unsigned long long)s->id, (int)s->pid);
-  s->closed = true;
+  if (s->owner.closed) return;
+  log_debug("session %llu (pid %d) closed", (unsigned long long)s->owner.id, (int)s->owner.pid);
+  s->owner.closed = true;
   server_session_closed(s->server, s);
   uv_close((uv_handle_t *)&s->poll, on_closed);
   uv_close((uv_handle_t *)&s->timer, on_closed);
@@ -110,7 +118,7 @@ void session_close(struct session *s) {
 static bool flush_done(struct session *s) {
   int rc = s->write_failed ? 0 : frame_writer_flush(s->writer, s->fd);
   if (rc < 0 && rc != -EAGAIN) {
-    log_debug("session %llu: send: %s", (unsigned long long)s->id, strerror(-rc));
+    log_debug("session %llu: send: %s", (unsigned long long)s->owner.id, strerror(-rc));
     s->write_failed = true;
     frame_writer_destroy(s->writer);
     s->writer = frame_writer_create();
@@ -132,7 +140,7 @@ static void flush(struct session *s) {
  * engine, in the middle of an operation): stop reading and writing, and
  * let the server close it on the loop's next turn. */
 static void doom(struct session *s) {
-  if (s->doomed || s->closed) return;
+  if (s->doomed || s->owner.closed) return;
   s->doomed = true;
   uv_timer_stop(&s->timer);
   if (s->poll_events) uv_poll_stop(&s->poll);
@@ -149,14 +157,14 @@ void session_end(struct session *s) { doom(s); }
 static void cut(struct session *s, const char *text) {
   if (s->cut || !live(s)) return;
   s->cut = true;
-  log_warn("session %llu (pid %d, uid %d): %s; closing", (unsigned long long)s->id,
-           (int)s->pid, (int)s->uid, text);
+  log_warn("session %llu (pid %d, uid %d): %s; closing", (unsigned long long)s->owner.id,
+           (int)s->owner.pid, (int)s->owner.uid, text);
   frame_writer_drop_unsent(s->writer);
   s->draining = true;
   struct fault f = {0};
   fault_set(&f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "%s", text);
   session_send_error(s, 0, &f);
-  if (!s->doomed && !s->closed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
+  if (!s->doomed && !s->owner.closed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
 }
 
 /* Past the per-session cap on output left unread, the session is cut
@@ -195,16 +203,16 @@ static void check_total_cap(struct session *s) {
 int session_send(struct session *s, const wire_env *env, const int *fds,
                  size_t nfds) {
   size_t len;
-  if (s->write_failed || s->doomed || (!s->closed && over_own_cap(s))) {
+  if (s->write_failed || s->doomed || (!s->owner.closed && over_own_cap(s))) {
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
-    return s->closed || s->doomed || s->cut ? -EPIPE : 0;
+    return s->owner.closed || s->doomed || s->cut ? -EPIPE : 0;
   }
-  uint8_t *bytes = s->closed ? NULL : wire_pack(env, &len);
+  uint8_t *bytes = s->owner.closed ? NULL : wire_pack(env, &len);
   int rc = bytes ? frame_writer_push(s->writer, bytes, len, fds, nfds) : -ENOMEM;
   if (!bytes)
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
   free(bytes);
-  if (s->closed) return -EPIPE;
+  if (s->owner.closed) return -EPIPE;
   if (rc < 0) {
     doom(s);
     return rc;
@@ -239,23 +247,23 @@ void session_fail(struct session *s, uint64_t id, wire_code code,
                   const char *text) {
   struct fault f = {.code = code};
   snprintf(f.text, sizeof f.text, "%s", text);
-  log_info("session %llu (pid %d): %s: %s; closing", (unsigned long long)s->id,
-           (int)s->pid, wire_code_name(code), text);
-  if (s->closed) return;
+  log_info("session %llu (pid %d): %s: %s; closing", (unsigned long long)s->owner.id,
+           (int)s->owner.pid, wire_code_name(code), text);
+  if (s->owner.closed) return;
   s->draining = true;
   session_send_error(s, id, &f);
-  if (!s->closed) flush(s);
-  if (!s->closed && !s->doomed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
+  if (!s->owner.closed) flush(s);
+  if (!s->owner.closed && !s->doomed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
 }
 
 /* A frame begun too long ago ends the session; a session that was being
  * ended and still has not read its last words is closed. */
 static void on_timer(uv_timer_t *t) {
   struct session *s = t->data;
-  if (s->closed || s->doomed) return;
+  if (s->owner.closed || s->doomed) return;
   if (s->draining) {
     log_debug("session %llu (pid %d): last reply unread after %d ms; closed",
-             (unsigned long long)s->id, (int)s->pid, SESSION_DRAIN_MS);
+             (unsigned long long)s->owner.id, (int)s->owner.pid, SESSION_DRAIN_MS);
     session_close(s);
     return;
   }
@@ -293,11 +301,11 @@ static bool parked_fds_ok(struct session *s) {
     snprintf(text, sizeof text, "%zu fds wait in an unfinished frame (limit %u per session)",
              held, cfg->max_parked_fds_per_session);
   } else {
-    size_t uid_held = server_parked_fds(s->server, s->uid);
+    size_t uid_held = server_parked_fds(s->server, s->owner.uid);
     if (uid_held <= cfg->max_parked_fds_per_uid) return true;
     snprintf(text, sizeof text,
              "uid %d's sessions hold %zu fds in unfinished frames (limit %u per uid)",
-             (int)s->uid, uid_held, cfg->max_parked_fds_per_uid);
+             (int)s->owner.uid, uid_held, cfg->max_parked_fds_per_uid);
   }
   session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
   return false;
@@ -368,5 +376,5 @@ static void on_poll(uv_poll_t *h, int status, int events) {
     return;
   }
   if (events & UV_WRITABLE) flush(s);
-  if (!s->closed && (events & UV_READABLE)) on_readable(s);
+  if (!s->owner.closed && (events & UV_READABLE)) on_readable(s);
 }

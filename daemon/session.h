@@ -11,11 +11,15 @@
 #include "common/list.h"
 #include "common/wire.h"
 #include "fault.h"
+#include "owner.h"
 
 struct server;
 
+/* The session that holds owner o. */
+#define session_of(o) list_entry((o), struct session, owner)
+
 struct session {
-  uint64_t id;
+  struct owner owner; /* who it is and what it owns (owner.h) */
   struct server *server;
   int fd;
   uv_poll_t poll;
@@ -24,24 +28,16 @@ struct session {
   int handles;      /* handles still to close before the memory goes */
   frame_reader *reader;
   frame_writer *writer;
-  pid_t pid;
   int pidfd; /* the peer process, pinned at connect (peer.h); -1: unpinned */
-  uid_t uid;
   gid_t gid;
   bool may_control; /* allowed to be a controller (credentials) */
-  Gpumem__Wire__Role role; /* ROLE_UNSPECIFIED until Hello */
   uint32_t minor;          /* the client's protocol minor version (Hello) */
-  char name[WIRE_NAME_MAX + 1];
-  struct list buffers; /* struct buffer.owner_link */
-  size_t nbuffers;
   bool draining;     /* send what is queued, then close */
   bool write_failed; /* the peer stopped reading: replies are dropped */
   bool doomed;       /* to be closed by the server on the loop's next turn */
   bool cut;          /* ended for leaving too much unread: said once */
   bool backlog;      /* whole frames wait for the loop's next turn */
   struct list backlog_link; /* server's sessions with frames waiting */
-  bool closed;
-  struct list link; /* server's sessions */
 };
 
 /* Start a session on an accepted socket; NULL on failure (fd closed). */
@@ -64,6 +60,12 @@ void session_fail(struct session *s, uint64_t id, wire_code code,
 /* End the session on the loop's next turn, its buffers freed then; safe
  * while a caller still holds it (the engine, in an operation). */
 void session_end(struct session *s);
+
+/* Kill the session's process (SIGKILL through the pidfd pinned at
+ * connect). Returns 0, -ENOENT for a session that has ended or is ending,
+ * -EBADF for a process never pinned, -ESRCH for one that is gone, or
+ * another negative errno. */
+int session_kill(struct session *s);
 
 /* Hand the server the frames that waited for this turn of the loop. */
 void session_serve_backlog(struct session *s);
