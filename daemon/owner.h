@@ -16,6 +16,7 @@ struct owner {
   pid_t pid;   /* from the socket's credentials */
   uid_t uid;
   Gpumem__Wire__Role role; /* ROLE_UNSPECIFIED until Hello */
+  uint32_t minor;          /* the protocol minor version it speaks (Hello) */
   char name[WIRE_NAME_MAX + 1];
   struct list buffers; /* struct buffer.owner_link */
   size_t nbuffers;

@@ -550,8 +550,8 @@ static void uncharge(registry *r, struct buffer *b) {
 
 /* Link a new buffer to its owner, its tag and the registry's list in its
  * first state; a tag no uid owns (and not shared) becomes its uid's. */
-static void attach(registry *r, struct buffer *b, struct owner *owner, struct list *owner_list,
-                   struct tag *tag, buffer_state st) {
+static void attach(registry *r, struct buffer *b, struct owner *owner, struct tag *tag,
+                   buffer_state st) {
   if (!tag->owned && !tag->shared) {
     tag->owned = true;
     tag->uid = b->uid;
@@ -561,7 +561,8 @@ static void attach(registry *r, struct buffer *b, struct owner *owner, struct li
   b->state = st;
   tally(b, +1);
   list_append(&tag->buffers, &b->tag_link);
-  list_append(owner_list, &b->owner_link);
+  list_append(&owner->buffers, &b->owner_link);
+  owner->nbuffers++;
   list_append(&r->all, &b->all_link);
   list_append(tenants_members(r->tenants, b->uid), &b->uid_link); /* charged: it exists */
 }
@@ -569,9 +570,8 @@ static void attach(registry *r, struct buffer *b, struct owner *owner, struct li
 /* Give a buffer that has its memory (or starts paused) an id and link it
  * in; out of host memory, let go of its memory, backup room and its
  * uid's count instead. */
-static wire_code enter(registry *r, struct buffer *b, struct owner *owner,
-                       struct list *owner_list, struct tag *tag, buffer_state st,
-                       struct fault *f) {
+static wire_code enter(registry *r, struct buffer *b, struct owner *owner, struct tag *tag,
+                       buffer_state st, struct fault *f) {
   b->id = r->next_id++;
   if (idmap_put(r->buffers, b->id, b) < 0) {
     registry_memory_release(r, b);
@@ -579,15 +579,14 @@ static wire_code enter(registry *r, struct buffer *b, struct owner *owner,
     uncharge(r, b);
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   }
-  attach(r, b, owner, owner_list, tag, st);
+  attach(r, b, owner, tag, st);
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
 /* Allocate a buffer for owner. */
-wire_code registry_alloc(registry *r, struct owner *owner,
-                         struct list *owner_list, uint32_t uid, const char *tagname,
-                         unsigned device, uint64_t size, uint32_t flags,
-                         struct buffer **out, struct fault *f) {
+wire_code registry_alloc(registry *r, struct owner *owner, const char *tagname, unsigned device,
+                         uint64_t size, uint32_t flags, struct buffer **out, struct fault *f) {
+  uint32_t uid = (uint32_t)owner->uid;
   struct buffer *b = calloc(1, sizeof *b);
   if (!b) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   b->device = device;
@@ -613,7 +612,7 @@ wire_code registry_alloc(registry *r, struct owner *owner,
     uncharge(r, b);
     goto fail;
   }
-  if ((rc = enter(r, b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
+  if ((rc = enter(r, b, owner, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
   start_backup_memory(r, b);
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
@@ -633,10 +632,10 @@ static bool owned_by(registry *r, uint64_t handle, uint32_t uid, uint32_t *holde
 
 /* Re-register a buffer a worker kept across a daemon restart: its tag
  * and quotas first, then its chunks. */
-wire_code registry_adopt(registry *r, struct owner *owner, struct list *owner_list,
-                         uint32_t uid, const char *tagname, unsigned device, uint64_t size, uint32_t flags,
-                         bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
-                         struct buffer **out, struct fault *f) {
+wire_code registry_adopt(registry *r, struct owner *owner, const char *tagname, unsigned device,
+                         uint64_t size, uint32_t flags, bool paused, const uint64_t *chunk_sizes,
+                         size_t nchunks, int *fds, struct buffer **out, struct fault *f) {
+  uint32_t uid = (uint32_t)owner->uid;
   size_t nfds = paused ? 0 : nchunks, took = 0;
   struct buffer *b = calloc(1, sizeof *b);
   struct tag *tag = NULL;
@@ -692,7 +691,7 @@ wire_code registry_adopt(registry *r, struct owner *owner, struct list *owner_li
     b->has_memory = true;
     r->managed[device] += size;
   }
-  if ((rc = enter(r, b, owner, owner_list, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
+  if ((rc = enter(r, b, owner, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
   start_backup_memory(r, b);
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
@@ -757,6 +756,7 @@ void registry_free(registry *r, struct buffer *b) {
   idmap_del(r->buffers, b->id);
   list_remove(&b->tag_link);
   list_remove(&b->owner_link);
+  b->owner->nbuffers--;
   list_remove(&b->all_link);
   if (!r->destroying) registry_prune(r, b->tag);
   buffer_destroy(b);

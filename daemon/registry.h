@@ -103,27 +103,25 @@ registry *registry_create(gpu *g, const struct registry_options *opt);
 /* Free every buffer and the registry. */
 void registry_destroy(registry *r);
 
-/* Allocate a buffer for owner (whose buffer list is owner_list, uid its
- * uid, recorded with the memory where the backend can). A tag another uid
+/* Allocate a buffer for owner (linked into owner->buffers and counted in
+ * owner->nbuffers until freed; its uid recorded with the memory where the
+ * backend can). A tag another uid
  * owns is PERMISSION_DENIED unless shared; a buffer past a uid's quota is
  * LIMIT_EXCEEDED. A buffer in a tag fully paused on its device starts
  * PAUSED if flags allow it, else TAG_PAUSED; in a partly paused tag (a
  * scoped pause) it starts ACTIVE. Returns OK with *out, or the error code
  * with f filled. */
-wire_code registry_alloc(registry *r, struct owner *owner,
-                         struct list *owner_list, uint32_t uid, const char *tag,
-                         unsigned device, uint64_t size, uint32_t flags,
-                         struct buffer **out, struct fault *f);
+wire_code registry_alloc(registry *r, struct owner *owner, const char *tag, unsigned device,
+                         uint64_t size, uint32_t flags, struct buffer **out, struct fault *f);
 
 /* Re-register a buffer that a worker kept across a daemon restart: the
  * chunk fds (consumed either way; none when paused) become its memory,
  * unless the backend says they belong to another uid. Tags and quotas are
  * checked as for registry_alloc. Returns OK with *out, or the error with
  * nothing changed. */
-wire_code registry_adopt(registry *r, struct owner *owner, struct list *owner_list,
-                         uint32_t uid, const char *tag, unsigned device, uint64_t size, uint32_t flags,
-                         bool paused, const uint64_t *chunk_sizes, size_t nchunks, int *fds,
-                         struct buffer **out, struct fault *f);
+wire_code registry_adopt(registry *r, struct owner *owner, const char *tag, unsigned device,
+                         uint64_t size, uint32_t flags, bool paused, const uint64_t *chunk_sizes,
+                         size_t nchunks, int *fds, struct buffer **out, struct fault *f);
 
 /* Move a buffer to a state: the one place states change, keeping its tag's
  * counts. A buffer that becomes ACTIVE has no valid backup any more. */

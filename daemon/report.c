@@ -319,12 +319,12 @@ static void tenant_view_free(struct tenant_view *tv) {
 
 /* Send s one page of the status of every device, tag and session it may
  * see (a worker: its uid's). */
-void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__StatusRequest *req,
-                   registry *reg, gpu *g, struct list *sessions,
+void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
+                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpu *g, struct list *sessions,
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
                    const struct report_own *own) {
-  bool all = s->owner.role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
-  uint32_t uid = (uint32_t)s->owner.uid;
+  bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
+  uint32_t uid = (uint32_t)s->uid;
   size_t limit = req->limit && req->limit < REPORT_STATUS_PAGE ? req->limit : REPORT_STATUS_PAGE;
   if (s->minor < 4) limit = SIZE_MAX; /* a 1.3 client knows no pages: all in one */
   Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
@@ -350,7 +350,7 @@ void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__Statu
     struct fault f;
     fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     stats_error(st, f.code);
-    session_send_error(s, req_id, &f);
+    out->send_error(out->ctx, s, req_id, &f);
     goto out;
   }
   r.processes_known = nprocs >= 0;
@@ -385,7 +385,7 @@ void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__Statu
   env.id = req_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
   env.status_reply = &r;
-  session_send(s, &env, NULL, 0);
+  out->send(out->ctx, s, &env, NULL, 0);
 out:
   stats_view_free(figures);
   tenant_view_free(&tv);
@@ -400,7 +400,7 @@ out:
 }
 
 /* Send s the tag a share left, or none when it is gone. */
-void report_share(struct session *s, uint64_t req_id, const struct tag *t) {
+void report_share(const struct outbox *out, struct owner *s, uint64_t req_id, const struct tag *t) {
   Gpumem__Wire__TagInfo ti;
   Gpumem__Wire__ShareReply r = GPUMEM__WIRE__SHARE_REPLY__INIT;
   if (t) {
@@ -411,7 +411,7 @@ void report_share(struct session *s, uint64_t req_id, const struct tag *t) {
   env.id = req_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY;
   env.share_reply = &r;
-  session_send(s, &env, NULL, 0);
+  out->send(out->ctx, s, &env, NULL, 0);
 }
 
 /* Describe one buffer. */
@@ -429,13 +429,13 @@ static void buffer_info(Gpumem__Wire__BufferInfo *bi, const struct buffer *b) {
 
 /* Send s one page of the buffers it may see (its uid's; a controller's:
  * all), in id order. */
-void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListRequest *req,
-                 registry *reg) {
-  bool all = s->owner.role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
+void report_list(const struct outbox *out, struct owner *s, uint64_t req_id,
+                 const Gpumem__Wire__ListRequest *req, registry *reg) {
+  bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
   size_t limit = req->limit && req->limit < REPORT_LIST_PAGE ? req->limit : REPORT_LIST_PAGE;
   if (s->minor < 4) limit = SIZE_MAX; /* a 1.3 client knows no pages: all in one */
-  const struct tenant *me = tenants_find(registry_tenants(reg), (uint32_t)s->owner.uid);
-  struct list *mine = me ? tenants_members(registry_tenants(reg), (uint32_t)s->owner.uid) : NULL;
+  const struct tenant *me = tenants_find(registry_tenants(reg), (uint32_t)s->uid);
+  struct list *mine = me ? tenants_members(registry_tenants(reg), (uint32_t)s->uid) : NULL;
   size_t held = all ? registry_count(reg) : me ? me->buffers : 0;
   size_t cap = held < limit ? held : limit;
   Gpumem__Wire__BufferInfo *bi = calloc(cap + 1, sizeof *bi);
@@ -443,7 +443,7 @@ void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListReq
   if (!bi || !bip) {
     struct fault f;
     fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-    session_send_error(s, req_id, &f);
+    out->send_error(out->ctx, s, req_id, &f);
     free(bi);
     free(bip);
     return;
@@ -466,7 +466,7 @@ void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListReq
     /* Its uid's buffers are in id order too (appended as made): start after
      * the cursor's buffer when it is still there. */
     struct buffer *at = req->after ? registry_find(reg, req->after) : NULL;
-    struct list *from = at && at->uid == (uint32_t)s->owner.uid ? &at->uid_link : mine;
+    struct list *from = at && at->uid == (uint32_t)s->uid ? &at->uid_link : mine;
     for (struct list *q = from->next; q != mine; q = q->next) {
       struct buffer *b = list_entry(q, struct buffer, uid_link);
       if (b->id <= req->after) continue;
@@ -485,7 +485,7 @@ void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListReq
   env.id = req_id;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY;
   env.list_reply = &r;
-  session_send(s, &env, NULL, 0);
+  out->send(out->ctx, s, &env, NULL, 0);
   free(bi);
   free(bip);
 }

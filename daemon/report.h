@@ -4,7 +4,8 @@
 
 #include "common/list.h"
 #include "registry.h"
-#include "session.h"
+#include "outbox.h"
+#include "owner.h"
 #include "stats.h"
 
 /* Tags and sessions in one status reply, at most. */
@@ -20,25 +21,25 @@ struct report_own {
   uint64_t grace_left_ms, grace_waiting;
 };
 
-/* Send s one page (req's cursors and limit) of the status of every device,
- * tag and session (sessions: the server's list of struct owner.link),
- * with the last pause's checks, what the daemon did since it started
+/* Send s (through out) one page (req's cursors and limit) of the status of
+ * every device, tag and session (sessions: the server's list of struct
+ * owner.link), with the last pause's checks, what the daemon did since it started
  * (st, which also counts a failure to answer) and its own figures (own).
  * A controller sees every tag, session, process, tenant and operation; any
  * other session only its own uid's, and the tags it owns or that are
  * shared (a shared tag's figures then count only its uid's buffers). */
-void report_status(struct session *s, uint64_t req_id, const Gpumem__Wire__StatusRequest *req,
-                   registry *reg, gpu *g, struct list *sessions,
+void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
+                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpu *g, struct list *sessions,
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
                    const struct report_own *own);
 
-/* Send s one page (req's cursor and limit) of the buffers it may see, in
- * id order: its uid's, or all for a controller. */
-void report_list(struct session *s, uint64_t req_id, const Gpumem__Wire__ListRequest *req,
-                 registry *reg);
+/* Send s (through out) one page (req's cursor and limit) of the buffers it
+ * may see, in id order: its uid's, or all for a controller. */
+void report_list(const struct outbox *out, struct owner *s, uint64_t req_id,
+                 const Gpumem__Wire__ListRequest *req, registry *reg);
 
-/* Send s the state of a tag after a share (NULL: it is gone). */
-void report_share(struct session *s, uint64_t req_id, const struct tag *t);
+/* Send s (through out) the state of a tag after a share (NULL: it is gone). */
+void report_share(const struct outbox *out, struct owner *s, uint64_t req_id, const struct tag *t);
 
 /* Fill info for every device; returns an array of pointers into one block
  * (free with report_devices_free), *n set to the count. */

@@ -33,6 +33,7 @@ struct server {
   uv_signal_t sigterm, sigint;
   struct list sessions; /* struct owner.link of every session */
   struct outbox out;    /* the engine's way to the sessions */
+  struct session_host host; /* the sessions' way to the server */
   uint64_t next_session_id;
   int reserve_fd; /* given up to accept-and-close when out of fds */
   bool starved;   /* out of fds: listening paused, counting refusals */
@@ -64,6 +65,12 @@ static void on_signal(uv_signal_t *h, int signum);
 static void serve_waiting(void *ctx, struct session *s, uint64_t id,
                           const Gpumem__Wire__AllocRequest *a);
 static void refuse_session(struct session *s, uint64_t id, wire_code code, const char *text);
+static void on_frame(void *ctx, struct session *s, struct frame *f);
+static void on_doomed(void *ctx, struct session *s);
+static void on_closed(void *ctx, struct session *s);
+static void on_frames_wait(void *ctx, struct session *s);
+static struct session *biggest_queue(void *ctx);
+static size_t parked_fds(void *ctx, uid_t uid);
 
 /* The outbox's send: session_send to the owner's session. */
 static int out_send(void *ctx, struct owner *o, const wire_env *env, const int *fds, size_t nfds) {
@@ -104,6 +111,10 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
   srv->next_session_id = 1;
   srv->out = (struct outbox){.ctx = srv, .send = out_send, .send_error = out_send_error,
                              .end = out_end, .stop = out_stop};
+  srv->host = (struct session_host){.ctx = srv, .cfg = cfg, .queued_total = &srv->queued_total,
+                                    .frame = on_frame, .doomed = on_doomed, .closed = on_closed,
+                                    .frames_wait = on_frames_wait,
+                                    .biggest_queue = biggest_queue, .parked_fds = parked_fds};
   list_init(&srv->sessions);
   list_init(&srv->backlog_sessions);
   srv->listen_fd = cfg->listen_fd >= 0 ? cfg->listen_fd
@@ -326,7 +337,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
       srv->starved = false;
       srv->refused = srv->backoffs = 0;
     }
-    struct session *s = session_create(srv, srv->loop, fd, srv->next_session_id++);
+    struct session *s = session_create(&srv->host, srv->loop, fd, srv->next_session_id++);
     if (!s) continue;
     s->may_control = may_control(srv, fd, s->owner.uid, s->gid);
     list_append(&srv->sessions, &s->owner.link);
@@ -368,41 +379,38 @@ static void on_backlog(uv_idle_t *h) {
 }
 
 /* Serve a session's waiting frames on the loop's next turns. */
-void server_session_backlog(server *srv, struct session *s) {
+static void on_frames_wait(void *ctx, struct session *s) {
+  server *srv = ctx;
   if (srv->stopping || uv_is_closing((uv_handle_t *)&srv->backlog)) return;
   if (list_empty(&s->backlog_link)) list_append(&srv->backlog_sessions, &s->backlog_link);
   uv_idle_start(&srv->backlog, on_backlog);
 }
 
 /* Close a doomed session on the loop's next turn. */
-void server_session_doomed(server *srv, struct session *s) {
+static void on_doomed(void *ctx, struct session *s) {
+  server *srv = ctx;
   (void)s;
   if (!uv_is_closing((uv_handle_t *)&srv->reaper)) uv_idle_start(&srv->reaper, on_reap);
 }
 
 /* Forget a session that ended: free its buffers, tell the engine. */
-void server_session_closed(server *srv, struct session *s) {
+static void on_closed(void *ctx, struct session *s) {
+  server *srv = ctx;
   grace_forget(srv->grace, s);
   list_remove(&s->owner.link);
   list_remove(&s->backlog_link);
   struct list *p, *t;
   list_for_each_safe(p, t, &s->owner.buffers)
       registry_free(srv->reg, list_entry(p, struct buffer, owner_link));
-  s->owner.nbuffers = 0;
   if (srv->eng) engine_forget(srv->eng, &s->owner);
   if (srv->stopping && list_empty(&srv->sessions) &&
       !uv_is_closing((uv_handle_t *)&srv->stop_timer))
     uv_close((uv_handle_t *)&srv->stop_timer, NULL);
 }
 
-/* The daemon's settings. */
-const struct config *server_config(const server *srv) { return srv->cfg; }
-
-/* The output queued over every session. */
-size_t *server_queued_total(server *srv) { return &srv->queued_total; }
-
 /* The session with the most output queued that still reads. */
-struct session *server_biggest_queue(server *srv) {
+static struct session *biggest_queue(void *ctx) {
+  server *srv = ctx;
   struct session *big = NULL;
   size_t most = 0;
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) {
@@ -417,7 +425,8 @@ struct session *server_biggest_queue(server *srv) {
 }
 
 /* Fds parked in frames still arriving, over the sessions of uid. */
-size_t server_parked_fds(const server *srv, uid_t uid) {
+static size_t parked_fds(void *ctx, uid_t uid) {
+  const server *srv = ctx;
   size_t n = 0;
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next) {
     const struct session *x = list_entry(p, struct session, owner.link);
@@ -439,9 +448,12 @@ static struct report_own own_figures(const server *srv) {
   return o;
 }
 
+/* The server that runs session s (its host). */
+static server *server_of(const struct session *s) { return s->host->ctx; }
+
 /* Answer request id with a fault, counting the error. */
 static void answer_error(struct session *s, uint64_t id, const struct fault *f) {
-  stats_error(s->server->stats, f->code);
+  stats_error(server_of(s)->stats, f->code);
   session_send_error(s, id, f);
 }
 
@@ -455,7 +467,7 @@ static void reply_error(struct session *s, uint64_t id, wire_code code,
 
 /* Answer request id with an error, counting it, and end the session. */
 static void refuse_session(struct session *s, uint64_t id, wire_code code, const char *text) {
-  stats_error(s->server->stats, code);
+  stats_error(server_of(s)->stats, code);
   session_fail(s, id, code, text);
 }
 
@@ -481,7 +493,7 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
     return;
   }
   s->owner.role = h->role;
-  s->minor = h->version_minor;
+  s->owner.minor = h->version_minor;
   snprintf(s->owner.name, sizeof s->owner.name, "%s", h->name);
   Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
   r.version_major = WIRE_VERSION_MAJOR;
@@ -539,8 +551,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
   }
   struct fault f = {0};
   struct buffer *b;
-  if (registry_alloc(srv->reg, &s->owner, &s->owner.buffers, (uint32_t)s->owner.uid, a->tag, a->device, a->size,
-                     a->flags, &b, &f)) {
+  if (registry_alloc(srv->reg, &s->owner, a->tag, a->device, a->size, a->flags, &b, &f)) {
     answer_error(s, id, &f);
     return;
   }
@@ -554,7 +565,6 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
     }
     nfds = b->ipc ? 0 : b->nchunks;
   }
-  s->owner.nbuffers++;
   Gpumem__Wire__AllocReply r = GPUMEM__WIRE__ALLOC_REPLY__INIT;
   r.buffer_id = b->id;
   r.size = b->size;
@@ -593,7 +603,6 @@ static void handle_free(server *srv, struct session *s, const wire_env *env) {
   Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
   r.bytes = b->size;
   registry_free(srv->reg, b);
-  s->owner.nbuffers--;
   wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
   out.id = env->id;
   out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
@@ -660,9 +669,8 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   if (!ids || !bufs) fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   for (; !f.code && done < a->n_buffers; done++) {
     const Gpumem__Wire__AdoptBuffer *b = a->buffers[done];
-    if (registry_adopt(srv->reg, &s->owner, &s->owner.buffers, (uint32_t)s->owner.uid, b->tag, b->device, b->size,
-                       b->flags, b->paused, b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at,
-                       &bufs[done], &f))
+    if (registry_adopt(srv->reg, &s->owner, b->tag, b->device, b->size, b->flags, b->paused,
+                       b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at, &bufs[done], &f))
       break;
     fd_at += b->paused ? 0 : b->n_chunk_sizes;
     ids[done] = bufs[done]->id;
@@ -675,7 +683,6 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
     for (size_t i = 0; i < done; i++) registry_free(srv->reg, bufs[i]);
     answer_error(s, env->id, &f);
   } else {
-    s->owner.nbuffers += done;
     log_info("pid %d re-registered %zu buffers", (int)s->owner.pid, done);
     reply_adopt(s, env->id, ids, done);
   }
@@ -707,7 +714,7 @@ static void handle_share(server *srv, struct session *s, const wire_env *env) {
   }
   log_info("pid %d: tag '%s' %s", (int)s->owner.pid, q->tag,
            q->shared ? "shared with every uid" : "no longer shared");
-  report_share(s, env->id, t);
+  report_share(&srv->out, &s->owner, env->id, t);
 }
 
 /* Pause and resume: check role, scope and devices, then queue for the
@@ -750,7 +757,8 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
 }
 
 /* Parse, check and route one request. */
-void server_dispatch(server *srv, struct session *s, struct frame *f) {
+static void on_frame(void *ctx, struct session *s, struct frame *f) {
+  server *srv = ctx;
   if (srv->stopping) return;
   wire_env *env = wire_unpack(f->data, f->len);
   if (!env) {
@@ -783,12 +791,12 @@ void server_dispatch(server *srv, struct session *s, struct frame *f) {
       size_t nlast;
       Gpumem__Wire__DeviceCheck *const *last = engine_last_checks(srv->eng, &nlast);
       struct report_own own = own_figures(srv);
-      report_status(s, env->id, env->status, srv->reg, srv->gpu, &srv->sessions, last, nlast,
+      report_status(&srv->out, &s->owner, env->id, env->status, srv->reg, srv->gpu, &srv->sessions, last, nlast,
                     srv->stats, &own);
     }
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_LIST:
-      if (!s->write_failed) report_list(s, env->id, env->list, srv->reg);
+      if (!s->write_failed) report_list(&srv->out, &s->owner, env->id, env->list, srv->reg);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_SHARE: handle_share(srv, s, env); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ACK: engine_ack(srv->eng, &s->owner, env->id, env->ack); break;

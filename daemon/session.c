@@ -10,7 +10,7 @@
 
 #include "common/log.h"
 #include "peer.h"
-#include "server.h"
+#include "config.h"
 
 /* Reads and requests per turn of the loop, so that one busy peer cannot
  * starve the others. */
@@ -41,7 +41,7 @@ static void update_poll(struct session *s) {
 }
 
 /* Start a session on an accepted socket. */
-struct session *session_create(struct server *srv, uv_loop_t *loop, int fd,
+struct session *session_create(const struct session_host *host, uv_loop_t *loop, int fd,
                                uint64_t id) {
   struct session *s = calloc(1, sizeof *s);
   struct ucred cred;
@@ -49,7 +49,7 @@ struct session *session_create(struct server *srv, uv_loop_t *loop, int fd,
   if (s) s->pidfd = -1;
   if (!s || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) goto fail;
   s->owner.id = id;
-  s->server = srv;
+  s->host = host;
   s->fd = fd;
   s->owner.pid = cred.pid;
   s->owner.uid = cred.uid;
@@ -69,7 +69,7 @@ struct session *session_create(struct server *srv, uv_loop_t *loop, int fd,
   uv_timer_init(loop, &s->timer);
   s->timer.data = s;
   s->handles = 2;
-  frame_writer_count_into(s->writer, server_queued_total(srv));
+  frame_writer_count_into(s->writer, host->queued_total);
   update_poll(s);
   return s;
 fail:
@@ -106,7 +106,7 @@ void session_close(struct session *s) {
   if (s->owner.closed) return;
   log_debug("session %llu (pid %d) closed", (unsigned long long)s->owner.id, (int)s->owner.pid);
   s->owner.closed = true;
-  server_session_closed(s->server, s);
+  s->host->closed(s->host->ctx, s);
   uv_close((uv_handle_t *)&s->poll, on_closed);
   uv_close((uv_handle_t *)&s->timer, on_closed);
 }
@@ -122,7 +122,7 @@ static bool flush_done(struct session *s) {
     s->write_failed = true;
     frame_writer_destroy(s->writer);
     s->writer = frame_writer_create();
-    if (s->writer) frame_writer_count_into(s->writer, server_queued_total(s->server));
+    if (s->writer) frame_writer_count_into(s->writer, s->host->queued_total);
     if (!s->writer || s->draining) return true;
   }
   if (s->draining && frame_writer_queued(s->writer) == 0) return true;
@@ -145,7 +145,7 @@ static void doom(struct session *s) {
   uv_timer_stop(&s->timer);
   if (s->poll_events) uv_poll_stop(&s->poll);
   s->poll_events = 0;
-  server_session_doomed(s->server, s);
+  s->host->doomed(s->host->ctx, s);
 }
 
 /* End the session on the loop's next turn. */
@@ -170,7 +170,7 @@ static void cut(struct session *s, const char *text) {
 /* Past the per-session cap on output left unread, the session is cut
  * before anything more is queued; returns true if it was. */
 static bool over_own_cap(struct session *s) {
-  const struct config *cfg = server_config(s->server);
+  const struct config *cfg = s->host->cfg;
   size_t queued = frame_writer_queued(s->writer);
   if (!live(s) || queued <= cfg->max_queued_per_session) return false;
   char text[200];
@@ -184,10 +184,10 @@ static bool over_own_cap(struct session *s) {
 /* Past the cap over every session, the session with the most unread is
  * cut (which may be s itself). */
 static void check_total_cap(struct session *s) {
-  const struct config *cfg = server_config(s->server);
-  size_t total = *server_queued_total(s->server);
+  const struct config *cfg = s->host->cfg;
+  size_t total = *s->host->queued_total;
   if (total <= cfg->max_queued_total) return;
-  struct session *big = server_biggest_queue(s->server);
+  struct session *big = s->host->biggest_queue(s->host->ctx);
   /* Sessions already being ended may hold most of it for a moment (a half
    * sent reply): a session that keeps little queued is not to blame. */
   if (!big || frame_writer_queued(big->writer) < SESSION_MIN_BLAME) return;
@@ -270,7 +270,7 @@ static void on_timer(uv_timer_t *t) {
   char text[200];
   snprintf(text, sizeof text,
            "a frame begun %u ms ago is not finished (%zu bytes and %zu fds of it arrived)",
-           (unsigned)server_config(s->server)->frame_timeout_ms,
+           (unsigned)s->host->cfg->frame_timeout_ms,
            frame_reader_pending(s->reader), frame_reader_held_fds(s->reader));
   session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, text);
 }
@@ -286,7 +286,7 @@ static void watch_frame(struct session *s, bool completed) {
     return;
   }
   if (completed || !uv_is_active((uv_handle_t *)&s->timer))
-    uv_timer_start(&s->timer, on_timer, server_config(s->server)->frame_timeout_ms, 0);
+    uv_timer_start(&s->timer, on_timer, s->host->cfg->frame_timeout_ms, 0);
 }
 
 /* Fds parked in a frame still arriving are bounded per session and per
@@ -295,13 +295,13 @@ static void watch_frame(struct session *s, bool completed) {
 static bool parked_fds_ok(struct session *s) {
   size_t held = frame_reader_held_fds(s->reader);
   if (!held) return true;
-  const struct config *cfg = server_config(s->server);
+  const struct config *cfg = s->host->cfg;
   char text[200];
   if (held > cfg->max_parked_fds_per_session) {
     snprintf(text, sizeof text, "%zu fds wait in an unfinished frame (limit %u per session)",
              held, cfg->max_parked_fds_per_session);
   } else {
-    size_t uid_held = server_parked_fds(s->server, s->owner.uid);
+    size_t uid_held = s->host->parked_fds(s->host->ctx, s->owner.uid);
     if (uid_held <= cfg->max_parked_fds_per_uid) return true;
     snprintf(text, sizeof text,
              "uid %d's sessions hold %zu fds in unfinished frames (limit %u per uid)",
@@ -323,7 +323,7 @@ static void serve(struct session *s, bool can_read) {
     if (frame_reader_ready(s->reader)) {
       if (frames == SESSION_FRAMES_PER_TURN) {
         s->backlog = true;
-        server_session_backlog(s->server, s);
+        s->host->frames_wait(s->host->ctx, s);
         break;
       }
       struct frame f;
@@ -335,7 +335,7 @@ static void serve(struct session *s, bool can_read) {
       }
       frames++;
       completed = true;
-      server_dispatch(s->server, s, &f);
+      s->host->frame(s->host->ctx, s, &f);
       frame_release(&f);
       continue;
     }

@@ -13,14 +13,36 @@
 #include "fault.h"
 #include "owner.h"
 
-struct server;
+struct session;
+struct config;
+
+/* What a session needs of the server that runs it, given at its start:
+ * the limits, the total queued, and calls that never end the session
+ * inside them. */
+struct session_host {
+  void *ctx; /* passed to every call */
+  const struct config *cfg; /* the limits (frames, queues, fds) */
+  size_t *queued_total;     /* output queued over every session */
+  /* Handle one whole frame the session received. */
+  void (*frame)(void *ctx, struct session *s, struct frame *f);
+  /* The session is doomed: close it on the loop's next turn. */
+  void (*doomed)(void *ctx, struct session *s);
+  /* The session has ended: forget it and free its buffers. */
+  void (*closed)(void *ctx, struct session *s);
+  /* Whole frames of the session wait for the loop's next turns. */
+  void (*frames_wait)(void *ctx, struct session *s);
+  /* The session with the most output queued that still reads, or NULL. */
+  struct session *(*biggest_queue)(void *ctx);
+  /* Fds parked in frames still arriving, over the sessions of uid. */
+  size_t (*parked_fds)(void *ctx, uid_t uid);
+};
 
 /* The session that holds owner o. */
 #define session_of(o) list_entry((o), struct session, owner)
 
 struct session {
   struct owner owner; /* who it is and what it owns (owner.h) */
-  struct server *server;
+  const struct session_host *host;
   int fd;
   uv_poll_t poll;
   int poll_events;
@@ -31,7 +53,6 @@ struct session {
   int pidfd; /* the peer process, pinned at connect (peer.h); -1: unpinned */
   gid_t gid;
   bool may_control; /* allowed to be a controller (credentials) */
-  uint32_t minor;          /* the client's protocol minor version (Hello) */
   bool draining;     /* send what is queued, then close */
   bool write_failed; /* the peer stopped reading: replies are dropped */
   bool doomed;       /* to be closed by the server on the loop's next turn */
@@ -41,7 +62,7 @@ struct session {
 };
 
 /* Start a session on an accepted socket; NULL on failure (fd closed). */
-struct session *session_create(struct server *srv, uv_loop_t *loop, int fd,
+struct session *session_create(const struct session_host *host, uv_loop_t *loop, int fd,
                                uint64_t id);
 
 /* Queue a message with fds (consumed either way). Returns 0 or negative

@@ -12,7 +12,13 @@
 
 static gpu *g;
 static registry *reg;
-static struct list owner;
+static struct owner owner;
+
+/* The test's one owner, as uid uid for the next allocation. */
+static struct owner *as(uint32_t uid) {
+  owner.uid = uid;
+  return &owner;
+}
 static struct fault f;
 
 static void setup(void) {
@@ -23,7 +29,8 @@ static void setup(void) {
   struct registry_options ro = {.chunk_size = 16 * MiB, .backup_limit = 32 * MiB,
                                 .verify_backups = true};
   reg = registry_create(g, &ro);
-  list_init(&owner);
+  owner = (struct owner){0};
+  list_init(&owner.buffers);
   memset(&f, 0, sizeof f);
 }
 
@@ -35,11 +42,11 @@ static void teardown(void) {
 
 START_TEST(sizes_round_up_and_split_into_chunks) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 1, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, 1, 0, &b, &f), CODE(OK));
   ck_assert_uint_eq(b->size, 2 * MiB);
   ck_assert_uint_eq(b->nchunks, 1);
   struct buffer *c;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 33 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, 33 * MiB, 0, &c, &f), CODE(OK));
   ck_assert_uint_eq(c->size, 34 * MiB);
   ck_assert_uint_eq(c->nchunks, 3);
   ck_assert_uint_eq(c->chunk_sizes[2], 2 * MiB);
@@ -55,35 +62,35 @@ END_TEST
 
 START_TEST(bad_requests_change_nothing) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 2, MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 2, MiB, 0, &b, &f),
                    CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(f.text, "device 2 out of range"));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 65 * MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, 65 * MiB, 0, &b, &f),
                    CODE(INVALID_ARGUMENT));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, UINT64_MAX, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, UINT64_MAX, 0, &b, &f),
                    CODE(INVALID_ARGUMENT));
   ck_assert_uint_eq(registry_count(reg), 0);
   ck_assert_uint_eq(registry_managed(reg, 0), 0);
-  ck_assert(list_empty(&owner));
+  ck_assert(list_empty(&owner.buffers));
 }
 END_TEST
 
 START_TEST(capacity_is_enforced_per_device) {
   struct buffer *b, *c;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 48 * MiB, 0, &b, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 32 * MiB, 0, &c, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, 48 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, 32 * MiB, 0, &c, &f),
                    CODE(OUT_OF_MEMORY));
   ck_assert_uint_eq(f.bytes_needed, 32 * MiB);
   ck_assert_uint_eq(f.bytes_free, 16 * MiB);
   ck_assert_uint_eq(registry_managed(reg, 0), 48 * MiB); /* the failed one left nothing */
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 1, 32 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 1, 32 * MiB, 0, &c, &f), CODE(OK));
 }
 END_TEST
 
 /* A tag with no buffers, as a pause on device 0 leaves it. */
 static struct tag *paused_tag(const char *name) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, name, 1, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), name, 1, MiB, 0, &b, &f), CODE(OK));
   struct tag *t = b->tag;
   t->paused_devices = 1;
   registry_free(reg, b);
@@ -94,10 +101,10 @@ static struct tag *paused_tag(const char *name) {
 START_TEST(paused_tag_refuses_unless_asked) {
   paused_tag("kv");
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, MiB, 0, &b, &f), CODE(TAG_PAUSED));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 1, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, MiB, 0, &b, &f), CODE(TAG_PAUSED));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 1, MiB, 0, &b, &f), CODE(OK));
   ck_assert_int_eq(b->state, BUF_ACTIVE);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, MiB, BUF_FLAG_ALLOW_PAUSED, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, MiB, BUF_FLAG_ALLOW_PAUSED, &b, &f),
                    CODE(OK));
   ck_assert_int_eq(b->state, BUF_PAUSED);
   ck_assert(!b->has_memory);
@@ -108,7 +115,7 @@ END_TEST
 /* A backup holds the bytes while the memory is gone, and goes back in. */
 START_TEST(backup_and_restore_keep_contents) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(OK));
   char *pattern = malloc(b->size);
   for (size_t i = 0; i < b->size; i++) pattern[i] = (char)(i * 13);
@@ -140,9 +147,9 @@ END_TEST
 
 START_TEST(memory_create_is_all_or_nothing) {
   struct buffer *a, *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "kv", 0, 40 * MiB, 0, &a, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "kv", 0, 40 * MiB, 0, &a, &f), CODE(OK));
   registry_memory_release(reg, a);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "other", 0, 30 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "other", 0, 30 * MiB, 0, &b, &f), CODE(OK));
   /* 34 MiB free, 40 needed: three 16 MiB chunks would fit two. */
   ck_assert_int_eq(registry_memory_create(reg, a, &f), CODE(OUT_OF_MEMORY));
   ck_assert(!a->has_memory);
@@ -156,7 +163,7 @@ END_TEST
 /* A backup that changes while paused fails the restore loudly. */
 START_TEST(verification_catches_a_changed_backup) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 4 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "w", 0, 4 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(OK));
   ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
   registry_memory_release(reg, b);
@@ -170,12 +177,12 @@ END_TEST
 /* BACKUP buffers reserve host memory at allocation, within the limit. */
 START_TEST(backup_limit_is_enforced_at_allocation) {
   struct buffer *a, *b, *c;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &a, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "w", 0, 20 * MiB, BUF_FLAG_BACKUP, &a, &f),
                    CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 14 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "w", 0, 14 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(LIMIT_EXCEEDED));
   ck_assert_ptr_nonnull(strstr(f.text, "backup limit"));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 0, 14 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "w", 0, 14 * MiB, 0, &c, &f), CODE(OK));
   uint64_t reserved, limit;
   registry_backup_budget(reg, &reserved, &limit);
   ck_assert_uint_eq(reserved, 20 * MiB);
@@ -183,7 +190,7 @@ START_TEST(backup_limit_is_enforced_at_allocation) {
   registry_free(reg, a);
   registry_backup_budget(reg, &reserved, &limit);
   ck_assert_uint_eq(reserved, 0);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "w", 1, 32 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "w", 1, 32 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(OK));
 }
 END_TEST
@@ -192,12 +199,12 @@ END_TEST
  * pile up in a long-running daemon. */
 START_TEST(unused_tags_are_forgotten) {
   struct buffer *b;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "once", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "once", 0, MiB, 0, &b, &f), CODE(OK));
   ck_assert_ptr_nonnull(registry_tag(reg, "once"));
   registry_free(reg, b);
   ck_assert_ptr_null(registry_tag(reg, "once"));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "huge", 0, 40 * MiB, 0, &b, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, "nope", 0, 40 * MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(0), "huge", 0, 40 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(0), "nope", 0, 40 * MiB, 0, &b, &f),
                    CODE(OUT_OF_MEMORY));
   ck_assert_ptr_null(registry_tag(reg, "nope"));
   struct tag *t = paused_tag("paused");
@@ -211,19 +218,19 @@ END_TEST
 START_TEST(tags_belong_to_their_creator) {
   struct buffer *a, *b;
   struct tag *t;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 1000, "kv", 0, MiB, 0, &a, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 1001, "kv", 0, MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(1000), "kv", 0, MiB, 0, &a, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(1001), "kv", 0, MiB, 0, &b, &f),
                    CODE(PERMISSION_DENIED));
   ck_assert_ptr_nonnull(strstr(f.text, "belongs to uid 1000"));
   ck_assert_uint_eq(registry_managed(reg, 0), 2 * MiB); /* the refused one took nothing */
   ck_assert(registry_tag_visible(a->tag, 1000) && !registry_tag_visible(a->tag, 1001));
   ck_assert_int_eq(registry_share(reg, "kv", true, &t, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 1001, "kv", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(1001), "kv", 0, MiB, 0, &b, &f), CODE(OK));
   ck_assert(registry_tag_visible(t, 1001));
   ck_assert_int_eq(registry_share(reg, "kv", false, &t, &f), CODE(OK));
   ck_assert_ptr_eq(t, b->tag);
   ck_assert(t->owned && t->uid == 1000 && !t->shared);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 1001, "kv", 0, MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(1001), "kv", 0, MiB, 0, &b, &f),
                    CODE(PERMISSION_DENIED));
   ck_assert_int_eq(registry_share(reg, "nothing", false, &t, &f), CODE(NOT_FOUND));
 }
@@ -237,13 +244,13 @@ START_TEST(shared_tags_outlive_their_buffers) {
   struct buffer *b, *c;
   ck_assert_int_eq(registry_share(reg, "common", true, &t, &f), CODE(OK));
   ck_assert(!t->owned && t->shared);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 7, "common", 0, MiB, 0, &b, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 8, "common", 0, MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(7), "common", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(8), "common", 0, MiB, 0, &c, &f), CODE(OK));
   registry_free(reg, b);
   registry_free(reg, c);
   ck_assert_ptr_eq(registry_tag(reg, "common"), t);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 8, "common", 0, MiB, 0, &c, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 7, "common", 0, MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(8), "common", 0, MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(7), "common", 0, MiB, 0, &b, &f), CODE(OK));
   ck_assert_int_eq(registry_share(reg, "common", false, &t, &f), CODE(WRONG_STATE));
   ck_assert_ptr_nonnull(strstr(f.text, "several uids"));
   ck_assert(t == NULL && registry_tag(reg, "common")->shared);
@@ -258,11 +265,11 @@ START_TEST(shared_tags_outlive_their_buffers) {
   t->paused_devices = 1;
   ck_assert_int_eq(registry_share(reg, "held", false, &t, &f), CODE(OK));
   ck_assert(t && !t->owned && !t->shared);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 9, "held", 0, MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(9), "held", 0, MiB, 0, &b, &f),
                    CODE(TAG_PAUSED));
   ck_assert(!t->owned);
   ck_assert_int_eq(
-      registry_alloc(reg, NULL, &owner, 8, "held", 0, MiB, BUF_FLAG_ALLOW_PAUSED, &b, &f),
+      registry_alloc(reg, as(8), "held", 0, MiB, BUF_FLAG_ALLOW_PAUSED, &b, &f),
       CODE(OK));
   ck_assert(t->owned && t->uid == 8);
   registry_free(reg, b);
@@ -282,18 +289,18 @@ START_TEST(quotas_are_per_uid) {
                                            .backup_bytes = 4 * MiB}};
   reg = registry_create(g, &ro);
   struct buffer *a, *b, *c;
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 0, 6 * MiB, 0, &a, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 0, 4 * MiB, 0, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(5), "a", 0, 6 * MiB, 0, &a, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(5), "a", 0, 4 * MiB, 0, &b, &f),
                    CODE(LIMIT_EXCEEDED));
   ck_assert_ptr_nonnull(strstr(f.text, "--max-device-bytes-per-uid"));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 6, "b", 0, 8 * MiB, 0, &b, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 1, 4 * MiB, BUF_FLAG_BACKUP, &b, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(6), "b", 0, 8 * MiB, 0, &b, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(5), "a", 1, 4 * MiB, BUF_FLAG_BACKUP, &b, &f),
                    CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 1, 2 * MiB, BUF_FLAG_BACKUP, &c, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(5), "a", 1, 2 * MiB, BUF_FLAG_BACKUP, &c, &f),
                    CODE(LIMIT_EXCEEDED));
   ck_assert_ptr_nonnull(strstr(f.text, "--max-backup-bytes-per-uid"));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 1, 2 * MiB, 0, &c, &f), CODE(OK));
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 1, 2 * MiB, 0, &c, &f),
+  ck_assert_int_eq(registry_alloc(reg, as(5), "a", 1, 2 * MiB, 0, &c, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(5), "a", 1, 2 * MiB, 0, &c, &f),
                    CODE(LIMIT_EXCEEDED));
   ck_assert_ptr_nonnull(strstr(f.text, "too many buffers for uid 5"));
   const struct tenant *t5 = tenants_find(registry_tenants(reg), 5);
@@ -302,7 +309,7 @@ START_TEST(quotas_are_per_uid) {
   ck_assert_uint_eq(t5->device_bytes[1], 6 * MiB);
   ck_assert_uint_eq(t5->backup_bytes, 4 * MiB);
   registry_free(reg, a);
-  ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 5, "a", 0, 8 * MiB, 0, &a, &f), CODE(OK));
+  ck_assert_int_eq(registry_alloc(reg, as(5), "a", 0, 8 * MiB, 0, &a, &f), CODE(OK));
   registry_free(reg, a);
   registry_free(reg, b);
   registry_free(reg, c);
@@ -318,7 +325,7 @@ START_TEST(buffers_page_in_id_order) {
   char name[16];
   for (int i = 0; i < 6; i++) {
     snprintf(name, sizeof name, "t%d", i);
-    ck_assert_int_eq(registry_alloc(reg, NULL, &owner, 0, name, 0, MiB, 0, &v[i], &f), CODE(OK));
+    ck_assert_int_eq(registry_alloc(reg, as(0), name, 0, MiB, 0, &v[i], &f), CODE(OK));
   }
   ck_assert_ptr_eq(registry_buffer_after(reg, 0), v[0]);
   ck_assert_ptr_eq(registry_buffer_after(reg, v[2]->id), v[3]);
