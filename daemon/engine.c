@@ -40,13 +40,12 @@
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
+#include "devcheck.h"
 #include "grace.h"
 #include "outbox.h"
-#include "report.h"
+#include "outcome.h"
+#include "scope.h"
 #include "stats.h"
-
-/* What the driver's free memory may miss beyond one granularity a buffer. */
-#define ENGINE_CHECK_SLACK (16ull << 20)
 
 enum kind {
   K_UNMAP,    /* a pause's Unmap */
@@ -73,20 +72,6 @@ struct group {
   struct list link; /* op's groups, or the engine's stragglers */
 };
 
-struct detail {
-  char tag[WIRE_TAG_MAX + 1];
-  unsigned device;
-  uint64_t buffers, bytes;
-};
-
-/* One device during an operation: what the daemon did there, and the
- * driver's figures to compare it with. */
-struct devfig {
-  bool touched;
-  uint64_t released, nbuf; /* released (pause) or taken (resume) */
-  uint64_t free_before, managed_before;
-};
-
 struct op {
   struct list link;
   bool resume;
@@ -100,27 +85,17 @@ struct op {
   char **tags;
   size_t ntags;
   bool all_tags;         /* no tags named: every tag that exists at the start */
-  bool own;              /* scope: the requester's buffers (self) */
-  struct owner *self;  /* the requester, NULL once it is gone */
-  uint32_t *scope_pids;  /* scope: sessions of these pids (none: any) */
-  size_t nscope_pids;
-  char prefix[WIRE_NAME_MAX + 1]; /* scope: sessions named so ("": any) */
+  struct scope scope;    /* whose buffers it covers */
   uint64_t devmask;
   uint32_t timeout_ms;
   uint64_t max_residual;
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
   struct list groups;
   size_t pending; /* groups not done */
-  uint64_t buffers, bytes, backup_bytes, skipped;
-  uint64_t held_buffers, held_bytes; /* still holding memory they should not */
-  uint32_t *pids;                    /* owners involved in a failure */
-  size_t npids;
   uint64_t copied0, copy_us0; /* the registry's copy totals at the start */
-  struct detail *detail;
-  size_t ndetail;
-  struct devfig *dev;
+  struct devfig *dev;         /* per device: what it did, the driver's figures */
   unsigned ndev;
-  struct fault fault; /* first failure, reported instead of success */
+  struct outcome outcome;     /* what it did and could not do, its failure */
 };
 
 struct engine {
@@ -190,9 +165,8 @@ static void op_free(engine *e, struct op *op) {
   list_for_each_safe(p, t, &op->groups) group_free(e, list_entry(p, struct group, link));
   for (size_t i = 0; i < op->ntags; i++) free(op->tags[i]);
   free(op->tags);
-  free(op->scope_pids);
-  free(op->detail);
-  free(op->pids);
+  scope_free(&op->scope);
+  outcome_free(&op->outcome);
   free(op->dev);
   free(op);
 }
@@ -234,8 +208,8 @@ void engine_destroy(engine *e) {
   }
   if (e->current) {
     struct op *op = e->current;
-    stats_op_end(e->stats, op->rec, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, op->bytes,
-                 op->backup_bytes, (uv_hrtime() - op->t0) / 1000);
+    stats_op_end(e->stats, op->rec, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, op->outcome.bytes,
+                 op->outcome.backup_bytes, (uv_hrtime() - op->t0) / 1000);
     if (op->ctl)
       answer_fault(e, op->ctl, op->req_id, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, why);
     op_free(e, e->current);
@@ -244,19 +218,6 @@ void engine_destroy(engine *e) {
       group_free(e, list_entry(p, struct group, link));
   idmap_destroy(e->events);
   uv_close((uv_handle_t *)&e->timer, on_timer_closed);
-}
-
-/* Copy a scope into an operation; false when out of memory. */
-static bool take_scope(struct op *op, struct owner *ctl, const struct engine_scope *scope) {
-  if (!scope) return true;
-  op->own = scope->own;
-  op->self = scope->own ? ctl : NULL;
-  if (scope->prefix) snprintf(op->prefix, sizeof op->prefix, "%s", scope->prefix);
-  if (scope->npids == 0) return true;
-  if (!(op->scope_pids = malloc(scope->npids * sizeof *op->scope_pids))) return false;
-  memcpy(op->scope_pids, scope->pids, scope->npids * sizeof *op->scope_pids);
-  op->nscope_pids = scope->npids;
-  return true;
 }
 
 /* Queue an operation: a controller's goes ahead of the workers' own ones
@@ -277,14 +238,14 @@ static void enqueue(engine *e, struct op *op) {
 void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
                    uint32_t timeout_ms, uint64_t max_residual,
-                   const struct engine_scope *scope) {
+                   const struct scope_spec *scope) {
   struct op *op = calloc(1, sizeof *op);
   unsigned ndev = gpu_device_count(e->gpu);
   if (op) {
     op->tags = calloc(ntags + 1, sizeof *op->tags);
     op->dev = calloc(ndev + 1, sizeof *op->dev);
   }
-  bool nomem = !op || !op->tags || !op->dev || !take_scope(op, ctl, scope);
+  bool nomem = !op || !op->tags || !op->dev || !scope_init(&op->scope, ctl, scope);
   for (size_t i = 0; !nomem && i < ntags; i++) {
     bool seen = false; /* a tag named twice is one tag */
     for (size_t j = 0; j < op->ntags && !seen; j++) seen = strcmp(op->tags[j], tags[i]) == 0;
@@ -320,60 +281,23 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
   run_queue(e);
 }
 
-/* Record the first failure of an operation. */
-__attribute__((format(printf, 3, 4))) static void fail(struct op *op, wire_code code,
-                                                       const char *fmt, ...) {
-  if (!op || op->fault.code) return;
-  op->fault.code = code;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(op->fault.text, sizeof op->fault.text, fmt, ap);
-  va_end(ap);
-}
-
-/* Name an owner among those a failure involves (once). */
-static void note_pid(struct op *op, pid_t pid) {
-  for (size_t i = 0; i < op->npids; i++)
-    if (op->pids[i] == (uint32_t)pid) return;
-  uint32_t *np = realloc(op->pids, (op->npids + 1) * sizeof *np);
-  if (!np) return;
-  op->pids = np;
-  op->pids[op->npids++] = (uint32_t)pid;
-}
+/* Record the first failure of an operation (none for a straggler's). */
+#define fail(op, ...) outcome_fail((op) ? &(op)->outcome : NULL, __VA_ARGS__)
 
 /* Count a buffer that still holds memory the operation should have freed
  * (or, for a resume, memory it could not take back). */
 static void hold(struct op *op, const struct buffer *b) {
-  if (!op) return;
-  op->held_buffers++;
-  if (b->has_memory) op->held_bytes += b->size;
-  note_pid(op, b->owner->pid);
+  if (op) outcome_hold(&op->outcome, b);
 }
 
 /* Count a buffer that finished into the operation's figures. */
 static void count(struct op *op, const struct buffer *b) {
   if (!op) return;
-  op->buffers++;
-  op->bytes += b->size;
+  outcome_count(&op->outcome, b);
   if (b->device < op->ndev) {
     op->dev[b->device].released += b->size;
     op->dev[b->device].nbuf++;
   }
-  struct detail *d = NULL;
-  for (size_t i = 0; i < op->ndetail && !d; i++)
-    if (op->detail[i].device == b->device && strcmp(op->detail[i].tag, b->tag->name) == 0)
-      d = &op->detail[i];
-  if (!d) {
-    struct detail *nd = realloc(op->detail, (op->ndetail + 1) * sizeof *nd);
-    if (!nd) return;
-    op->detail = nd;
-    d = &nd[op->ndetail++];
-    memset(d, 0, sizeof *d);
-    snprintf(d->tag, sizeof d->tag, "%s", b->tag->name);
-    d->device = b->device;
-  }
-  d->buffers++;
-  d->bytes += b->size;
 }
 
 /* Which of bufs (PAUSED, with memory, of one owner) the owner's process
@@ -421,7 +345,7 @@ static void release(engine *e, struct op *op, struct buffer *b, bool still_held)
       return;
     }
     copied = b->size;
-    if (op) op->backup_bytes += b->size;
+    if (op) op->outcome.backup_bytes += b->size;
   }
   registry_memory_release(e->reg, b);
   /* Counted as it happens, also for a straggler's late ack (no op). */
@@ -593,35 +517,24 @@ static int send_remap(engine *e, struct group *g) {
   return 0;
 }
 
-/* True if an operation without own covers the buffers of session s. */
-static bool session_selected(const struct op *op, const struct owner *s) {
-  if (s->role != GPUMEM__WIRE__ROLE__ROLE_WORKER) return false;
-  bool pid_ok = op->nscope_pids == 0;
-  for (size_t i = 0; i < op->nscope_pids && !pid_ok; i++)
-    pid_ok = s->pid > 0 && op->scope_pids[i] == (uint32_t)s->pid;
-  return pid_ok && strncmp(s->name, op->prefix, strlen(op->prefix)) == 0;
-}
-
 /* True if the operation covers buffer b: its device and its owner. */
 static bool selected(const struct op *op, const struct buffer *b) {
   if (!(op->devmask & (1ull << b->device))) return false;
-  return op->own ? b->owner == op->self : session_selected(op, b->owner);
+  return scope_covers(&op->scope, b);
 }
 
 /* True if the operation covers every session (no scope). */
-static bool unscoped(const struct op *op) {
-  return !op->own && op->nscope_pids == 0 && !op->prefix[0];
-}
+static bool unscoped(const struct op *op) { return scope_is_all(&op->scope); }
 
 /* Name the tags of an operation that names none: every tag there is now
  * (for a worker's own operation, those its session has buffers in, so
  * that it costs what the worker holds, not what the node holds). */
 static bool name_all_tags(engine *e, struct op *op) {
   struct list *tags = registry_tags(e->reg), *p;
-  size_t most = op->own ? (op->self ? op->self->nbuffers : 0) : registry_tag_count(e->reg);
+  size_t most = op->scope.own ? (op->scope.self ? op->scope.self->nbuffers : 0) : registry_tag_count(e->reg);
   char **names = calloc(most + 1, sizeof *names);
-  idmap *seen = op->own ? idmap_create() : NULL;
-  if (!names || (op->own && !seen)) {
+  idmap *seen = op->scope.own ? idmap_create() : NULL;
+  if (!names || (op->scope.own && !seen)) {
     free(names);
     idmap_destroy(seen);
     return false;
@@ -629,8 +542,8 @@ static bool name_all_tags(engine *e, struct op *op) {
   free(op->tags);
   op->tags = names;
   bool ok = true;
-  if (op->own) {
-    for (p = op->self ? op->self->buffers.next : NULL; ok && p && p != &op->self->buffers;
+  if (op->scope.own) {
+    for (p = op->scope.self ? op->scope.self->buffers.next : NULL; ok && p && p != &op->scope.self->buffers;
          p = p->next) {
       struct tag *t = list_entry(p, struct buffer, owner_link)->tag;
       if (idmap_get(seen, t->seq)) continue;
@@ -651,16 +564,6 @@ static bool has_buffer_in(const struct owner *s, const struct tag *t) {
   return false;
 }
 
-/* Describe a scope by pid and name ("with pid 12 or 34 named 'engine-*'"). */
-static void scope_words(const struct op *op, char *buf, size_t len) {
-  int at = 0;
-  for (size_t i = 0; i < op->nscope_pids && at < (int)len; i++)
-    at += snprintf(buf + at, len - (size_t)at, "%s%u", i ? " or " : "with pid ",
-                   op->scope_pids[i]);
-  if (op->prefix[0] && at < (int)len)
-    snprintf(buf + at, len - (size_t)at, "%snamed '%s*'", at ? " " : "", op->prefix);
-}
-
 /* What the operation names must exist: every tag (a typo is NOT_FOUND),
  * some session its scope selects, and with own, a buffer of the requester
  * in every tag named. */
@@ -671,7 +574,7 @@ static bool names_exist(engine *e, struct op *op) {
   }
   for (size_t t = 0; t < op->ntags; t++) {
     struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    if (!tag && op->own) { /* one answer whether or not another uid has the tag */
+    if (!tag && op->scope.own) { /* one answer whether or not another uid has the tag */
       fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "this session has no buffers in tag '%s'",
            op->tags[t]);
       return false;
@@ -687,32 +590,18 @@ static bool names_exist(engine *e, struct op *op) {
       fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag '%s'", op->tags[t]);
       return false;
     }
-    if (op->own && !op->all_tags && (!op->self || !has_buffer_in(op->self, tag))) {
+    if (op->scope.own && !op->all_tags && (!op->scope.self || !has_buffer_in(op->scope.self, tag))) {
       fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "this session has no buffers in tag '%s'",
            op->tags[t]);
       return false;
     }
   }
-  if (op->own || unscoped(op)) return true;
-  for (struct list *p = e->owners->next; p != e->owners; p = p->next) {
-    const struct owner *s = list_entry(p, struct owner, link);
-    if (!s->closed && session_selected(op, s)) return true;
-  }
+  if (op->scope.own || unscoped(op)) return true;
+  if (scope_selects_any(&op->scope, e->owners)) return true;
   char words[WIRE_NAME_MAX + 128];
-  scope_words(op, words, sizeof words);
+  scope_words(&op->scope, words, sizeof words);
   fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no worker session %s", words);
   return false;
-}
-
-/* Read the driver's free memory and the daemon's own figure for every
- * selected device, to compare with at the end. */
-static void snapshot(engine *e, struct op *op) {
-  for (unsigned d = 0; d < op->ndev; d++) {
-    if (!(op->devmask & (1ull << d))) continue;
-    struct gpu_mem m;
-    if (gpu_mem_detail(e->gpu, d, &m) == 0) op->dev[d].free_before = m.free;
-    op->dev[d].managed_before = registry_managed(e->reg, d);
-  }
 }
 
 /* A buffer that an earlier operation still waits on: it holds its memory
@@ -726,19 +615,19 @@ static void held_in_transit(struct op *op, const struct buffer *b) {
 static void fail_in_transit(struct op *op, const char *what) {
   char bytes[32], pids[96] = "";
   int len = 0;
-  for (size_t i = 0; i < op->npids && len < (int)sizeof pids; i++)
-    len += snprintf(pids + len, sizeof pids - (size_t)len, " %u", op->pids[i]);
+  for (size_t i = 0; i < op->outcome.npids && len < (int)sizeof pids; i++)
+    len += snprintf(pids + len, sizeof pids - (size_t)len, " %u", op->outcome.pids[i]);
   fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
        "%s: pid%s has not acknowledged an earlier pause or resume; %llu buffers (%s) are "
        "still held",
-       what, pids, (unsigned long long)op->held_buffers,
-       size_format(op->held_bytes, bytes, sizeof bytes));
+       what, pids, (unsigned long long)op->outcome.held_buffers,
+       size_format(op->outcome.held_bytes, bytes, sizeof bytes));
 }
 
 /* Phase one of a pause: mark buffers and ask their owners to unmap. */
 static void start_pause(engine *e, struct op *op) {
   if (!names_exist(e, op)) return;
-  snapshot(e, op);
+  devcheck_before(e->reg, e->gpu, op->devmask, op->dev, op->ndev);
   idmap *by_session = idmap_create();
   for (size_t t = 0; t < op->ntags && by_session; t++) {
     struct tag *tag = registry_tag(e->reg, op->tags[t]);
@@ -748,7 +637,7 @@ static void start_pause(engine *e, struct op *op) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
       if (!selected(op, b)) continue;
       if (b->flags & BUF_FLAG_IPC_LEGACY) {
-        op->skipped++;
+        op->outcome.skipped++;
         continue;
       }
       op->dev[b->device].touched = true;
@@ -785,7 +674,7 @@ static void start_pause(engine *e, struct op *op) {
   }
   if (!by_session) fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   idmap_destroy(by_session);
-  if (op->held_buffers && !op->fault.code) fail_in_transit(op, "pause");
+  if (op->outcome.held_buffers && !op->outcome.fault.code) fail_in_transit(op, "pause");
   struct list *p, *n;
   list_for_each_safe(p, n, &op->groups) send_unmap(e, list_entry(p, struct group, link));
 }
@@ -838,7 +727,7 @@ static bool collect_paused(engine *e, struct op *op, struct buffer ***out, size_
       (*out)[(*n)++] = b;
     }
   }
-  if (op->held_buffers) {
+  if (op->outcome.held_buffers) {
     fail_in_transit(op, "resume refused, nothing changed");
     return false;
   }
@@ -849,7 +738,7 @@ static bool collect_paused(engine *e, struct op *op, struct buffer ***out, size_
 static bool make_memory(engine *e, struct op *op, struct buffer **bufs, bool *made, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (bufs[i]->has_memory) continue;
-    if (!registry_memory_create(e->reg, bufs[i], &op->fault)) {
+    if (!registry_memory_create(e->reg, bufs[i], &op->outcome.fault)) {
       made[i] = true;
       continue;
     }
@@ -858,14 +747,14 @@ static bool make_memory(engine *e, struct op *op, struct buffer **bufs, bool *ma
       if (bufs[j]->device == bufs[i]->device && (!bufs[j]->has_memory || made[j]))
         needed += bufs[j]->size;
     undo_made(e, bufs, made, n);
-    size_t len = strlen(op->fault.text);
-    snprintf(op->fault.text + len, sizeof op->fault.text - len, "; nothing resumed");
-    if (op->fault.code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
+    size_t len = strlen(op->outcome.fault.text);
+    snprintf(op->outcome.fault.text + len, sizeof op->outcome.fault.text - len, "; nothing resumed");
+    if (op->outcome.fault.code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
       struct gpu_mem m = {0};
       gpu_mem_detail(e->gpu, bufs[i]->device, &m);
-      op->fault.bytes_free = m.free;
-      op->fault.bytes_needed = needed;
-      snprintf(op->fault.text, sizeof op->fault.text,
+      op->outcome.fault.bytes_free = m.free;
+      op->outcome.fault.bytes_needed = needed;
+      snprintf(op->outcome.fault.text, sizeof op->outcome.fault.text,
                "device %u: resume needs %llu bytes, %llu free; nothing resumed", bufs[i]->device,
                (unsigned long long)needed, (unsigned long long)m.free);
     }
@@ -882,7 +771,7 @@ static void start_resume(engine *e, struct op *op) {
   idmap *by_session = NULL;
   if (!names_exist(e, op) || !collect_paused(e, op, &bufs, &n)) goto out;
   for (size_t i = 0; i < n; i++) stats_op_cover(op->rec, bufs[i]->size);
-  snapshot(e, op);
+  devcheck_before(e->reg, e->gpu, op->devmask, op->dev, op->ndev);
   if (!(made = calloc(n + 1, sizeof *made)) || !(by_session = idmap_create())) {
     fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto out;
@@ -892,7 +781,7 @@ static void start_resume(engine *e, struct op *op) {
   for (size_t i = 0; i < n && !f.code; i++) {
     op->dev[bufs[i]->device].touched = true;
     if (bufs[i]->backup_valid && !registry_restore(e->reg, bufs[i], &f)) {
-      op->backup_bytes += bufs[i]->size;
+      op->outcome.backup_bytes += bufs[i]->size;
       stats_op_progress(op->rec, 0, bufs[i]->size);
     }
   }
@@ -916,7 +805,7 @@ static void start_resume(engine *e, struct op *op) {
     list_for_each_safe(p, x, &op->groups) group_free(e, list_entry(p, struct group, link));
     op->pending = 0;
     undo_made(e, bufs, made, n);
-    op->backup_bytes = 0;
+    op->outcome.backup_bytes = 0;
     fail(op, f.code, "%s; nothing resumed", f.text);
     goto out;
   }
@@ -991,79 +880,21 @@ static bool start_rollback(engine *e, struct op *op) {
   return op->pending > 0;
 }
 
-/* Compare what the operation did on each device it touched with the
- * driver's figures; fill checks (ndev entries) and fail on a shortfall or
- * on more residual memory than the controller allows. */
-static size_t check_devices(engine *e, struct op *op, Gpumem__Wire__DeviceCheck *checks) {
-  size_t n = 0;
-  uint64_t gran = gpu_granularity(e->gpu);
-  for (unsigned d = 0; d < op->ndev; d++) {
-    struct devfig *df = &op->dev[d];
-    if (!df->touched) continue;
-    Gpumem__Wire__DeviceCheck *c = &checks[n++];
-    gpumem__wire__device_check__init(c);
-    c->device = d;
-    c->released = df->released;
-    c->free_before = df->free_before;
-    struct gpu_mem m = {0};
-    gpu_mem_detail(e->gpu, d, &m);
-    c->free_after = m.free;
-    /* The driver's free memory should move by what the daemon's own
-     * holdings moved (other requests may run during the operation). */
-    uint64_t managed = registry_managed(e->reg, d);
-    if (!op->resume && df->managed_before > managed) {
-      uint64_t expect = df->managed_before - managed;
-      uint64_t rise = m.free > df->free_before ? m.free - df->free_before : 0;
-      uint64_t slack = df->nbuf * gran + ENGINE_CHECK_SLACK;
-      if (expect > rise + slack) {
-        c->shortfall = expect - rise;
-        char a[32], b[32], s[32];
-        log_error("device %u: released %s, the driver shows %s more free", d,
-                  size_format(expect, a, sizeof a), size_format(rise, b, sizeof b));
-        fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
-             "device %u: released %s, but the driver shows only %s more free: %s not returned",
-             d, size_format(expect, a, sizeof a), size_format(rise, b, sizeof b),
-             size_format(c->shortfall, s, sizeof s));
-      }
-    }
-    struct report_residual r;
-    c->residual_known = report_residual(e->gpu, d, &r) == 0;
-    c->residual = r.bytes;
-    if (op->resume || !op->max_residual) continue;
-    char a[32], b[32];
-    if (!c->residual_known)
-      fail(op, GPUMEM__WIRE__ERROR_CODE__RESIDUAL_EXCEEDED,
-           "device %u: the driver gives no per-process figures, so --max-residual cannot be "
-           "checked",
-           d);
-    else if (r.bytes > op->max_residual && !op->by_controller) {
-      /* A worker is not told which process it is: it may be another uid's. */
-      fail(op, GPUMEM__WIRE__ERROR_CODE__RESIDUAL_EXCEEDED,
-           "device %u still holds %s outside gpumemd, more than %s", d,
-           size_format(r.bytes, a, sizeof a), size_format(op->max_residual, b, sizeof b));
-    } else if (r.bytes > op->max_residual) {
-      char top[32];
-      note_pid(op, r.top_pid);
-      fail(op, GPUMEM__WIRE__ERROR_CODE__RESIDUAL_EXCEEDED,
-           "device %u still holds %s outside gpumemd, more than %s (largest: pid %d (%s) "
-           "holds %s)",
-           d, size_format(r.bytes, a, sizeof a), size_format(op->max_residual, b, sizeof b),
-           r.top_pid, r.top_name, size_format(r.top_bytes, top, sizeof top));
-    }
-  }
-  return n;
-}
-
 /* Answer the controller (if still there) with the figures or the fault,
  * and count the operation as it ended. */
 static void reply(engine *e, struct op *op) {
   uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000, copied, copy_us;
   Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
-  size_t nchecks = checks && checkp ? check_devices(e, op, checks) : 0;
-  stats_op_end(e->stats, op->rec, op->fault.code, op->bytes, op->backup_bytes, us);
+  struct devcheck_rules rules = {.resume = op->resume, .max_residual = op->max_residual,
+                                 .by_controller = op->by_controller};
+  size_t nchecks =
+      checks && checkp ? devcheck_after(e->reg, e->gpu, op->dev, op->ndev, &rules, &op->outcome,
+                                        checks)
+                       : 0;
+  stats_op_end(e->stats, op->rec, op->outcome.fault.code, op->outcome.bytes, op->outcome.backup_bytes, us);
   op->rec = NULL;
-  if (op->ctl) stats_error(e->stats, op->fault.code);
+  if (op->ctl) stats_error(e->stats, op->outcome.fault.code);
   for (size_t i = 0; i < nchecks; i++) checkp[i] = &checks[i];
   if (!op->resume) {
     e->nlast = nchecks < GPUMEM_MAX_DEVICES ? nchecks : GPUMEM_MAX_DEVICES;
@@ -1085,58 +916,14 @@ static void reply(engine *e, struct op *op) {
            "(%llu us to send the events, %llu us for the owners)%s%s",
            op->resume ? "resume" : "pause", op->all_tags ? "every tag" : op->tags[0],
            !op->all_tags && op->ntags > 1 ? ",..." : "",
-           (unsigned long long)op->buffers, (unsigned long long)op->bytes,
-           (unsigned long long)op->backup_bytes, (unsigned long long)op->skipped,
+           (unsigned long long)op->outcome.buffers, (unsigned long long)op->outcome.bytes,
+           (unsigned long long)op->outcome.backup_bytes, (unsigned long long)op->outcome.skipped,
            (unsigned long long)us, (unsigned long long)(op->t_sent - op->t0) / 1000,
-           (unsigned long long)(now - op->t_sent) / 1000, op->fault.code ? ": " : "",
-           op->fault.text);
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = op->req_id;
-  Gpumem__Wire__Error err = GPUMEM__WIRE__ERROR__INIT;
-  Gpumem__Wire__OpReply r = GPUMEM__WIRE__OP_REPLY__INIT;
-  Gpumem__Wire__TagDeviceBytes *td = calloc(op->ndetail + 1, sizeof *td);
-  Gpumem__Wire__TagDeviceBytes **tdp = calloc(op->ndetail + 1, sizeof *tdp);
-  if (op->fault.code) {
-    err.code = op->fault.code;
-    wire_text_clean(op->fault.text); /* a worker's words cut mid-character */
-    err.message = op->fault.text;
-    err.bytes_needed = op->fault.bytes_needed;
-    err.bytes_free = op->fault.bytes_free;
-    err.pids = op->pids;
-    err.n_pids = op->npids;
-    err.buffers_held = op->held_buffers;
-    err.bytes_held = op->held_bytes;
-    err.checks = checkp;
-    err.n_checks = nchecks;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
-    env.error = &err;
-  } else {
-    r.buffers = op->buffers;
-    r.bytes = op->bytes;
-    r.backup_bytes = op->backup_bytes;
-    r.skipped = op->skipped;
-    r.elapsed_us = us;
-    r.backup_us = copy_us;
-    for (size_t i = 0; td && tdp && i < op->ndetail; i++) {
-      gpumem__wire__tag_device_bytes__init(&td[i]);
-      td[i].tag = op->detail[i].tag;
-      td[i].device = op->detail[i].device;
-      td[i].buffers = op->detail[i].buffers;
-      td[i].bytes = op->detail[i].bytes;
-      tdp[i] = &td[i];
-      r.n_detail = i + 1;
-    }
-    r.detail = tdp;
-    r.checks = checkp;
-    r.n_checks = nchecks;
-    r.devices = report_devices(e->reg, e->gpu, &r.n_devices);
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
-    env.op_reply = &r;
-  }
-  if (op->ctl) say(e, op->ctl, &env, NULL, 0);
-  report_devices_free(r.devices);
-  free(td);
-  free(tdp);
+           (unsigned long long)(now - op->t_sent) / 1000, op->outcome.fault.code ? ": " : "",
+           op->outcome.fault.text);
+  if (op->ctl)
+    outcome_reply(&op->outcome, op->req_id, us, copy_us, checkp, nchecks, e->reg, e->gpu, e->out,
+                  op->ctl);
   free(checks);
   free(checkp);
 }
@@ -1147,7 +934,7 @@ static void check_done(engine *e) {
   struct op *op = e->current;
   if (e->busy || !op || op->pending) return;
   if (op->resume && !op->rolling_back) {
-    if (op->fault.code) {
+    if (op->outcome.fault.code) {
       if (start_rollback(e, op)) {
         uv_timer_stop(&e->timer);
         run_queue(e); /* restarts the timer for the rollback */
@@ -1223,7 +1010,7 @@ static void on_timeout(uv_timer_t *t) {
         ended_bytes += b->size;
       }
     }
-    note_pid(op, g->s->pid);
+    outcome_note_pid(&op->outcome, g->s->pid);
     g->op = NULL;
     list_remove(&g->link);
     list_append(&e->stragglers, &g->link);
@@ -1233,13 +1020,13 @@ static void on_timeout(uv_timer_t *t) {
   if (ended_buffers)
     snprintf(freed, sizeof freed, "; %llu buffers (%s) freed with their sessions",
              (unsigned long long)ended_buffers, size_format(ended_bytes, bytes, sizeof bytes));
-  char earlier[sizeof op->fault.text] = "";
-  if (op->fault.code) snprintf(earlier, sizeof earlier, "; before that: %.200s", op->fault.text);
-  op->fault.code = 0; /* the timeout leads, an earlier failure follows */
+  char earlier[sizeof op->outcome.fault.text] = "";
+  if (op->outcome.fault.code) snprintf(earlier, sizeof earlier, "; before that: %.200s", op->outcome.fault.text);
+  op->outcome.fault.code = 0; /* the timeout leads, an earlier failure follows */
   fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
        "no ack within %u ms from pid%s; %llu buffers (%s) held until they answer%s%s%.*s",
-       op->timeout_ms, pids, (unsigned long long)op->held_buffers,
-       size_format(op->held_bytes, bytes, sizeof bytes), freed,
+       op->timeout_ms, pids, (unsigned long long)op->outcome.held_buffers,
+       size_format(op->outcome.held_bytes, bytes, sizeof bytes), freed,
        op->resume && !op->rolling_back ? "; nothing resumed" : "", 120, earlier);
   log_warn("%s: %zu owners did not answer in time", op->resume ? "resume" : "pause", nstraggle);
   check_done(e);
@@ -1361,7 +1148,7 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   } else {
     for (size_t i = 0; i < g->nids; i++)
       if (g->failed[i]) {
-        note_pid(op, s->pid);
+        outcome_note_pid(&op->outcome, s->pid);
         fail(op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
              "pid %d could not map buffer %llu: %s; nothing resumed", (int)s->pid,
              (unsigned long long)g->ids[i], g->why);
@@ -1376,7 +1163,7 @@ void engine_forget(engine *e, struct owner *s) {
   list_for_each_safe(p, n, &e->queue) {
     struct op *op = list_entry(p, struct op, link);
     if (op->ctl == s) op->ctl = NULL;
-    if (op->self == s) op->self = NULL;
+    if (op->scope.self == s) op->scope.self = NULL;
   }
   list_for_each_safe(p, n, &e->stragglers) {
     struct group *g = list_entry(p, struct group, link);
@@ -1385,7 +1172,7 @@ void engine_forget(engine *e, struct owner *s) {
   struct op *op = e->current;
   if (!op) return;
   if (op->ctl == s) op->ctl = NULL;
-  if (op->self == s) op->self = NULL;
+  if (op->scope.self == s) op->scope.self = NULL;
   list_for_each_safe(p, n, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
     if (g->s != s) continue;

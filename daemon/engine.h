@@ -11,21 +11,11 @@
 #include "outbox.h"
 #include "owner.h"
 #include "registry.h"
+#include "scope.h"
 #include "stats.h"
 
 struct grace;
 typedef struct engine engine;
-
-/* Whose buffers an operation covers. With no filter, every session's;
- * with own, the requesting session's; else those of the worker sessions
- * whose pid is in pids (when npids > 0) and whose name starts with prefix
- * (when not empty). */
-struct engine_scope {
-  bool own;
-  const uint32_t *pids;
-  size_t npids;
-  const char *prefix;
-};
 
 /* Create an engine over the registry; owners is the server's list of
  * struct owner.link (one per session), where scopes find the sessions they
@@ -51,7 +41,7 @@ void engine_destroy(engine *e);
 void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
                    uint32_t timeout_ms, uint64_t max_residual,
-                   const struct engine_scope *scope);
+                   const struct scope_spec *scope);
 
 /* The driver's figures of the last pause that finished, per device it
  * touched (*n entries; none before the first). */

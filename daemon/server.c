@@ -728,7 +728,7 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
   size_t ndevs = resume ? rr->n_devices : pr->n_devices;
   uint32_t timeout = resume ? rr->timeout_ms : pr->timeout_ms;
   uint64_t max_residual = resume ? 0 : pr->max_residual;
-  struct engine_scope scope = {
+  struct scope_spec scope = {
       .own = resume ? rr->own : pr->own,
       .pids = resume ? rr->pids : pr->pids,
       .npids = resume ? rr->n_pids : pr->n_pids,

@@ -1,0 +1,46 @@
+/* The driver's word on an operation: each device's free memory and the
+ * daemon's own holdings, read before a pause or resume and compared with
+ * what the driver says after it, so that a pause that did not really give
+ * memory back fails (NOT_RELEASED) and a device that still holds too much
+ * outside gpumemd is said (RESIDUAL_EXCEEDED). */
+#ifndef GPUMEMD_DEVCHECK_H
+#define GPUMEMD_DEVCHECK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gpu/gpu.h"
+#include "outcome.h"
+#include "registry.h"
+
+/* What the driver's free memory may miss beyond one granularity a buffer. */
+#define DEVCHECK_SLACK (16ull << 20)
+
+/* One device during an operation: what the daemon did there, and the
+ * driver's figures to compare it with. */
+struct devfig {
+  bool touched;
+  uint64_t released, nbuf; /* released (pause) or taken (resume) */
+  uint64_t free_before, managed_before;
+};
+
+/* Read the driver's free memory and the daemon's own figure for every
+ * device d < ndev in devmask into dev[d]. */
+void devcheck_before(registry *reg, gpu *g, uint64_t devmask, struct devfig *dev, unsigned ndev);
+
+/* What a pause or resume must meet after it ends. */
+struct devcheck_rules {
+  bool resume;           /* only a pause must show its memory free */
+  uint64_t max_residual; /* a pause: at most this outside gpumemd (0: any) */
+  bool by_controller;    /* a controller is told which process holds it */
+};
+
+/* Compare what the operation did on each device it touched (dev[d]) with
+ * the driver's figures now: one entry of checks (room for ndev) per
+ * device touched, and a failure into o for memory not returned or more
+ * residual than the rules allow. Returns the number of checks. */
+size_t devcheck_after(registry *reg, gpu *g, const struct devfig *dev, unsigned ndev,
+                      const struct devcheck_rules *rules, struct outcome *o,
+                      Gpumem__Wire__DeviceCheck *checks);
+
+#endif

@@ -1,0 +1,120 @@
+#include "outcome.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report.h"
+
+/* Record the first failure. */
+void outcome_fail(struct outcome *o, wire_code code, const char *fmt, ...) {
+  if (!o || o->fault.code) return;
+  o->fault.code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(o->fault.text, sizeof o->fault.text, fmt, ap);
+  va_end(ap);
+}
+
+/* Name an owner among those a failure involves. */
+void outcome_note_pid(struct outcome *o, pid_t pid) {
+  for (size_t i = 0; i < o->npids; i++)
+    if (o->pids[i] == (uint32_t)pid) return;
+  uint32_t *np = realloc(o->pids, (o->npids + 1) * sizeof *np);
+  if (!np) return;
+  o->pids = np;
+  o->pids[o->npids++] = (uint32_t)pid;
+}
+
+/* Count a buffer that still holds memory. */
+void outcome_hold(struct outcome *o, const struct buffer *b) {
+  if (!o) return;
+  o->held_buffers++;
+  if (b->has_memory) o->held_bytes += b->size;
+  outcome_note_pid(o, b->owner->pid);
+}
+
+/* Count a buffer that finished, in the total and in its tag's detail. */
+void outcome_count(struct outcome *o, const struct buffer *b) {
+  if (!o) return;
+  o->buffers++;
+  o->bytes += b->size;
+  struct outcome_detail *d = NULL;
+  for (size_t i = 0; i < o->ndetail && !d; i++)
+    if (o->detail[i].device == b->device && strcmp(o->detail[i].tag, b->tag->name) == 0)
+      d = &o->detail[i];
+  if (!d) {
+    struct outcome_detail *nd = realloc(o->detail, (o->ndetail + 1) * sizeof *nd);
+    if (!nd) return;
+    o->detail = nd;
+    d = &nd[o->ndetail++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->tag, sizeof d->tag, "%s", b->tag->name);
+    d->device = b->device;
+  }
+  d->buffers++;
+  d->bytes += b->size;
+}
+
+/* Free the pids and the detail. */
+void outcome_free(struct outcome *o) {
+  free(o->pids);
+  free(o->detail);
+  o->pids = NULL;
+  o->detail = NULL;
+  o->npids = o->ndetail = 0;
+}
+
+/* Send the answer: an Error with the fault, or an OpReply. */
+void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint64_t backup_us,
+                   Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpu *g,
+                   const struct outbox *out, struct owner *to) {
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = req_id;
+  Gpumem__Wire__Error err = GPUMEM__WIRE__ERROR__INIT;
+  Gpumem__Wire__OpReply r = GPUMEM__WIRE__OP_REPLY__INIT;
+  Gpumem__Wire__TagDeviceBytes *td = calloc(o->ndetail + 1, sizeof *td);
+  Gpumem__Wire__TagDeviceBytes **tdp = calloc(o->ndetail + 1, sizeof *tdp);
+  if (o->fault.code) {
+    err.code = o->fault.code;
+    wire_text_clean(o->fault.text); /* a worker's words cut mid-character */
+    err.message = o->fault.text;
+    err.bytes_needed = o->fault.bytes_needed;
+    err.bytes_free = o->fault.bytes_free;
+    err.pids = o->pids;
+    err.n_pids = o->npids;
+    err.buffers_held = o->held_buffers;
+    err.bytes_held = o->held_bytes;
+    err.checks = checks;
+    err.n_checks = nchecks;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+    env.error = &err;
+  } else {
+    r.buffers = o->buffers;
+    r.bytes = o->bytes;
+    r.backup_bytes = o->backup_bytes;
+    r.skipped = o->skipped;
+    r.elapsed_us = elapsed_us;
+    r.backup_us = backup_us;
+    for (size_t i = 0; td && tdp && i < o->ndetail; i++) {
+      gpumem__wire__tag_device_bytes__init(&td[i]);
+      td[i].tag = o->detail[i].tag;
+      td[i].device = o->detail[i].device;
+      td[i].buffers = o->detail[i].buffers;
+      td[i].bytes = o->detail[i].bytes;
+      tdp[i] = &td[i];
+      r.n_detail = i + 1;
+    }
+    r.detail = tdp;
+    r.checks = checks;
+    r.n_checks = nchecks;
+    r.devices = report_devices(reg, g, &r.n_devices);
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+    env.op_reply = &r;
+  }
+  out->send(out->ctx, to, &env, NULL, 0);
+  report_devices_free(r.devices);
+  free(td);
+  free(tdp);
+}

@@ -1,0 +1,56 @@
+/* The outcome of a pause or resume: what it did (buffers and bytes, per
+ * tag and device), what it could not do (buffers that still hold memory,
+ * the owners involved, its first failure), and the reply that says so. */
+#ifndef GPUMEMD_OUTCOME_H
+#define GPUMEMD_OUTCOME_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "fault.h"
+#include "outbox.h"
+#include "registry.h"
+
+/* Buffers and bytes an operation finished in one tag on one device. */
+struct outcome_detail {
+  char tag[WIRE_TAG_MAX + 1];
+  unsigned device;
+  uint64_t buffers, bytes;
+};
+
+struct outcome {
+  uint64_t buffers, bytes, backup_bytes, skipped;
+  uint64_t held_buffers, held_bytes; /* still holding memory they should not */
+  uint32_t *pids;                    /* owners involved in a failure */
+  size_t npids;
+  struct outcome_detail *detail;
+  size_t ndetail;
+  struct fault fault; /* the first failure, reported instead of success */
+};
+
+/* Record the first failure (o may be NULL: nothing is recorded). */
+__attribute__((format(printf, 3, 4))) void outcome_fail(struct outcome *o, wire_code code,
+                                                        const char *fmt, ...);
+
+/* Name an owner among those a failure involves (once each). */
+void outcome_note_pid(struct outcome *o, pid_t pid);
+
+/* Count a buffer that still holds memory the operation should have freed
+ * (or, for a resume, memory it could not take back), naming its owner. */
+void outcome_hold(struct outcome *o, const struct buffer *b);
+
+/* Count a buffer that finished (o may be NULL). */
+void outcome_count(struct outcome *o, const struct buffer *b);
+
+/* Free what the outcome holds. */
+void outcome_free(struct outcome *o);
+
+/* Send to (through out) the answer to request req_id: the fault, or the
+ * figures of a success that took elapsed_us (backup_us of it copying),
+ * with the devices' checks and their state now. */
+void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint64_t backup_us,
+                   Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpu *g,
+                   const struct outbox *out, struct owner *to);
+
+#endif
