@@ -29,19 +29,19 @@
  * buffers, shows it paused and mixed. */
 #include "engine.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "common/frame.h"
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
 #include "devcheck.h"
+#include "event.h"
 #include "grace.h"
+#include "timeout.h"
 #include "outbox.h"
 #include "outcome.h"
 #include "scope.h"
@@ -82,11 +82,7 @@ struct op {
   uint32_t uid;
   bool by_controller;    /* else a worker's pause or resume of its own */
   struct stats_op *rec;  /* the record while it runs */
-  char **tags;
-  size_t ntags;
-  bool all_tags;         /* no tags named: every tag that exists at the start */
-  struct scope scope;    /* whose buffers it covers */
-  uint64_t devmask;
+  struct scope scope;    /* the tags, devices and sessions it covers */
   uint32_t timeout_ms;
   uint64_t max_residual;
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
@@ -163,17 +159,10 @@ static void group_free(engine *e, struct group *g) {
 static void op_free(engine *e, struct op *op) {
   struct list *p, *t;
   list_for_each_safe(p, t, &op->groups) group_free(e, list_entry(p, struct group, link));
-  for (size_t i = 0; i < op->ntags; i++) free(op->tags[i]);
-  free(op->tags);
   scope_free(&op->scope);
   outcome_free(&op->outcome);
   free(op->dev);
   free(op);
-}
-
-/* Queue a message with fds for o through the outbox. */
-static int say(engine *e, struct owner *o, const wire_env *env, const int *fds, size_t nfds) {
-  return e->out->send(e->out->ctx, o, env, fds, nfds);
 }
 
 /* Queue an Error for o through the outbox. */
@@ -241,16 +230,9 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    const struct scope_spec *scope) {
   struct op *op = calloc(1, sizeof *op);
   unsigned ndev = gpu_device_count(e->gpu);
-  if (op) {
-    op->tags = calloc(ntags + 1, sizeof *op->tags);
-    op->dev = calloc(ndev + 1, sizeof *op->dev);
-  }
-  bool nomem = !op || !op->tags || !op->dev || !scope_init(&op->scope, ctl, scope);
-  for (size_t i = 0; !nomem && i < ntags; i++) {
-    bool seen = false; /* a tag named twice is one tag */
-    for (size_t j = 0; j < op->ntags && !seen; j++) seen = strcmp(op->tags[j], tags[i]) == 0;
-    if (!seen && !(op->tags[op->ntags++] = strdup(tags[i]))) nomem = true;
-  }
+  if (op) op->dev = calloc(ndev + 1, sizeof *op->dev);
+  bool nomem = !op || !op->dev ||
+               !scope_init(&op->scope, tags, ntags, devmask, ndev, ctl, scope);
   if (nomem) {
     if (op) op_free(e, op);
     answer_fault(e, ctl, req_id, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
@@ -259,13 +241,10 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
   list_init(&op->groups);
   op->pid = ctl->pid > 0 ? (uint32_t)ctl->pid : 0;
   op->uid = (uint32_t)ctl->uid;
-  op->all_tags = ntags == 0;
   op->resume = resume;
   op->ctl = ctl;
   op->req_id = req_id;
   op->ndev = ndev;
-  uint64_t all = ndev >= GPUMEM_MAX_DEVICES ? ~0ull : (1ull << ndev) - 1;
-  op->devmask = (devmask ? devmask : ~0ull) & all;
   op->timeout_ms = timeout_ms ? timeout_ms : e->cfg->ack_timeout_ms;
   if (op->timeout_ms > GPUMEM_OWNER_TIMEOUT_MAX_MS) {
     log_info("timeout of %u ms capped at %u ms", op->timeout_ms, GPUMEM_OWNER_TIMEOUT_MAX_MS);
@@ -458,150 +437,29 @@ static void send_unmap(engine *e, struct group *g) {
   if (!(g->ends = calloc(1, sizeof *g->ends))) return;
   g->ends[0] = g->nids;
   number_events(e, g, 1);
-  Gpumem__Wire__UnmapEvent ev = GPUMEM__WIRE__UNMAP_EVENT__INIT;
-  ev.buffer_ids = g->ids;
-  ev.n_buffer_ids = g->nids;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = g->first_event;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
-  env.unmap = &ev;
-  say(e, g->s, &env, NULL, 0);
+  event_send_unmap(e->out, g->s, g->first_event, g->ids, g->nids);
 }
 
-/* Send one owner its Remap events with the fds exported for them, at most
- * FRAME_MAX_FDS fds per frame. Returns -1 if the session ended (g is gone). */
+/* Send one owner its Remap events with the fds exported for them. Returns
+ * -1 if the session ended (g is gone). */
 static int send_remap(engine *e, struct group *g) {
-  size_t nevents = 0;
-  for (size_t i = 0, fds = 0; i < g->nids; i++) {
-    size_t k = registry_find(e->reg, g->ids[i])->nchunks;
-    if (i == 0 || fds + k > FRAME_MAX_FDS) {
-      nevents++;
-      fds = 0;
-    }
-    fds += k;
-  }
+  size_t nevents = event_remap_count(e->reg, g->ids, g->nids);
   if (!(g->ends = calloc(nevents + 1, sizeof *g->ends))) return 0;
   number_events(e, g, nevents);
-  Gpumem__Wire__RemapEntry ent[FRAME_MAX_FDS], *entp[FRAME_MAX_FDS];
-  size_t i = 0, fd_at = 0;
-  for (size_t ev_i = 0; ev_i < nevents; ev_i++) {
-    size_t nent = 0, nfds = 0, first_fd = fd_at;
-    while (i < g->nids) {
-      struct buffer *b = registry_find(e->reg, g->ids[i]);
-      size_t k = b->ipc ? 0 : b->nchunks;
-      if (nent > 0 && nfds + k > FRAME_MAX_FDS) break;
-      gpumem__wire__remap_entry__init(&ent[nent]);
-      ent[nent].buffer_id = b->id;
-      ent[nent].chunk_sizes = b->chunk_sizes;
-      ent[nent].n_chunk_sizes = b->nchunks;
-      entp[nent] = &ent[nent];
-      nent++;
-      nfds += k;
-      i++;
-    }
-    g->ends[ev_i] = i;
-    fd_at += nfds;
-    Gpumem__Wire__RemapEvent rm = GPUMEM__WIRE__REMAP_EVENT__INIT;
-    rm.entries = entp;
-    rm.n_entries = nent;
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-    env.id = g->first_event + ev_i;
-    env.fd_count = (uint32_t)nfds;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
-    env.remap = &rm;
-    int fds[FRAME_MAX_FDS];
-    memcpy(fds, g->fds + first_fd, nfds * sizeof *fds);
-    for (size_t k = first_fd; k < fd_at; k++) g->fds[k] = -1; /* the outbox owns them */
-    if (say(e, g->s, &env, fds, nfds) < 0) return -1;
-  }
-  return 0;
+  return event_send_remap(e->out, g->s, e->reg, g->first_event, g->ids, g->nids, g->fds, g->ends);
 }
 
 /* True if the operation covers buffer b: its device and its owner. */
 static bool selected(const struct op *op, const struct buffer *b) {
-  if (!(op->devmask & (1ull << b->device))) return false;
   return scope_covers(&op->scope, b);
 }
 
 /* True if the operation covers every session (no scope). */
 static bool unscoped(const struct op *op) { return scope_is_all(&op->scope); }
 
-/* Name the tags of an operation that names none: every tag there is now
- * (for a worker's own operation, those its session has buffers in, so
- * that it costs what the worker holds, not what the node holds). */
-static bool name_all_tags(engine *e, struct op *op) {
-  struct list *tags = registry_tags(e->reg), *p;
-  size_t most = op->scope.own ? (op->scope.self ? op->scope.self->nbuffers : 0) : registry_tag_count(e->reg);
-  char **names = calloc(most + 1, sizeof *names);
-  idmap *seen = op->scope.own ? idmap_create() : NULL;
-  if (!names || (op->scope.own && !seen)) {
-    free(names);
-    idmap_destroy(seen);
-    return false;
-  }
-  free(op->tags);
-  op->tags = names;
-  bool ok = true;
-  if (op->scope.own) {
-    for (p = op->scope.self ? op->scope.self->buffers.next : NULL; ok && p && p != &op->scope.self->buffers;
-         p = p->next) {
-      struct tag *t = list_entry(p, struct buffer, owner_link)->tag;
-      if (idmap_get(seen, t->seq)) continue;
-      ok = idmap_put(seen, t->seq, t) == 0 && (op->tags[op->ntags++] = strdup(t->name));
-    }
-  } else {
-    for (p = tags->next; ok && p != tags; p = p->next)
-      ok = (op->tags[op->ntags++] = strdup(list_entry(p, struct tag, link)->name)) != NULL;
-  }
-  idmap_destroy(seen);
-  return ok;
-}
-
-/* True if session s has a buffer in tag t. */
-static bool has_buffer_in(const struct owner *s, const struct tag *t) {
-  for (const struct list *p = t->buffers.next; p != &t->buffers; p = p->next)
-    if (list_entry(p, struct buffer, tag_link)->owner == s) return true;
-  return false;
-}
-
-/* What the operation names must exist: every tag (a typo is NOT_FOUND),
- * some session its scope selects, and with own, a buffer of the requester
- * in every tag named. */
+/* What the operation names must exist (scope_resolve). */
 static bool names_exist(engine *e, struct op *op) {
-  if (op->all_tags && !name_all_tags(e, op)) {
-    fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-    return false;
-  }
-  for (size_t t = 0; t < op->ntags; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    if (!tag && op->scope.own) { /* one answer whether or not another uid has the tag */
-      fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "this session has no buffers in tag '%s'",
-           op->tags[t]);
-      return false;
-    }
-    if (!tag && grace_active(e->grace)) {
-      fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,
-           "no tag '%s' yet: the re-registration grace runs %.1f s more, and allocations in "
-           "new tags wait for it to end (%zu waiting)",
-           op->tags[t], (double)grace_left_ms(e->grace) / 1e3, grace_waiting(e->grace));
-      return false;
-    }
-    if (!tag) {
-      fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag '%s'", op->tags[t]);
-      return false;
-    }
-    if (op->scope.own && !op->all_tags && (!op->scope.self || !has_buffer_in(op->scope.self, tag))) {
-      fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "this session has no buffers in tag '%s'",
-           op->tags[t]);
-      return false;
-    }
-  }
-  if (op->scope.own || unscoped(op)) return true;
-  if (scope_selects_any(&op->scope, e->owners)) return true;
-  char words[WIRE_NAME_MAX + 128];
-  scope_words(&op->scope, words, sizeof words);
-  fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no worker session %s", words);
-  return false;
+  return scope_resolve(&op->scope, e->reg, e->owners, e->grace, &op->outcome);
 }
 
 /* A buffer that an earlier operation still waits on: it holds its memory
@@ -627,11 +485,11 @@ static void fail_in_transit(struct op *op, const char *what) {
 /* Phase one of a pause: mark buffers and ask their owners to unmap. */
 static void start_pause(engine *e, struct op *op) {
   if (!names_exist(e, op)) return;
-  devcheck_before(e->reg, e->gpu, op->devmask, op->dev, op->ndev);
+  devcheck_before(e->reg, e->gpu, op->scope.devmask, op->dev, op->ndev);
   idmap *by_session = idmap_create();
-  for (size_t t = 0; t < op->ntags && by_session; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    if (unscoped(op)) tag->paused_devices |= op->devmask; /* fully paused there */
+  for (size_t t = 0; t < op->scope.ntags && by_session; t++) {
+    struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
+    if (unscoped(op)) tag->paused_devices |= op->scope.devmask; /* fully paused there */
     struct list *p, *n;
     list_for_each_safe(p, n, &tag->buffers) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
@@ -707,8 +565,8 @@ static wire_code export_group(engine *e, struct group *g, struct fault *f) {
  * recorded) if any is still in an earlier operation's transition. */
 static bool collect_paused(engine *e, struct op *op, struct buffer ***out, size_t *n) {
   size_t cap = 0;
-  for (size_t t = 0; t < op->ntags; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
+  for (size_t t = 0; t < op->scope.ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
     struct list *p;
     for (p = tag->buffers.next; p != &tag->buffers; p = p->next) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
@@ -771,7 +629,7 @@ static void start_resume(engine *e, struct op *op) {
   idmap *by_session = NULL;
   if (!names_exist(e, op) || !collect_paused(e, op, &bufs, &n)) goto out;
   for (size_t i = 0; i < n; i++) stats_op_cover(op->rec, bufs[i]->size);
-  devcheck_before(e->reg, e->gpu, op->devmask, op->dev, op->ndev);
+  devcheck_before(e->reg, e->gpu, op->scope.devmask, op->dev, op->ndev);
   if (!(made = calloc(n + 1, sizeof *made)) || !(by_session = idmap_create())) {
     fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto out;
@@ -822,9 +680,9 @@ out:
  * resume that failed, new buffers there still start paused). A scoped
  * resume ends that only where it made a buffer ACTIVE. */
 static void commit_resume(engine *e, struct op *op) {
-  for (size_t t = 0; unscoped(op) && t < op->ntags; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
-    if (tag) tag->paused_devices &= ~op->devmask;
+  for (size_t t = 0; unscoped(op) && t < op->scope.ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
+    if (tag) tag->paused_devices &= ~op->scope.devmask;
   }
   struct list *p;
   for (p = op->groups.next; p != &op->groups; p = p->next) {
@@ -840,8 +698,8 @@ static void commit_resume(engine *e, struct op *op) {
   }
   /* A tag left with no buffers and paused nowhere is forgotten: its name
    * is free again, for any uid. */
-  for (size_t t = 0; t < op->ntags; t++) {
-    struct tag *tag = registry_tag(e->reg, op->tags[t]);
+  for (size_t t = 0; t < op->scope.ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
     if (tag) registry_prune(e->reg, tag);
   }
 }
@@ -914,8 +772,8 @@ static void reply(engine *e, struct op *op) {
   }
   log_info("%s %s%s: %llu buffers, %llu bytes, %llu backed up, %llu skipped, %llu us "
            "(%llu us to send the events, %llu us for the owners)%s%s",
-           op->resume ? "resume" : "pause", op->all_tags ? "every tag" : op->tags[0],
-           !op->all_tags && op->ntags > 1 ? ",..." : "",
+           op->resume ? "resume" : "pause", op->scope.all_tags ? "every tag" : op->scope.tags[0],
+           !op->scope.all_tags && op->scope.ntags > 1 ? ",..." : "",
            (unsigned long long)op->outcome.buffers, (unsigned long long)op->outcome.bytes,
            (unsigned long long)op->outcome.backup_bytes, (unsigned long long)op->outcome.skipped,
            (unsigned long long)us, (unsigned long long)(op->t_sent - op->t0) / 1000,
@@ -951,36 +809,6 @@ static void check_done(engine *e) {
   run_queue(e);
 }
 
-/* Under the kill policy, a straggler is killed (the outbox's stop: through
- * the pidfd its session pinned at connect), and its buffers go with its
- * session when it dies. One that cannot be signalled (pid 0: another pid namespace; not
- * pinned; the process that connected is gone) has its session ended here
- * instead, as if it had died. What happened goes into what; true when the
- * session was ended (its buffers are freed, not held). */
-static bool kill_straggler(engine *e, struct owner *s, char *what, size_t len) {
-  int rc = s->closed ? -ENOENT : e->out->stop(e->out->ctx, s);
-  if (rc == -ENOENT) {
-    snprintf(what, len, "session ended");
-    return true;
-  }
-  if (rc == 0) {
-    log_warn("killing pid %d: no ack in time", (int)s->pid);
-    snprintf(what, len, "killed");
-    return false;
-  }
-  const char *why = s->pid <= 0    ? "pid not visible here"
-                    : rc == -EBADF ? "not pinned"
-                    : rc == -ESRCH ? "process gone"
-                                   : strerror(-rc);
-  snprintf(what, len, "not signalled, %s: session ended", why);
-  log_warn("pid %d not signalled (%s): no ack in time; session %llu ended, its buffers freed",
-           (int)s->pid, why, (unsigned long long)s->id);
-  struct fault f = {.code = GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT};
-  snprintf(f.text, sizeof f.text, "no ack in time: session ended (--timeout-policy kill)");
-  e->out->end(e->out->ctx, s, &f);
-  return true;
-}
-
 /* Owners that did not ack in time: report their pids, keep their buffers
  * in transition (held) for their late acks, and stop waiting; under the
  * kill policy, kill them or end their sessions. */
@@ -998,7 +826,7 @@ static void on_timeout(uv_timer_t *t) {
     struct group *g = list_entry(p, struct group, link);
     if (g->done) continue;
     char what[80] = "";
-    bool ended = kill_them && kill_straggler(e, g->s, what, sizeof what);
+    bool ended = kill_them && timeout_kill(e->out, g->s, what, sizeof what);
     if (len < (int)sizeof pids)
       len += snprintf(pids + len, sizeof pids - (size_t)len, " %d%s%s%s", (int)g->s->pid,
                       what[0] ? " (" : "", what, what[0] ? ")" : "");
@@ -1046,7 +874,7 @@ static void run_queue(engine *e) {
     list_remove(&op->link);
     e->current = op;
     op->t0 = uv_hrtime();
-    op->rec = stats_op_begin(e->stats, op->resume, op->tags, op->all_tags ? 0 : op->ntags,
+    op->rec = stats_op_begin(e->stats, op->resume, op->scope.tags, op->scope.all_tags ? 0 : op->scope.ntags,
                              op->pid, op->uid);
     registry_copy_totals(e->reg, !op->resume, &op->copied0, &op->copy_us0);
     e->busy = true;
