@@ -22,7 +22,7 @@
  *
  * A tag is fully paused on a device when a pause that covered every
  * session (no scope) paused it there and no resume has since made any of
- * its buffers there ACTIVE: the tag's paused mark (paused_devices). Only
+ * its buffers there ACTIVE: the tag's paused mark (registry_mark_paused). Only
  * then are new buffers there refused (TAG_PAUSED) or started PAUSED
  * (ALLOW_PAUSED). A scoped pause leaves the mark alone, so that sessions
  * outside the scope go on allocating; the tag's state, derived from its
@@ -345,13 +345,13 @@ static void finish_unmap(engine *e, struct group *g) {
     struct buffer *b = registry_find(e->reg, g->ids[i]);
     if (!b || b->state != BUF_PAUSING) continue;
     if (g->failed[i]) {
-      registry_set_state(e->reg, b, BUF_ACTIVE);
+      registry_move(e->reg, b, BUF_EV_UNMAP_FAILED);
       hold(g->op, b);
       fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d could not unmap buffer %llu: %s",
            (int)g->s->pid, (unsigned long long)b->id, g->why);
       continue;
     }
-    registry_set_state(e->reg, b, BUF_PAUSED);
+    registry_move(e->reg, b, BUF_EV_UNMAPPED);
     if (bufs && held)
       bufs[n++] = b;
     else
@@ -371,7 +371,7 @@ static void finish_unmap(engine *e, struct group *g) {
  * resume made, and it is PAUSED as before. */
 static void undo_resume(engine *e, struct buffer *b, bool made) {
   if (made) registry_memory_release(e->reg, b);
-  registry_set_state(e->reg, b, BUF_PAUSED);
+  registry_move(e->reg, b, BUF_EV_ROLL_BACK);
 }
 
 /* An owner answered a rollback Unmap. */
@@ -381,7 +381,7 @@ static void finish_rollback(engine *e, struct group *g) {
     if (!b || b->state != BUF_RESUMING) continue;
     if (g->failed[i]) {
       /* The owner keeps it mapped: it is in use, whatever the resume said. */
-      registry_set_state(e->reg, b, BUF_ACTIVE);
+      registry_move(e->reg, b, BUF_EV_UNMAP_FAILED);
       hold(g->op, b);
       log_error("pid %d could not unmap buffer %llu after a failed resume: %s", (int)g->s->pid,
                 (unsigned long long)b->id, g->why);
@@ -489,7 +489,7 @@ static void start_pause(engine *e, struct op *op) {
   idmap *by_session = idmap_create();
   for (size_t t = 0; t < op->scope.ntags && by_session; t++) {
     struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
-    if (unscoped(op)) tag->paused_devices |= op->scope.devmask; /* fully paused there */
+    if (unscoped(op)) registry_mark_paused(e->reg, tag, op->scope.devmask, true);
     struct list *p, *n;
     list_for_each_safe(p, n, &tag->buffers) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
@@ -527,7 +527,7 @@ static void start_pause(engine *e, struct op *op) {
         continue;
       }
       stats_op_cover(op->rec, b->size);
-      registry_set_state(e->reg, b, BUF_PAUSING);
+      registry_move(e->reg, b, BUF_EV_PAUSE);
     }
   }
   if (!by_session) fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
@@ -667,7 +667,7 @@ static void start_resume(engine *e, struct op *op) {
     fail(op, f.code, "%s; nothing resumed", f.text);
     goto out;
   }
-  for (size_t i = 0; i < n; i++) registry_set_state(e->reg, bufs[i], BUF_RESUMING);
+  for (size_t i = 0; i < n; i++) registry_move(e->reg, bufs[i], BUF_EV_RESUME);
   list_for_each_safe(p, x, &op->groups) send_remap(e, list_entry(p, struct group, link));
 out:
   idmap_destroy(by_session);
@@ -682,7 +682,7 @@ out:
 static void commit_resume(engine *e, struct op *op) {
   for (size_t t = 0; unscoped(op) && t < op->scope.ntags; t++) {
     struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
-    if (tag) tag->paused_devices &= ~op->scope.devmask;
+    if (tag) registry_mark_paused(e->reg, tag, op->scope.devmask, false);
   }
   struct list *p;
   for (p = op->groups.next; p != &op->groups; p = p->next) {
@@ -690,8 +690,7 @@ static void commit_resume(engine *e, struct op *op) {
     for (size_t i = 0; i < g->nids; i++) {
       struct buffer *b = registry_find(e->reg, g->ids[i]);
       if (!b || b->state != BUF_RESUMING) continue;
-      registry_set_state(e->reg, b, BUF_ACTIVE);
-      b->tag->paused_devices &= ~(1ull << b->device);
+      registry_move(e->reg, b, BUF_EV_COMMIT);
       stats_bytes(e->stats, true, b->size);
       count(op, b);
     }

@@ -717,15 +717,59 @@ static void tally(struct buffer *b, int sign) {
   t->bytes[b->state] += (uint64_t)((int64_t)sign * (int64_t)b->size);
 }
 
-/* Move a buffer to a state, keeping the tag's counts. */
-void registry_set_state(registry *r, struct buffer *b, buffer_state st) {
+/* The moves: the state each event takes a buffer to from each state; -1
+ * where the event does not apply (see buffer_event in registry.h). */
+static const int moves[][4] = {
+    /*                    ACTIVE       PAUSING      PAUSED        RESUMING */
+    [BUF_EV_PAUSE] =        {BUF_PAUSING, -1,          -1,           -1},
+    [BUF_EV_UNMAPPED] =     {-1,          BUF_PAUSED,  -1,           -1},
+    [BUF_EV_UNMAP_FAILED] = {-1,          BUF_ACTIVE,  -1,           BUF_ACTIVE},
+    [BUF_EV_RESUME] =       {-1,          -1,          BUF_RESUMING, -1},
+    [BUF_EV_COMMIT] =       {-1,          -1,          -1,           BUF_ACTIVE},
+    [BUF_EV_ROLL_BACK] =    {-1,          -1,          -1,           BUF_PAUSED},
+};
+
+/* Move a buffer by an event, keeping the tag's counts. */
+bool registry_move(registry *r, struct buffer *b, buffer_event ev) {
+  int st = (unsigned)ev < sizeof moves / sizeof moves[0] && (unsigned)b->state < 4
+               ? moves[ev][b->state]
+               : -1;
+  if (st < 0) {
+    log_error("buffer %llu: no move from %s by event %d", (unsigned long long)b->id,
+              wire_state_name(b->state), (int)ev);
+    return false;
+  }
   tally(b, -1);
-  b->state = st;
+  b->state = (buffer_state)st;
   tally(b, +1);
   if (st == BUF_ACTIVE && b->backup_valid) {
     b->backup_valid = false;
     r->backup_bytes -= b->size;
   }
+  if (ev == BUF_EV_COMMIT) b->tag->paused_devices &= ~(1ull << b->device);
+  return true;
+}
+
+/* Whether a buffer may be freed now. */
+bool registry_can_free(const struct buffer *b) {
+  return b->state == BUF_ACTIVE || b->state == BUF_PAUSED;
+}
+
+/* Set or clear a tag's paused mark on some devices. */
+void registry_mark_paused(registry *r, struct tag *t, uint64_t devmask, bool paused) {
+  (void)r;
+  if (paused)
+    t->paused_devices |= devmask;
+  else
+    t->paused_devices &= ~devmask;
+}
+
+/* The state a tag shows for these counts and its paused mark. */
+buffer_state registry_state_of(const uint64_t count[4], uint64_t paused_devices) {
+  if (count[BUF_PAUSING]) return BUF_PAUSING;
+  if (count[BUF_RESUMING]) return BUF_RESUMING;
+  if (count[BUF_PAUSED] || (!count[BUF_ACTIVE] && paused_devices)) return BUF_PAUSED;
+  return BUF_ACTIVE;
 }
 
 /* A tag's state derived from its buffers. */
@@ -734,14 +778,7 @@ struct tag_view registry_tag_state(const struct tag *t) {
   v.transit_buffers = t->count[BUF_PAUSING] + t->count[BUF_RESUMING];
   v.transit_bytes = t->bytes[BUF_PAUSING] + t->bytes[BUF_RESUMING];
   v.mixed = t->count[BUF_ACTIVE] && t->count[BUF_PAUSED];
-  if (t->count[BUF_PAUSING])
-    v.state = BUF_PAUSING;
-  else if (t->count[BUF_RESUMING])
-    v.state = BUF_RESUMING;
-  else if (t->count[BUF_PAUSED] || (!t->count[BUF_ACTIVE] && t->paused_devices))
-    v.state = BUF_PAUSED;
-  else
-    v.state = BUF_ACTIVE;
+  v.state = registry_state_of(t->count, t->paused_devices);
   return v;
 }
 

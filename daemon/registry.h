@@ -65,7 +65,7 @@ struct buffer {
   unsigned device;
   uint64_t size;
   uint32_t flags;
-  buffer_state state; /* written only by registry_set_state */
+  buffer_state state; /* set at birth, then only by registry_move */
   size_t nchunks;
   uint64_t *chunk_sizes;
   uint64_t *handles;
@@ -123,9 +123,48 @@ wire_code registry_adopt(registry *r, struct owner *owner, const char *tag, unsi
                          uint64_t size, uint32_t flags, bool paused, const uint64_t *chunk_sizes,
                          size_t nchunks, int *fds, struct buffer **out, struct fault *f);
 
-/* Move a buffer to a state: the one place states change, keeping its tag's
- * counts. A buffer that becomes ACTIVE has no valid backup any more. */
-void registry_set_state(registry *r, struct buffer *b, buffer_state st);
+/* What happens to a buffer in a pause or resume. With the buffer's state
+ * it decides the next one, by the one table of moves (registry.c):
+ *   PAUSE         ACTIVE   -> PAUSING   a pause asks its owner to unmap it
+ *   UNMAPPED      PAUSING  -> PAUSED    the owner unmapped it
+ *   UNMAP_FAILED  PAUSING  -> ACTIVE    the owner could not unmap it
+ *                 RESUMING -> ACTIVE    nor, after a failed resume, unmap
+ *                                       what it had mapped: it is in use
+ *   RESUME        PAUSED   -> RESUMING  a resume sends the owner its memory
+ *   COMMIT        RESUMING -> ACTIVE    every owner of the resume mapped
+ *   ROLL_BACK     RESUMING -> PAUSED    a failed resume is undone
+ * A buffer is born ACTIVE, or PAUSED in a tag marked paused on its device
+ * (registry_alloc, registry_adopt), and may be freed only while ACTIVE or
+ * PAUSED (registry_can_free). */
+typedef enum {
+  BUF_EV_PAUSE,
+  BUF_EV_UNMAPPED,
+  BUF_EV_UNMAP_FAILED,
+  BUF_EV_RESUME,
+  BUF_EV_COMMIT,
+  BUF_EV_ROLL_BACK,
+} buffer_event;
+
+/* Move buffer b by event ev: the one place states change, keeping its
+ * tag's counts. A buffer that becomes ACTIVE has no valid backup any more;
+ * one a resume commits leaves its tag's paused mark on its device. A move
+ * the table does not have is a bug: it is logged and nothing changes
+ * (returns false). */
+bool registry_move(registry *r, struct buffer *b, buffer_event ev);
+
+/* Whether b may be freed now: not while a pause or resume has it. */
+bool registry_can_free(const struct buffer *b);
+
+/* Mark tag t fully paused on the devices in devmask (a pause of every
+ * session's buffers there), or, with paused false, no longer (a resume of
+ * every session's buffers there that every owner acked). */
+void registry_mark_paused(registry *r, struct tag *t, uint64_t devmask, bool paused);
+
+/* The state a tag shows for count[st] buffers in each state and its paused
+ * mark: PAUSING or RESUMING while any is in transition, PAUSED when any is
+ * paused (or none is active and the tag is marked paused somewhere), else
+ * ACTIVE. */
+buffer_state registry_state_of(const uint64_t count[4], uint64_t paused_devices);
 
 /* A tag's state derived from its buffers. */
 struct tag_view registry_tag_state(const struct tag *t);

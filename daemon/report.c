@@ -68,12 +68,12 @@ static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t, bool all, u
   struct tag_view v = registry_tag_state(t);
   ti->state = v.state;
   ti->mixed = v.mixed;
-  uint64_t active = 0;
+  uint64_t count[4] = {0}; /* the buffers seen, per state, as the registry counts them */
   const struct list *p;
   for (p = t->buffers.next; p != &t->buffers; p = p->next) {
     const struct buffer *b = list_entry(p, struct buffer, tag_link);
     if (!all && b->uid != uid) continue;
-    active += b->state == BUF_ACTIVE && !(b->flags & BUF_FLAG_IPC_LEGACY);
+    if (!(b->flags & BUF_FLAG_IPC_LEGACY)) count[b->state]++;
     ti->buffers++;
     ti->bytes += b->size;
     if (b->state == BUF_PAUSED) {
@@ -87,10 +87,8 @@ static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t, bool all, u
     if (b->backup_valid) ti->backup_bytes += b->size;
   }
   if (!all && t->shared) { /* the viewer's own buffers' state, not other uids' */
-    ti->mixed = active && ti->paused_buffers;
-    ti->state = ti->transit_buffers ? v.state
-                : ti->paused_buffers || (!active && t->paused_devices) ? BUF_PAUSED
-                                                                        : BUF_ACTIVE;
+    ti->mixed = count[BUF_ACTIVE] && count[BUF_PAUSED];
+    ti->state = registry_state_of(count, t->paused_devices);
   }
 }
 

@@ -594,7 +594,7 @@ static void handle_free(server *srv, struct session *s, const wire_env *env) {
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, text);
     return;
   }
-  if (b->state != BUF_ACTIVE && b->state != BUF_PAUSED) {
+  if (!registry_can_free(b)) {
     snprintf(text, sizeof text, "buffer %llu is %s; free it when that is done",
              (unsigned long long)b->id, wire_state_name(b->state));
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);

@@ -120,6 +120,7 @@ START_TEST(backup_and_restore_keep_contents) {
   char *pattern = malloc(b->size);
   for (size_t i = 0; i < b->size; i++) pattern[i] = (char)(i * 13);
   ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, pattern, false), 0);
+  ck_assert(registry_move(reg, b, BUF_EV_PAUSE) && registry_move(reg, b, BUF_EV_UNMAPPED));
   ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
   ck_assert_uint_eq(registry_backup_bytes(reg), b->size);
   void *store = b->backup;
@@ -128,8 +129,9 @@ START_TEST(backup_and_restore_keep_contents) {
   ck_assert_int_eq(registry_memory_create(reg, b, &f), CODE(OK));
   ck_assert_int_eq(registry_restore(reg, b, &f), CODE(OK));
   /* The backup stays valid until the buffer is ACTIVE (a resume may roll back). */
+  ck_assert(registry_move(reg, b, BUF_EV_RESUME));
   ck_assert_uint_eq(registry_backup_bytes(reg), b->size);
-  registry_set_state(reg, b, BUF_ACTIVE);
+  ck_assert(registry_move(reg, b, BUF_EV_COMMIT));
   ck_assert_uint_eq(registry_backup_bytes(reg), 0);
   char *back = malloc(b->size);
   ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, back, true), 0);
