@@ -41,36 +41,12 @@
 #include "devcheck.h"
 #include "event.h"
 #include "grace.h"
+#include "group.h"
 #include "timeout.h"
 #include "outbox.h"
 #include "outcome.h"
 #include "scope.h"
 #include "stats.h"
-
-enum kind {
-  K_UNMAP,    /* a pause's Unmap */
-  K_REMAP,    /* a resume's Remap */
-  K_ROLLBACK, /* Unmap of what a failed resume had mapped */
-};
-
-/* The buffers of one owner in one step, and the events sent for them. */
-struct group {
-  struct owner *s;
-  struct op *op; /* NULL once the operation stopped waiting (a straggler) */
-  enum kind kind;
-  bool done;
-  uint64_t first_event;
-  size_t nevents, acked;
-  size_t *ends;   /* event k carried ids[ends[k-1] .. ends[k]) */
-  uint64_t *ids;
-  bool *failed;   /* the owner could not unmap or map it */
-  bool *made;     /* this resume created its memory */
-  int *fds;       /* remap: exported chunk fds, in id and chunk order */
-  size_t nfds;
-  size_t nids, cap;
-  char why[WIRE_MAX_MESSAGE + 1]; /* the owner's words for its first failure */
-  struct list link; /* op's groups, or the engine's stragglers */
-};
 
 struct op {
   struct list link;
@@ -142,23 +118,9 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct confi
 }
 
 /* Forget a group's events that were not acked, close unsent fds, free it. */
-static void group_free(engine *e, struct group *g) {
-  for (size_t i = 0; i < g->nevents; i++)
-    if (idmap_get(e->events, g->first_event + i) == g) idmap_del(e->events, g->first_event + i);
-  for (size_t i = 0; i < g->nfds; i++)
-    if (g->fds[i] >= 0) close(g->fds[i]);
-  list_remove(&g->link);
-  free(g->ends);
-  free(g->ids);
-  free(g->failed);
-  free(g->made);
-  free(g->fds);
-  free(g);
-}
-
 static void op_free(engine *e, struct op *op) {
   struct list *p, *t;
-  list_for_each_safe(p, t, &op->groups) group_free(e, list_entry(p, struct group, link));
+  list_for_each_safe(p, t, &op->groups) group_free(list_entry(p, struct group, link), e->events);
   scope_free(&op->scope);
   outcome_free(&op->outcome);
   free(op->dev);
@@ -204,7 +166,7 @@ void engine_destroy(engine *e) {
     op_free(e, e->current);
   }
   list_for_each_safe(p, t, &e->stragglers)
-      group_free(e, list_entry(p, struct group, link));
+      group_free(list_entry(p, struct group, link), e->events);
   idmap_destroy(e->events);
   uv_close((uv_handle_t *)&e->timer, on_timer_closed);
 }
@@ -279,28 +241,6 @@ static void count(struct op *op, const struct buffer *b) {
   }
 }
 
-/* Which of bufs (PAUSED, with memory, of one owner) the owner's process
- * still maps or holds, as the kernel or driver can tell (none, where it
- * cannot): one look at the process for all of them. */
-static void owner_holds(engine *e, struct buffer **bufs, size_t n, bool *held) {
-  memset(held, 0, n * sizeof *held);
-  size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += bufs[i]->ipc ? 0 : bufs[i]->nchunks;
-  uint64_t *handles = malloc((total + 1) * sizeof *handles);
-  bool *chunk_held = calloc(total + 1, sizeof *chunk_held);
-  size_t k = 0;
-  for (size_t i = 0; handles && i < n; i++)
-    for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) handles[k++] = bufs[i]->handles[c];
-  if (handles && chunk_held && total &&
-      gpu_chunks_held_by(e->gpu, (int)bufs[0]->owner->pid, handles, total, chunk_held) > 0) {
-    k = 0;
-    for (size_t i = 0; i < n; i++)
-      for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) held[i] |= chunk_held[k++];
-  }
-  free(handles);
-  free(chunk_held);
-}
-
 /* A PAUSED buffer that still has memory: back it up and release it, unless
  * its owner still maps it or its backup fails (then it keeps its memory,
  * is counted as held, and the operation fails). */
@@ -358,9 +298,10 @@ static void finish_unmap(engine *e, struct group *g) {
       hold(g->op, b);
   }
   if (!bufs || !held) {
-    fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory; buffers keep their memory");
+    fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL,
+         "out of host memory; buffers keep their memory");
   } else {
-    owner_holds(e, bufs, n, held);
+    registry_held_by(e->reg, bufs, n, held);
     for (size_t i = 0; i < n; i++) release(e, g->op, bufs[i], held[i]);
   }
   free(bufs);
@@ -394,49 +335,27 @@ static void finish_rollback(engine *e, struct group *g) {
   }
 }
 
-/* Give a group its events' ids. */
-static void number_events(engine *e, struct group *g, size_t nevents) {
-  g->first_event = e->next_event;
-  g->nevents = nevents;
-  e->next_event += nevents;
-  for (size_t i = 0; i < nevents; i++) idmap_put(e->events, g->first_event + i, g);
-}
-
-/* A new group of one owner's buffers. */
-static struct group *group_new(struct op *op, struct owner *s, enum kind kind) {
-  struct group *g = calloc(1, sizeof *g);
-  if (!g) return NULL;
-  g->s = s;
-  g->op = op;
-  g->kind = kind;
-  list_init(&g->link);
-  return g;
-}
-
-/* Add a buffer id to a group. */
-static int group_add(struct group *g, uint64_t id, bool made) {
-  if (g->nids == g->cap) {
-    size_t cap = g->cap ? 2 * g->cap : 16;
-    uint64_t *ids = realloc(g->ids, cap * sizeof *ids);
-    if (ids) g->ids = ids;
-    bool *failed = ids ? realloc(g->failed, cap * sizeof *failed) : NULL;
-    if (failed) g->failed = failed;
-    bool *m = failed ? realloc(g->made, cap * sizeof *m) : NULL;
-    if (!m) return -1;
-    g->made = m;
-    g->cap = cap;
+/* The operation's group of owner o's buffers (by_owner: the groups by
+ * owner id), made and waited for if new; NULL when out of memory. */
+static struct group *group_of(struct op *op, idmap *by_owner, struct owner *o,
+                              enum group_kind kind) {
+  struct group *g = idmap_get(by_owner, o->id);
+  if (g) return g;
+  if (!(g = group_new(op, o, kind))) return NULL;
+  if (idmap_put(by_owner, o->id, g) < 0) {
+    free(g);
+    return NULL;
   }
-  g->failed[g->nids] = false;
-  g->made[g->nids] = made;
-  g->ids[g->nids++] = id;
-  return 0;
+  list_append(&op->groups, &g->link);
+  op->pending++;
+  return g;
 }
 
 /* Send a group its Unmap event (one for all its buffers). */
 static void send_unmap(engine *e, struct group *g) {
   if (!(g->ends = calloc(1, sizeof *g->ends))) return;
   g->ends[0] = g->nids;
-  number_events(e, g, 1);
+  group_number(g, e->events, &e->next_event, 1);
   event_send_unmap(e->out, g->s, g->first_event, g->ids, g->nids);
 }
 
@@ -445,7 +364,7 @@ static void send_unmap(engine *e, struct group *g) {
 static int send_remap(engine *e, struct group *g) {
   size_t nevents = event_remap_count(e->reg, g->ids, g->nids);
   if (!(g->ends = calloc(nevents + 1, sizeof *g->ends))) return 0;
-  number_events(e, g, nevents);
+  group_number(g, e->events, &e->next_event, nevents);
   return event_send_remap(e->out, g->s, e->reg, g->first_event, g->ids, g->nids, g->fds, g->ends);
 }
 
@@ -507,21 +426,12 @@ static void start_pause(engine *e, struct op *op) {
         if (b->has_memory) { /* kept by an earlier failure: try again */
           stats_op_cover(op->rec, b->size);
           bool held;
-          owner_holds(e, &b, 1, &held);
+          registry_held_by(e->reg, &b, 1, &held);
           release(e, op, b, held);
         }
         continue;
       }
-      struct group *g = idmap_get(by_session, b->owner->id);
-      if (!g && (g = group_new(op, b->owner, K_UNMAP))) {
-        if (idmap_put(by_session, b->owner->id, g) < 0) {
-          free(g);
-          g = NULL;
-        } else {
-          list_append(&op->groups, &g->link);
-          op->pending++;
-        }
-      }
+      struct group *g = group_of(op, by_session, b->owner, GROUP_UNMAP);
       if (!g || group_add(g, b->id, false) < 0) {
         fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
         continue;
@@ -541,24 +451,6 @@ static void start_pause(engine *e, struct op *op) {
 static void undo_made(engine *e, struct buffer **bufs, const bool *made, size_t n) {
   for (size_t j = 0; j < n; j++)
     if (made[j]) registry_memory_release(e->reg, bufs[j]);
-}
-
-/* Export every chunk of the group's buffers into g->fds. */
-static wire_code export_group(engine *e, struct group *g, struct fault *f) {
-  size_t total = 0;
-  for (size_t i = 0; i < g->nids; i++) {
-    struct buffer *b = registry_find(e->reg, g->ids[i]);
-    total += b->ipc ? 0 : b->nchunks;
-  }
-  if (!(g->fds = malloc((total + 1) * sizeof *g->fds)))
-    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-  for (size_t i = 0; i < g->nids; i++) {
-    struct buffer *b = registry_find(e->reg, g->ids[i]);
-    wire_code rc = registry_export(e->reg, b, g->fds + g->nfds, f);
-    if (rc) return rc;
-    g->nfds += b->ipc ? 0 : b->nchunks;
-  }
-  return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
 /* Collect the PAUSED buffers a resume selects; false (with the failure
@@ -606,7 +498,8 @@ static bool make_memory(engine *e, struct op *op, struct buffer **bufs, bool *ma
         needed += bufs[j]->size;
     undo_made(e, bufs, made, n);
     size_t len = strlen(op->outcome.fault.text);
-    snprintf(op->outcome.fault.text + len, sizeof op->outcome.fault.text - len, "; nothing resumed");
+    snprintf(op->outcome.fault.text + len, sizeof op->outcome.fault.text - len,
+             "; nothing resumed");
     if (op->outcome.fault.code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
       struct gpu_mem m = {0};
       gpu_mem_detail(e->gpu, bufs[i]->device, &m);
@@ -644,23 +537,18 @@ static void start_resume(engine *e, struct op *op) {
     }
   }
   for (size_t i = 0; i < n && !f.code; i++) {
-    struct group *g = idmap_get(by_session, bufs[i]->owner->id);
-    if (!g && (g = group_new(op, bufs[i]->owner, K_REMAP))) {
-      list_append(&op->groups, &g->link);
-      op->pending++;
-      if (idmap_put(by_session, bufs[i]->owner->id, g) < 0) g = NULL;
-    }
+    struct group *g = group_of(op, by_session, bufs[i]->owner, GROUP_REMAP);
     if (!g || group_add(g, bufs[i]->id, made[i]) < 0)
       fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   }
   struct list *p, *x;
   list_for_each_safe(p, x, &op->groups) {
     if (f.code) break;
-    export_group(e, list_entry(p, struct group, link), &f);
+    group_export(list_entry(p, struct group, link), e->reg, &f);
   }
   if (f.code) {
     /* Nothing was sent: free the groups and what was made. */
-    list_for_each_safe(p, x, &op->groups) group_free(e, list_entry(p, struct group, link));
+    list_for_each_safe(p, x, &op->groups) group_free(list_entry(p, struct group, link), e->events);
     op->pending = 0;
     undo_made(e, bufs, made, n);
     op->outcome.backup_bytes = 0;
@@ -707,17 +595,14 @@ static void commit_resume(engine *e, struct op *op) {
  * PAUSED again at once; those it mapped go into a rollback Unmap. Returns
  * the rollback group (already sent), or NULL if none was needed. */
 static struct group *roll_back(engine *e, struct op *op, struct group *g) {
-  struct group *rb = group_new(op, g->s, K_ROLLBACK);
+  struct group *rb = group_new(op, g->s, GROUP_ROLLBACK);
   for (size_t i = 0; i < g->nids; i++) {
     struct buffer *b = registry_find(e->reg, g->ids[i]);
     if (!b || b->state != BUF_RESUMING) continue;
     if (g->failed[i] || !rb || group_add(rb, b->id, g->made[i]) < 0) undo_resume(e, b, g->made[i]);
   }
   if (!rb || rb->nids == 0) {
-    free(rb ? rb->ids : NULL);
-    free(rb ? rb->failed : NULL);
-    free(rb ? rb->made : NULL);
-    free(rb);
+    if (rb) group_free(rb, e->events);
     return NULL;
   }
   list_append(op ? &op->groups : &e->stragglers, &rb->link);
@@ -732,7 +617,7 @@ static bool start_rollback(engine *e, struct op *op) {
   struct list *p, *x;
   list_for_each_safe(p, x, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
-    if (g->kind == K_REMAP && roll_back(e, op, g)) op->pending++;
+    if (g->kind == GROUP_REMAP && roll_back(e, op, g)) op->pending++;
   }
   return op->pending > 0;
 }
@@ -749,7 +634,8 @@ static void reply(engine *e, struct op *op) {
       checks && checkp ? devcheck_after(e->reg, e->gpu, op->dev, op->ndev, &rules, &op->outcome,
                                         checks)
                        : 0;
-  stats_op_end(e->stats, op->rec, op->outcome.fault.code, op->outcome.bytes, op->outcome.backup_bytes, us);
+  stats_op_end(e->stats, op->rec, op->outcome.fault.code, op->outcome.bytes,
+               op->outcome.backup_bytes, us);
   op->rec = NULL;
   if (op->ctl) stats_error(e->stats, op->outcome.fault.code);
   for (size_t i = 0; i < nchecks; i++) checkp[i] = &checks[i];
@@ -769,15 +655,10 @@ static void reply(engine *e, struct op *op) {
              (unsigned long long)copied, (unsigned long long)copy_us,
              copy_us ? (double)copied / (double)copy_us / 1e3 : 0.0);
   }
-  log_info("%s %s%s: %llu buffers, %llu bytes, %llu backed up, %llu skipped, %llu us "
-           "(%llu us to send the events, %llu us for the owners)%s%s",
-           op->resume ? "resume" : "pause", op->scope.all_tags ? "every tag" : op->scope.tags[0],
-           !op->scope.all_tags && op->scope.ntags > 1 ? ",..." : "",
-           (unsigned long long)op->outcome.buffers, (unsigned long long)op->outcome.bytes,
-           (unsigned long long)op->outcome.backup_bytes, (unsigned long long)op->outcome.skipped,
-           (unsigned long long)us, (unsigned long long)(op->t_sent - op->t0) / 1000,
-           (unsigned long long)(now - op->t_sent) / 1000, op->outcome.fault.code ? ": " : "",
-           op->outcome.fault.text);
+  outcome_log(&op->outcome, op->resume ? "resume" : "pause",
+              op->scope.all_tags ? "every tag" : op->scope.tags[0],
+              op->scope.all_tags ? 1 : op->scope.ntags, us,
+              (op->t_sent - op->t0) / 1000, (now - op->t_sent) / 1000);
   if (op->ctl)
     outcome_reply(&op->outcome, op->req_id, us, copy_us, checkp, nchecks, e->reg, e->gpu, e->out,
                   op->ctl);
@@ -848,7 +729,8 @@ static void on_timeout(uv_timer_t *t) {
     snprintf(freed, sizeof freed, "; %llu buffers (%s) freed with their sessions",
              (unsigned long long)ended_buffers, size_format(ended_bytes, bytes, sizeof bytes));
   char earlier[sizeof op->outcome.fault.text] = "";
-  if (op->outcome.fault.code) snprintf(earlier, sizeof earlier, "; before that: %.200s", op->outcome.fault.text);
+  if (op->outcome.fault.code)
+    snprintf(earlier, sizeof earlier, "; before that: %.200s", op->outcome.fault.text);
   op->outcome.fault.code = 0; /* the timeout leads, an earlier failure follows */
   fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
        "no ack within %u ms from pid%s; %llu buffers (%s) held until they answer%s%s%.*s",
@@ -873,7 +755,8 @@ static void run_queue(engine *e) {
     list_remove(&op->link);
     e->current = op;
     op->t0 = uv_hrtime();
-    op->rec = stats_op_begin(e->stats, op->resume, op->scope.tags, op->scope.all_tags ? 0 : op->scope.ntags,
+    op->rec = stats_op_begin(e->stats, op->resume, op->scope.tags,
+                             op->scope.all_tags ? 0 : op->scope.ntags,
                              op->pid, op->uid);
     registry_copy_totals(e->reg, !op->resume, &op->copied0, &op->copy_us0);
     e->busy = true;
@@ -913,13 +796,13 @@ __attribute__((format(printf, 3, 4))) static void refuse_ack(engine *e, struct o
 /* A late ack of a group whose operation stopped waiting. */
 static void settle_straggler(engine *e, struct group *g) {
   log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
-  if (g->kind == K_UNMAP)
+  if (g->kind == GROUP_UNMAP)
     finish_unmap(e, g);
-  else if (g->kind == K_ROLLBACK)
+  else if (g->kind == GROUP_ROLLBACK)
     finish_rollback(e, g);
   else
     roll_back(e, NULL, g); /* its resume failed: undo what it mapped */
-  group_free(e, g);
+  group_free(g, e->events);
 }
 
 /* A worker acknowledged an event. */
@@ -953,10 +836,10 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   if (bad && !g->why[0])
     snprintf(g->why, sizeof g->why, "%s", ack->message[0] ? ack->message : wire_code_name(ack->code));
   if (bad)
-    log_warn("pid %d: %s failed: %s", (int)s->pid, g->kind == K_REMAP ? "remap" : "unmap",
+    log_warn("pid %d: %s failed: %s", (int)s->pid, g->kind == GROUP_REMAP ? "remap" : "unmap",
              g->why);
   /* A resume's progress: what the owner mapped again. */
-  for (size_t i = from; g->op && g->kind == K_REMAP && i < to; i++) {
+  for (size_t i = from; g->op && g->kind == GROUP_REMAP && i < to; i++) {
     const struct buffer *b = registry_find(e->reg, g->ids[i]);
     if (b && !g->failed[i]) stats_op_progress(g->op->rec, b->size, 0);
   }
@@ -968,9 +851,9 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   struct op *op = g->op;
   g->done = true;
   op->pending--;
-  if (g->kind == K_UNMAP) {
+  if (g->kind == GROUP_UNMAP) {
     finish_unmap(e, g);
-  } else if (g->kind == K_ROLLBACK) {
+  } else if (g->kind == GROUP_ROLLBACK) {
     finish_rollback(e, g);
   } else {
     for (size_t i = 0; i < g->nids; i++)
@@ -994,7 +877,7 @@ void engine_forget(engine *e, struct owner *s) {
   }
   list_for_each_safe(p, n, &e->stragglers) {
     struct group *g = list_entry(p, struct group, link);
-    if (g->s == s) group_free(e, g);
+    if (g->s == s) group_free(g, e->events);
   }
   struct op *op = e->current;
   if (!op) return;
@@ -1004,7 +887,7 @@ void engine_forget(engine *e, struct owner *s) {
     struct group *g = list_entry(p, struct group, link);
     if (g->s != s) continue;
     if (!g->done) op->pending--;
-    group_free(e, g);
+    group_free(g, e->events);
   }
   check_done(e);
 }

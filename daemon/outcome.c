@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "report.h"
 
 /* Record the first failure. */
@@ -64,6 +65,17 @@ void outcome_free(struct outcome *o) {
   o->pids = NULL;
   o->detail = NULL;
   o->npids = o->ndetail = 0;
+}
+
+/* Log an operation's figures and failure. */
+void outcome_log(const struct outcome *o, const char *what, const char *first_tag, size_t ntags,
+                 uint64_t us, uint64_t sent_us, uint64_t owners_us) {
+  log_info("%s %s%s: %llu buffers, %llu bytes, %llu backed up, %llu skipped, %llu us "
+           "(%llu us to send the events, %llu us for the owners)%s%s",
+           what, first_tag, ntags > 1 ? ",..." : "", (unsigned long long)o->buffers,
+           (unsigned long long)o->bytes, (unsigned long long)o->backup_bytes,
+           (unsigned long long)o->skipped, (unsigned long long)us, (unsigned long long)sent_us,
+           (unsigned long long)owners_us, o->fault.code ? ": " : "", o->fault.text);
 }
 
 /* Send the answer: an Error with the fault, or an OpReply. */

@@ -46,6 +46,12 @@ void outcome_count(struct outcome *o, const struct buffer *b);
 /* Free what the outcome holds. */
 void outcome_free(struct outcome *o);
 
+/* Log what an operation (what: "pause" or "resume") of ntags tags (the
+ * first named first_tag) did, in us microseconds: sent_us to send the
+ * events, owners_us waiting for the owners. */
+void outcome_log(const struct outcome *o, const char *what, const char *first_tag, size_t ntags,
+                 uint64_t us, uint64_t sent_us, uint64_t owners_us);
+
 /* Send to (through out) the answer to request req_id: the fault, or the
  * figures of a success that took elapsed_us (backup_us of it copying),
  * with the devices' checks and their state now. */

@@ -750,6 +750,27 @@ bool registry_move(registry *r, struct buffer *b, buffer_event ev) {
   return true;
 }
 
+/* Which of one owner's buffers its process still holds: one look. */
+void registry_held_by(registry *r, struct buffer **bufs, size_t n, bool *held) {
+  memset(held, 0, n * sizeof *held);
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += bufs[i]->ipc ? 0 : bufs[i]->nchunks;
+  uint64_t *handles = malloc((total + 1) * sizeof *handles);
+  bool *chunk_held = calloc(total + 1, sizeof *chunk_held);
+  size_t k = 0;
+  for (size_t i = 0; handles && i < n; i++)
+    for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++)
+      handles[k++] = bufs[i]->handles[c];
+  if (handles && chunk_held && total &&
+      gpu_chunks_held_by(r->gpu, (int)bufs[0]->owner->pid, handles, total, chunk_held) > 0) {
+    k = 0;
+    for (size_t i = 0; i < n; i++)
+      for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) held[i] |= chunk_held[k++];
+  }
+  free(handles);
+  free(chunk_held);
+}
+
 /* Whether a buffer may be freed now. */
 bool registry_can_free(const struct buffer *b) {
   return b->state == BUF_ACTIVE || b->state == BUF_PAUSED;

@@ -318,7 +318,8 @@ static void tenant_view_free(struct tenant_view *tv) {
 /* Send s one page of the status of every device, tag and session it may
  * see (a worker: its uid's). */
 void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
-                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpu *g, struct list *sessions,
+                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpu *g,
+                   struct list *sessions,
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
                    const struct report_own *own) {
   bool all = s->role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;

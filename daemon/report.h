@@ -29,7 +29,8 @@ struct report_own {
  * other session only its own uid's, and the tags it owns or that are
  * shared (a shared tag's figures then count only its uid's buffers). */
 void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
-                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpu *g, struct list *sessions,
+                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpu *g,
+                   struct list *sessions,
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
                    const struct report_own *own);
 

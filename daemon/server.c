@@ -791,7 +791,8 @@ static void on_frame(void *ctx, struct session *s, struct frame *f) {
       size_t nlast;
       Gpumem__Wire__DeviceCheck *const *last = engine_last_checks(srv->eng, &nlast);
       struct report_own own = own_figures(srv);
-      report_status(&srv->out, &s->owner, env->id, env->status, srv->reg, srv->gpu, &srv->sessions, last, nlast,
+      report_status(&srv->out, &s->owner, env->id, env->status, srv->reg, srv->gpu,
+                    &srv->sessions, last, nlast,
                     srv->stats, &own);
     }
       break;

@@ -1,0 +1,75 @@
+#include "group.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+/* A new group of one owner's buffers. */
+struct group *group_new(struct op *op, struct owner *o, enum group_kind kind) {
+  struct group *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->s = o;
+  g->op = op;
+  g->kind = kind;
+  list_init(&g->link);
+  return g;
+}
+
+/* Add a buffer id to a group. */
+int group_add(struct group *g, uint64_t id, bool made) {
+  if (g->nids == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 16;
+    uint64_t *ids = realloc(g->ids, cap * sizeof *ids);
+    if (ids) g->ids = ids;
+    bool *failed = ids ? realloc(g->failed, cap * sizeof *failed) : NULL;
+    if (failed) g->failed = failed;
+    bool *m = failed ? realloc(g->made, cap * sizeof *m) : NULL;
+    if (!m) return -1;
+    g->made = m;
+    g->cap = cap;
+  }
+  g->failed[g->nids] = false;
+  g->made[g->nids] = made;
+  g->ids[g->nids++] = id;
+  return 0;
+}
+
+/* Give a group its events' ids. */
+void group_number(struct group *g, idmap *events, uint64_t *next_event, size_t nevents) {
+  g->first_event = *next_event;
+  g->nevents = nevents;
+  *next_event += nevents;
+  for (size_t i = 0; i < nevents; i++) idmap_put(events, g->first_event + i, g);
+}
+
+/* Export every chunk of the group's buffers. */
+wire_code group_export(struct group *g, registry *reg, struct fault *f) {
+  size_t total = 0;
+  for (size_t i = 0; i < g->nids; i++) {
+    struct buffer *b = registry_find(reg, g->ids[i]);
+    total += b->ipc ? 0 : b->nchunks;
+  }
+  if (!(g->fds = malloc((total + 1) * sizeof *g->fds)))
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  for (size_t i = 0; i < g->nids; i++) {
+    struct buffer *b = registry_find(reg, g->ids[i]);
+    wire_code rc = registry_export(reg, b, g->fds + g->nfds, f);
+    if (rc) return rc;
+    g->nfds += b->ipc ? 0 : b->nchunks;
+  }
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Free a group and what it holds. */
+void group_free(struct group *g, idmap *events) {
+  for (size_t i = 0; i < g->nevents; i++)
+    if (idmap_get(events, g->first_event + i) == g) idmap_del(events, g->first_event + i);
+  for (size_t i = 0; i < g->nfds; i++)
+    if (g->fds[i] >= 0) close(g->fds[i]);
+  list_remove(&g->link);
+  free(g->ends);
+  free(g->ids);
+  free(g->failed);
+  free(g->made);
+  free(g->fds);
+  free(g);
+}

@@ -1,0 +1,63 @@
+/* A group: one owner's buffers in one step of a pause or resume, and the
+ * events sent for them. The engine (engine.c) makes one per owner and
+ * step, and settles it when the owner has acked every event; a group
+ * whose operation stopped waiting is a straggler, settled by its late
+ * ack. */
+#ifndef GPUMEMD_GROUP_H
+#define GPUMEMD_GROUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/idmap.h"
+#include "common/list.h"
+#include "fault.h"
+#include "owner.h"
+#include "registry.h"
+
+enum group_kind {
+  GROUP_UNMAP,    /* a pause's Unmap */
+  GROUP_REMAP,    /* a resume's Remap */
+  GROUP_ROLLBACK, /* Unmap of what a failed resume had mapped */
+};
+
+struct op; /* the engine's operation */
+
+struct group {
+  struct owner *s;
+  struct op *op; /* NULL once the operation stopped waiting (a straggler) */
+  enum group_kind kind;
+  bool done;
+  uint64_t first_event;
+  size_t nevents, acked;
+  size_t *ends;   /* event k carried ids[ends[k-1] .. ends[k]) */
+  uint64_t *ids;
+  bool *failed;   /* the owner could not unmap or map it */
+  bool *made;     /* this resume created its memory */
+  int *fds;       /* remap: exported chunk fds, in id and chunk order */
+  size_t nfds;
+  size_t nids, cap;
+  char why[WIRE_MAX_MESSAGE + 1]; /* the owner's words for its first failure */
+  struct list link; /* op's groups, or the engine's stragglers */
+};
+
+/* A new, empty group of owner o's buffers for op; NULL out of memory. */
+struct group *group_new(struct op *op, struct owner *o, enum group_kind kind);
+
+/* Add buffer id (made: this resume created its memory). Returns 0, or -1
+ * out of memory. */
+int group_add(struct group *g, uint64_t id, bool made);
+
+/* Give the group nevents event ids from *next_event on, each found in
+ * events (event id -> group) until acked or the group is freed. */
+void group_number(struct group *g, idmap *events, uint64_t *next_event, size_t nevents);
+
+/* Export every chunk of the group's buffers into g->fds (a Remap's). */
+wire_code group_export(struct group *g, registry *reg, struct fault *f);
+
+/* Free a group: its event ids leave events, its fds not sent are closed,
+ * it leaves its list. */
+void group_free(struct group *g, idmap *events);
+
+#endif
