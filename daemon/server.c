@@ -87,8 +87,7 @@ static void out_send_error(void *ctx, struct owner *o, uint64_t id, const struct
 /* The outbox's end: say f, then end the owner's session. */
 static void out_end(void *ctx, struct owner *o, const struct fault *f) {
   (void)ctx;
-  if (f) session_send_error(session_of(o), 0, f);
-  session_end(session_of(o));
+  session_end(session_of(o), SESSION_END_NEXT_TURN, 0, f);
 }
 
 /* The outbox's stop: kill the owner's process. */
@@ -235,9 +234,10 @@ static void on_signal(uv_signal_t *h, int signum) {
   snprintf(text, sizeof text, "gpumemd is shutting down (%s); buffers stay mapped",
            strsignal(signum));
   struct list *p, *t;
+  struct fault f = {0};
+  fault_set(&f, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, "%s", text);
   list_for_each_safe(p, t, &srv->sessions)
-      session_fail(list_entry(p, struct session, owner.link), 0,
-                   GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, text);
+      session_end(list_entry(p, struct session, owner.link), SESSION_END_DRAIN, 0, &f);
   if (list_empty(&srv->sessions) && !uv_is_closing((uv_handle_t *)&srv->stop_timer))
     uv_close((uv_handle_t *)&srv->stop_timer, NULL);
   uv_close((uv_handle_t *)&srv->listen_poll, NULL);
@@ -468,7 +468,9 @@ static void reply_error(struct session *s, uint64_t id, wire_code code,
 /* Answer request id with an error, counting it, and end the session. */
 static void refuse_session(struct session *s, uint64_t id, wire_code code, const char *text) {
   stats_error(server_of(s)->stats, code);
-  session_fail(s, id, code, text);
+  struct fault f = {0};
+  fault_set(&f, code, "%s", text);
+  session_end(s, SESSION_END_DRAIN, id, &f);
 }
 
 static void handle_hello(server *srv, struct session *s, const wire_env *env) {
@@ -489,7 +491,9 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
      * first and falls back to a worker's view, so this is routine (every
      * run of the metrics timer would count one). */
     snprintf(text, sizeof text, "uid %d may not pause or resume", (int)s->owner.uid);
-    session_fail(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED, text);
+    struct fault f = {0};
+    fault_set(&f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED, "%s", text);
+    session_end(s, SESSION_END_DRAIN, env->id, &f);
     return;
   }
   s->owner.role = h->role;

@@ -148,23 +148,37 @@ static void doom(struct session *s) {
   s->host->doomed(s->host->ctx, s);
 }
 
-/* End the session on the loop's next turn. */
-void session_end(struct session *s) { doom(s); }
-
-/* End a session that leaves too much unread: drop what it has not begun
- * to read, tell it why (once), and give it a moment to read that; never
- * closed inside this call (callers may hold the session). */
-static void cut(struct session *s, const char *text) {
-  if (s->cut || !live(s)) return;
-  s->cut = true;
-  log_warn("session %llu (pid %d, uid %d): %s; closing", (unsigned long long)s->owner.id,
-           (int)s->owner.pid, (int)s->owner.uid, text);
-  frame_writer_drop_unsent(s->writer);
+/* End the session, saying why. */
+void session_end(struct session *s, enum session_end_how how, uint64_t id,
+                 const struct fault *why) {
+  if (how == SESSION_END_CUT) {
+    if (s->cut || !live(s)) return;
+    s->cut = true;
+    log_warn("session %llu (pid %d, uid %d): %s; closing", (unsigned long long)s->owner.id,
+             (int)s->owner.pid, (int)s->owner.uid, why->text);
+  } else if (why) {
+    log_info("session %llu (pid %d): %s: %s; closing", (unsigned long long)s->owner.id,
+             (int)s->owner.pid, wire_code_name(why->code), why->text);
+  }
+  if (s->owner.closed) return;
+  if (how == SESSION_END_NEXT_TURN) {
+    if (why) session_send_error(s, id, why);
+    doom(s);
+    return;
+  }
+  if (how == SESSION_END_CUT) frame_writer_drop_unsent(s->writer);
   s->draining = true;
+  if (why) session_send_error(s, id, why);
+  if (how == SESSION_END_DRAIN && !s->owner.closed) flush(s);
+  if (!s->owner.closed && !s->doomed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
+}
+
+/* End the session for a reason in words (DRAIN, or CUT), to no request. */
+static void end_for(struct session *s, enum session_end_how how, wire_code code,
+                    const char *text) {
   struct fault f = {0};
-  fault_set(&f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "%s", text);
-  session_send_error(s, 0, &f);
-  if (!s->doomed && !s->owner.closed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
+  fault_set(&f, code, "%s", text);
+  session_end(s, how, 0, &f);
 }
 
 /* Past the per-session cap on output left unread, the session is cut
@@ -177,7 +191,7 @@ static bool over_own_cap(struct session *s) {
   snprintf(text, sizeof text,
            "%zu bytes of replies and events left unread (limit %llu per session)", queued,
            (unsigned long long)cfg->max_queued_per_session);
-  cut(s, text);
+  end_for(s, SESSION_END_CUT, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
   return true;
 }
 
@@ -196,7 +210,7 @@ static void check_total_cap(struct session *s) {
            "replies left unread by all sessions passed %llu bytes; this session left the "
            "most (%zu bytes)",
            (unsigned long long)cfg->max_queued_total, frame_writer_queued(big->writer));
-  cut(big, text);
+  end_for(big, SESSION_END_CUT, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
 }
 
 /* Queue a message with fds and try to send it right away. */
@@ -242,20 +256,6 @@ void session_send_error(struct session *s, uint64_t id, const struct fault *f) {
   session_send(s, &env, NULL, 0);
 }
 
-/* Answer with an error and close once it is sent. */
-void session_fail(struct session *s, uint64_t id, wire_code code,
-                  const char *text) {
-  struct fault f = {.code = code};
-  snprintf(f.text, sizeof f.text, "%s", text);
-  log_info("session %llu (pid %d): %s: %s; closing", (unsigned long long)s->owner.id,
-           (int)s->owner.pid, wire_code_name(code), text);
-  if (s->owner.closed) return;
-  s->draining = true;
-  session_send_error(s, id, &f);
-  if (!s->owner.closed) flush(s);
-  if (!s->owner.closed && !s->doomed) uv_timer_start(&s->timer, on_timer, SESSION_DRAIN_MS, 0);
-}
-
 /* A frame begun too long ago ends the session; a session that was being
  * ended and still has not read its last words is closed. */
 static void on_timer(uv_timer_t *t) {
@@ -272,7 +272,7 @@ static void on_timer(uv_timer_t *t) {
            "a frame begun %u ms ago is not finished (%zu bytes and %zu fds of it arrived)",
            (unsigned)s->host->cfg->frame_timeout_ms,
            frame_reader_pending(s->reader), frame_reader_held_fds(s->reader));
-  session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, text);
+  end_for(s, SESSION_END_DRAIN, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, text);
 }
 
 /* Time the frame still arriving: from its first byte (a frame that ended
@@ -307,7 +307,7 @@ static bool parked_fds_ok(struct session *s) {
              "uid %d's sessions hold %zu fds in unfinished frames (limit %u per uid)",
              (int)s->owner.uid, uid_held, cfg->max_parked_fds_per_uid);
   }
-  session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
+  end_for(s, SESSION_END_DRAIN, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
   return false;
 }
 
@@ -329,7 +329,7 @@ static void serve(struct session *s, bool can_read) {
       struct frame f;
       int rc = frame_reader_next(s->reader, &f);
       if (rc < 0) {
-        session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
+        end_for(s, SESSION_END_DRAIN, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
                      rc == -EMSGSIZE ? "frame larger than the limit" : "out of memory");
         return;
       }
@@ -347,7 +347,7 @@ static void serve(struct session *s, bool can_read) {
       return;
     }
     if (n == -EPROTO) {
-      session_fail(s, 0, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
+      end_for(s, SESSION_END_DRAIN, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
                    "too many file descriptors");
       return;
     }

@@ -74,13 +74,27 @@ int session_send(struct session *s, const wire_env *env, const int *fds,
 /* Queue an Error reply to request id. */
 void session_send_error(struct session *s, uint64_t id, const struct fault *f);
 
-/* Answer with an error and close once it is sent. */
-void session_fail(struct session *s, uint64_t id, wire_code code,
-                  const char *text);
+/* How a session ends (session_end). */
+enum session_end_how {
+  /* Why is read first (SESSION_DRAIN_MS at most). Closed within the call
+   * when the socket takes it at once: from the server's own callbacks. */
+  SESSION_END_DRAIN,
+  /* The peer leaves too much unread: what it has not begun to read is
+   * dropped, and why is read first; never closed within the call. Said
+   * once, whatever else ends it meanwhile. */
+  SESSION_END_CUT,
+  /* Why goes out as far as the socket takes it now; closed on the loop's
+   * next turn, never within the call: safe while a caller still holds the
+   * session (the engine, in an operation). */
+  SESSION_END_NEXT_TURN,
+};
 
-/* End the session on the loop's next turn, its buffers freed then; safe
- * while a caller still holds it (the engine, in an operation). */
-void session_end(struct session *s);
+/* End the session, saying why (an Error answering request id, 0: none;
+ * NULL: nothing to say), which is logged here, once: the one way a
+ * session ends. Its buffers are freed when it closes (session_close, the
+ * last step, which the server's teardown also calls). */
+void session_end(struct session *s, enum session_end_how how, uint64_t id,
+                 const struct fault *why);
 
 /* Kill the session's process (SIGKILL through the pidfd pinned at
  * connect). Returns 0, -ENOENT for a session that has ended or is ending,
@@ -91,8 +105,10 @@ int session_kill(struct session *s);
 /* Hand the server the frames that waited for this turn of the loop. */
 void session_serve_backlog(struct session *s);
 
-/* End the session now: the server forgets it and its buffers are freed;
- * memory goes in the handle's close callback. */
+/* Close the session now, with nothing said: the server forgets it and its
+ * buffers are freed; memory goes in the handle's close callback. The last
+ * step of session_end, of a peer that went away, and of the server's
+ * teardown. */
 void session_close(struct session *s);
 
 #endif
