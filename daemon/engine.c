@@ -128,7 +128,7 @@ struct op {
 struct engine {
   uv_loop_t *loop;
   registry *reg;
-  gpu *gpu;
+  gpudev *gpu;
   const struct config *cfg;
   stats *stats;
   struct list *sessions; /* the server's, for scopes */
@@ -149,7 +149,7 @@ static void run_queue(engine *e);
 static void check_done(engine *e);
 
 /* Create an engine over the registry and the server's sessions. */
-engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
+engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct config *cfg,
                       struct list *sessions, stats *st) {
   engine *e = calloc(1, sizeof *e);
   if (!e || !(e->events = idmap_create())) {
@@ -269,7 +269,7 @@ void engine_submit(engine *e, struct session *ctl, uint64_t req_id, bool resume,
                    uint32_t timeout_ms, uint64_t max_residual,
                    const struct engine_scope *scope) {
   struct op *op = calloc(1, sizeof *op);
-  unsigned ndev = gpu_device_count(e->gpu);
+  unsigned ndev = gpudev_device_count(e->gpu);
   if (op) {
     op->tags = calloc(ntags + 1, sizeof *op->tags);
     op->dev = calloc(ndev + 1, sizeof *op->dev);
@@ -379,7 +379,7 @@ static void owner_holds(engine *e, struct buffer **bufs, size_t n, bool *held) {
   for (size_t i = 0; handles && i < n; i++)
     for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) handles[k++] = bufs[i]->handles[c];
   if (handles && chunk_held && total &&
-      gpu_chunks_held_by(e->gpu, (int)bufs[0]->owner->pid, handles, total, chunk_held) > 0) {
+      gpudev_chunks_held_by(e->gpu, (int)bufs[0]->owner->pid, handles, total, chunk_held) > 0) {
     k = 0;
     for (size_t i = 0; i < n; i++)
       for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) held[i] |= chunk_held[k++];
@@ -699,8 +699,8 @@ static bool names_exist(engine *e, struct op *op) {
 static void snapshot(engine *e, struct op *op) {
   for (unsigned d = 0; d < op->ndev; d++) {
     if (!(op->devmask & (1ull << d))) continue;
-    struct gpu_mem m;
-    if (gpu_mem_detail(e->gpu, d, &m) == 0) op->dev[d].free_before = m.free;
+    struct gpudev_mem m;
+    if (gpudev_mem_detail(e->gpu, d, &m) == 0) op->dev[d].free_before = m.free;
     op->dev[d].managed_before = registry_managed(e->reg, d);
   }
 }
@@ -851,8 +851,8 @@ static bool make_memory(engine *e, struct op *op, struct buffer **bufs, bool *ma
     size_t len = strlen(op->fault.text);
     snprintf(op->fault.text + len, sizeof op->fault.text - len, "; nothing resumed");
     if (op->fault.code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
-      struct gpu_mem m = {0};
-      gpu_mem_detail(e->gpu, bufs[i]->device, &m);
+      struct gpudev_mem m = {0};
+      gpudev_mem_detail(e->gpu, bufs[i]->device, &m);
       op->fault.bytes_free = m.free;
       op->fault.bytes_needed = needed;
       snprintf(op->fault.text, sizeof op->fault.text,
@@ -986,7 +986,7 @@ static bool start_rollback(engine *e, struct op *op) {
  * on more residual memory than the controller allows. */
 static size_t check_devices(engine *e, struct op *op, Gpumem__Wire__DeviceCheck *checks) {
   size_t n = 0;
-  uint64_t gran = gpu_granularity(e->gpu);
+  uint64_t gran = gpudev_granularity(e->gpu);
   for (unsigned d = 0; d < op->ndev; d++) {
     struct devfig *df = &op->dev[d];
     if (!df->touched) continue;
@@ -995,8 +995,8 @@ static size_t check_devices(engine *e, struct op *op, Gpumem__Wire__DeviceCheck 
     c->device = d;
     c->released = df->released;
     c->free_before = df->free_before;
-    struct gpu_mem m = {0};
-    gpu_mem_detail(e->gpu, d, &m);
+    struct gpudev_mem m = {0};
+    gpudev_mem_detail(e->gpu, d, &m);
     c->free_after = m.free;
     /* The driver's free memory should move by what the daemon's own
      * holdings moved (other requests may run during the operation). */

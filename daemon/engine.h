@@ -29,7 +29,7 @@ struct engine_scope {
 /* Create an engine over the registry; sessions is the server's list of
  * struct session.link, where scopes find the sessions they name; each
  * operation is counted and recorded in st as it runs. */
-engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
+engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct config *cfg,
                       struct list *sessions, stats *st);
 
 /* The re-registration grace (grace.h) the server runs: a pause naming a
