@@ -66,27 +66,55 @@ HIP_INCLUDE := $(patsubst %/hip/hip_runtime_api.h,%,$(firstword $(wildcard \
   $(ROCM_PATH)/include/hip/hip_runtime_api.h /usr/include/hip/hip_runtime_api.h)))
 CUDA ?= $(if $(wildcard $(CUDA_HOME)/include/cuda.h),1,0)
 HIP ?= $(if $(HIP_INCLUDE),1,0)
-GPU_SRC := gpu/gpu.c gpu/host.c
+# The GPU layer (gpu/) in three parts: below, what both halves use (the
+# error words, and per vendor the runtime loaded with dlopen and the VMM
+# state over it); the daemon's half (GPUDEV: chunks, exports, backups,
+# device figures, contexts); the client's half (GPUVA: address ranges,
+# imports, mappings). gpumemd links the daemon's half, libgpumem.so the
+# client's: each program what it calls.
+GPU_SRC := gpu/error.c
+GPUDEV_SRC := gpu/gpudev.c gpu/host_dev.c gpu/host_live.c gpu/host_proc.c gpu/populate.c
+GPUVA_SRC := gpu/gpuva.c gpu/host_va.c
+GPU_VMM_SRC := gpu/vmm.c
+GPUDEV_VMM_SRC := gpu/vmm_dev.c gpu/vmm_backup.c gpu/vmm_gate.c
+GPUVA_VMM_SRC := gpu/vmm_va.c
 ifeq ($(CUDA),1)
-GPU_SRC += gpu/cuda.c gpu/vmm.c
+GPU_SRC += $(GPU_VMM_SRC) gpu/cuda_lib.c
+GPUDEV_SRC += $(GPUDEV_VMM_SRC) gpu/cuda_dev.c
+GPUVA_SRC += $(GPUVA_VMM_SRC) gpu/cuda_va.c
 override CFLAGS += -DHAVE_CUDA
-$(O)/obj/gpu/cuda.o: override CFLAGS += -isystem $(CUDA_HOME)/include
+$(O)/obj/gpu/cuda_lib.o $(O)/obj/gpu/cuda_dev.o $(O)/obj/gpu/cuda_va.o: \
+  override CFLAGS += -isystem $(CUDA_HOME)/include
 endif
 ifeq ($(HIP),1)
-GPU_SRC += gpu/hip.c gpu/vmm.c
+GPU_SRC += $(GPU_VMM_SRC) gpu/hip_lib.c
+GPUDEV_SRC += $(GPUDEV_VMM_SRC) gpu/hip_dev.c
+GPUVA_SRC += $(GPUVA_VMM_SRC) gpu/hip_va.c
 override CFLAGS += -DHAVE_HIP
-$(O)/obj/gpu/hip.o: override CFLAGS += -isystem $(HIP_INCLUDE) -Wno-strict-prototypes
+$(O)/obj/gpu/hip_lib.o $(O)/obj/gpu/hip_dev.o $(O)/obj/gpu/hip_va.o: \
+  override CFLAGS += -isystem $(HIP_INCLUDE) -Wno-strict-prototypes
 endif
 GPU_SRC := $(sort $(GPU_SRC))
+GPUDEV_SRC := $(sort $(GPUDEV_SRC))
+GPUVA_SRC := $(sort $(GPUVA_SRC))
 
 GEN := $(O)/gen/proto/gpumemd.pb-c.c
-COMMON_SRC := common/frame.c common/idmap.c common/log.c common/size.c common/wire.c $(GPU_SRC)
+COMMON_SRC := common/frame.c common/idmap.c common/log.c common/size.c common/wire.c
 DAEMON_SRC := $(wildcard daemon/*.c)
 CLIENT_SRC := $(wildcard client/*.c)
 CTL_SRC := $(wildcard ctl/*.c)
 
 obj = $(patsubst %.c,$(O)/obj/%.o,$(1))
 COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(O)/obj/gen/gpumemd.pb-c.o
+GPU_OBJ := $(call obj,$(GPU_SRC))
+GPUDEV_OBJ := $(call obj,$(GPUDEV_SRC))
+GPUVA_OBJ := $(call obj,$(GPUVA_SRC))
+# What a program that calls the GPU layer links, above its own objects:
+# the daemon's half, the client's, or both (tests and benchmarks), then
+# what is below them.
+GPUDEV_LIBS := $(O)/lib/libgpudev.a $(O)/lib/libgpu.a
+GPUVA_LIBS := $(O)/lib/libgpuva.a $(O)/lib/libgpu.a
+GPU_BOTH_LIBS := $(O)/lib/libgpudev.a $(O)/lib/libgpuva.a $(O)/lib/libgpu.a
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 CTL_OBJ := $(call obj,$(CTL_SRC))
@@ -157,13 +185,28 @@ $(O)/lib/libcommon.a: $(COMMON_OBJ)
 	@rm -f $@
 	@$(AR) rcs $@ $^
 
-$(O)/bin/gpumemd: $(DAEMON_OBJ) $(O)/lib/libcommon.a
+$(O)/lib/libgpu.a: $(GPU_OBJ)
+	@mkdir -p $(@D)
+	@rm -f $@
+	@$(AR) rcs $@ $^
+
+$(O)/lib/libgpudev.a: $(GPUDEV_OBJ)
+	@mkdir -p $(@D)
+	@rm -f $@
+	@$(AR) rcs $@ $^
+
+$(O)/lib/libgpuva.a: $(GPUVA_OBJ)
+	@mkdir -p $(@D)
+	@rm -f $@
+	@$(AR) rcs $@ $^
+
+$(O)/bin/gpumemd: $(DAEMON_OBJ) $(GPUDEV_LIBS) $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -ldl -lm
 
 # The client library exports only what include/gpumem.h declares.
-$(O)/lib/libgpumem.so: $(CLIENT_OBJ) $(O)/lib/libcommon.a
+$(O)/lib/libgpumem.so: $(CLIENT_OBJ) $(GPUVA_LIBS) $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(LDFLAGS) -shared -Wl,-soname,libgpumem.so.1 -Wl,--exclude-libs,ALL \
@@ -209,12 +252,13 @@ $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
 	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -ldl -lm
 
-$(O)/tests/%: tests/%.c tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(O)/lib/libcommon.a $(DAEMON_OBJ)
+$(O)/tests/%: tests/%.c tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) \
+  $(O)/lib/libcommon.a $(DAEMON_OBJ)
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/harness.c \
 	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
-	  -L$(O)/lib -lgpumem $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
+	  -L$(O)/lib -lgpumem $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
 	  -Wl,-rpath,'$(abspath $(O)/lib)' -lm
 
 # The preload tests' stand-in vendor runtime, and a program linked to it
@@ -238,10 +282,10 @@ $(O)/examples/%: examples/%.c $(O)/lib/libgpumem.so
 	@echo "  LD      $@"
 	@$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(RPATH)
 
-$(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
+$(O)/bench/%: bench/%.c $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem \
+	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(GPU_BOTH_LIBS) \
 	  $(O)/lib/libcommon.a $(PKG_LIBS) -Wl,-rpath,'$(abspath $(O)/lib)' -ldl -lm
 
 # Run the suites against binaries in $(O), then the Python package's tests
@@ -290,8 +334,9 @@ build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC) $(GEN)
 	@mkdir -p $(@D)
 	@echo "  FUZZ    $@"
 	@$(FUZZ_CC) -fsanitize=fuzzer -o $@ $< $(FUZZ_SRC) $(GEN) $(shell pkg-config --libs libprotobuf-c)
-FUZZ_DAEMON_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out gpu/cuda.c gpu/hip.c gpu/vmm.c,\
-  $(COMMON_SRC)) $(filter-out daemon/main.c,$(DAEMON_SRC))) build/fuzz/obj/gen/gpumemd.pb-c.o
+FUZZ_DAEMON_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(COMMON_SRC) \
+  $(filter-out gpu/cuda_% gpu/hip_% gpu/vmm%,$(GPU_SRC) $(GPUDEV_SRC)) \
+  $(filter-out daemon/main.c,$(DAEMON_SRC))) build/fuzz/obj/gen/gpumemd.pb-c.o
 build/fuzz/obj/gen/gpumemd.pb-c.o: $(GEN)
 	@./tools/install-deps.sh fuzz
 	@mkdir -p $(@D)
@@ -313,12 +358,13 @@ fuzz: $(FUZZERS)
 # The fuzzers built with $(CC) and a main that feeds them files: make test
 # replays the corpus in tests/fuzz/corpus (under ASan+UBSan in test-asan).
 FUZZ_REPLAYS := $(addprefix $(O)/fuzz-replay/,$(FUZZ_NAMES))
-$(O)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay.c $(O)/lib/libcommon.a $(DAEMON_OBJ)
+$(O)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay.c $(GPUDEV_LIBS) $(O)/lib/libcommon.a \
+  $(DAEMON_OBJ)
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c \
-	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) $(O)/lib/libcommon.a $(PKG_LIBS) \
-	  -ldl -lm -lpthread
+	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) $(GPUDEV_LIBS) $(O)/lib/libcommon.a \
+	  $(PKG_LIBS) -ldl -lm -lpthread
 .PHONY: fuzz-replay
 fuzz-replay: $(FUZZ_REPLAYS)
 	@for f in $(FUZZ_REPLAYS); do $$f tests/fuzz/corpus/$${f##*/} || exit 1; done

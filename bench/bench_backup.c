@@ -19,7 +19,8 @@
 #include "bench.h"
 #include "common/size.h"
 #include "common/wire.h"
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
+#include "gpu/gpuva.h"
 #include "gpumem.h"
 
 static void die(const char *what, const char *why) {
@@ -31,32 +32,35 @@ static void die(const char *what, const char *why) {
  * one synchronous copy between device memory and pinned host memory. */
 static void plain_copy(const char *backend, uint64_t size, unsigned rounds, double *d2h,
                        double *h2d) {
-  struct gpu_options o = {.backend = backend, .host_devices = 1, .host_device_size = size};
-  gpu *g;
+  struct gpudev_options o = {.backend = backend, .host_devices = 1, .host_device_size = size};
+  gpudev *d;
+  gpuva *g;
   char err[256];
-  if (gpu_open(&o, &g, err, sizeof err) < 0) die("backend", err);
+  if (gpudev_open(&o, &d, err, sizeof err) < 0 || gpuva_open(backend, &g, err, sizeof err) < 0)
+    die("backend", err);
   uint64_t h;
   void *va, *host;
-  if (gpu_chunk_create(g, 0, size, &h) < 0 || gpu_va_reserve(g, 0, size, &va) < 0 ||
-      gpu_map(g, 0, va, size, h) < 0 || gpu_set_access(g, 0, va, size) < 0 ||
-      gpu_backup_alloc(g, 0, size, &host) < 0)
+  if (gpudev_chunk_create(d, 0, size, &h) < 0 || gpuva_reserve(g, 0, size, &va) < 0 ||
+      gpuva_map(g, 0, va, size, h) < 0 || gpuva_set_access(g, 0, va, size) < 0 ||
+      gpudev_backup_alloc(d, 0, size, &host) < 0)
     die("setup", gpu_error());
-  gpu_fill32(g, 0, va, size, 0x12345678u); /* fault the pages in */
+  gpuva_fill32(g, 0, va, size, 0x12345678u); /* fault the pages in */
   double a[16], b[16];
   for (unsigned r = 0; r < rounds; r++) {
     uint64_t t0 = bench_ns();
-    if (gpu_copy_from(g, 0, host, va, size) < 0) die("copy", gpu_error());
+    if (gpuva_copy_from(g, 0, host, va, size) < 0) die("copy", gpu_error());
     uint64_t t1 = bench_ns();
-    if (gpu_copy_to(g, 0, va, host, size) < 0) die("copy", gpu_error());
+    if (gpuva_copy_to(g, 0, va, host, size) < 0) die("copy", gpu_error());
     uint64_t t2 = bench_ns();
     a[r] = (double)size / (double)(t1 - t0);
     b[r] = (double)size / (double)(t2 - t1);
   }
-  gpu_backup_free(g, 0, host, size);
-  gpu_unmap(g, 0, va, size);
-  gpu_va_free(g, 0, va, size);
-  gpu_chunk_release(g, 0, h, size);
-  gpu_close(g);
+  gpudev_backup_free(d, 0, host, size);
+  gpuva_unmap(g, 0, va, size);
+  gpuva_free(g, 0, va, size);
+  gpudev_chunk_release(d, 0, h, size);
+  gpuva_close(g);
+  gpudev_close(d);
   *d2h = bench_median(a, rounds);
   *h2d = bench_median(b, rounds);
 }

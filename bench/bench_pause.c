@@ -9,7 +9,8 @@
 
 #include "bench.h"
 #include "common/size.h"
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
+#include "gpu/gpuva.h"
 #include "gpumem.h"
 
 #define MAX_CHUNKS 65536
@@ -32,7 +33,8 @@ static void die(const char *what, const char *why) {
  * memory (pinned on GPUs) before it is released and back after it is
  * mapped, one plain copy each. */
 struct baseline {
-  gpu *g;
+  gpudev *d;
+  gpuva *g;
   uint64_t per, nper;
   uint64_t handles[MAX_CHUNKS];
   void *va[MAX_WORKERS];
@@ -40,15 +42,17 @@ struct baseline {
 };
 
 static void baseline_open(const struct params *p, struct baseline *b) {
-  struct gpu_options o = {.backend = p->backend, .host_devices = 1,
-                          .host_device_size = p->total + p->chunk};
+  struct gpudev_options o = {.backend = p->backend, .host_devices = 1,
+                             .host_device_size = p->total + p->chunk};
   char err[256];
-  if (gpu_open(&o, &b->g, err, sizeof err) < 0) die("backend", err);
+  if (gpudev_open(&o, &b->d, err, sizeof err) < 0 ||
+      gpuva_open(p->backend, &b->g, err, sizeof err) < 0)
+    die("backend", err);
   b->per = p->total / p->workers;
   b->nper = b->per / p->chunk;
   for (unsigned w = 0; w < p->workers; w++)
-    if (gpu_va_reserve(b->g, 0, b->per, &b->va[w]) < 0) die("reserve", gpu_error());
-  if (p->backup && gpu_backup_alloc(b->g, 0, p->total, &b->store) < 0) die("store", gpu_error());
+    if (gpuva_reserve(b->g, 0, b->per, &b->va[w]) < 0) die("reserve", gpu_error());
+  if (p->backup && gpudev_backup_alloc(b->d, 0, p->total, &b->store) < 0) die("store", gpu_error());
 }
 
 /* Create and map every chunk, access set once per range; milliseconds. */
@@ -57,12 +61,12 @@ static double baseline_resume(const struct params *p, struct baseline *b) {
   for (unsigned w = 0; w < p->workers; w++) {
     for (uint64_t i = 0; i < b->nper; i++) {
       uint64_t *h = &b->handles[w * b->nper + i];
-      if (gpu_chunk_create(b->g, 0, p->chunk, h) < 0) die("create", gpu_error());
-      if (gpu_map(b->g, 0, (char *)b->va[w] + i * p->chunk, p->chunk, *h) < 0)
+      if (gpudev_chunk_create(b->d, 0, p->chunk, h) < 0) die("create", gpu_error());
+      if (gpuva_map(b->g, 0, (char *)b->va[w] + i * p->chunk, p->chunk, *h) < 0)
         die("map", gpu_error());
     }
-    if (gpu_set_access(b->g, 0, b->va[w], b->per) < 0) die("access", gpu_error());
-    if (b->store && gpu_copy_to(b->g, 0, b->va[w], (char *)b->store + w * b->per, b->per) < 0)
+    if (gpuva_set_access(b->g, 0, b->va[w], b->per) < 0) die("access", gpu_error());
+    if (b->store && gpuva_copy_to(b->g, 0, b->va[w], (char *)b->store + w * b->per, b->per) < 0)
       die("copy", gpu_error());
   }
   return (double)(bench_ns() - t0) / 1e6;
@@ -71,22 +75,23 @@ static double baseline_resume(const struct params *p, struct baseline *b) {
 /* Unmap and release every chunk; milliseconds. */
 static double baseline_pause(const struct params *p, struct baseline *b) {
   uint64_t t0 = bench_ns();
-  gpu_sync(b->g, 0);
+  gpuva_sync(b->g, 0);
   for (unsigned w = 0; w < p->workers; w++) {
-    if (b->store && gpu_copy_from(b->g, 0, (char *)b->store + w * b->per, b->va[w], b->per) < 0)
+    if (b->store && gpuva_copy_from(b->g, 0, (char *)b->store + w * b->per, b->va[w], b->per) < 0)
       die("copy", gpu_error());
     for (uint64_t i = 0; i < b->nper; i++) {
-      gpu_unmap(b->g, 0, (char *)b->va[w] + i * p->chunk, p->chunk);
-      gpu_chunk_release(b->g, 0, b->handles[w * b->nper + i], p->chunk);
+      gpuva_unmap(b->g, 0, (char *)b->va[w] + i * p->chunk, p->chunk);
+      gpudev_chunk_release(b->d, 0, b->handles[w * b->nper + i], p->chunk);
     }
   }
   return (double)(bench_ns() - t0) / 1e6;
 }
 
 static void baseline_close(const struct params *p, struct baseline *b) {
-  for (unsigned w = 0; w < p->workers; w++) gpu_va_free(b->g, 0, b->va[w], b->per);
-  if (b->store) gpu_backup_free(b->g, 0, b->store, p->total);
-  gpu_close(b->g);
+  for (unsigned w = 0; w < p->workers; w++) gpuva_free(b->g, 0, b->va[w], b->per);
+  if (b->store) gpudev_backup_free(b->d, 0, b->store, p->total);
+  gpuva_close(b->g);
+  gpudev_close(b->d);
 }
 
 /* Start a worker holding bytes in chunk-sized pieces; wait for "ready". */

@@ -10,7 +10,8 @@
 
 #include "bench.h"
 #include "common/size.h"
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
+#include "gpu/gpuva.h"
 #include "gpumem.h"
 
 struct params {
@@ -137,7 +138,8 @@ static void pooled_free(void *state, unsigned slot, unsigned last) {
 
 /* (b): one chunk per allocation, mapped at its own range. */
 struct direct {
-  gpu *g;
+  gpudev *d;
+  gpuva *g;
   uint64_t gran;
   void **va;
   uint64_t *handle, *size;
@@ -147,10 +149,10 @@ struct direct {
 static int direct_alloc(void *state, unsigned slot, uint64_t size) {
   struct direct *s = state;
   uint64_t sz = size_round_up(size, s->gran);
-  if (gpu_chunk_create(s->g, 0, sz, &s->handle[slot]) < 0) die("create", gpu_error());
-  if (gpu_va_reserve(s->g, 0, sz, &s->va[slot]) < 0) die("reserve", gpu_error());
-  if (gpu_map(s->g, 0, s->va[slot], sz, s->handle[slot]) < 0) die("map", gpu_error());
-  if (gpu_set_access(s->g, 0, s->va[slot], sz) < 0) die("access", gpu_error());
+  if (gpudev_chunk_create(s->d, 0, sz, &s->handle[slot]) < 0) die("create", gpu_error());
+  if (gpuva_reserve(s->g, 0, sz, &s->va[slot]) < 0) die("reserve", gpu_error());
+  if (gpuva_map(s->g, 0, s->va[slot], sz, s->handle[slot]) < 0) die("map", gpu_error());
+  if (gpuva_set_access(s->g, 0, s->va[slot], sz) < 0) die("access", gpu_error());
   s->size[slot] = sz;
   return 0;
 }
@@ -158,9 +160,9 @@ static int direct_alloc(void *state, unsigned slot, uint64_t size) {
 /* Unmap, release and free the range of a slot; the last live slot moves into it. */
 static void direct_free(void *state, unsigned slot, unsigned last) {
   struct direct *s = state;
-  if (gpu_unmap(s->g, 0, s->va[slot], s->size[slot]) < 0) die("unmap", gpu_error());
-  gpu_chunk_release(s->g, 0, s->handle[slot], s->size[slot]);
-  gpu_va_free(s->g, 0, s->va[slot], s->size[slot]);
+  if (gpuva_unmap(s->g, 0, s->va[slot], s->size[slot]) < 0) die("unmap", gpu_error());
+  gpudev_chunk_release(s->d, 0, s->handle[slot], s->size[slot]);
+  gpuva_free(s->g, 0, s->va[slot], s->size[slot]);
   s->va[slot] = s->va[last];
   s->handle[slot] = s->handle[last];
   s->size[slot] = s->size[last];
@@ -211,12 +213,14 @@ int main(int argc, char **argv) {
                          devsize, NULL};
   pid_t d = bench_daemon(p.bin, sock, extra);
 
-  struct gpu_options o = {.backend = p.backend, .host_devices = 1,
-                          .host_device_size = 2 * p.max_bytes + (2ull << 30)};
+  struct gpudev_options o = {.backend = p.backend, .host_devices = 1,
+                             .host_device_size = 2 * p.max_bytes + (2ull << 30)};
   char err[256];
   struct direct dir = {0};
-  if (gpu_open(&o, &dir.g, err, sizeof err) < 0) die("backend", err);
-  dir.gran = gpu_granularity(dir.g);
+  if (gpudev_open(&o, &dir.d, err, sizeof err) < 0 ||
+      gpuva_open(p.backend, &dir.g, err, sizeof err) < 0)
+    die("backend", err);
+  dir.gran = gpudev_granularity(dir.d);
   dir.va = calloc(p.max_live, sizeof *dir.va);
   dir.handle = calloc(p.max_live, sizeof *dir.handle);
   dir.size = calloc(p.max_live, sizeof *dir.size);
@@ -251,7 +255,8 @@ int main(int argc, char **argv) {
   }
   bench_daemon_stop(d);
   rmdir(sockdir);
-  gpu_close(dir.g);
+  gpuva_close(dir.g);
+  gpudev_close(dir.d);
 
   char name[128], lo[32], hi[32], cap[32];
   size_format(p.min, lo, sizeof lo);

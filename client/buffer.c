@@ -25,15 +25,15 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
     int fd = fds[i];
     fds[i] = -1;
-    if ((rc = gpu_import(c->gpu, b->local, fd, b->chunk_sizes[i], &b->handles[i])) < 0) break;
-    if ((rc = gpu_map(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i], b->handles[i])) <
+    if ((rc = gpuva_import(c->gpu, b->local, fd, b->chunk_sizes[i], &b->handles[i])) < 0) break;
+    if ((rc = gpuva_map(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i], b->handles[i])) <
         0) {
-      gpu_release(c->gpu, b->local, b->handles[i]);
+      gpuva_release(c->gpu, b->local, b->handles[i]);
       break;
     }
     b->held[i] = true;
   }
-  if (rc == 0) rc = gpu_set_access(c->gpu, b->local, b->va, b->size);
+  if (rc == 0) rc = gpuva_set_access(c->gpu, b->local, b->va, b->size);
   if (rc == 0) {
     set_mapped(c, b, true);
     return 0;
@@ -59,12 +59,12 @@ int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
   int rc = 0;
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
     if (!b->held[i]) continue;
-    int r = gpu_unmap(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i]);
+    int r = gpuva_unmap(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i]);
     if (r < 0) {
       if (rc == 0) rc = r;
       continue;
     }
-    gpu_release(c->gpu, b->local, b->handles[i]);
+    gpuva_release(c->gpu, b->local, b->handles[i]);
     b->held[i] = false;
   }
   pthread_mutex_lock(&c->mu);
@@ -77,7 +77,7 @@ int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
 /* Export a mapped buffer's imported handles again as fds, one per chunk. */
 int client_buffer_export(gpumem_client *c, gpumem_buffer *b, int *fds) {
   for (size_t i = 0; i < b->nchunks; i++) {
-    int rc = gpu_export(c->gpu, b->local, b->handles[i], &fds[i]);
+    int rc = gpuva_export(c->gpu, b->local, b->handles[i], &fds[i]);
     if (rc < 0) {
       while (i > 0) close(fds[--i]);
       return client_fail(GPUMEM_E_BACKEND, "exporting buffer %llu again: %s",
@@ -101,13 +101,13 @@ void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b) {
   client_buffer_forget(c, b);
   pthread_mutex_unlock(&c->mu);
   if (b->ipc) {
-    gpu_ipc_close(c->gpu, b->local, b->va);
+    gpuva_ipc_close(c->gpu, b->local, b->va);
   } else {
     client_buffer_unmap(c, b);
     /* Whatever would not unmap goes with the range; let go of its handle. */
     for (size_t i = 0; i < b->nchunks; i++)
-      if (b->held[i]) gpu_release(c->gpu, b->local, b->handles[i]);
-    if (b->va) gpu_va_free(c->gpu, b->local, b->va, b->size);
+      if (b->held[i]) gpuva_release(c->gpu, b->local, b->handles[i]);
+    if (b->va) gpuva_free(c->gpu, b->local, b->va, b->size);
   }
   buffer_free_struct(b);
 }
@@ -165,14 +165,14 @@ void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *e
     b = NULL;
   } else if (r->ipc_handle.len) {
     b->ipc = true;
-    if (gpu_ipc_open(c->gpu, b->local, r->ipc_handle.data, &b->va) < 0) {
+    if (gpuva_ipc_open(c->gpu, b->local, r->ipc_handle.data, &b->va) < 0) {
       rc = client_fail(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
       buffer_free_struct(b);
       b = NULL;
     } else {
       b->mapped = true; /* not shared with any thread yet */
     }
-  } else if (gpu_va_reserve(c->gpu, b->local, b->size, &b->va) < 0) {
+  } else if (gpuva_reserve(c->gpu, b->local, b->size, &b->va) < 0) {
     rc = client_fail(GPUMEM_E_MAP, "reserving %llu bytes: %s", (unsigned long long)b->size,
                      gpu_error());
     buffer_free_struct(b);
@@ -346,7 +346,7 @@ static void sync_devices(gpumem_client *c, gpumem_buffer *const *bufs, size_t n)
     unsigned d = bufs[i]->local;
     if (d < 64 && (done & (1ull << d))) continue;
     if (d < 64) done |= 1ull << d;
-    if (c->gpu) gpu_sync(c->gpu, d);
+    if (c->gpu) gpuva_sync(c->gpu, d);
   }
 }
 
@@ -494,7 +494,7 @@ static int copy_end(gpumem_client *c, gpumem_buffer *b, int rc) {
 int gpumem_buffer_read(gpumem_client *c, gpumem_buffer *b, uint64_t off, void *dst, uint64_t len) {
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpu_copy_from(c->gpu, b->local, dst, (char *)b->va + off, len) < 0)
+  if (gpuva_copy_from(c->gpu, b->local, dst, (char *)b->va + off, len) < 0)
     rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
   return copy_end(c, b, rc);
 }
@@ -504,7 +504,7 @@ int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64_t off, const 
                         uint64_t len) {
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpu_copy_to(c->gpu, b->local, (char *)b->va + off, src, len) < 0)
+  if (gpuva_copy_to(c->gpu, b->local, (char *)b->va + off, src, len) < 0)
     rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
   return copy_end(c, b, rc);
 }
@@ -516,7 +516,7 @@ int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint6
     return client_fail(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpu_fill32(c->gpu, b->local, (char *)b->va + off, len, value) < 0)
+  if (gpuva_fill32(c->gpu, b->local, (char *)b->va + off, len, value) < 0)
     rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
   return copy_end(c, b, rc);
 }
@@ -531,7 +531,7 @@ int gpumem_sync(gpumem_client *c, int device) {
                        "device %d is not one of the %u gpumemd devices this process sees",
                        device, seen);
   if (!c->gpu) return 0; /* it maps nothing: nothing to wait for */
-  if (gpu_sync(c->gpu, (unsigned)device) < 0)
+  if (gpuva_sync(c->gpu, (unsigned)device) < 0)
     return client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
   return 0;
 }

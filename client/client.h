@@ -8,7 +8,7 @@
 #include "common/frame.h"
 #include "common/idmap.h"
 #include "common/wire.h"
-#include "gpu/gpu.h"
+#include "gpu/gpuva.h"
 #include "gpumem.h"
 
 struct gpumem_buffer {
@@ -92,7 +92,7 @@ enum conn_state {
 
 struct gpumem_client {
   int fd; /* -1 while there is no connection */
-  gpu *gpu;
+  gpuva *gpu;
   char *path; /* the socket connected to, for reconnecting */
   char *name;
   int role;

@@ -735,9 +735,9 @@ static int greet(gpumem_client *c, bool first) {
     const Gpumem__Wire__HelloReply *r = reply.env->hello_reply;
     if (first) {
       snprintf(c->backend, sizeof c->backend, "%s", r->backend);
-      struct gpu_options opt = {.backend = c->backend, .client = true};
       char err[256] = "";
-      if (!(c->flags & GPUMEM_CONNECT_NODE_DEVICES) && gpu_open(&opt, &c->gpu, err, sizeof err) < 0)
+      if (!(c->flags & GPUMEM_CONNECT_NODE_DEVICES) &&
+          gpuva_open(c->backend, &c->gpu, err, sizeof err) < 0)
         rc = client_fail(GPUMEM_E_BACKEND, "backend %s: %s", c->backend, err);
     } else if (c->gpu && strcmp(c->backend, r->backend) != 0) {
       rc = client_fail(GPUMEM_E_BACKEND,
@@ -752,7 +752,7 @@ static int greet(gpumem_client *c, bool first) {
     c->ndevices = (unsigned)r->n_devices;
     for (size_t i = 0; i < GPUMEM_MAX_DEVICES; i++) c->local_of[i] = -1;
     for (size_t i = 0; rc == 0 && i < r->n_devices && i < GPUMEM_MAX_DEVICES; i++)
-      c->local_of[i] = c->gpu ? gpu_device_by_bus_id(c->gpu, r->devices[i]->bus_id) : (int)i;
+      c->local_of[i] = c->gpu ? gpuva_device_by_bus_id(c->gpu, r->devices[i]->bus_id) : (int)i;
     pthread_mutex_unlock(&c->mu);
   }
   client_reply_free(&reply);
@@ -1097,7 +1097,7 @@ int gpumem_fd(const gpumem_client *c) {
 /* Release everything a client holds except its buffers. */
 static void client_free(gpumem_client *c) {
   if (c->fd >= 0) close(c->fd);
-  gpu_close(c->gpu);
+  gpuva_close(c->gpu);
   idmap_destroy(c->buffers);
   frame_writer_destroy(c->writer);
   frame_reader_destroy(c->reader);

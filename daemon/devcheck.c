@@ -5,11 +5,11 @@
 #include "report.h"
 
 /* Take each selected device's figures before the operation. */
-void devcheck_before(registry *reg, gpu *g, uint64_t devmask, struct devfig *dev, unsigned ndev) {
+void devcheck_before(registry *reg, gpudev *g, uint64_t devmask, struct devfig *dev, unsigned ndev) {
   for (unsigned d = 0; d < ndev; d++) {
     if (!(devmask & (1ull << d))) continue;
-    struct gpu_mem m;
-    if (gpu_mem_detail(g, d, &m) == 0) dev[d].free_before = m.free;
+    struct gpudev_mem m;
+    if (gpudev_mem_detail(g, d, &m) == 0) dev[d].free_before = m.free;
     dev[d].managed_before = registry_managed(reg, d);
   }
 }
@@ -17,14 +17,14 @@ void devcheck_before(registry *reg, gpu *g, uint64_t devmask, struct devfig *dev
 /* A pause's memory must show up free: the driver's free memory should
  * move by what the daemon's own holdings moved (other requests may run
  * during the operation). */
-static void check_released(registry *reg, gpu *g, unsigned d, const struct devfig *df,
-                           const struct gpu_mem *m, struct outcome *o,
+static void check_released(registry *reg, gpudev *g, unsigned d, const struct devfig *df,
+                           const struct gpudev_mem *m, struct outcome *o,
                            Gpumem__Wire__DeviceCheck *c) {
   uint64_t managed = registry_managed(reg, d);
   if (df->managed_before <= managed) return;
   uint64_t expect = df->managed_before - managed;
   uint64_t rise = m->free > df->free_before ? m->free - df->free_before : 0;
-  uint64_t slack = df->nbuf * gpu_granularity(g) + DEVCHECK_SLACK;
+  uint64_t slack = df->nbuf * gpudev_granularity(g) + DEVCHECK_SLACK;
   if (expect <= rise + slack) return;
   c->shortfall = expect - rise;
   char a[32], b[32], s[32];
@@ -63,7 +63,7 @@ static void check_residual(unsigned d, const struct report_residual *r, bool kno
 }
 
 /* Compare each touched device with the driver's figures. */
-size_t devcheck_after(registry *reg, gpu *g, const struct devfig *dev, unsigned ndev,
+size_t devcheck_after(registry *reg, gpudev *g, const struct devfig *dev, unsigned ndev,
                       const struct devcheck_rules *rules, struct outcome *o,
                       Gpumem__Wire__DeviceCheck *checks) {
   size_t n = 0;
@@ -75,8 +75,8 @@ size_t devcheck_after(registry *reg, gpu *g, const struct devfig *dev, unsigned 
     c->device = d;
     c->released = df->released;
     c->free_before = df->free_before;
-    struct gpu_mem m = {0};
-    gpu_mem_detail(g, d, &m);
+    struct gpudev_mem m = {0};
+    gpudev_mem_detail(g, d, &m);
     c->free_after = m.free;
     if (!rules->resume) check_released(reg, g, d, df, &m, o, c);
     struct report_residual r;

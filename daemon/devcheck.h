@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
 #include "outcome.h"
 #include "registry.h"
 
@@ -26,7 +26,7 @@ struct devfig {
 
 /* Read the driver's free memory and the daemon's own figure for every
  * device d < ndev in devmask into dev[d]. */
-void devcheck_before(registry *reg, gpu *g, uint64_t devmask, struct devfig *dev, unsigned ndev);
+void devcheck_before(registry *reg, gpudev *g, uint64_t devmask, struct devfig *dev, unsigned ndev);
 
 /* What a pause or resume must meet after it ends. */
 struct devcheck_rules {
@@ -39,7 +39,7 @@ struct devcheck_rules {
  * the driver's figures now: one entry of checks (room for ndev) per
  * device touched, and a failure into o for memory not returned or more
  * residual than the rules allow. Returns the number of checks. */
-size_t devcheck_after(registry *reg, gpu *g, const struct devfig *dev, unsigned ndev,
+size_t devcheck_after(registry *reg, gpudev *g, const struct devfig *dev, unsigned ndev,
                       const struct devcheck_rules *rules, struct outcome *o,
                       Gpumem__Wire__DeviceCheck *checks);
 

@@ -73,7 +73,7 @@ struct op {
 struct engine {
   uv_loop_t *loop;
   registry *reg;
-  gpu *gpu;
+  gpudev *gpu;
   const struct config *cfg;
   stats *stats;
   struct list *owners; /* the server's (struct owner.link), for scopes */
@@ -95,7 +95,7 @@ static void run_queue(engine *e);
 static void check_done(engine *e);
 
 /* Create an engine over the registry and the server's owners. */
-engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
+engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct config *cfg,
                       struct list *owners, const struct outbox *out, stats *st) {
   engine *e = calloc(1, sizeof *e);
   if (!e || !(e->events = idmap_create())) {
@@ -191,7 +191,7 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    uint32_t timeout_ms, uint64_t max_residual,
                    const struct scope_spec *scope) {
   struct op *op = calloc(1, sizeof *op);
-  unsigned ndev = gpu_device_count(e->gpu);
+  unsigned ndev = gpudev_device_count(e->gpu);
   if (op) op->dev = calloc(ndev + 1, sizeof *op->dev);
   bool nomem = !op || !op->dev ||
                !scope_init(&op->scope, tags, ntags, devmask, ndev, ctl, scope);
@@ -501,8 +501,8 @@ static bool make_memory(engine *e, struct op *op, struct buffer **bufs, bool *ma
     snprintf(op->outcome.fault.text + len, sizeof op->outcome.fault.text - len,
              "; nothing resumed");
     if (op->outcome.fault.code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
-      struct gpu_mem m = {0};
-      gpu_mem_detail(e->gpu, bufs[i]->device, &m);
+      struct gpudev_mem m = {0};
+      gpudev_mem_detail(e->gpu, bufs[i]->device, &m);
       op->outcome.fault.bytes_free = m.free;
       op->outcome.fault.bytes_needed = needed;
       snprintf(op->outcome.fault.text, sizeof op->outcome.fault.text,

@@ -21,7 +21,7 @@ typedef struct engine engine;
  * struct owner.link (one per session), where scopes find the sessions they
  * name; everything the engine sends goes through out (which must outlive
  * it); each operation is counted and recorded in st as it runs. */
-engine *engine_create(uv_loop_t *loop, registry *reg, gpu *g, const struct config *cfg,
+engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct config *cfg,
                       struct list *owners, const struct outbox *out, stats *st);
 
 /* The re-registration grace (grace.h) the server runs: a pause naming a

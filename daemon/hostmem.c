@@ -13,7 +13,7 @@ enum fate { FATE_DONE, FATE_TAKEN, FATE_DROPPED };
 
 struct hostmem_job {
   uv_work_t req;
-  gpu *gpu;
+  gpudev *gpu;
   unsigned dev;
   uint64_t size;
   void *host; /* the reserved range (NULL until reserved), pieces made from the start */
@@ -31,18 +31,18 @@ struct hostmem_job {
 
 /* The end of the piece that starts at off. */
 static uint64_t piece_end(uint64_t size, uint64_t off) {
-  return size - off < GPU_BACKUP_PIECE ? size : off + GPU_BACKUP_PIECE;
+  return size - off < GPUDEV_BACKUP_PIECE ? size : off + GPUDEV_BACKUP_PIECE;
 }
 
 /* Make the pieces of a reserved backup from byte from on, here; on failure
  * free all of it and say why. */
-static int make_pieces(gpu *g, unsigned dev, void *host, uint64_t size, uint64_t from, char *why,
+static int make_pieces(gpudev *g, unsigned dev, void *host, uint64_t size, uint64_t from, char *why,
                        size_t whylen) {
   for (uint64_t off = from; off < size; off = piece_end(size, off)) {
-    int rc = gpu_backup_make(g, dev, host, size, off, false);
+    int rc = gpudev_backup_make(g, dev, host, size, off, false);
     if (rc < 0) {
       snprintf(why, whylen, "%s", gpu_error());
-      gpu_backup_release(g, dev, host, size, off);
+      gpudev_backup_release(g, dev, host, size, off);
       return rc;
     }
   }
@@ -60,7 +60,7 @@ static void work(uv_work_t *req) {
     void *host = NULL;
     job->busy = true;
     pthread_mutex_unlock(&job->mu);
-    int rc = gpu_backup_reserve(job->gpu, job->dev, job->size, &host);
+    int rc = gpudev_backup_reserve(job->gpu, job->dev, job->size, &host);
     pthread_mutex_lock(&job->mu);
     job->busy = false;
     job->host = rc < 0 ? NULL : host;
@@ -74,7 +74,7 @@ static void work(uv_work_t *req) {
     uint64_t off = job->made;
     job->busy = true;
     pthread_mutex_unlock(&job->mu);
-    int rc = gpu_backup_make(job->gpu, job->dev, job->host, job->size, off, true);
+    int rc = gpudev_backup_make(job->gpu, job->dev, job->host, job->size, off, true);
     pthread_mutex_lock(&job->mu);
     job->busy = false;
     if (rc < 0) {
@@ -102,7 +102,7 @@ static void after_work(uv_work_t *req, int status) {
   if (job->fate == FATE_DONE && whole) {
     job->done(job->ctx, job->arg, job->host, "");
   } else if (job->fate != FATE_TAKEN) {
-    if (job->host) gpu_backup_release(job->gpu, job->dev, job->host, job->size, job->made);
+    if (job->host) gpudev_backup_release(job->gpu, job->dev, job->host, job->size, job->made);
     if (job->fate == FATE_DONE)
       job->done(job->ctx, job->arg, NULL, status == UV_ECANCELED ? "cancelled" : job->why);
   }
@@ -110,7 +110,7 @@ static void after_work(uv_work_t *req, int status) {
 }
 
 /* Queue reserving the memory and making its pieces on the thread pool. */
-hostmem_job *hostmem_start(uv_loop_t *loop, gpu *g, unsigned dev, uint64_t size,
+hostmem_job *hostmem_start(uv_loop_t *loop, gpudev *g, unsigned dev, uint64_t size,
                            hostmem_done done, void *ctx, void *arg, char *why, size_t whylen) {
   hostmem_job *job = calloc(1, sizeof *job);
   if (!job) {
@@ -136,8 +136,8 @@ hostmem_job *hostmem_start(uv_loop_t *loop, gpu *g, unsigned dev, uint64_t size,
 }
 
 /* Reserve backup memory and make all of it here. */
-int hostmem_make(gpu *g, unsigned dev, uint64_t size, void **host, char *why, size_t whylen) {
-  int rc = gpu_backup_reserve(g, dev, size, host);
+int hostmem_make(gpudev *g, unsigned dev, uint64_t size, void **host, char *why, size_t whylen) {
+  int rc = gpudev_backup_reserve(g, dev, size, host);
   if (rc < 0) {
     snprintf(why, whylen, "%s", gpu_error());
     return rc;
@@ -189,6 +189,6 @@ void hostmem_drop(hostmem_job *job) {
 
 
 /* Free backup memory all of whose pieces are made. */
-void hostmem_free(gpu *g, unsigned dev, void *host, uint64_t size) {
-  gpu_backup_release(g, dev, host, size, size);
+void hostmem_free(gpudev *g, unsigned dev, void *host, uint64_t size) {
+  gpudev_backup_release(g, dev, host, size, size);
 }

@@ -3,7 +3,7 @@
  * allocated, off the loop, and neither the alloc reply nor a later pause
  * waits for a fresh allocation.
  *
- * A job makes its memory a GPU_BACKUP_PIECE at a time (gpu_backup_make):
+ * A job makes its memory a GPUDEV_BACKUP_PIECE at a time (gpudev_backup_make):
  * pinning a whole buffer in one driver call held the driver's lock for
  * about 450 ms per GiB on an H200, and the loop's next cuMemCreate and
  * export waited for it (16 fresh BACKUP buffers of 1 GiB took 7.2 s to
@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
 
 typedef struct hostmem_job hostmem_job;
 
@@ -32,7 +32,7 @@ typedef void (*hostmem_done)(void *ctx, void *arg, void *host, const char *why);
  * would wait for the mmap lock that faulting memory in holds); done(ctx,
  * arg, ...) runs on the loop thread unless the job is taken or dropped
  * first. NULL (nothing queued) when the job cannot be queued, with why. */
-hostmem_job *hostmem_start(uv_loop_t *loop, gpu *g, unsigned dev, uint64_t size,
+hostmem_job *hostmem_start(uv_loop_t *loop, gpudev *g, unsigned dev, uint64_t size,
                            hostmem_done done, void *ctx, void *arg, char *why, size_t whylen);
 
 /* The job's memory now, on the loop thread: the pool thread makes no
@@ -48,9 +48,9 @@ void hostmem_drop(hostmem_job *job);
 /* Make size bytes of backup memory for dev here and now, piece by piece.
  * Returns 0 with *host, or a negative errno with the backend's words in
  * why. */
-int hostmem_make(gpu *g, unsigned dev, uint64_t size, void **host, char *why, size_t whylen);
+int hostmem_make(gpudev *g, unsigned dev, uint64_t size, void **host, char *why, size_t whylen);
 
 /* Free backup memory from hostmem_take, hostmem_make or a done callback. */
-void hostmem_free(gpu *g, unsigned dev, void *host, uint64_t size);
+void hostmem_free(gpudev *g, unsigned dev, void *host, uint64_t size);
 
 #endif

@@ -16,7 +16,7 @@
 #include "common/wire.h"
 #include "config.h"
 #include "fdbudget.h"
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
 #include "gpumem.h"
 #include "notify.h"
 #include "server.h"
@@ -104,7 +104,7 @@ static bool has_device_nodes(const char *vendor) {
 /* Print the version and the backends built in. */
 static void print_version(void) {
   char built[256];
-  gpu_describe_builtin(built, sizeof built);
+  gpudev_describe_builtin(built, sizeof built);
   printf("gpumemd %d.%d.%d (protocol %d.%d)\nbackends: %s\n", GPUMEM_VERSION_MAJOR,
          GPUMEM_VERSION_MINOR, GPUMEM_VERSION_PATCH, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR, built);
 }
@@ -112,17 +112,17 @@ static void print_version(void) {
 /* Open the configured backend; "auto" takes the vendor whose GPU device
  * nodes are present and fails with its driver's error, host only when the
  * node has no GPU device nodes at all. */
-static int open_backend(struct config *cfg, gpu **g) {
+static int open_backend(struct config *cfg, gpudev **g) {
   /* The host backend's devices belong to this socket: a daemon restarted
    * on it finds its memory again, one on another socket has its own. */
   char node[17];
   snprintf(node, sizeof node, "%016llx",
            (unsigned long long)XXH3_64bits(cfg->socket_path, strlen(cfg->socket_path)));
-  struct gpu_options o = {.backend = cfg->backend,
-                          .host_devices = cfg->host_devices,
-                          .host_device_size = cfg->host_device_size,
-                          .host_granularity = cfg->host_granularity,
-                          .host_node = node};
+  struct gpudev_options o = {.backend = cfg->backend,
+                             .host_devices = cfg->host_devices,
+                             .host_device_size = cfg->host_device_size,
+                             .host_granularity = cfg->host_granularity,
+                             .host_node = node};
   char err[256] = "", why[600] = "";
   if (strcmp(cfg->backend, "auto") == 0) {
     static const char *const vendors[] = {"cuda", "hip"};
@@ -131,9 +131,9 @@ static int open_backend(struct config *cfg, gpu **g) {
       if (!has_device_nodes(vendors[i])) continue;
       any = true;
       o.backend = vendors[i];
-      if (gpu_open(&o, g, err, sizeof err) == 0) {
+      if (gpudev_open(&o, g, err, sizeof err) == 0) {
         cfg->backend = vendors[i];
-        log_info("backend auto: %s (%u devices)", vendors[i], gpu_device_count(*g));
+        log_info("backend auto: %s (%u devices)", vendors[i], gpudev_device_count(*g));
         return 0;
       }
       size_t len = strlen(why);
@@ -146,7 +146,7 @@ static int open_backend(struct config *cfg, gpu **g) {
     cfg->backend = o.backend = "host";
     log_info("backend auto: host (no /dev/nvidia0... or /dev/kfd on this node)");
   }
-  if (gpu_open(&o, g, err, sizeof err) < 0) {
+  if (gpudev_open(&o, g, err, sizeof err) < 0) {
     log_error("backend %s: %s", cfg->backend, err);
     return -1;
   }
@@ -374,12 +374,12 @@ int main(int argc, char **argv) {
   if (cfg.listen_fd >= 0 && activated_path[0]) cfg.socket_path = activated_path;
   signal(SIGPIPE, SIG_IGN);
   log_info("file descriptors: up to %llu", (unsigned long long)fdbudget_raise());
-  gpu *g;
+  gpudev *g;
   if (open_backend(&cfg, &g) < 0) {
     if (cfg.listen_fd >= 0) close(cfg.listen_fd);
     return 1;
   }
-  uint64_t gran = gpu_granularity(g);
+  uint64_t gran = gpudev_granularity(g);
   if (cfg.chunk_size < gran) cfg.chunk_size = gran;
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -397,11 +397,11 @@ int main(int argc, char **argv) {
   if (!srv) {
     log_error("%s", err);
     uv_loop_close(&loop);
-    gpu_close(g);
+    gpudev_close(g);
     return 1;
   }
   bool notify_failed =
-      notify_ready(gpu_name(g), gpu_device_count(g), cfg.socket_path, err, sizeof err) < 0;
+      notify_ready(gpudev_name(g), gpudev_device_count(g), cfg.socket_path, err, sizeof err) < 0;
   if (notify_failed) {
     log_error("%s", err);
     raise(SIGTERM);
@@ -410,7 +410,7 @@ int main(int argc, char **argv) {
   if (notify_failed) status = 1;
   server_destroy(srv);
   uv_loop_close(&loop);
-  gpu_close(g);
+  gpudev_close(g);
   log_info("stopped");
   return status;
 }

@@ -80,7 +80,7 @@ void outcome_log(const struct outcome *o, const char *what, const char *first_ta
 
 /* Send the answer: an Error with the fault, or an OpReply. */
 void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint64_t backup_us,
-                   Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpu *g,
+                   Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpudev *g,
                    const struct outbox *out, struct owner *to) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.id = req_id;

@@ -56,7 +56,7 @@ void outcome_log(const struct outcome *o, const char *what, const char *first_ta
  * figures of a success that took elapsed_us (backup_us of it copying),
  * with the devices' checks and their state now. */
 void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint64_t backup_us,
-                   Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpu *g,
+                   Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpudev *g,
                    const struct outbox *out, struct owner *to);
 
 #endif

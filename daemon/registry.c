@@ -15,7 +15,7 @@
 #include "fdbudget.h"
 
 struct registry {
-  gpu *gpu;
+  gpudev *gpu;
   struct registry_options opt;
   uint64_t next_id;
   idmap *buffers;
@@ -37,7 +37,7 @@ struct registry {
 };
 
 /* Create an empty registry over a backend. */
-registry *registry_create(gpu *g, const struct registry_options *opt) {
+registry *registry_create(gpudev *g, const struct registry_options *opt) {
   registry *r = calloc(1, sizeof *r);
   if (!r) return NULL;
   r->gpu = g;
@@ -248,7 +248,7 @@ tenants *registry_tenants(registry *r) { return r->tenants; }
  * one of the daemon's descriptors, three quarters of its limit, the rest
  * left to connections and the daemon's own (0: no such limit). */
 static uint64_t chunk_budget(const registry *r) {
-  if (!gpu_fd_per_chunk(r->gpu)) return 0;
+  if (!gpudev_fd_per_chunk(r->gpu)) return 0;
   uint64_t limit = fdbudget_limit();
   return limit == UINT64_MAX ? 0 : limit / 4 * 3;
 }
@@ -281,16 +281,16 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
   wire_code room = take_chunks(r, b->uid, n, f);
   if (room) return room;
   for (size_t i = 0; i < b->nchunks; i++) {
-    int rc = b->ipc ? gpu_ipc_alloc(r->gpu, b->device, b->size, &b->handles[0], b->ipc_handle)
-                    : gpu_chunk_create(r->gpu, b->device, b->chunk_sizes[i], &b->handles[i]);
+    int rc = b->ipc ? gpudev_ipc_alloc(r->gpu, b->device, b->size, &b->handles[0], b->ipc_handle)
+                    : gpudev_chunk_create(r->gpu, b->device, b->chunk_sizes[i], &b->handles[i]);
     if (rc < 0) {
       char said[200];
       snprintf(said, sizeof said, "%s", gpu_error());
       while (i-- > 0)
-        gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
+        gpudev_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
       give_chunks(r, b->uid, n);
       uint64_t free_b = 0, total = 0;
-      gpu_mem_info(r->gpu, b->device, &free_b, &total);
+      gpudev_mem_info(r->gpu, b->device, &free_b, &total);
       f->bytes_needed = b->size;
       f->bytes_free = free_b;
       if (rc == -ENOMEM)
@@ -304,7 +304,7 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
   /* Whose memory this is outlives the daemon where the backend keeps it;
    * where it cannot (not root, or a VMM driver) nothing is recorded. */
   for (size_t i = 0; i < b->nchunks && !b->ipc; i++)
-    gpu_chunk_set_owner(r->gpu, b->handles[i], b->uid);
+    gpudev_chunk_set_owner(r->gpu, b->handles[i], b->uid);
   b->has_memory = true;
   r->managed[b->device] += b->size;
   return GPUMEM__WIRE__ERROR_CODE__OK;
@@ -314,10 +314,10 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
 void registry_memory_release(registry *r, struct buffer *b) {
   if (!b->has_memory) return;
   if (b->ipc)
-    gpu_ipc_free(r->gpu, b->device, b->handles[0], b->size);
+    gpudev_ipc_free(r->gpu, b->device, b->handles[0], b->size);
   else
     for (size_t i = 0; i < b->nchunks; i++)
-      gpu_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
+      gpudev_chunk_release(r->gpu, b->device, b->handles[i], b->chunk_sizes[i]);
   b->has_memory = false;
   r->managed[b->device] -= b->size;
   give_chunks(r, b->uid, b->ipc ? 1 : b->nchunks);
@@ -332,7 +332,8 @@ static uint64_t now_us(void) {
 /* Copy all chunks of a buffer one way, counting bytes and time. */
 static int copy(registry *r, struct buffer *b, void *host, bool to_host) {
   uint64_t t0 = now_us();
-  int rc = gpu_chunks_copy(r->gpu, b->device, b->handles, b->chunk_sizes, b->nchunks, host, to_host);
+  int rc = gpudev_chunks_copy(r->gpu, b->device, b->handles, b->chunk_sizes, b->nchunks, host,
+                              to_host);
   if (rc == 0) {
     r->copied[to_host] += b->size;
     r->copy_us[to_host] += now_us() - t0;
@@ -430,7 +431,8 @@ wire_code registry_restore(registry *r, struct buffer *b, struct fault *f) {
     if (!back)
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL,
                        "no host memory to verify buffer %llu", id);
-    int rc = gpu_chunks_copy(r->gpu, b->device, b->handles, b->chunk_sizes, b->nchunks, back, true);
+    int rc = gpudev_chunks_copy(r->gpu, b->device, b->handles, b->chunk_sizes, b->nchunks, back,
+                                true);
     uint64_t h = rc == 0 ? XXH3_64bits(back, b->size) : 0;
     free(back);
     if (rc < 0 || h != b->backup_hash) {
@@ -473,13 +475,13 @@ uint64_t registry_backup_ready(const registry *r) { return r->backup_ready; }
 /* Check the request against the backend, round it, and cut it into chunks. */
 static wire_code plan_chunks(registry *r, struct buffer *b, uint64_t size,
                              struct fault *f) {
-  unsigned ndev = gpu_device_count(r->gpu);
+  unsigned ndev = gpudev_device_count(r->gpu);
   if (b->device >= ndev)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "device %u out of range (%u devices)", b->device, ndev);
   uint64_t free_b = 0, total = 0;
-  gpu_mem_info(r->gpu, b->device, &free_b, &total);
-  uint64_t rounded = size_round_up(size, gpu_granularity(r->gpu));
+  gpudev_mem_info(r->gpu, b->device, &free_b, &total);
+  uint64_t rounded = size_round_up(size, gpudev_granularity(r->gpu));
   if (rounded == 0 || rounded > total)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "size %llu is larger than device %u (%llu bytes)",
@@ -487,7 +489,7 @@ static wire_code plan_chunks(registry *r, struct buffer *b, uint64_t size,
                      (unsigned long long)total);
   /* Legacy IPC memory is one plain allocation; on the host backend it is
    * shared memory like any other and simply never pauses. */
-  b->ipc = (b->flags & BUF_FLAG_IPC_LEGACY) && gpu_has_ipc(r->gpu);
+  b->ipc = (b->flags & BUF_FLAG_IPC_LEGACY) && gpudev_has_ipc(r->gpu);
   uint64_t n = b->ipc ? 1 : (rounded + r->opt.chunk_size - 1) / r->opt.chunk_size;
   if (n > FRAME_MAX_FDS)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
@@ -521,7 +523,7 @@ static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) 
                      "--backup-limit %llu",
                      (unsigned long long)r->backup_reserved, (unsigned long long)b->size,
                      (unsigned long long)r->opt.backup_limit);
-  if (r->backup_buffers[b->device] == 0 && gpu_hold(r->gpu, b->device) < 0)
+  if (r->backup_buffers[b->device] == 0 && gpudev_hold(r->gpu, b->device) < 0)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "device %u: %s", b->device,
                      gpu_error());
   r->backup_buffers[b->device]++;
@@ -533,7 +535,7 @@ static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) 
 static void unreserve_backup(registry *r, struct buffer *b) {
   if (!(b->flags & BUF_FLAG_BACKUP)) return;
   r->backup_reserved -= b->size;
-  if (--r->backup_buffers[b->device] == 0) gpu_unhold(r->gpu, b->device);
+  if (--r->backup_buffers[b->device] == 0) gpudev_unhold(r->gpu, b->device);
 }
 
 static void tally(struct buffer *b, int sign);
@@ -626,7 +628,7 @@ fail:
  * daemon that is not root cannot chown, so its chunks all carry its own
  * uid, which then says nothing. */
 static bool owned_by(registry *r, uint64_t handle, uint32_t uid, uint32_t *holder) {
-  if (gpu_chunk_owner(r->gpu, handle, holder) < 0) return true;
+  if (gpudev_chunk_owner(r->gpu, handle, holder) < 0) return true;
   return *holder == uid || (geteuid() != 0 && *holder == (uint32_t)geteuid());
 }
 
@@ -667,7 +669,7 @@ wire_code registry_adopt(registry *r, struct owner *owner, const char *tagname, 
   for (; took < nfds; took++) {
     int fd = fds[took];
     fds[took] = -1;
-    if (gpu_chunk_adopt(r->gpu, device, fd, chunk_sizes[took], &b->handles[took]) < 0) {
+    if (gpudev_chunk_adopt(r->gpu, device, fd, chunk_sizes[took], &b->handles[took]) < 0) {
       rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "chunk %zu of a '%s' buffer: %s", took, tagname, gpu_error());
       break;
@@ -681,7 +683,8 @@ wire_code registry_adopt(registry *r, struct owner *owner, const char *tagname, 
     }
   }
   if (rc) {
-    for (size_t i = 0; i < took; i++) gpu_chunk_release(r->gpu, device, b->handles[i], chunk_sizes[i]);
+    for (size_t i = 0; i < took; i++)
+      gpudev_chunk_release(r->gpu, device, b->handles[i], chunk_sizes[i]);
     give_chunks(r, uid, nfds);
     unreserve_backup(r, b);
     uncharge(r, b);
@@ -762,7 +765,7 @@ void registry_held_by(registry *r, struct buffer **bufs, size_t n, bool *held) {
     for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++)
       handles[k++] = bufs[i]->handles[c];
   if (handles && chunk_held && total &&
-      gpu_chunks_held_by(r->gpu, (int)bufs[0]->owner->pid, handles, total, chunk_held) > 0) {
+      gpudev_chunks_held_by(r->gpu, (int)bufs[0]->owner->pid, handles, total, chunk_held) > 0) {
     k = 0;
     for (size_t i = 0; i < n; i++)
       for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) held[i] |= chunk_held[k++];
@@ -848,7 +851,7 @@ size_t registry_count(const registry *r) { return idmap_count(r->buffers); }
 wire_code registry_export(registry *r, struct buffer *b, int *fds, struct fault *f) {
   if (b->ipc) return GPUMEM__WIRE__ERROR_CODE__OK;
   for (size_t i = 0; i < b->nchunks; i++) {
-    if (gpu_chunk_export(r->gpu, b->handles[i], &fds[i]) < 0) {
+    if (gpudev_chunk_export(r->gpu, b->handles[i], &fds[i]) < 0) {
       while (i-- > 0) close(fds[i]);
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
                        "export of buffer %llu: %s", (unsigned long long)b->id,

@@ -9,7 +9,7 @@
 #include "common/list.h"
 #include "common/wire.h"
 #include "fault.h"
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
 #include "hostmem.h"
 #include "owner.h"
 #include "tenant.h"
@@ -98,7 +98,7 @@ struct registry_options {
 };
 
 /* Create an empty registry over a backend. */
-registry *registry_create(gpu *g, const struct registry_options *opt);
+registry *registry_create(gpudev *g, const struct registry_options *opt);
 
 /* Free every buffer and the registry. */
 void registry_destroy(registry *r);

@@ -19,8 +19,8 @@
 #define REPORT_MAX_PROCESSES 256
 
 /* Fill info for every device. */
-Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n) {
-  unsigned ndev = gpu_device_count(g);
+Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpudev *g, size_t *n) {
+  unsigned ndev = gpudev_device_count(g);
   Gpumem__Wire__DeviceInfo **v = calloc(ndev + 1, sizeof *v);
   /* One block: the infos, then a bus id string for each. */
   Gpumem__Wire__DeviceInfo *d = calloc(ndev + 1, sizeof *d + REPORT_BUS_ID_LEN);
@@ -34,16 +34,16 @@ Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n) {
   for (unsigned i = 0; i < ndev; i++) {
     gpumem__wire__device_info__init(&d[i]);
     d[i].index = i;
-    struct gpu_mem m = {0};
-    gpu_mem_detail(g, i, &m);
+    struct gpudev_mem m = {0};
+    gpudev_mem_detail(g, i, &m);
     d[i].total = m.total;
     d[i].free = m.free;
     d[i].reserved = m.reserved;
     d[i].managed = registry_managed(reg, i);
     char *bus = (char *)(d + ndev + 1) + (size_t)i * REPORT_BUS_ID_LEN;
-    if (gpu_bus_id(g, i, bus, REPORT_BUS_ID_LEN) < 0) bus[0] = '\0';
+    if (gpudev_bus_id(g, i, bus, REPORT_BUS_ID_LEN) < 0) bus[0] = '\0';
     d[i].bus_id = bus;
-    d[i].daemon_context = gpu_holding(g, i);
+    d[i].daemon_context = gpudev_holding(g, i);
     v[i] = &d[i];
   }
   *n = ndev;
@@ -105,16 +105,16 @@ static void comm_of(int pid, char *buf, size_t len) {
 }
 
 /* Sum what processes hold on dev outside the daemon. */
-int report_residual(gpu *g, unsigned dev, struct report_residual *r) {
+int report_residual(gpudev *g, unsigned dev, struct report_residual *r) {
   memset(r, 0, sizeof *r);
-  struct gpu_process procs[REPORT_MAX_PROCESSES];
+  struct gpudev_process procs[REPORT_MAX_PROCESSES];
   size_t n = 0;
-  int rc = gpu_processes(g, dev, procs, REPORT_MAX_PROCESSES, &n);
+  int rc = gpudev_processes(g, dev, procs, REPORT_MAX_PROCESSES, &n);
   if (rc < 0) return rc;
   if (n > REPORT_MAX_PROCESSES) n = REPORT_MAX_PROCESSES;
   for (size_t i = 0; i < n; i++) {
     if (procs[i].pid == getpid()) continue;
-    if (procs[i].used == GPU_USED_UNKNOWN) return -ENODATA; /* named, not measured */
+    if (procs[i].used == GPUDEV_USED_UNKNOWN) return -ENODATA; /* named, not measured */
     r->bytes += procs[i].used;
     if (procs[i].used > r->top_bytes) {
       r->top_bytes = procs[i].used;
@@ -128,23 +128,23 @@ int report_residual(gpu *g, unsigned dev, struct report_residual *r) {
 /* The processes on every device with their memory outside the daemon;
  * returns the count (into *out, malloc'd), or -1 where the driver gives no
  * per-process figures (then *out may still hold what was found). */
-static long processes_of(gpu *g, struct list *sessions, Gpumem__Wire__ProcessMemory **out,
+static long processes_of(gpudev *g, struct list *sessions, Gpumem__Wire__ProcessMemory **out,
                          char (**names)[WIRE_NAME_MAX + 1]) {
-  unsigned ndev = gpu_device_count(g);
+  unsigned ndev = gpudev_device_count(g);
   size_t n = 0, cap = 0;
   bool known = false, unmeasured = false;
   *out = NULL;
   *names = NULL;
   for (unsigned d = 0; d < ndev; d++) {
-    struct gpu_process procs[REPORT_MAX_PROCESSES];
+    struct gpudev_process procs[REPORT_MAX_PROCESSES];
     size_t k = 0;
-    if (gpu_processes(g, d, procs, REPORT_MAX_PROCESSES, &k) < 0) continue;
+    if (gpudev_processes(g, d, procs, REPORT_MAX_PROCESSES, &k) < 0) continue;
     known = true;
     for (size_t i = 0; i < k && i < REPORT_MAX_PROCESSES; i++)
-      if (procs[i].used == GPU_USED_UNKNOWN) unmeasured = true;
+      if (procs[i].used == GPUDEV_USED_UNKNOWN) unmeasured = true;
     if (k > REPORT_MAX_PROCESSES) k = REPORT_MAX_PROCESSES;
     for (size_t i = 0; i < k; i++) {
-      if (procs[i].pid == getpid() || procs[i].used == 0 || procs[i].used == GPU_USED_UNKNOWN)
+      if (procs[i].pid == getpid() || procs[i].used == 0 || procs[i].used == GPUDEV_USED_UNKNOWN)
         continue;
       if (n == cap) {
         cap = cap ? 2 * cap : 16;
@@ -318,7 +318,7 @@ static void tenant_view_free(struct tenant_view *tv) {
 /* Send s one page of the status of every device, tag and session it may
  * see (a worker: its uid's). */
 void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
-                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpu *g,
+                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpudev *g,
                    struct list *sessions,
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
                    const struct report_own *own) {
@@ -327,9 +327,9 @@ void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
   size_t limit = req->limit && req->limit < REPORT_STATUS_PAGE ? req->limit : REPORT_STATUS_PAGE;
   if (s->minor < 4) limit = SIZE_MAX; /* a 1.3 client knows no pages: all in one */
   Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
-  r.backend = (char *)gpu_name(g);
+  r.backend = (char *)gpudev_name(g);
   r.version = (char *)DAEMON_VERSION;
-  r.granularity = gpu_granularity(g);
+  r.granularity = gpudev_granularity(g);
   r.devices = report_devices(reg, g, &r.n_devices);
   struct tenant_view tv = {0};
   size_t ntags = registry_tag_count(reg), nsessions = list_count(sessions);
@@ -345,7 +345,7 @@ void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
   long nprocs = processes_of(g, sessions, &procs, &names);
   procp = calloc(nprocs > 0 ? (size_t)nprocs + 1 : 1, sizeof *procp);
   if (!r.devices || !tags || !tagp || !ses || !sesp || !procp ||
-      tenant_view_fill(&tv, reg, gpu_device_count(g), all, uid, &r) < 0) {
+      tenant_view_fill(&tv, reg, gpudev_device_count(g), all, uid, &r) < 0) {
     struct fault f;
     fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     stats_error(st, f.code);

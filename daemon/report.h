@@ -29,7 +29,7 @@ struct report_own {
  * other session only its own uid's, and the tags it owns or that are
  * shared (a shared tag's figures then count only its uid's buffers). */
 void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
-                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpu *g,
+                   const Gpumem__Wire__StatusRequest *req, registry *reg, gpudev *g,
                    struct list *sessions,
                    Gpumem__Wire__DeviceCheck *const *last_checks, size_t nlast, stats *st,
                    const struct report_own *own);
@@ -44,7 +44,7 @@ void report_share(const struct outbox *out, struct owner *s, uint64_t req_id, co
 
 /* Fill info for every device; returns an array of pointers into one block
  * (free with report_devices_free), *n set to the count. */
-Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpu *g, size_t *n);
+Gpumem__Wire__DeviceInfo **report_devices(registry *reg, gpudev *g, size_t *n);
 
 /* Device memory held outside the daemon on one device, by the driver's
  * per-process figures (the daemon's own process left out). */
@@ -57,7 +57,7 @@ struct report_residual {
 
 /* Sum what processes hold on dev outside the daemon. Returns 0, or a
  * negative errno where the driver gives no per-process figures. */
-int report_residual(gpu *g, unsigned dev, struct report_residual *r);
+int report_residual(gpudev *g, unsigned dev, struct report_residual *r);
 
 /* Free what report_devices returned. */
 void report_devices_free(Gpumem__Wire__DeviceInfo **v);

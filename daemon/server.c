@@ -24,7 +24,7 @@
 struct server {
   uv_loop_t *loop;
   const struct config *cfg;
-  gpu *gpu;
+  gpudev *gpu;
   registry *reg;
   engine *eng;
   stats *stats; /* what the daemon did since it started */
@@ -97,7 +97,7 @@ static int out_stop(void *ctx, struct owner *o) {
 }
 
 /* Bind the socket and get ready to serve. */
-server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
+server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
                       char *err, size_t errlen) {
   server *srv = calloc(1, sizeof *srv);
   if (!srv) {
@@ -170,7 +170,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
 /* Serve until a signal stops the loop. */
 int server_run(server *srv) {
   log_info("listening on %s (backend %s, %u devices)", srv->cfg->socket_path,
-           gpu_name(srv->gpu), gpu_device_count(srv->gpu));
+           gpudev_name(srv->gpu), gpudev_device_count(srv->gpu));
   uv_run(srv->loop, UV_RUN_DEFAULT);
   return srv->exit_status;
 }
@@ -502,8 +502,8 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
   Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
   r.version_major = WIRE_VERSION_MAJOR;
   r.version_minor = WIRE_VERSION_MINOR;
-  r.backend = (char *)gpu_name(srv->gpu);
-  r.granularity = gpu_granularity(srv->gpu);
+  r.backend = (char *)gpudev_name(srv->gpu);
+  r.granularity = gpudev_granularity(srv->gpu);
   r.session_id = s->owner.id;
   r.devices = report_devices(srv->reg, srv->gpu, &r.n_devices);
   wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
@@ -629,18 +629,18 @@ static void reply_adopt(struct session *s, uint64_t id, uint64_t *ids, size_t n)
 /* Check one buffer of an adopt against this daemon's devices. */
 static wire_code adopt_check(server *srv, const Gpumem__Wire__AdoptBuffer *a, size_t i,
                              struct fault *f) {
-  uint64_t gran = gpu_granularity(srv->gpu);
-  unsigned ndev = gpu_device_count(srv->gpu);
+  uint64_t gran = gpudev_granularity(srv->gpu);
+  unsigned ndev = gpudev_device_count(srv->gpu);
   if (a->device >= ndev)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "adopt buffer %zu: device %u out of range (%u devices)", i, a->device, ndev);
-  struct gpu_mem m = {0};
-  gpu_mem_detail(srv->gpu, a->device, &m);
+  struct gpudev_mem m = {0};
+  gpudev_mem_detail(srv->gpu, a->device, &m);
   if (a->size > m.total)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "adopt buffer %zu: %llu bytes is larger than device %u (%llu bytes)", i,
                      (unsigned long long)a->size, a->device, (unsigned long long)m.total);
-  if ((a->flags & BUF_FLAG_IPC_LEGACY) && gpu_has_ipc(srv->gpu))
+  if ((a->flags & BUF_FLAG_IPC_LEGACY) && gpudev_has_ipc(srv->gpu))
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "adopt buffer %zu: IPC_LEGACY memory belonged to the old daemon", i);
   for (size_t k = 0; k < a->n_chunk_sizes; k++)
@@ -747,7 +747,7 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
     return;
   }
   uint64_t mask = 0;
-  unsigned ndev = gpu_device_count(srv->gpu);
+  unsigned ndev = gpudev_device_count(srv->gpu);
   for (size_t i = 0; i < ndevs; i++) {
     if (devs[i] >= ndev) {
       char text[64];

@@ -9,13 +9,13 @@
 
 #include "common/wire.h"
 #include "config.h"
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
 
 typedef struct server server;
 
 /* Bind the socket and get ready to serve. NULL with err filled on failure
  * (another daemon answering, a path we may not use, ...). */
-server *server_create(uv_loop_t *loop, const struct config *cfg, gpu *g,
+server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
                       char *err, size_t errlen);
 
 /* Serve until SIGTERM or SIGINT; returns the exit status. */

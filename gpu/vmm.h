@@ -1,35 +1,38 @@
-/* The vendor side of the VMM backends (CUDA and HIP): the same calls with
- * the same meaning, loaded at run time, so that gpu/vmm.c holds the logic
- * once and every test on one vendor exercises the code the other runs.
- * Every call returns the vendor's status: 0 is success. Internal to gpu/. */
+/* The VMM backends' common ground (CUDA and HIP): the vendor calls both
+ * halves make, loaded at run time, and the state both halves keep over
+ * them: the devices, the granularity, the device contexts this state
+ * holds, and the fds imported handles came from. The daemon's half
+ * (gpu/vmm_dev.h) and the client's half (gpu/vmm_va.h) add their own
+ * calls; the VMM logic is written once over these tables, so that every
+ * test on one vendor exercises the code the other runs. Every vendor call
+ * returns the vendor's status: 0 is success. Internal to gpu/. */
 #ifndef GPUMEM_GPU_VMM_H
 #define GPUMEM_GPU_VMM_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpu.h"
+#include "common/idmap.h"
+#include "common/limits.h"
 
 /* The vendor headers each backend was compiled against ("HIP 6.4.43484"). */
 extern const char vmm_cuda_headers[];
 extern const char vmm_hip_headers[];
 
+/* The vendor calls of both halves. */
 struct vmm_vendor {
-  const char *name;   /* "cuda", "hip" */
-  const char *prefix; /* "cu", "hip": error messages name calls prefix+Name */
+  const char *name;        /* "cuda", "hip" */
+  const char *prefix;      /* "cu", "hip": error messages name calls prefix+Name */
   const char *device_word; /* "CUDA", "HIP": for "no CUDA device found" */
-  int oom;            /* the vendor's out-of-memory status */
+  int oom;                 /* the vendor's out-of-memory status */
   /* dlopen the runtime and initialize it; 0, or -errno with err filled. */
   int (*load)(char *err, size_t errlen);
   const char *(*error_name)(int rc);
   int (*device_count)(int *n);
-  int (*bus_id)(int dev, char *buf, int len);
-  int (*device_by_bus_id)(const char *bus_id, int *dev);
   int (*granularity)(int dev, uint64_t *g);
-  int (*create)(int dev, uint64_t size, uint64_t *handle);
   int (*release)(uint64_t handle);
-  int (*export_fd)(uint64_t handle, int *fd);
   int (*import_fd)(int fd, uint64_t *handle);
   int (*reserve)(uint64_t size, uint64_t align, uint64_t *va);
   int (*address_free)(uint64_t va, uint64_t size);
@@ -45,41 +48,61 @@ struct vmm_vendor {
    * ctx_leave puts back what was current, context or none. */
   int (*ctx_enter)(int dev, int *saved);
   int (*ctx_leave)(int saved);
-  int (*sync)(void);
-  int (*dtoh)(void *dst, uint64_t src, uint64_t n);
-  int (*htod)(uint64_t dst, const void *src, uint64_t n);
-  int (*stream_create)(void **stream);
-  int (*stream_destroy)(void *stream);
-  int (*stream_sync)(void *stream);
-  int (*dtoh_async)(void *dst, uint64_t src, uint64_t n, void *stream);
-  int (*htod_async)(uint64_t dst, const void *src, uint64_t n, void *stream);
-  /* Pinned host memory, usable from every context. */
-  int (*host_alloc)(void **p, uint64_t size);
-  int (*host_free)(void *p);
-  /* Pin (page-lock) host memory the process has, for every context, or
-   * let go of a pinned range by its start. */
-  int (*host_register)(void *p, uint64_t size);
-  int (*host_unregister)(void *p);
-  int (*memset32)(uint64_t dst, uint32_t value, uint64_t count);
-  /* Free and total device memory, without a context where possible. */
-  int (*mem_info)(int dev, uint64_t *free_bytes, uint64_t *total);
-  /* The device a handle's memory is on (to check memory handed over). */
-  int (*handle_device)(uint64_t handle, int *dev);
-  /* From the vendor's management library (NVML, ROCm SMI), which needs no
-   * context; these two return 0 or -errno, with words through gpu_fail,
-   * and -ENOTSUP where the library is missing or says nothing. */
-  /* Total, free and driver-reserved bytes of a device. */
-  int (*mem_detail)(int dev, uint64_t *total, uint64_t *free_bytes, uint64_t *reserved);
-  /* The processes using a device: a malloc'd list (the caller frees it),
-   * used GPU_USED_UNKNOWN where the library gives no figure. */
-  int (*processes)(int dev, struct gpu_process **list, size_t *n);
-  int (*ipc_alloc)(uint64_t size, uint64_t *dptr, uint8_t *handle);
-  int (*ipc_free)(uint64_t dptr);
-  int (*ipc_open)(const uint8_t *handle, uint64_t *dptr);
-  int (*ipc_close)(uint64_t dptr);
 };
 
 extern const struct vmm_vendor vmm_cuda;
 extern const struct vmm_vendor vmm_hip;
+
+/* One half's state over a vendor. */
+struct vmm {
+  const struct vmm_vendor *v;
+  int ndev;
+  uint64_t granularity;
+  pthread_mutex_t mu;
+  unsigned ctx_refs[GPUMEM_MAX_DEVICES]; /* holds on each device's context */
+  idmap *kept; /* imported handle -> fd + 1 it came from, under mu */
+};
+
+/* Load the vendor runtime and learn its devices and granularity into m.
+ * 0, or -errno with err filled. */
+int vmm_open(struct vmm *m, const struct vmm_vendor *v, char *err, size_t errlen);
+
+/* Let go of every context m still holds and free what it has. */
+void vmm_close(struct vmm *m);
+
+/* Turn a vendor status into -ENOMEM/-EIO, saying which call failed (its
+ * name without the vendor's prefix: "MemMap"). */
+int vmm_fail(const struct vmm *m, int st, const char *call);
+
+/* Turn a vendor status into 0, or -ENOMEM/-EIO saying which call failed. */
+int vmm_check(const struct vmm *m, int st, const char *call);
+
+/* Hold the device's primary context, counted: retained on the first hold.
+ * What is current on the thread does not change. */
+int vmm_ctx_ref(struct vmm *m, int dev);
+
+/* Let go of a hold taken with vmm_ctx_ref; the last one releases it. */
+void vmm_ctx_unref(struct vmm *m, int dev);
+
+/* True while m holds the device's context. */
+bool vmm_ctx_held(struct vmm *m, unsigned dev);
+
+/* Make dev's held context current on this thread over the caller's, which
+ * vmm_ctx_leave(saved) puts back. */
+int vmm_ctx_enter(struct vmm *m, int dev, int *saved);
+
+/* Put back what was current before vmm_ctx_enter. */
+void vmm_ctx_leave(struct vmm *m, int saved);
+
+/* Import fd and keep it with the handle until vmm_release_handle; the fd
+ * is consumed either way. Returns the vendor's status, or -ENOMEM. */
+int vmm_import_keep(struct vmm *m, int fd, uint64_t *handle);
+
+/* A new fd for a handle, a copy of the one kept with it: 0, -ENOENT where
+ * none is kept (the handle was not imported), or -errno. */
+int vmm_kept_dup(struct vmm *m, uint64_t handle, int *fd);
+
+/* Release a handle and close the fd kept with it. */
+void vmm_release_handle(struct vmm *m, uint64_t handle);
 
 #endif

@@ -12,7 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
+#include "gpu/gpuva.h"
 #include "harness.h"
 
 #define MiB (1ull << 20)
@@ -72,12 +73,19 @@ START_TEST(no_binary_links_a_vendor_runtime) {
 END_TEST
 
 /* A host backend of two devices of 16 MiB each, daemon side. */
-static gpu *host_open(bool client) {
-  struct gpu_options o = {.backend = "host", .client = client, .host_devices = 2,
-                          .host_device_size = 16 * MiB};
-  gpu *g = NULL;
+static gpudev *host_open(void) {
+  struct gpudev_options o = {.backend = "host", .host_devices = 2, .host_device_size = 16 * MiB};
+  gpudev *g = NULL;
   char err[256];
-  ck_assert_msg(gpu_open(&o, &g, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(gpudev_open(&o, &g, err, sizeof err) == 0, "%s", err);
+  return g;
+}
+
+/* The host backend, client side. */
+static gpuva *host_client_open(void) {
+  gpuva *g = NULL;
+  char err[256];
+  ck_assert_msg(gpuva_open("host", &g, err, sizeof err) == 0, "%s", err);
   return g;
 }
 
@@ -145,14 +153,14 @@ static void child_end(struct child *c) {
   ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-/* The bytes process pid holds on dev by gpu_processes, 0 if not listed. */
-static uint64_t held_outside(gpu *g, unsigned dev, int pid) {
+/* The bytes process pid holds on dev by gpudev_processes, 0 if not listed. */
+static uint64_t held_outside(gpudev *g, unsigned dev, int pid) {
   size_t n = 0;
-  ck_assert_int_eq(gpu_processes(g, dev, NULL, 0, &n), 0);
+  ck_assert_int_eq(gpudev_processes(g, dev, NULL, 0, &n), 0);
   n += 64; /* room for processes that start meanwhile */
-  struct gpu_process *list = calloc(n, sizeof *list);
+  struct gpudev_process *list = calloc(n, sizeof *list);
   size_t got = 0;
-  ck_assert_int_eq(gpu_processes(g, dev, list, n, &got), 0);
+  ck_assert_int_eq(gpudev_processes(g, dev, list, n, &got), 0);
   uint64_t used = 0;
   for (size_t i = 0; i < got && i < n; i++)
     if (list[i].pid == pid) used = list[i].used;
@@ -163,19 +171,19 @@ static uint64_t held_outside(gpu *g, unsigned dev, int pid) {
 /* On the host backend free memory is capacity less what chunks commit,
  * and there is no driver reserve. */
 START_TEST(host_mem_detail_is_capacity_less_committed) {
-  gpu *g = host_open(false);
+  gpudev *g = host_open();
   uint64_t h;
-  ck_assert_int_eq(gpu_chunk_create(g, 1, 4 * MiB, &h), 0);
-  struct gpu_mem m;
-  ck_assert_int_eq(gpu_mem_detail(g, 1, &m), 0);
+  ck_assert_int_eq(gpudev_chunk_create(g, 1, 4 * MiB, &h), 0);
+  struct gpudev_mem m;
+  ck_assert_int_eq(gpudev_mem_detail(g, 1, &m), 0);
   ck_assert_uint_eq(m.total, 16 * MiB);
   ck_assert_uint_eq(m.free, 12 * MiB);
   ck_assert_uint_eq(m.reserved, 0);
-  ck_assert_int_eq(gpu_mem_detail(g, 0, &m), 0);
+  ck_assert_int_eq(gpudev_mem_detail(g, 0, &m), 0);
   ck_assert_uint_eq(m.free, 16 * MiB);
-  ck_assert_int_eq(gpu_mem_detail(g, 2, &m), -ENODEV);
-  gpu_chunk_release(g, 1, h, 4 * MiB);
-  gpu_close(g);
+  ck_assert_int_eq(gpudev_mem_detail(g, 2, &m), -ENODEV);
+  gpudev_chunk_release(g, 1, h, 4 * MiB);
+  gpudev_close(g);
 }
 END_TEST
 
@@ -203,12 +211,12 @@ static bool outside_step(void *arg, char n) {
  * with those bytes, per device; what it maps of the daemon's chunks is not
  * counted; once it exits it is gone from the list. */
 START_TEST(host_processes_names_who_holds_memory_outside_the_daemon) {
-  gpu *g = host_open(false);
+  gpudev *g = host_open();
   uint64_t h;
-  ck_assert_int_eq(gpu_chunk_create(g, 0, 4 * MiB, &h), 0);
+  ck_assert_int_eq(gpudev_chunk_create(g, 0, 4 * MiB, &h), 0);
   struct outside o = {.dev0 = outside_memfd(0, 6 * MiB, true),
                       .dev1 = outside_memfd(1, 2 * MiB, true)};
-  ck_assert_int_eq(gpu_chunk_export(g, h, &o.chunk), 0);
+  ck_assert_int_eq(gpudev_chunk_export(g, h, &o.chunk), 0);
   struct child c;
   child_start(&c, outside_step, &o);
   close(o.dev0);
@@ -220,9 +228,9 @@ START_TEST(host_processes_names_who_holds_memory_outside_the_daemon) {
   ck_assert_uint_eq(held_outside(g, 0, getpid()), 0); /* never the daemon itself */
   child_end(&c);
   ck_assert_uint_eq(held_outside(g, 0, c.pid), 0);
-  ck_assert_int_eq(gpu_processes(g, 2, NULL, 0, &(size_t){0}), -ENODEV);
-  gpu_chunk_release(g, 0, h, 4 * MiB);
-  gpu_close(g);
+  ck_assert_int_eq(gpudev_processes(g, 2, NULL, 0, &(size_t){0}), -ENODEV);
+  gpudev_chunk_release(g, 0, h, 4 * MiB);
+  gpudev_close(g);
 }
 END_TEST
 
@@ -245,9 +253,9 @@ static bool holder_step(void *arg, char n) {
 }
 
 /* Whether one chunk is held by pid (the batch call for one). */
-static int held_by(gpu *g, uint64_t h, pid_t pid) {
+static int held_by(gpudev *g, uint64_t h, pid_t pid) {
   bool held = true;
-  int rc = gpu_chunks_held_by(g, (int)pid, &h, 1, &held);
+  int rc = gpudev_chunks_held_by(g, (int)pid, &h, 1, &held);
   ck_assert_int_eq(rc, held ? 1 : 0);
   return rc;
 }
@@ -255,11 +263,11 @@ static int held_by(gpu *g, uint64_t h, pid_t pid) {
 /* A chunk is held by a process while it has an fd to it or a mapping of
  * it, until it lets go of both, and not by one that has exited. */
 START_TEST(host_chunk_held_by_follows_fds_and_mappings) {
-  gpu *g = host_open(false);
+  gpudev *g = host_open();
   uint64_t h;
-  ck_assert_int_eq(gpu_chunk_create(g, 0, 4 * MiB, &h), 0);
+  ck_assert_int_eq(gpudev_chunk_create(g, 0, 4 * MiB, &h), 0);
   struct holder k = {.chunk = (int)h};
-  ck_assert_int_eq(gpu_chunk_export(g, h, &k.fd), 0);
+  ck_assert_int_eq(gpudev_chunk_export(g, h, &k.fd), 0);
   struct child c;
   child_start(&c, holder_step, &k);
   close(k.fd);
@@ -273,8 +281,8 @@ START_TEST(host_chunk_held_by_follows_fds_and_mappings) {
   ck_assert_int_eq(held_by(g, h, c.pid), 0);
   child_end(&c);
   ck_assert_int_eq(held_by(g, h, c.pid), 0);
-  gpu_chunk_release(g, 0, h, 4 * MiB);
-  gpu_close(g);
+  gpudev_chunk_release(g, 0, h, 4 * MiB);
+  gpudev_close(g);
 }
 END_TEST
 
@@ -282,8 +290,8 @@ END_TEST
 static bool closed(int fd) { return fcntl(fd, F_GETFD) < 0 && errno == EBADF; }
 
 /* Adopt fd; the result, and check that the fd was consumed. */
-static int adopt(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *h) {
-  int rc = gpu_chunk_adopt(g, dev, fd, size, h);
+static int adopt(gpudev *g, unsigned dev, int fd, uint64_t size, uint64_t *h) {
+  int rc = gpudev_chunk_adopt(g, dev, fd, size, h);
   ck_assert_msg(rc == 0 || closed(fd), "a refused fd was left open");
   return rc;
 }
@@ -292,7 +300,7 @@ static int adopt(gpu *g, unsigned dev, int fd, uint64_t size, uint64_t *h) {
  * a committed memfd of the right name and the claimed size, within the
  * device's capacity, not already held; the fd is consumed either way. */
 START_TEST(host_chunk_adopt_takes_only_whole_chunks_of_the_device) {
-  gpu *g = host_open(false);
+  gpudev *g = host_open();
   uint64_t h, h2;
   int p[2];
   ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
@@ -314,17 +322,17 @@ START_TEST(host_chunk_adopt_takes_only_whole_chunks_of_the_device) {
   ck_assert_msg(strstr(gpu_error(), "cannot be sealed"), "%s", gpu_error());
 
   ck_assert_int_eq(adopt(g, 0, outside_memfd(0, 4 * MiB, true), 4 * MiB, &h), 0);
-  struct gpu_mem m;
-  ck_assert_int_eq(gpu_mem_detail(g, 0, &m), 0);
+  struct gpudev_mem m;
+  ck_assert_int_eq(gpudev_mem_detail(g, 0, &m), 0);
   ck_assert_uint_eq(m.free, 12 * MiB);
   int again;
-  ck_assert_int_eq(gpu_chunk_export(g, h, &again), 0);
+  ck_assert_int_eq(gpudev_chunk_export(g, h, &again), 0);
   ck_assert_int_eq(adopt(g, 0, again, 4 * MiB, &h2), -EEXIST);
   ck_assert_uint_eq(held_outside(g, 0, getpid()), 0);
-  gpu_chunk_release(g, 0, h, 4 * MiB);
-  ck_assert_int_eq(gpu_mem_detail(g, 0, &m), 0);
+  gpudev_chunk_release(g, 0, h, 4 * MiB);
+  ck_assert_int_eq(gpudev_mem_detail(g, 0, &m), 0);
   ck_assert_uint_eq(m.free, 16 * MiB);
-  gpu_close(g);
+  gpudev_close(g);
 }
 END_TEST
 
@@ -332,40 +340,41 @@ END_TEST
  * it over again: the new daemon adopts the very memory, contents and all;
  * release then closes the client's fd, and a failed map leaks nothing. */
 START_TEST(host_export_hands_an_imported_chunk_to_a_new_daemon) {
-  gpu *old = host_open(false), *client = host_open(true), *fresh = host_open(false);
+  gpudev *old = host_open(), *fresh = host_open();
+  gpuva *client = host_client_open();
   int fds = harness_fd_count();
   uint64_t h, imported, adopted;
   int fd;
   void *va;
-  ck_assert_int_eq(gpu_chunk_create(old, 0, 4 * MiB, &h), 0);
-  ck_assert_int_eq(gpu_chunk_export(old, h, &fd), 0);
-  ck_assert_int_eq(gpu_import(client, 0, fd, 4 * MiB, &imported), 0);
-  ck_assert_int_eq(gpu_va_reserve(client, 0, 4 * MiB, &va), 0);
-  ck_assert_int_eq(gpu_map(client, 0, va, 4 * MiB, imported), 0);
-  ck_assert_int_eq(gpu_set_access(client, 0, va, 4 * MiB), 0);
+  ck_assert_int_eq(gpudev_chunk_create(old, 0, 4 * MiB, &h), 0);
+  ck_assert_int_eq(gpudev_chunk_export(old, h, &fd), 0);
+  ck_assert_int_eq(gpuva_import(client, 0, fd, 4 * MiB, &imported), 0);
+  ck_assert_int_eq(gpuva_reserve(client, 0, 4 * MiB, &va), 0);
+  ck_assert_int_eq(gpuva_map(client, 0, va, 4 * MiB, imported), 0);
+  ck_assert_int_eq(gpuva_set_access(client, 0, va, 4 * MiB), 0);
   memset(va, 0x5a, 4 * MiB);
-  gpu_chunk_release(old, 0, h, 4 * MiB); /* the old daemon is gone */
+  gpudev_chunk_release(old, 0, h, 4 * MiB); /* the old daemon is gone */
   ck_assert_int_eq(harness_fd_count(), fds + 1); /* the client's handle */
 
-  ck_assert_int_eq(gpu_export(client, 0, imported, &fd), 0);
-  ck_assert_int_eq(gpu_chunk_adopt(fresh, 0, fd, 4 * MiB, &adopted), 0);
+  ck_assert_int_eq(gpuva_export(client, 0, imported, &fd), 0);
+  ck_assert_int_eq(gpudev_chunk_adopt(fresh, 0, fd, 4 * MiB, &adopted), 0);
   char byte;
   ck_assert_int_eq(pread((int)adopted, &byte, 1, 4 * MiB - 1), 1);
   ck_assert_int_eq(byte, 0x5a);
-  ck_assert_int_eq(gpu_unmap(client, 0, va, 4 * MiB), 0);
-  gpu_release(client, 0, imported);
+  ck_assert_int_eq(gpuva_unmap(client, 0, va, 4 * MiB), 0);
+  gpuva_release(client, 0, imported);
   ck_assert_int_eq(harness_fd_count(), fds + 1); /* the new daemon's chunk */
 
-  ck_assert_int_eq(gpu_chunk_export(fresh, adopted, &fd), 0);
-  ck_assert_int_eq(gpu_import(client, 0, fd, 4 * MiB, &imported), 0);
-  ck_assert_int_lt(gpu_map(client, 0, (char *)va + 1, 4 * MiB, imported), 0);
-  gpu_release(client, 0, imported);
-  gpu_va_free(client, 0, va, 4 * MiB);
-  gpu_chunk_release(fresh, 0, adopted, 4 * MiB);
+  ck_assert_int_eq(gpudev_chunk_export(fresh, adopted, &fd), 0);
+  ck_assert_int_eq(gpuva_import(client, 0, fd, 4 * MiB, &imported), 0);
+  ck_assert_int_lt(gpuva_map(client, 0, (char *)va + 1, 4 * MiB, imported), 0);
+  gpuva_release(client, 0, imported);
+  gpuva_free(client, 0, va, 4 * MiB);
+  gpudev_chunk_release(fresh, 0, adopted, 4 * MiB);
   ck_assert_int_eq(harness_fd_count(), fds);
-  gpu_close(old);
-  gpu_close(client);
-  gpu_close(fresh);
+  gpudev_close(old);
+  gpuva_close(client);
+  gpudev_close(fresh);
 }
 END_TEST
 
@@ -383,46 +392,46 @@ static size_t resident_pages(void *p, uint64_t len) {
  * time, each piece only when asked; copies of chunks run through all of
  * it, in and out. */
 START_TEST(host_backup_is_made_a_piece_at_a_time) {
-  struct gpu_options o = {.backend = "host", .host_devices = 1, .host_device_size = 256 * MiB};
-  gpu *g = NULL;
+  struct gpudev_options o = {.backend = "host", .host_devices = 1, .host_device_size = 256 * MiB};
+  gpudev *g = NULL;
   char err[256];
-  ck_assert_msg(gpu_open(&o, &g, err, sizeof err) == 0, "%s", err);
-  const uint64_t piece = GPU_BACKUP_PIECE, size = 2 * piece + 2 * MiB;
+  ck_assert_msg(gpudev_open(&o, &g, err, sizeof err) == 0, "%s", err);
+  const uint64_t piece = GPUDEV_BACKUP_PIECE, size = 2 * piece + 2 * MiB;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   void *host;
-  ck_assert_int_eq(gpu_backup_reserve(g, 0, size, &host), 0);
+  ck_assert_int_eq(gpudev_backup_reserve(g, 0, size, &host), 0);
   char *p = host;
   ck_assert_uint_eq(resident_pages(p, size), 0);
-  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, MiB, true), -EINVAL);
-  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, size, true), -EINVAL);
+  ck_assert_int_eq(gpudev_backup_make(g, 0, host, size, MiB, true), -EINVAL);
+  ck_assert_int_eq(gpudev_backup_make(g, 0, host, size, size, true), -EINVAL);
   /* The middle piece alone: the others stay untouched. */
-  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, piece, true), 0);
+  ck_assert_int_eq(gpudev_backup_make(g, 0, host, size, piece, true), 0);
   ck_assert_uint_eq(resident_pages(p + piece, piece), piece / page);
   ck_assert_uint_eq(resident_pages(p, piece), 0);
   ck_assert_uint_eq(resident_pages(p + 2 * piece, 2 * MiB), 0);
-  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, 0, true), 0);
-  ck_assert_int_eq(gpu_backup_make(g, 0, host, size, 2 * piece, true), 0);
+  ck_assert_int_eq(gpudev_backup_make(g, 0, host, size, 0, true), 0);
+  ck_assert_int_eq(gpudev_backup_make(g, 0, host, size, 2 * piece, true), 0);
   ck_assert_uint_eq(resident_pages(p, size), size / page);
   for (uint64_t i = 0; i < size; i += 4096) ck_assert_int_eq(p[i], 0);
   /* Two chunks across the piece boundaries, out and back in. */
   uint64_t sizes[2] = {piece + 2 * MiB, piece}, h[2];
-  ck_assert_int_eq(gpu_chunk_create(g, 0, sizes[0], &h[0]), 0);
-  ck_assert_int_eq(gpu_chunk_create(g, 0, sizes[1], &h[1]), 0);
+  ck_assert_int_eq(gpudev_chunk_create(g, 0, sizes[0], &h[0]), 0);
+  ck_assert_int_eq(gpudev_chunk_create(g, 0, sizes[1], &h[1]), 0);
   uint32_t word = 0x600df00du;
   for (uint64_t off = 0; off < sizes[0]; off += MiB)
     ck_assert_int_eq(pwrite((int)h[0], &word, 4, (off_t)off), 4);
-  ck_assert_int_eq(gpu_chunks_copy(g, 0, h, sizes, 2, host, true), 0);
+  ck_assert_int_eq(gpudev_chunks_copy(g, 0, h, sizes, 2, host, true), 0);
   for (uint64_t off = 0; off < sizes[0]; off += MiB) ck_assert_uint_eq(*(uint32_t *)(p + off), word);
   memset(p + sizes[0], 0x7e, sizes[1]);
-  ck_assert_int_eq(gpu_chunks_copy(g, 0, h, sizes, 2, host, false), 0);
+  ck_assert_int_eq(gpudev_chunks_copy(g, 0, h, sizes, 2, host, false), 0);
   char back[64];
   ck_assert_int_eq(pread((int)h[1], back, sizeof back, (off_t)(sizes[1] - sizeof back)),
                    (ssize_t)sizeof back);
   for (size_t i = 0; i < sizeof back; i++) ck_assert_int_eq(back[i], 0x7e);
-  gpu_chunk_release(g, 0, h[0], sizes[0]);
-  gpu_chunk_release(g, 0, h[1], sizes[1]);
-  gpu_backup_release(g, 0, host, size, size);
-  gpu_close(g);
+  gpudev_chunk_release(g, 0, h[0], sizes[0]);
+  gpudev_chunk_release(g, 0, h[1], sizes[1]);
+  gpudev_backup_release(g, 0, host, size, size);
+  gpudev_close(g);
 }
 END_TEST
 

@@ -10,7 +10,7 @@
 #define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
 #define MiB (1ull << 20)
 
-static gpu *g;
+static gpudev *g;
 static registry *reg;
 static struct owner owner;
 
@@ -23,9 +23,9 @@ static struct fault f;
 
 static void setup(void) {
   harness_fd_setup();
-  struct gpu_options o = {.backend = "host", .host_devices = 2, .host_device_size = 64 * MiB};
+  struct gpudev_options o = {.backend = "host", .host_devices = 2, .host_device_size = 64 * MiB};
   char err[128];
-  ck_assert_int_eq(gpu_open(&o, &g, err, sizeof err), 0);
+  ck_assert_int_eq(gpudev_open(&o, &g, err, sizeof err), 0);
   struct registry_options ro = {.chunk_size = 16 * MiB, .backup_limit = 32 * MiB,
                                 .verify_backups = true};
   reg = registry_create(g, &ro);
@@ -36,7 +36,7 @@ static void setup(void) {
 
 static void teardown(void) {
   registry_destroy(reg);
-  gpu_close(g);
+  gpudev_close(g);
   harness_fd_teardown();
 }
 
@@ -119,7 +119,7 @@ START_TEST(backup_and_restore_keep_contents) {
                    CODE(OK));
   char *pattern = malloc(b->size);
   for (size_t i = 0; i < b->size; i++) pattern[i] = (char)(i * 13);
-  ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, pattern, false), 0);
+  ck_assert_int_eq(gpudev_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, pattern, false), 0);
   ck_assert(registry_move(reg, b, BUF_EV_PAUSE) && registry_move(reg, b, BUF_EV_UNMAPPED));
   ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
   ck_assert_uint_eq(registry_backup_bytes(reg), b->size);
@@ -134,7 +134,7 @@ START_TEST(backup_and_restore_keep_contents) {
   ck_assert(registry_move(reg, b, BUF_EV_COMMIT));
   ck_assert_uint_eq(registry_backup_bytes(reg), 0);
   char *back = malloc(b->size);
-  ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, back, true), 0);
+  ck_assert_int_eq(gpudev_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, back, true), 0);
   ck_assert(memcmp(back, pattern, b->size) == 0);
   /* The next pause reuses the same host memory. */
   ck_assert_int_eq(registry_backup(reg, b, &f), CODE(OK));
@@ -157,7 +157,7 @@ START_TEST(memory_create_is_all_or_nothing) {
   ck_assert(!a->has_memory);
   ck_assert_uint_eq(registry_managed(reg, 0), 30 * MiB);
   uint64_t free_b, total;
-  gpu_mem_info(g, 0, &free_b, &total);
+  gpudev_mem_info(g, 0, &free_b, &total);
   ck_assert_uint_eq(free_b, 34 * MiB);
 }
 END_TEST

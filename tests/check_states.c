@@ -37,7 +37,7 @@ static struct {
 } box;
 
 static uv_loop_t loop;
-static gpu *g;
+static gpudev *g;
 static registry *reg;
 static stats *st;
 static engine *eng;
@@ -134,9 +134,9 @@ static void setup(void) {
   memset(&box, 0, sizeof box);
   gone = pid_nobody_has();
   ck_assert_int_eq(uv_loop_init(&loop), 0);
-  struct gpu_options o = {.backend = "host", .host_devices = 2, .host_device_size = 256 * MiB};
+  struct gpudev_options o = {.backend = "host", .host_devices = 2, .host_device_size = 256 * MiB};
   char err[128];
-  ck_assert_int_eq(gpu_open(&o, &g, err, sizeof err), 0);
+  ck_assert_int_eq(gpudev_open(&o, &g, err, sizeof err), 0);
   struct registry_options ro = {.chunk_size = 4 * MiB, .backup_limit = 64 * MiB,
                                 .verify_backups = true};
   ck_assert_ptr_nonnull(reg = registry_create(g, &ro));
@@ -155,7 +155,7 @@ static void teardown(void) {
   for (size_t i = 0; i < box.nsent; i++) wire_env_free(box.sent[i].env);
   registry_destroy(reg);
   stats_destroy(st);
-  gpu_close(g);
+  gpudev_close(g);
   ck_assert_int_eq(uv_loop_close(&loop), 0);
   harness_fd_teardown();
 }
@@ -292,11 +292,11 @@ START_TEST(backup_buffers_keep_their_contents) {
   struct buffer *b = alloc(&w1, "kv", 0, 8 * MiB, BUF_FLAG_BACKUP);
   char *pattern = malloc(b->size), *back = malloc(b->size);
   for (size_t i = 0; i < b->size; i++) pattern[i] = (char)(i * 7 + 3);
-  ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, pattern, false), 0);
+  ck_assert_int_eq(gpudev_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, pattern, false), 0);
   pause_acked(b);
   ck_assert(b->backup_valid);
   op(true, "kv", 0, 0, NULL);
-  ck_assert_int_eq(gpu_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, back, true), 0);
+  ck_assert_int_eq(gpudev_chunks_copy(g, 0, b->handles, b->chunk_sizes, b->nchunks, back, true), 0);
   ck_assert(memcmp(back, pattern, b->size) == 0);
   ack(&w1, remap_of(&w1, b), CODE(OK), NULL, 0);
   wire_env *r;

@@ -24,11 +24,12 @@ for prefix in "$@"; do
   want=$(awk '/#define HIP_VERSION_(MAJOR|MINOR|PATCH) /{printf "%s%s", sep, $3; sep="."}' "$v")
   b=$o/$(echo "$prefix" | tr / _)
   objs=""
-  for f in gpu/hip.c gpu/vmm.c gpu/gpu.c daemon/main.c; do objs="$objs $b/obj/${f%.c}.o"; done
+  for f in gpu/hip_lib.c gpu/hip_dev.c gpu/hip_va.c gpu/vmm.c gpu/vmm_dev.c gpu/vmm_va.c \
+    gpu/gpudev.c gpu/gpuva.c daemon/main.c; do objs="$objs $b/obj/${f%.c}.o"; done
   # shellcheck disable=SC2086
   make -j"$jobs" --no-print-directory O="$b" HIP=1 ROCM_PATH="$prefix" $objs \
     >"$b.log" 2>&1 || { cat "$b.log"; fail "HIP $want headers ($prefix): the build failed"; }
-  grep -aq "HIP $want" "$b/obj/gpu/hip.o" ||
-    fail "gpu/hip.o built against $prefix does not record HIP $want"
+  grep -aq "HIP $want" "$b/obj/gpu/hip_lib.o" ||
+    fail "gpu/hip_lib.o built against $prefix does not record HIP $want"
   echo "check_hip_headers: HIP backend compiles with -Werror against HIP $want ($prefix)"
 done

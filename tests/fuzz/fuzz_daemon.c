@@ -31,7 +31,7 @@
 #include "common/wire.h"
 #include "daemon/config.h"
 #include "daemon/server.h"
-#include "gpu/gpu.h"
+#include "gpu/gpudev.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -101,7 +101,7 @@ struct conn {
 /* Everything one input runs against. */
 struct world {
   uv_loop_t loop;
-  gpu *g;
+  gpudev *g;
   server *srv;
   struct config cfg;
   struct conn c[NCONN];
@@ -947,7 +947,7 @@ static void stop(struct world *w) {
   sigprocmask(SIG_SETMASK, &mask, NULL);
   int rc = uv_loop_close(&w->loop);
   if (rc) fail("handles still open on the loop after the daemon stopped: %s", uv_strerror(rc));
-  gpu_close(w->g);
+  gpudev_close(w->g);
 }
 
 /* Run one input against a fresh daemon. */
@@ -959,11 +959,11 @@ static void run(const uint8_t *data, size_t size) {
   configure(&w.cfg, u8(&in));
   char node[32], err[256];
   snprintf(node, sizeof node, "fuzz-%d", (int)getpid());
-  struct gpu_options o = {.backend = "host", .host_devices = NDEV,
-                          .host_device_size = DEV_SIZE, .host_granularity = GRAN,
-                          .host_node = node};
-  if (gpu_open(&o, &w.g, err, sizeof err) < 0) fail("gpu_open: %s", err);
-  if (w.cfg.chunk_size < gpu_granularity(w.g)) w.cfg.chunk_size = gpu_granularity(w.g);
+  struct gpudev_options o = {.backend = "host", .host_devices = NDEV,
+                             .host_device_size = DEV_SIZE, .host_granularity = GRAN,
+                             .host_node = node};
+  if (gpudev_open(&o, &w.g, err, sizeof err) < 0) fail("gpudev_open: %s", err);
+  if (w.cfg.chunk_size < gpudev_granularity(w.g)) w.cfg.chunk_size = gpudev_granularity(w.g);
   uv_loop_init(&w.loop);
   w.srv = server_create(&w.loop, &w.cfg, w.g, err, sizeof err);
   if (!w.srv) fail("server_create: %s", err);
@@ -974,7 +974,7 @@ static void run(const uint8_t *data, size_t size) {
   for (int i = 0; i < 8; i++) uv_run(&w.loop, UV_RUN_NOWAIT);
   for (unsigned d = 0; d < NDEV; d++) {
     uint64_t free_bytes, total;
-    if (gpu_mem_info(w.g, d, &free_bytes, &total) < 0) fail("gpu_mem_info: %s", gpu_error());
+    if (gpudev_mem_info(w.g, d, &free_bytes, &total) < 0) fail("gpudev_mem_info: %s", gpu_error());
     if (free_bytes != total)
       fail("device %u: %llu bytes still committed after every client left", d,
            (unsigned long long)(total - free_bytes));

@@ -1,6 +1,6 @@
 /* Probe: host-to-device and device-to-host bandwidth of 8 GiB between
  * pinned host memory and freshly created VMM chunks, with pieces and
- * streams as gpu/vmm.c uses them, against one plain copy. */
+ * streams as gpu/vmm_backup.c uses them, against one plain copy. */
 #include <cuda.h>
 #include <stdio.h>
 #include <string.h>

@@ -1,35 +1,24 @@
-/* The CUDA vendor table for gpu/vmm.c: the CUDA driver API, loaded with
- * dlopen at run time, so that nothing links libcuda. Device memory figures
- * and the per-process list come from NVML, which needs no context. */
-#include <cuda.h>
-#include <dlfcn.h>
-#include <errno.h>
+/* The CUDA vendor table of the daemon's half (gpu/vmm_dev.h): chunks
+ * created and exported, copies on streams, pinned host memory, legacy IPC
+ * memory, and the device memory figures and per-process list from NVML,
+ * which needs no context. Loaded at run time, as cuda_lib.c loads the
+ * driver. */
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "common/limits.h"
-#include "vmm.h"
+#include "cuda_lib.h"
+#include "error.h"
+#include "vmm_dev.h"
 
-#define STR(x) #x
-#define XSTR(x) STR(x) /* the versioned name cuda.h maps a call to */
+#define DEV_CALLS(X)                                                                      \
+  X(cuDeviceGet) X(cuDeviceGetPCIBusId) X(cuMemCreate) X(cuMemExportToShareableHandle)    \
+  X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuStreamCreate)       \
+  X(cuStreamDestroy) X(cuStreamSynchronize) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync)     \
+  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister)          \
+  X(cuMemGetAllocationPropertiesFromHandle)
 
-#define CUDA_CALLS(X)                                                                   \
-  X(cuInit) X(cuGetErrorName) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetPCIBusId) \
-  X(cuDeviceGetByPCIBusId) X(cuMemGetAllocationGranularity) X(cuMemCreate)              \
-  X(cuMemRelease) X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)     \
-  X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) \
-  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent)           \
-  X(cuCtxPopCurrent) X(cuCtxSynchronize) X(cuMemcpyDtoH) X(cuMemcpyHtoD) X(cuMemsetD32) X(cuMemGetInfo)     \
-  X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)                  \
-  X(cuIpcCloseMemHandle) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)     \
-  X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync) X(cuMemHostAlloc) X(cuMemFreeHost)          \
-  X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemGetAllocationPropertiesFromHandle)
-
-#define DECLARE(fn) static __typeof__(&fn) p_##fn;
-CUDA_CALLS(DECLARE)
+DEV_CALLS(CUDA_DECLARE)
 
 /* NVML, declared here from its documented ABI (nvml.h): its header is not
  * always installed. */
@@ -59,7 +48,6 @@ static int (*p_nvmlDeviceGetMemoryInfo_v2)(nvml_device dev, nvml_memory_v2 *mem)
 static int (*p_nvmlDeviceGetComputeRunningProcesses)(nvml_device dev, unsigned *count,
                                                      nvml_process *infos); /* optional */
 
-static CUcontext contexts[GPUMEM_MAX_DEVICES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int load_status;
 static char load_error[256];
@@ -83,159 +71,44 @@ static void nvml_load(void) {
     p_nvmlInit = NULL;
 }
 
+/* Resolve the daemon's calls in the loaded driver, then load NVML. */
 static void load_once(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    snprintf(load_error, sizeof load_error, "no CUDA driver (libcuda.so.1): %s", dlerror());
-    load_status = -ENOENT;
-    return;
-  }
-#define LOAD(fn)                                                                      \
-  if (!(p_##fn = (__typeof__(&fn))dlsym(lib, XSTR(fn)))) {                            \
-    snprintf(load_error, sizeof load_error, "libcuda.so.1 lacks %s", XSTR(fn));        \
-    load_status = -ENOSYS;                                                             \
-    return;                                                                            \
-  }
-  CUDA_CALLS(LOAD)
-  CUresult rc = p_cuInit(0);
-  if (rc != CUDA_SUCCESS) {
-    const char *name = "?";
-    p_cuGetErrorName(rc, &name);
-    snprintf(load_error, sizeof load_error, "no CUDA device found: cuInit: %s", name);
-    load_status = -ENODEV;
-    return;
-  }
+  void *lib = cuda_lib_handle();
+  DEV_CALLS(CUDA_LOAD)
   nvml_load();
 }
 
-static int cuda_load(char *err, size_t errlen) {
+/* Load the driver and the daemon's calls once per process. */
+static int cuda_dev_load(char *err, size_t errlen) {
+  int rc = vmm_cuda.load(err, errlen);
+  if (rc < 0) return rc;
   pthread_once(&once, load_once);
   if (load_status) snprintf(err, errlen, "%s", load_error);
   return load_status;
 }
 
-static const char *cuda_error_name(int rc) {
-  const char *name = NULL;
-  if (p_cuGetErrorName((CUresult)rc, &name) != CUDA_SUCCESS || !name) return "CUDA_ERROR_UNKNOWN";
-  return name;
-}
-
-static int cuda_device_count(int *n) { return p_cuDeviceGetCount(n); }
-
+/* The device's PCI bus id. */
 static int cuda_bus_id(int dev, char *buf, int len) {
   CUdevice d;
   CUresult rc = p_cuDeviceGet(&d, dev);
   return rc ? (int)rc : (int)p_cuDeviceGetPCIBusId(buf, len, d);
 }
 
-static int cuda_device_by_bus_id(const char *bus_id, int *dev) {
-  CUdevice d;
-  CUresult rc = p_cuDeviceGetByPCIBusId(&d, bus_id);
-  *dev = (int)d;
-  return (int)rc;
-}
-
-/* The properties every chunk is created with: pinned device memory that
- * can be exported as a POSIX fd. */
-static CUmemAllocationProp chunk_prop(int dev) {
-  CUmemAllocationProp p;
-  memset(&p, 0, sizeof p);
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = dev;
-  return p;
-}
-
-static int cuda_granularity(int dev, uint64_t *g) {
-  CUmemAllocationProp p = chunk_prop(dev);
-  size_t min = 0, rec = 0;
-  CUresult rc = p_cuMemGetAllocationGranularity(&min, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-  if (rc == CUDA_SUCCESS)
-    rc = p_cuMemGetAllocationGranularity(&rec, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-  *g = rec > min ? rec : min;
-  return (int)rc;
-}
-
+/* A physical chunk with the properties of cuda_lib_chunk_prop. */
 static int cuda_create(int dev, uint64_t size, uint64_t *handle) {
-  CUmemAllocationProp p = chunk_prop(dev);
+  CUmemAllocationProp p = cuda_lib_chunk_prop(dev);
   CUmemGenericAllocationHandle h;
   CUresult rc = p_cuMemCreate(&h, size, &p, 0);
   *handle = h;
   return (int)rc;
 }
 
-static int cuda_release(uint64_t handle) { return p_cuMemRelease(handle); }
-
+/* A chunk as a new POSIX fd. */
 static int cuda_export_fd(uint64_t handle, int *fd) {
   return p_cuMemExportToShareableHandle(fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 }
 
-static int cuda_import_fd(int fd, uint64_t *handle) {
-  CUmemGenericAllocationHandle h;
-  CUresult rc = p_cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
-                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  *handle = h;
-  return (int)rc;
-}
-
-static int cuda_reserve(uint64_t size, uint64_t align, uint64_t *va) {
-  CUdeviceptr p;
-  CUresult rc = p_cuMemAddressReserve(&p, size, align, 0, 0);
-  *va = p;
-  return (int)rc;
-}
-
-static int cuda_address_free(uint64_t va, uint64_t size) { return p_cuMemAddressFree(va, size); }
-
-static int cuda_map(uint64_t va, uint64_t size, uint64_t handle) {
-  return p_cuMemMap(va, size, 0, handle, 0);
-}
-
-static int cuda_unmap(uint64_t va, uint64_t size) { return p_cuMemUnmap(va, size); }
-
-static int cuda_set_access(uint64_t va, uint64_t size, int dev) {
-  CUmemAccessDesc a;
-  memset(&a, 0, sizeof a);
-  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.location.id = dev;
-  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  return p_cuMemSetAccess(va, size, &a, 1);
-}
-
-static int cuda_ctx_retain(int dev) {
-  CUdevice d;
-  CUresult rc = p_cuDeviceGet(&d, dev);
-  return rc ? (int)rc : (int)p_cuDevicePrimaryCtxRetain(&contexts[dev], d);
-}
-
-static int cuda_ctx_release(int dev) {
-  CUdevice d;
-  CUresult rc = p_cuDeviceGet(&d, dev);
-  return rc ? (int)rc : (int)p_cuDevicePrimaryCtxRelease(d);
-}
-
-/* The caller's context stays under ours on the thread's stack, and comes
- * back (or none) when ours is popped. */
-static int cuda_ctx_enter(int dev, int *saved) {
-  (void)saved;
-  return p_cuCtxPushCurrent(contexts[dev]);
-}
-
-static int cuda_ctx_leave(int saved) {
-  CUcontext popped;
-  (void)saved;
-  return p_cuCtxPopCurrent(&popped);
-}
-
-static int cuda_sync(void) { return p_cuCtxSynchronize(); }
-
-static int cuda_dtoh(void *dst, uint64_t src, uint64_t n) { return p_cuMemcpyDtoH(dst, src, n); }
-
-static int cuda_htod(uint64_t dst, const void *src, uint64_t n) {
-  return p_cuMemcpyHtoD(dst, src, n);
-}
-
+/* A stream that does not wait for the legacy default stream. */
 static int cuda_stream_create(void **stream) {
   CUstream s;
   CUresult rc = p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
@@ -243,33 +116,37 @@ static int cuda_stream_create(void **stream) {
   return (int)rc;
 }
 
+/* Destroy a stream. */
 static int cuda_stream_destroy(void *stream) { return p_cuStreamDestroy((CUstream)stream); }
 
+/* Wait for a stream's work. */
 static int cuda_stream_sync(void *stream) { return p_cuStreamSynchronize((CUstream)stream); }
 
+/* Queue a copy from device to host memory. */
 static int cuda_dtoh_async(void *dst, uint64_t src, uint64_t n, void *stream) {
   return p_cuMemcpyDtoHAsync(dst, src, n, (CUstream)stream);
 }
 
+/* Queue a copy from host to device memory. */
 static int cuda_htod_async(uint64_t dst, const void *src, uint64_t n, void *stream) {
   return p_cuMemcpyHtoDAsync(dst, src, n, (CUstream)stream);
 }
 
+/* Pinned host memory for every context. */
 static int cuda_host_alloc(void **p, uint64_t size) {
   return p_cuMemHostAlloc(p, size, CU_MEMHOSTALLOC_PORTABLE);
 }
 
+/* Free memory from cuda_host_alloc. */
 static int cuda_host_free(void *p) { return p_cuMemFreeHost(p); }
 
+/* Pin host memory for every context. */
 static int cuda_host_register(void *p, uint64_t size) {
   return p_cuMemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE);
 }
 
+/* Unpin a range pinned by cuda_host_register. */
 static int cuda_host_unregister(void *p) { return p_cuMemHostUnregister(p); }
-
-static int cuda_memset32(uint64_t dst, uint32_t value, uint64_t count) {
-  return p_cuMemsetD32(dst, value, count);
-}
 
 /* NVML needs no context; without it, a context is taken for the call. */
 static int cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total) {
@@ -282,14 +159,14 @@ static int cuda_mem_info(int dev, uint64_t *free_bytes, uint64_t *total) {
     *total = mem.total;
     return 0;
   }
-  int rc = cuda_ctx_retain(dev);
+  int rc = vmm_cuda.ctx_retain(dev);
   if (rc) return rc;
   size_t f = 0, t = 0;
-  if (!(rc = cuda_ctx_enter(dev, NULL))) {
+  if (!(rc = vmm_cuda.ctx_enter(dev, NULL))) {
     rc = (int)p_cuMemGetInfo(&f, &t);
-    cuda_ctx_leave(0);
+    vmm_cuda.ctx_leave(0);
   }
-  cuda_ctx_release(dev);
+  vmm_cuda.ctx_release(dev);
   *free_bytes = f;
   *total = t;
   return rc;
@@ -301,7 +178,7 @@ static int nvml_device_of(int dev, nvml_device *nd) {
   char bus[32];
   if (!p_nvmlInit) return gpu_fail(-ENOTSUP, "no NVML (libnvidia-ml.so.1)");
   int rc = cuda_bus_id(dev, bus, sizeof bus);
-  if (rc) return gpu_fail(-EIO, "cuDeviceGetPCIBusId: %s", cuda_error_name(rc));
+  if (rc) return gpu_fail(-EIO, "cuDeviceGetPCIBusId: %s", vmm_cuda.error_name(rc));
   if ((rc = p_nvmlDeviceGetHandleByPciBusId(bus, nd)) != 0)
     return gpu_fail(-EIO, "nvmlDeviceGetHandleByPciBusId(%s): %s", bus, p_nvmlErrorString(rc));
   return 0;
@@ -358,7 +235,7 @@ static int nvml_processes(nvml_device nd, nvml_process **out, unsigned *count) {
 /* The processes with a context on the device and NVML's figure for each:
  * its context and what it allocated itself, not memory it imported (the
  * creator's, measured on an H200). */
-static int cuda_processes(int dev, struct gpu_process **list, size_t *n) {
+static int cuda_processes(int dev, struct gpudev_process **list, size_t *n) {
   nvml_device nd;
   int rc = nvml_device_of(dev, &nd);
   if (rc < 0) return rc;
@@ -373,9 +250,9 @@ static int cuda_processes(int dev, struct gpu_process **list, size_t *n) {
     return gpu_fail(-ENOMEM, "out of memory");
   }
   for (unsigned i = 0; i < count; i++)
-    (*list)[i] = (struct gpu_process){
+    (*list)[i] = (struct gpudev_process){
         .pid = (int)p[i].pid,
-        .used = p[i].used_gpu_memory == NVML_VALUE_NOT_AVAILABLE ? GPU_USED_UNKNOWN
+        .used = p[i].used_gpu_memory == NVML_VALUE_NOT_AVAILABLE ? GPUDEV_USED_UNKNOWN
                                                                  : p[i].used_gpu_memory};
   *n = count;
   free(p);
@@ -391,6 +268,7 @@ static int cuda_handle_device(uint64_t handle, int *dev) {
   return (int)rc;
 }
 
+/* Plain device memory (cuMemAlloc, never VMM memory) and its IPC handle. */
 static int cuda_ipc_alloc(uint64_t size, uint64_t *dptr, uint8_t *handle) {
   CUdeviceptr p;
   CUresult rc = p_cuMemAlloc(&p, size);
@@ -400,54 +278,21 @@ static int cuda_ipc_alloc(uint64_t size, uint64_t *dptr, uint8_t *handle) {
     p_cuMemFree(p);
     return (int)rc;
   }
-  _Static_assert(sizeof h == 64, "CUDA IPC handles are 64 bytes");
+  _Static_assert(sizeof h == GPU_IPC_HANDLE_SIZE, "CUDA IPC handles are 64 bytes");
   memcpy(handle, &h, sizeof h);
   *dptr = p;
   return 0;
 }
 
+/* Free memory from cuda_ipc_alloc. */
 static int cuda_ipc_free(uint64_t dptr) { return p_cuMemFree(dptr); }
 
-static int cuda_ipc_open(const uint8_t *handle, uint64_t *dptr) {
-  CUipcMemHandle h;
-  memcpy(&h, handle, sizeof h);
-  CUdeviceptr p;
-  CUresult rc = p_cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  *dptr = p;
-  return (int)rc;
-}
-
-static int cuda_ipc_close(uint64_t dptr) { return p_cuIpcCloseMemHandle(dptr); }
-
-const char vmm_cuda_headers[] = "CUDA_VERSION " XSTR(CUDA_VERSION);
-
-const struct vmm_vendor vmm_cuda = {
-    .name = "cuda",
-    .prefix = "cu",
-    .device_word = "CUDA",
-    .oom = CUDA_ERROR_OUT_OF_MEMORY,
-    .load = cuda_load,
-    .error_name = cuda_error_name,
-    .device_count = cuda_device_count,
+const struct vmm_dev_vendor vmm_cuda_dev = {
+    .base = &vmm_cuda,
+    .load = cuda_dev_load,
     .bus_id = cuda_bus_id,
-    .device_by_bus_id = cuda_device_by_bus_id,
-    .granularity = cuda_granularity,
     .create = cuda_create,
-    .release = cuda_release,
     .export_fd = cuda_export_fd,
-    .import_fd = cuda_import_fd,
-    .reserve = cuda_reserve,
-    .address_free = cuda_address_free,
-    .map = cuda_map,
-    .unmap = cuda_unmap,
-    .set_access = cuda_set_access,
-    .ctx_retain = cuda_ctx_retain,
-    .ctx_release = cuda_ctx_release,
-    .ctx_enter = cuda_ctx_enter,
-    .ctx_leave = cuda_ctx_leave,
-    .sync = cuda_sync,
-    .dtoh = cuda_dtoh,
-    .htod = cuda_htod,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
@@ -457,13 +302,10 @@ const struct vmm_vendor vmm_cuda = {
     .host_free = cuda_host_free,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
-    .memset32 = cuda_memset32,
     .mem_info = cuda_mem_info,
     .handle_device = cuda_handle_device,
     .mem_detail = cuda_mem_detail,
     .processes = cuda_processes,
     .ipc_alloc = cuda_ipc_alloc,
     .ipc_free = cuda_ipc_free,
-    .ipc_open = cuda_ipc_open,
-    .ipc_close = cuda_ipc_close,
 };

@@ -1,0 +1,83 @@
+/* The CUDA vendor table of the client's half (gpu/vmm_va.h): its device
+ * for a bus id, waiting for the device, plain copies and fills, and
+ * legacy IPC handles opened. Loaded at run time, as cuda_lib.c loads the
+ * driver. */
+#include <pthread.h>
+#include <string.h>
+
+#include "cuda_lib.h"
+#include "vmm_va.h"
+
+#define VA_CALLS(X)                                                                       \
+  X(cuDeviceGetByPCIBusId) X(cuCtxSynchronize) X(cuMemcpyDtoH) X(cuMemcpyHtoD)            \
+  X(cuMemsetD32) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)
+
+VA_CALLS(CUDA_DECLARE)
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int load_status;
+static char load_error[256];
+
+/* Resolve the client's calls in the loaded driver. */
+static void load_once(void) {
+  void *lib = cuda_lib_handle();
+  VA_CALLS(CUDA_LOAD)
+}
+
+/* Load the driver and the client's calls once per process. */
+static int cuda_va_load(char *err, size_t errlen) {
+  int rc = vmm_cuda.load(err, errlen);
+  if (rc < 0) return rc;
+  pthread_once(&once, load_once);
+  if (load_status) snprintf(err, errlen, "%s", load_error);
+  return load_status;
+}
+
+/* This process's device number for a PCI bus id. */
+static int cuda_device_by_bus_id(const char *bus_id, int *dev) {
+  CUdevice d;
+  CUresult rc = p_cuDeviceGetByPCIBusId(&d, bus_id);
+  *dev = (int)d;
+  return (int)rc;
+}
+
+/* Wait for the current context's work. */
+static int cuda_sync(void) { return p_cuCtxSynchronize(); }
+
+/* Copy device memory to host memory. */
+static int cuda_dtoh(void *dst, uint64_t src, uint64_t n) { return p_cuMemcpyDtoH(dst, src, n); }
+
+/* Copy host memory to device memory. */
+static int cuda_htod(uint64_t dst, const void *src, uint64_t n) {
+  return p_cuMemcpyHtoD(dst, src, n);
+}
+
+/* Set count 32-bit words of device memory. */
+static int cuda_memset32(uint64_t dst, uint32_t value, uint64_t count) {
+  return p_cuMemsetD32(dst, value, count);
+}
+
+/* Open another process's legacy IPC handle. */
+static int cuda_ipc_open(const uint8_t *handle, uint64_t *dptr) {
+  CUipcMemHandle h;
+  memcpy(&h, handle, sizeof h);
+  CUdeviceptr p;
+  CUresult rc = p_cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  *dptr = p;
+  return (int)rc;
+}
+
+/* Close memory opened with cuda_ipc_open. */
+static int cuda_ipc_close(uint64_t dptr) { return p_cuIpcCloseMemHandle(dptr); }
+
+const struct vmm_va_vendor vmm_cuda_va = {
+    .base = &vmm_cuda,
+    .load = cuda_va_load,
+    .device_by_bus_id = cuda_device_by_bus_id,
+    .sync = cuda_sync,
+    .dtoh = cuda_dtoh,
+    .htod = cuda_htod,
+    .memset32 = cuda_memset32,
+    .ipc_open = cuda_ipc_open,
+    .ipc_close = cuda_ipc_close,
+};

@@ -1,0 +1,58 @@
+/* The host backend's daemon side, shared by its files: the simulated
+ * devices (host_dev.c), the chunks the daemon holds, by inode
+ * (host_live.c), and what /proc says each process holds (host_proc.c).
+ *
+ * A chunk is a memfd named gpumem-host-<node>:<d> whose pages are
+ * committed with fallocate, so that the memory is really used (Shmem in
+ * /proc/meminfo) and really returned when the daemon and every importer
+ * have unmapped and closed it. Any memfd of that name is "device memory"
+ * of d; the ones the daemon holds are known by inode, so that the
+ * kernel's view of each process (/proc/PID/maps and fd) plays the part of
+ * the driver's per-process figures. Internal to gpu/. */
+#ifndef GPUMEM_GPU_HOST_H
+#define GPUMEM_GPU_HOST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/idmap.h"
+#include "common/limits.h"
+#include "gpu/gpudev.h"
+
+struct host {
+  unsigned ndev;
+  uint64_t granularity;
+  uint64_t capacity;
+  uint64_t committed[GPUMEM_MAX_DEVICES];
+  char node[40];  /* names the simulated devices: bus id "host-<node>:<d>" */
+  idmap *live;    /* inode -> device + 1 of every chunk held */
+  dev_t live_dev; /* the filesystem those inodes are on (memfds share one) */
+};
+
+/* Count a chunk as the daemon's own, by inode, so that scans of /proc can
+ * tell it from memory made outside the daemon. 0, or -errno with words
+ * through gpu_fail. */
+int host_live_add(struct host *h, int fd, unsigned dev);
+
+/* Forget a chunk about to be closed. */
+void host_live_del(struct host *h, int fd);
+
+/* True if the file is a chunk the daemon holds. */
+bool host_live_has(const struct host *h, dev_t dev, ino_t ino);
+
+/* True if path names a memfd of device dev ("/memfd:gpumem-host-local:0
+ * (deleted)" in maps and fd links): the name alone, so 1 is not 10. */
+bool host_live_is_device_memfd(const struct host *h, const char *path, unsigned dev);
+
+/* Every process that maps or holds memfds of dev the daemon did not make,
+ * and how many bytes of them (the table's processes). */
+int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, size_t max,
+                        size_t *n);
+
+/* Which chunks pid maps or holds an fd to (the table's chunks_held_by). */
+int host_proc_chunks_held_by(void *state, int pid, const uint64_t *handles, size_t n,
+                             bool *held);
+
+#endif

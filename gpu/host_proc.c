@@ -1,0 +1,227 @@
+/* The host backend's model of the driver's per-process figures: what the
+ * kernel says each process maps (/proc/PID/maps) and holds
+ * (/proc/PID/fd) of the simulated devices' memfds. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "host.h"
+
+/* What /proc says of one file a process maps or holds. */
+struct proc_file {
+  dev_t dev;
+  ino_t ino;
+  uint64_t mapped; /* bytes of its mappings */
+  uint64_t held;   /* its committed bytes, where the process holds an fd */
+  bool has_fd;
+};
+
+/* The files of one process that are device memory of a device. */
+struct proc_files {
+  struct proc_file *v;
+  size_t n, cap;
+};
+
+/* The entry for a file, added if new; NULL when out of memory. */
+static struct proc_file *files_at(struct proc_files *f, dev_t dev, ino_t ino) {
+  for (size_t i = 0; i < f->n; i++)
+    if (f->v[i].dev == dev && f->v[i].ino == ino) return &f->v[i];
+  if (f->n == f->cap) {
+    size_t cap = f->cap ? f->cap * 2 : 8;
+    struct proc_file *v = realloc(f->v, cap * sizeof *v);
+    if (!v) return NULL;
+    f->v = v;
+    f->cap = cap;
+  }
+  f->v[f->n] = (struct proc_file){.dev = dev, .ino = ino};
+  return &f->v[f->n++];
+}
+
+/* One line of /proc/PID/maps: its length, file and path (NULL if none). */
+static bool maps_line(char *line, uint64_t *len, dev_t *dev, ino_t *ino, char **path) {
+  unsigned long long start, end, inode;
+  unsigned maj, min;
+  int at = 0;
+  if (sscanf(line, "%llx-%llx %*s %*x %x:%x %llu %n", &start, &end, &maj, &min, &inode, &at) < 5)
+    return false;
+  line[strcspn(line, "\n")] = '\0';
+  *len = end - start;
+  *dev = makedev(maj, min);
+  *ino = (ino_t)inode;
+  *path = line[at] ? line + at : NULL;
+  return true;
+}
+
+/* Call fn for each file mapping of pid; -ENOENT if pid is gone. */
+static int maps_each(int pid, void (*fn)(void *arg, uint64_t len, dev_t dev, ino_t ino,
+                                         const char *path),
+                     void *arg) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/%d/maps", pid);
+  FILE *f = fopen(p, "re");
+  if (!f) return -errno;
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    uint64_t len;
+    dev_t dev;
+    ino_t ino;
+    char *path;
+    if (maps_line(line, &len, &dev, &ino, &path) && path && ino) fn(arg, len, dev, ino, path);
+  }
+  free(line);
+  fclose(f);
+  return 0;
+}
+
+/* Call fn for each fd of pid, with its link text and what it opens;
+ * -ENOENT if pid is gone. */
+static int fds_each(int pid, void (*fn)(void *arg, const struct stat *st, const char *link),
+                    void *arg) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/%d/fd", pid);
+  DIR *d = opendir(p);
+  if (!d) return -errno;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char link[256];
+    ssize_t n = readlinkat(dirfd(d), e->d_name, link, sizeof link - 1);
+    struct stat st;
+    if (n <= 0 || fstatat(dirfd(d), e->d_name, &st, 0) < 0) continue;
+    link[n] = '\0';
+    fn(arg, &st, link);
+  }
+  closedir(d);
+  return 0;
+}
+
+/* What a scan of one process for outside memory of one device needs. */
+struct outside_scan {
+  const struct host *h;
+  unsigned dev;
+  struct proc_files files;
+  bool oom;
+};
+
+/* A mapping of outside memory of the device: count its bytes. */
+static void outside_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
+  struct outside_scan *s = arg;
+  if (!host_live_is_device_memfd(s->h, path, s->dev) || host_live_has(s->h, dev, ino)) return;
+  struct proc_file *f = files_at(&s->files, dev, ino);
+  if (f) f->mapped += len;
+  else s->oom = true;
+}
+
+/* An fd of outside memory of the device: count what the memfd commits. */
+static void outside_fd(void *arg, const struct stat *st, const char *link) {
+  struct outside_scan *s = arg;
+  if (!host_live_is_device_memfd(s->h, link, s->dev) || host_live_has(s->h, st->st_dev, st->st_ino)) return;
+  struct proc_file *f = files_at(&s->files, st->st_dev, st->st_ino);
+  if (!f) {
+    s->oom = true;
+    return;
+  }
+  f->has_fd = true;
+  f->held = (uint64_t)st->st_blocks * 512;
+}
+
+/* Bytes of device memory pid holds outside the daemon: each memfd once,
+ * by what it commits where the process holds an fd to it, else by the
+ * bytes it maps. A process that cannot be read counts 0. */
+static int outside_bytes(const struct host *h, unsigned dev, int pid, uint64_t *bytes) {
+  struct outside_scan s = {.h = h, .dev = dev};
+  *bytes = 0;
+  if (maps_each(pid, outside_mapping, &s) == 0) fds_each(pid, outside_fd, &s);
+  for (size_t i = 0; i < s.files.n; i++)
+    *bytes += s.files.v[i].has_fd ? s.files.v[i].held : s.files.v[i].mapped;
+  free(s.files.v);
+  return s.oom ? gpu_fail(-ENOMEM, "out of memory") : 0;
+}
+
+/* Every process that maps or holds memfds of dev the daemon did not make,
+ * from /proc: the model of the driver's per-process list. The daemon's own
+ * process is left out (its memfds are its chunks); processes of other users
+ * are seen only by a daemon that may read their /proc entries. */
+int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, size_t max,
+                        size_t *n) {
+  struct host *h = state;
+  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  DIR *d = opendir("/proc");
+  if (!d) return gpu_fail(-errno, "/proc: %s", strerror(errno));
+  int self = getpid(), rc = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir(d))) {
+    char *end;
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0 || pid == self) continue;
+    uint64_t bytes;
+    if ((rc = outside_bytes(h, dev, (int)pid, &bytes)) < 0 || bytes == 0) continue;
+    if (*n < max) out[*n] = (struct gpudev_process){.pid = (int)pid, .used = bytes};
+    ++*n;
+  }
+  closedir(d);
+  return rc;
+}
+
+/* The memfds one process maps or holds, by inode (memfds share one
+ * filesystem, the live chunks' dev). */
+struct held_scan {
+  dev_t dev;
+  idmap *inodes;
+  bool oom;
+};
+
+/* Note a mapping's inode. */
+static void held_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
+  struct held_scan *s = arg;
+  (void)len;
+  (void)path;
+  if (dev == s->dev && idmap_put(s->inodes, (uint64_t)ino, s) < 0) s->oom = true;
+}
+
+/* Note an fd's inode. */
+static void held_fd(void *arg, const struct stat *st, const char *link) {
+  struct held_scan *s = arg;
+  (void)link;
+  if (st->st_dev == s->dev && idmap_put(s->inodes, (uint64_t)st->st_ino, s) < 0) s->oom = true;
+}
+
+/* Which chunks pid maps or holds an fd to, by the kernel's word (a worker
+ * that acknowledged an unmap but kept its mapping is caught here), reading
+ * its /proc entries once. A process that is gone holds nothing. */
+int host_proc_chunks_held_by(void *state, int pid, const uint64_t *handles, size_t n,
+                             bool *held) {
+  struct host *h = state;
+  struct held_scan s = {.dev = h->live_dev, .inodes = idmap_create()};
+  if (!s.inodes) return gpu_fail(-ENOMEM, "out of memory");
+  int rc = maps_each(pid, held_mapping, &s);
+  if (rc == 0) rc = fds_each(pid, held_fd, &s);
+  if (rc == -ENOENT || rc == -ESRCH) { /* gone: it holds nothing */
+    idmap_destroy(s.inodes);
+    memset(held, 0, n * sizeof *held);
+    return 0;
+  }
+  if (rc < 0 || s.oom) {
+    rc = s.oom ? gpu_fail(-ENOMEM, "out of memory")
+               : gpu_fail(rc, "reading /proc/%d: %s", pid, strerror(-rc));
+    idmap_destroy(s.inodes);
+    return rc;
+  }
+  int count = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct stat st;
+    held[i] = fstat((int)handles[i], &st) == 0 && st.st_dev == s.dev &&
+              idmap_get(s.inodes, (uint64_t)st.st_ino) != NULL;
+    count += held[i];
+  }
+  idmap_destroy(s.inodes);
+  return count;
+}

@@ -1,0 +1,33 @@
+/* The VMM backends' copies between chunks and host memory, and the host
+ * memory for them (backups): the daemon's half's table entries
+ * chunks_copy and backup_* (gpu/gpudev_ops.h), on a struct vmm_dev.
+ * Internal to gpu/. */
+#ifndef GPUMEM_GPU_VMM_BACKUP_H
+#define GPUMEM_GPU_VMM_BACKUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Copy whole chunks to or from host memory in the device's context. */
+int vmm_backup_copy(void *state, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
+                    size_t n, void *host, bool to_host);
+
+/* A backup's address range, its pieces made by vmm_backup_make; holds the
+ * device's context until vmm_backup_release. */
+int vmm_backup_reserve(void *state, unsigned dev, uint64_t size, void **host);
+
+/* Make one piece of a reserved backup: faulted in, then pinned. */
+int vmm_backup_make(void *state, unsigned dev, void *host, uint64_t size, uint64_t off,
+                    bool background);
+
+/* Unpin the made pieces, let go of the context and unmap. */
+void vmm_backup_release(void *state, unsigned dev, void *host, uint64_t size, uint64_t made);
+
+/* One pinned allocation, in the device's context, held while it lives. */
+int vmm_backup_alloc(void *state, unsigned dev, uint64_t size, void **host);
+
+/* Free memory from vmm_backup_alloc and let go of its context. */
+void vmm_backup_free(void *state, unsigned dev, void *host, uint64_t size);
+
+#endif

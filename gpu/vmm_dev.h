@@ -1,0 +1,66 @@
+/* The VMM backends' daemon side (CUDA and HIP): the vendor calls only the
+ * daemon makes (creating and exporting chunks, copies on streams, pinned
+ * host memory, the management library's figures, legacy IPC memory) and
+ * the state of the daemon's half over them.
+ *
+ * The daemon holds no device context while idle (a CUDA primary context
+ * costs about half a GiB per GPU): create, export and release need none;
+ * copies, backups and legacy IPC memory hold the device's primary context
+ * only for as long as they need it. No call changes what is current on
+ * the calling thread: a call that needs a context pushes the device's
+ * primary context and pops it before it returns (HIP: sets the device and
+ * sets the caller's back). Internal to gpu/. */
+#ifndef GPUMEM_GPU_VMM_DEV_H
+#define GPUMEM_GPU_VMM_DEV_H
+
+#include "gpu/gpudev.h"
+#include "gpu/vmm.h"
+#include "gpu/vmm_gate.h"
+
+struct vmm_dev_vendor {
+  const struct vmm_vendor *base;
+  /* Load the daemon's calls (after base->load) and the management library
+   * where it is; 0, or -errno with err filled. */
+  int (*load)(char *err, size_t errlen);
+  int (*bus_id)(int dev, char *buf, int len);
+  int (*create)(int dev, uint64_t size, uint64_t *handle);
+  int (*export_fd)(uint64_t handle, int *fd);
+  int (*stream_create)(void **stream);
+  int (*stream_destroy)(void *stream);
+  int (*stream_sync)(void *stream);
+  int (*dtoh_async)(void *dst, uint64_t src, uint64_t n, void *stream);
+  int (*htod_async)(uint64_t dst, const void *src, uint64_t n, void *stream);
+  /* Pinned host memory, usable from every context. */
+  int (*host_alloc)(void **p, uint64_t size);
+  int (*host_free)(void *p);
+  /* Pin (page-lock) host memory the process has, for every context, or
+   * let go of a pinned range by its start. */
+  int (*host_register)(void *p, uint64_t size);
+  int (*host_unregister)(void *p);
+  /* Free and total device memory, without a context where possible. */
+  int (*mem_info)(int dev, uint64_t *free_bytes, uint64_t *total);
+  /* The device a handle's memory is on (to check memory handed over). */
+  int (*handle_device)(uint64_t handle, int *dev);
+  /* From the vendor's management library (NVML, ROCm SMI), which needs no
+   * context; these two return 0 or -errno, with words through gpu_fail,
+   * and -ENOTSUP where the library is missing or says nothing. */
+  /* Total, free and driver-reserved bytes of a device. */
+  int (*mem_detail)(int dev, uint64_t *total, uint64_t *free_bytes, uint64_t *reserved);
+  /* The processes using a device: a malloc'd list (the caller frees it),
+   * used GPUDEV_USED_UNKNOWN where the library gives no figure. */
+  int (*processes)(int dev, struct gpudev_process **list, size_t *n);
+  int (*ipc_alloc)(uint64_t size, uint64_t *dptr, uint8_t *handle);
+  int (*ipc_free)(uint64_t dptr);
+};
+
+extern const struct vmm_dev_vendor vmm_cuda_dev;
+extern const struct vmm_dev_vendor vmm_hip_dev;
+
+/* The daemon's half over a vendor. */
+struct vmm_dev {
+  struct vmm m; /* devices, context holds, kept fds */
+  const struct vmm_dev_vendor *v;
+  struct vmm_gate gate; /* between backup pieces and every other call */
+};
+
+#endif
