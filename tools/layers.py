@@ -2,7 +2,7 @@
 """Who calls whom among gpumemd's source files, from the objects' own
 symbol tables (nm), not from a list kept by hand.
 
-    tools/layers.py [BUILD_DIR]      (default build)
+    tools/layers.py [BUILD_DIR [SOURCE_DIR]]   (default build, the tree)
 
 A file calls another when its object uses (nm: U) a symbol the other's
 object defines. It reports, and exits 1 on, either of:
@@ -11,7 +11,9 @@ object defines. It reports, and exits 1 on, either of:
   - a call from a lower layer to a higher one. The layers, lowest first:
     gen (protoc-c's code), common, gpu, then client and daemon (neither
     calls the other), then ctl, tools, preload (the programs).
-Not yet part of make check (issue 17): it reports today's cycles.
+Only objects whose source is still in SOURCE_DIR count (a build keeps the
+objects of files since removed). make check runs it on the build, and
+tests/build/check_layers.sh on objects with a deliberate back-call too.
 Each cycle is printed with the symbols that close it."""
 import collections
 import os
@@ -32,8 +34,9 @@ def symbols(obj):
     return defined, used
 
 
-def objects(build):
-    """Source file (daemon/engine.c) -> its object, for every folder above."""
+def objects(build, src):
+    """Source file (daemon/engine.c) -> its object, for every folder above
+    (the generated code's objects count whatever the source tree holds)."""
     found = {}
     root = os.path.join(build, "obj")
     for folder in LAYERS:
@@ -41,8 +44,9 @@ def objects(build):
         if not os.path.isdir(d):
             continue
         for name in sorted(os.listdir(d)):
-            if name.endswith(".o"):
-                found["%s/%s.c" % (folder, name[:-2])] = os.path.join(d, name)
+            source = "%s/%s.c" % (folder, name[:-2])
+            if name.endswith(".o") and (folder == "gen" or os.path.exists(os.path.join(src, source))):
+                found[source] = os.path.join(d, name)
     return found
 
 
@@ -81,7 +85,8 @@ def cycles(graph, nodes):
 
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else "build"
-    objs = objects(build)
+    src = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..")
+    objs = objects(build, src)
     if not objs:
         print("layers: no objects under %s/obj: build first" % build)
         return 2
