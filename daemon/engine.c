@@ -1,4 +1,9 @@
-/* Pause: every matching ACTIVE buffer becomes PAUSING and its owner gets
+/* The pause engine: when each state move happens. The registry decides
+ * whether it may (registry_move's table); sessions are reached only
+ * through the outbox (outbox.h); scope.c, group.c, event.c, outcome.c,
+ * devcheck.c and timeout.c hold the pieces this file puts together.
+ *
+ * Pause: every matching ACTIVE buffer becomes PAUSING and its owner gets
  * one Unmap event; as each owner acks, the buffers it unmapped are backed
  * up (BACKUP) and released and become PAUSED, and those it could not
  * unmap are ACTIVE again and reported.
