@@ -42,7 +42,7 @@ static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
   char why[256];
   snprintf(why, sizeof why, "%s", gpu_error());
   client_buffer_unmap(c, b);
-  return client_fail(GPUMEM_E_MAP, "mapping buffer %llu: %s", (unsigned long long)b->id, why);
+  return error_set(GPUMEM_E_MAP, "mapping buffer %llu: %s", (unsigned long long)b->id, why);
 }
 
 /* Unmap each chunk's mapping separately (one unmap across several breaks
@@ -80,7 +80,7 @@ int client_buffer_export(gpumem_client *c, gpumem_buffer *b, int *fds) {
     int rc = gpu_export(c->gpu, b->local, b->handles[i], &fds[i]);
     if (rc < 0) {
       while (i > 0) close(fds[--i]);
-      return client_fail(GPUMEM_E_BACKEND, "exporting buffer %llu again: %s",
+      return error_set(GPUMEM_E_BACKEND, "exporting buffer %llu again: %s",
                          (unsigned long long)b->id, gpu_error());
     }
   }
@@ -159,21 +159,21 @@ void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *e
   int rc = 0;
   if (!c->gpu) {
     /* Connected with GPUMEM_CONNECT_NODE_DEVICES: no backend to map with. */
-    rc = client_fail(GPUMEM_E_PERMISSION,
+    rc = error_set(GPUMEM_E_PERMISSION,
                      "this client maps no memory (GPUMEM_CONNECT_NODE_DEVICES)");
     buffer_free_struct(b);
     b = NULL;
   } else if (r->ipc_handle.len) {
     b->ipc = true;
     if (gpu_ipc_open(c->gpu, b->local, r->ipc_handle.data, &b->va) < 0) {
-      rc = client_fail(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
+      rc = error_set(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
       buffer_free_struct(b);
       b = NULL;
     } else {
       b->mapped = true; /* not shared with any thread yet */
     }
   } else if (gpu_va_reserve(c->gpu, b->local, b->size, &b->va) < 0) {
-    rc = client_fail(GPUMEM_E_MAP, "reserving %llu bytes: %s", (unsigned long long)b->size,
+    rc = error_set(GPUMEM_E_MAP, "reserving %llu bytes: %s", (unsigned long long)b->size,
                      gpu_error());
     buffer_free_struct(b);
     b = NULL;
@@ -202,9 +202,9 @@ void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *e
  * routes the reply maps it. */
 int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
                  unsigned flags, bool pooled, gpumem_buffer **out) {
-  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the buffer");
+  if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the buffer");
   if (!tag || !wire_tag_valid(tag))
-    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
+    return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
   int map[GPUMEM_MAX_DEVICES];
   unsigned seen = client_local_map(c, map);
@@ -213,7 +213,7 @@ int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
   bool live = c->state == CONN_LIVE;
   pthread_mutex_unlock(&c->mu);
   if (node < 0 && live)
-    return client_fail(GPUMEM_E_INVALID,
+    return error_set(GPUMEM_E_INVALID,
                        "device %d is not one of the %u gpumemd devices this process sees",
                        device, seen);
   unsigned index = node < 0 ? 0 : (unsigned)node;
@@ -231,7 +231,7 @@ int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
   reply.alloc = &a;
   int rc = client_call_with(c, &req, &reply);
   if (rc == 0 && reply.env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY)
-    rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered alloc with something else");
+    rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered alloc with something else");
   if (rc < 0 || (a.rc == 0 && a.buf)) {
     client_reply_free(&reply);
     if (rc == 0) *out = a.buf;
@@ -247,7 +247,7 @@ int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
     client_buffer_destroy(c, a.buf);
   else if (a.buf && freed != GPUMEM_E_TIMEOUT)
     client_free_later(c, a.buf);
-  return client_fail(a.rc ? a.rc : GPUMEM_E_NOMEM, "%s", a.words);
+  return error_set(a.rc ? a.rc : GPUMEM_E_NOMEM, "%s", a.words);
 }
 
 /* Allocate a tagged buffer. */
@@ -274,9 +274,9 @@ int client_free_buffer(gpumem_client *c, gpumem_buffer *b) {
 
 /* Free a buffer of gpumem_alloc; a pool's slab is the pool's to free. */
 int gpumem_free(gpumem_client *c, gpumem_buffer *b) {
-  if (!c || !b) return client_fail(GPUMEM_E_INVALID, "no client or no buffer");
+  if (!c || !b) return error_set(GPUMEM_E_INVALID, "no client or no buffer");
   if (b->pooled)
-    return client_fail(GPUMEM_E_INVALID,
+    return error_set(GPUMEM_E_INVALID,
                        "buffer %llu belongs to the gpumem_malloc pool: free its allocations "
                        "with gpumem_free_ptr",
                        (unsigned long long)gpumem_buffer_id(b));
@@ -466,9 +466,9 @@ void gpumem_set_hooks(gpumem_client *c, gpumem_hook pre_unmap, gpumem_hook post_
  * the range is inside it and it is mapped and not being unmapped; an
  * Unmap waits for the copy to end (copy_end). */
 static int copy_begin(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t len) {
-  if (!c || !b) return client_fail(GPUMEM_E_INVALID, "no client or no buffer");
+  if (!c || !b) return error_set(GPUMEM_E_INVALID, "no client or no buffer");
   if (off > b->size || len > b->size - off)
-    return client_fail(GPUMEM_E_INVALID, "range %llu+%llu outside a %llu-byte buffer",
+    return error_set(GPUMEM_E_INVALID, "range %llu+%llu outside a %llu-byte buffer",
                        (unsigned long long)off, (unsigned long long)len,
                        (unsigned long long)b->size);
   pthread_mutex_lock(&c->mu);
@@ -476,7 +476,7 @@ static int copy_begin(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t
   if (mapped && !unmapping) b->copies++;
   pthread_mutex_unlock(&c->mu);
   if (!mapped || unmapping)
-    return client_fail(GPUMEM_E_WRONG_STATE, "buffer %llu is %s",
+    return error_set(GPUMEM_E_WRONG_STATE, "buffer %llu is %s",
                        (unsigned long long)gpumem_buffer_id(b),
                        unmapping ? "being paused" : "paused");
   return 0;
@@ -495,7 +495,7 @@ int gpumem_buffer_read(gpumem_client *c, gpumem_buffer *b, uint64_t off, void *d
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
   if (gpu_copy_from(c->gpu, b->local, dst, (char *)b->va + off, len) < 0)
-    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
   return copy_end(c, b, rc);
 }
 
@@ -505,7 +505,7 @@ int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64_t off, const 
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
   if (gpu_copy_to(c->gpu, b->local, (char *)b->va + off, src, len) < 0)
-    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
   return copy_end(c, b, rc);
 }
 
@@ -513,26 +513,26 @@ int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64_t off, const 
 int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t len,
                          uint32_t value) {
   if (off % 4 || len % 4)
-    return client_fail(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
+    return error_set(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
   if (gpu_fill32(c->gpu, b->local, (char *)b->va + off, len, value) < 0)
-    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
   return copy_end(c, b, rc);
 }
 
 /* Wait until a device has finished its work. */
 int gpumem_sync(gpumem_client *c, int device) {
   int map[GPUMEM_MAX_DEVICES];
-  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
+  if (!c) return error_set(GPUMEM_E_INVALID, "no client");
   unsigned seen = client_local_map(c, map);
   if (client_node_device(map, device) < 0)
-    return client_fail(GPUMEM_E_INVALID,
+    return error_set(GPUMEM_E_INVALID,
                        "device %d is not one of the %u gpumemd devices this process sees",
                        device, seen);
   if (!c->gpu) return 0; /* it maps nothing: nothing to wait for */
   if (gpu_sync(c->gpu, (unsigned)device) < 0)
-    return client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
+    return error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include "common/frame.h"
 #include "common/idmap.h"
 #include "common/wire.h"
+#include "error.h"
 #include "gpu/gpu.h"
 #include "gpumem.h"
 
@@ -147,9 +148,6 @@ void client_pool_destroy(gpumem_client *c);
  * with it, and its place as the default. */
 void client_default_forget(gpumem_client *c);
 
-/* Record words for this thread's last failure and return err. */
-int client_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 /* Send a request and wait for its reply; the reply (an Error turned into
  * its code) goes to *reply, whose fds the caller owns. */
 int client_call(gpumem_client *c, wire_env *req, struct pending *reply);
@@ -222,8 +220,5 @@ int client_local_device(const int *map, uint32_t node);
 
 /* The daemon's number of this process's device local, or -1. */
 int client_node_device(const int *map, int local);
-
-/* Turn a daemon error code into the library's. */
-int client_code(wire_code code);
 
 #endif

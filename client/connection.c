@@ -13,26 +13,15 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "clock.h"
 
 #define BACKOFF_FIRST_MS 10
 #define BACKOFF_MAX_MS 1000
 
-/* Milliseconds on the monotonic clock. */
-static double mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Wait on the client's condition until the monotonic time at_ms at the
  * latest. Called with mu held. */
 static void wait_until(gpumem_client *c, double at_ms) {
-  struct timespec ts;
-  ts.tv_sec = (time_t)(at_ms / 1e3);
-  ts.tv_nsec = (long)((at_ms - (double)ts.tv_sec * 1e3) * 1e6);
-  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
-  if (ts.tv_nsec < 0) ts.tv_nsec = 0;
-  pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+  clock_cond_wait_until(&c->cv, &c->mu, at_ms);
 }
 
 /* Add a buffer to the client's list of every buffer. Called with mu held. */
@@ -70,7 +59,7 @@ static int send_lock(gpumem_client *c, double until_ms) {
   if (pthread_mutex_trylock(&c->send_mu) == 0) return 0;
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
-  double left = until_ms - mono_ms();
+  double left = until_ms - clock_ms();
   double at = (double)now.tv_sec * 1e3 + (double)now.tv_nsec / 1e6 + (left > 0 ? left : 0);
   struct timespec ts;
   ts.tv_sec = (time_t)(at / 1e3);
@@ -88,7 +77,7 @@ static int send_lock(gpumem_client *c, double until_ms) {
 static int drain(gpumem_client *c, double until_ms) {
   int rc;
   while ((rc = frame_writer_flush(c->writer, c->fd)) == -EAGAIN) {
-    double left = until_ms - mono_ms();
+    double left = until_ms - clock_ms();
     if (left <= 0) return -ETIMEDOUT;
     struct pollfd p = {c->fd, POLLOUT, 0};
     if (poll(&p, 1, left > 1e9 ? 1000000000 : (int)left + 1) < 0 && errno != EINTR)
@@ -110,22 +99,22 @@ int client_send_fds(gpumem_client *c, uint64_t gen, const wire_env *env, const i
   pthread_mutex_lock(&c->mu);
   double limit_ms = c->request_timeout_ms;
   pthread_mutex_unlock(&c->mu);
-  if (!request) until_ms = mono_ms() + limit_ms;
+  if (!request) until_ms = clock_ms() + limit_ms;
   size_t len;
   uint8_t *bytes = wire_pack(env, &len);
   if (!bytes || send_lock(c, until_ms) != 0) {
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
-    if (!bytes) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+    if (!bytes) return error_set(GPUMEM_E_NOMEM, "out of memory");
     free(bytes);
     if (request)
-      return client_fail(GPUMEM_E_TIMEOUT,
+      return error_set(GPUMEM_E_TIMEOUT,
                          "gpumemd did not take the request in time: another message is "
                          "still waiting for it to read");
     /* Whoever holds the lock waits for a daemon that does not read. */
     pthread_mutex_lock(&c->mu);
     if (c->fd >= 0 && (!gen || gen == c->gen)) shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&c->mu);
-    return client_fail(GPUMEM_E_DISCONNECTED,
+    return error_set(GPUMEM_E_DISCONNECTED,
                        "gpumemd read nothing for %.1f s; the connection is dropped",
                        limit_ms / 1e3);
   }
@@ -155,15 +144,15 @@ int client_send_fds(gpumem_client *c, uint64_t gen, const wire_env *env, const i
   pthread_mutex_unlock(&c->send_mu);
   free(bytes);
   if (stalled)
-    return client_fail(GPUMEM_E_TIMEOUT,
+    return error_set(GPUMEM_E_TIMEOUT,
                        "gpumemd did not take the request in time: it has not read earlier "
                        "messages");
   if (rc == -ETIMEDOUT)
-    return client_fail(GPUMEM_E_DISCONNECTED,
+    return error_set(GPUMEM_E_DISCONNECTED,
                        "gpumemd read nothing for %.1f s; the connection is dropped",
                        limit_ms / 1e3);
   if (rc < 0)
-    return client_fail(GPUMEM_E_DISCONNECTED, "send to gpumemd: %s%s", strerror(-rc), said);
+    return error_set(GPUMEM_E_DISCONNECTED, "send to gpumemd: %s%s", strerror(-rc), said);
   return 0;
 }
 
@@ -184,7 +173,7 @@ static void conn_lost(gpumem_client *c, const char *why) {
   int code = GPUMEM_E_DISCONNECTED;
   if (c->daemon_code == GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN && c->daemon_gen == c->gen) {
     snprintf(words, sizeof words, "SHUTTING_DOWN: %.280s", c->daemon_words);
-    code = client_code(c->daemon_code);
+    code = error_from_wire(c->daemon_code);
   } else if (c->daemon_code && c->daemon_gen == c->gen) {
     snprintf(words, sizeof words, "gpumemd ended the connection: %s: %.240s",
              wire_code_name(c->daemon_code), c->daemon_words);
@@ -231,7 +220,7 @@ static void conn_lost(gpumem_client *c, const char *why) {
   } else if (!c->down_words[0]) {
     snprintf(c->down_words, sizeof c->down_words, "%s", words);
   }
-  c->retry_at_ms = mono_ms() + c->backoff_ms;
+  c->retry_at_ms = clock_ms() + c->backoff_ms;
   if (!was_live) c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
                                                                     : c->backoff_ms * 2;
   gpumem_conn_hook hook = was_live && !c->closing ? c->conn_hook : NULL;
@@ -283,7 +272,7 @@ static int adopt_apply(gpumem_client *c, struct adopt_ctx *a, const Gpumem__Wire
 static void late_wait(gpumem_client *c, struct late_free *l) {
   l->id = 0;
   c->late_waiting++;
-  c->late_at_ms = mono_ms() + c->late_backoff_ms;
+  c->late_at_ms = clock_ms() + c->late_backoff_ms;
   c->late_backoff_ms = c->late_backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
                                                                : c->late_backoff_ms * 2;
   pthread_cond_broadcast(&c->cv);
@@ -322,7 +311,7 @@ void client_free_later(gpumem_client *c, gpumem_buffer *b) {
 static void late_retry(gpumem_client *c, bool due_only) {
   pthread_mutex_lock(&c->mu);
   size_t n = c->late_waiting;
-  if (c->state != CONN_LIVE || !n || (due_only && mono_ms() < c->late_at_ms)) {
+  if (c->state != CONN_LIVE || !n || (due_only && clock_ms() < c->late_at_ms)) {
     pthread_mutex_unlock(&c->mu);
     return;
   }
@@ -356,7 +345,7 @@ static int late_due_ms(gpumem_client *c) {
   pthread_mutex_lock(&c->mu);
   int ms = -1;
   if (c->state == CONN_LIVE && c->late_waiting) {
-    double left = c->late_at_ms - mono_ms();
+    double left = c->late_at_ms - clock_ms();
     ms = left <= 0 ? 0 : (int)left + 1;
   }
   pthread_mutex_unlock(&c->mu);
@@ -504,7 +493,7 @@ static int pump(gpumem_client *c, int timeout_ms) {
   snprintf(why, sizeof why, "frame from gpumemd over the limit");
 lost:
   conn_lost(c, why);
-  return client_fail(GPUMEM_E_DISCONNECTED, "%s", why);
+  return error_set(GPUMEM_E_DISCONNECTED, "%s", why);
 }
 
 /* Read (and handle events) on behalf of whoever waits, until the
@@ -521,7 +510,7 @@ static int pump_locked(gpumem_client *c, double until_ms) {
   }
   int timeout_ms = -1;
   if (until_ms >= 0) {
-    double left = until_ms - mono_ms();
+    double left = until_ms - clock_ms();
     timeout_ms = left <= 0 ? 0 : left > 1e9 ? 1000000000 : (int)left + 1;
   }
   c->reading = true;
@@ -551,10 +540,10 @@ static void pending_del(gpumem_client *c, struct pending *p) {
 /* The outcome of a finished request: 0, its Error's code, or why it got
  * no reply. */
 static int pending_result(struct pending *p) {
-  if (!p->env) return client_fail(p->err ? p->err : GPUMEM_E_DISCONNECTED, "%s", p->words);
+  if (!p->env) return error_set(p->err ? p->err : GPUMEM_E_DISCONNECTED, "%s", p->words);
   if (p->env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
     const Gpumem__Wire__Error *e = p->env->error;
-    return client_fail(client_code(e->code), "%s: %s", wire_code_name(e->code), e->message);
+    return error_set(error_from_wire(e->code), "%s: %s", wire_code_name(e->code), e->message);
   }
   return 0;
 }
@@ -572,10 +561,10 @@ static int call_timed_out(gpumem_client *c, struct pending *p, double wait_ms, b
       also = "; the buffer stays until gpumem_disconnect (out of memory)";
   }
   if (!sent)
-    return client_fail(GPUMEM_E_TIMEOUT,
+    return error_set(GPUMEM_E_TIMEOUT,
                        "gpumemd did not read the request in %.1f s (it has not read earlier "
                        "messages)%s", wait_ms / 1e3, also);
-  return client_fail(GPUMEM_E_TIMEOUT, "gpumemd did not answer in %.1f s%s", wait_ms / 1e3,
+  return error_set(GPUMEM_E_TIMEOUT, "gpumemd did not answer in %.1f s%s", wait_ms / 1e3,
                      also);
 }
 
@@ -595,8 +584,8 @@ int client_call_with(gpumem_client *c, wire_env *req, struct pending *reply) {
     snprintf(words, sizeof words, "%s", c->down_words);
     bool again = c->state == CONN_RECONNECTING;
     pthread_mutex_unlock(&c->mu);
-    if (again) return client_fail(err, "reconnecting to gpumemd (%s)", words);
-    return client_fail(err, "the connection to gpumemd is gone: %s", words);
+    if (again) return error_set(err, "reconnecting to gpumemd (%s)", words);
+    return error_set(err, "the connection to gpumemd is gone: %s", words);
   }
   pending_add(c, req, reply);
   if (reply->freeing) {
@@ -604,19 +593,19 @@ int client_call_with(gpumem_client *c, wire_env *req, struct pending *reply) {
     if (!reply->freeing->registered) {
       pending_del(c, reply);
       pthread_mutex_unlock(&c->mu);
-      return client_fail(GPUMEM_E_NOT_FOUND, "buffer not registered with gpumemd");
+      return error_set(GPUMEM_E_NOT_FOUND, "buffer not registered with gpumemd");
     }
     req->free->buffer_id = reply->freeing->id;
   }
   uint64_t gen = c->gen;
   double wait_ms = (double)c->request_timeout_ms + reply->extra_ms;
-  double until = mono_ms() + wait_ms;
+  double until = clock_ms() + wait_ms;
   pthread_mutex_unlock(&c->mu);
   late_retry(c, true);
   int rc = client_send_fds(c, gen, req, NULL, 0, until);
   pthread_mutex_lock(&c->mu);
   /* A reply being built is waited for: that is local work. */
-  while (rc == 0 && !reply->done && (reply->routing || mono_ms() < until))
+  while (rc == 0 && !reply->done && (reply->routing || clock_ms() < until))
     pump_locked(c, reply->routing ? -1 : until);
   pending_del(c, reply);
   if ((rc == 0 && !reply->done) || rc == GPUMEM_E_TIMEOUT)
@@ -647,7 +636,7 @@ static bool reader_calls(gpumem_client *c, wire_env **reqs, struct pending **ps,
   uint64_t gen = c->gen;
   double wait_ms = c->request_timeout_ms;
   pthread_mutex_unlock(&c->mu);
-  double until = mono_ms() + wait_ms;
+  double until = clock_ms() + wait_ms;
   bool answered = true;
   bool sent = true;
   for (size_t i = 0; i < n; i++) {
@@ -665,7 +654,7 @@ static bool reader_calls(gpumem_client *c, wire_env **reqs, struct pending **ps,
     for (size_t i = 0; i < n; i++) all = all && ps[i]->done;
     pthread_mutex_unlock(&c->mu);
     if (all) break;
-    double left = until - mono_ms();
+    double left = until - clock_ms();
     if (left <= 0) {
       answered = false;
       break;
@@ -689,14 +678,14 @@ static bool reader_calls(gpumem_client *c, wire_env **reqs, struct pending **ps,
 static int open_socket(const char *path) {
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof addr.sun_path)
-    return client_fail(GPUMEM_E_INVALID, "socket path too long: %s", path);
+    return error_set(GPUMEM_E_INVALID, "socket path too long: %s", path);
   strcpy(addr.sun_path, path);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return client_fail(GPUMEM_E_CONNECT, "socket: %s", strerror(errno));
+  if (fd < 0) return error_set(GPUMEM_E_CONNECT, "socket: %s", strerror(errno));
   if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
     int e = errno;
     close(fd);
-    return client_fail(GPUMEM_E_CONNECT, "cannot connect to gpumemd at %s: %s", path,
+    return error_set(GPUMEM_E_CONNECT, "cannot connect to gpumemd at %s: %s", path,
                        strerror(e));
   }
   return fd;
@@ -726,11 +715,11 @@ static int greet(gpumem_client *c, bool first) {
     snprintf(words, sizeof words, "%s", c->daemon_words);
     pthread_mutex_unlock(&c->mu);
     if (code)
-      rc = client_fail(first ? client_code(code) : GPUMEM_E_DISCONNECTED,
+      rc = error_set(first ? error_from_wire(code) : GPUMEM_E_DISCONNECTED,
                        "gpumemd refused the session: %s: %s", wire_code_name(code), words);
   }
   if (rc == 0 && reply.env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY)
-    rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered Hello with something else");
+    rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered Hello with something else");
   if (rc == 0) {
     const Gpumem__Wire__HelloReply *r = reply.env->hello_reply;
     if (first) {
@@ -738,9 +727,9 @@ static int greet(gpumem_client *c, bool first) {
       struct gpu_options opt = {.backend = c->backend, .client = true};
       char err[256] = "";
       if (!(c->flags & GPUMEM_CONNECT_NODE_DEVICES) && gpu_open(&opt, &c->gpu, err, sizeof err) < 0)
-        rc = client_fail(GPUMEM_E_BACKEND, "backend %s: %s", c->backend, err);
+        rc = error_set(GPUMEM_E_BACKEND, "backend %s: %s", c->backend, err);
     } else if (c->gpu && strcmp(c->backend, r->backend) != 0) {
-      rc = client_fail(GPUMEM_E_BACKEND,
+      rc = error_set(GPUMEM_E_BACKEND,
                        "gpumemd came back with backend %s; this process maps %s memory",
                        r->backend, c->backend);
     }
@@ -1033,7 +1022,7 @@ static void *reader_main(void *arg) {
   gpumem_client *c = arg;
   for (;;) {
     pthread_mutex_lock(&c->mu);
-    while (c->state == CONN_RECONNECTING && !c->closing && mono_ms() < c->retry_at_ms)
+    while (c->state == CONN_RECONNECTING && !c->closing && clock_ms() < c->retry_at_ms)
       wait_until(c, c->retry_at_ms);
     enum conn_state st = c->state;
     bool closing = c->closing;
@@ -1052,20 +1041,20 @@ static void *reader_main(void *arg) {
  * reconnect for them when the daemon went away. */
 int gpumem_dispatch(gpumem_client *c, int timeout_ms) {
   if (c->threaded)
-    return client_fail(GPUMEM_E_INVALID, "a background thread dispatches this client");
+    return error_set(GPUMEM_E_INVALID, "a background thread dispatches this client");
   pthread_mutex_lock(&c->mu);
   while (c->reading) pthread_cond_wait(&c->cv, &c->mu);
   int rc;
   if (c->state == CONN_CLOSED) {
-    rc = client_fail(c->down_err ? c->down_err : GPUMEM_E_DISCONNECTED,
+    rc = error_set(c->down_err ? c->down_err : GPUMEM_E_DISCONNECTED,
                      "the connection to gpumemd is gone: %s", c->down_words);
   } else if (c->state == CONN_RECONNECTING) {
-    double now = mono_ms();
+    double now = clock_ms();
     double until = c->retry_at_ms;
     if (timeout_ms >= 0 && now + timeout_ms < until) until = now + timeout_ms;
-    while (!c->closing && mono_ms() < until) wait_until(c, until);
-    if (c->closing || mono_ms() < c->retry_at_ms) {
-      rc = client_fail(GPUMEM_E_DISCONNECTED, "reconnecting to gpumemd (%s)", c->down_words);
+    while (!c->closing && clock_ms() < until) wait_until(c, until);
+    if (c->closing || clock_ms() < c->retry_at_ms) {
+      rc = error_set(GPUMEM_E_DISCONNECTED, "reconnecting to gpumemd (%s)", c->down_words);
     } else {
       c->reading = true;
       pthread_mutex_unlock(&c->mu);
@@ -1074,11 +1063,11 @@ int gpumem_dispatch(gpumem_client *c, int timeout_ms) {
       c->reading = false;
       pthread_cond_broadcast(&c->cv);
       if (rc < 0)
-        rc = client_fail(GPUMEM_E_DISCONNECTED, "reconnecting to gpumemd (%s)",
+        rc = error_set(GPUMEM_E_DISCONNECTED, "reconnecting to gpumemd (%s)",
                          c->down_words);
     }
   } else {
-    rc = pump_locked(c, timeout_ms < 0 ? -1.0 : mono_ms() + timeout_ms);
+    rc = pump_locked(c, timeout_ms < 0 ? -1.0 : clock_ms() + timeout_ms);
   }
   pthread_mutex_unlock(&c->mu);
   if (rc >= 0) late_retry(c, true);
@@ -1118,16 +1107,16 @@ static void client_free(gpumem_client *c) {
 int gpumem_connect(const char *socket_path, const char *name, int role,
                    unsigned flags, gpumem_client **out) {
   if (role != GPUMEM_ROLE_WORKER && role != GPUMEM_ROLE_CONTROLLER)
-    return client_fail(GPUMEM_E_INVALID, "role must be worker or controller");
+    return error_set(GPUMEM_E_INVALID, "role must be worker or controller");
   if (name && strlen(name) > WIRE_NAME_MAX)
-    return client_fail(GPUMEM_E_INVALID, "name longer than %d bytes", WIRE_NAME_MAX);
+    return error_set(GPUMEM_E_INVALID, "name longer than %d bytes", WIRE_NAME_MAX);
   if (flags & ~(unsigned)(GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT |
                           GPUMEM_CONNECT_NODE_DEVICES))
-    return client_fail(GPUMEM_E_INVALID, "unknown connect flags 0x%x", flags);
+    return error_set(GPUMEM_E_INVALID, "unknown connect flags 0x%x", flags);
   if (!socket_path || !*socket_path) socket_path = getenv("GPUMEM_SOCKET");
   if (!socket_path || !*socket_path) socket_path = GPUMEM_DEFAULT_SOCKET;
   gpumem_client *c = calloc(1, sizeof *c);
-  if (!c) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  if (!c) return error_set(GPUMEM_E_NOMEM, "out of memory");
   c->fd = -1;
   c->next_id = 1;
   c->gen = 1;
@@ -1138,11 +1127,7 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
   c->request_timeout_ms = GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS;
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->send_mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  clock_cond_init(&c->cv);
   c->path = strdup(socket_path);
   c->name = strdup(name ? name : "");
   c->buffers = idmap_create();
@@ -1150,7 +1135,7 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
   c->reader = frame_reader_create(WIRE_MAX_REPLY);
   if (!c->path || !c->name || !c->buffers || !c->writer || !c->reader) {
     client_free(c);
-    return client_fail(GPUMEM_E_NOMEM, "out of memory");
+    return error_set(GPUMEM_E_NOMEM, "out of memory");
   }
   int rc = c->fd = open_socket(socket_path);
   if (rc >= 0) rc = greet(c, true);
@@ -1158,7 +1143,7 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
     c->threaded = true;
     if (pthread_create(&c->thread, NULL, reader_main, c) != 0) {
       c->threaded = false;
-      rc = client_fail(GPUMEM_E_NOMEM, "cannot start the event thread");
+      rc = error_set(GPUMEM_E_NOMEM, "cannot start the event thread");
     }
   }
   if (rc < 0) {
@@ -1208,7 +1193,7 @@ int gpumem_daemon_error(gpumem_client *c, char *buf, size_t len) {
     snprintf(buf, len, "%s%s%s", code ? wire_code_name(code) : "", code ? ": " : "",
              code ? c->daemon_words : "");
   pthread_mutex_unlock(&c->mu);
-  return code ? client_code(code) : 0;
+  return code ? error_from_wire(code) : 0;
 }
 
 /* The daemon's backend. */

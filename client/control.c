@@ -9,9 +9,9 @@
 /* A session prefix must be one a session name could start with. */
 static int check_prefix(const char *prefix) {
   if (strlen(prefix) > WIRE_NAME_MAX)
-    return client_fail(GPUMEM_E_INVALID, "session prefix longer than %d bytes", WIRE_NAME_MAX);
+    return error_set(GPUMEM_E_INVALID, "session prefix longer than %d bytes", WIRE_NAME_MAX);
   if (!wire_name_valid(prefix))
-    return client_fail(GPUMEM_E_INVALID,
+    return error_set(GPUMEM_E_INVALID,
                        "session prefix is not UTF-8 text without control characters");
   return 0;
 }
@@ -21,39 +21,39 @@ static int check_prefix(const char *prefix) {
 static int op_check(bool resume, const char *const *tags, size_t ntags, const int *devices,
                     size_t ndevices, const struct gpumem_op_options *opts,
                     struct gpumem_op_options *o) {
-  if (ntags && !tags) return client_fail(GPUMEM_E_INVALID, "no tag list given");
+  if (ntags && !tags) return error_set(GPUMEM_E_INVALID, "no tag list given");
   if (ntags > WIRE_MAX_TAGS)
-    return client_fail(GPUMEM_E_INVALID, "too many tags (%zu, at most %d)", ntags, WIRE_MAX_TAGS);
+    return error_set(GPUMEM_E_INVALID, "too many tags (%zu, at most %d)", ntags, WIRE_MAX_TAGS);
   for (size_t i = 0; i < ntags; i++)
     if (!tags[i] || !wire_tag_valid(tags[i]))
-      return client_fail(GPUMEM_E_INVALID, "invalid tag '%.64s': 1-%d characters of [A-Za-z0-9_.-]",
+      return error_set(GPUMEM_E_INVALID, "invalid tag '%.64s': 1-%d characters of [A-Za-z0-9_.-]",
                          tags[i] ? tags[i] : "(null)", WIRE_TAG_MAX);
-  if (ndevices && !devices) return client_fail(GPUMEM_E_INVALID, "no device list given");
+  if (ndevices && !devices) return error_set(GPUMEM_E_INVALID, "no device list given");
   if (ndevices > GPUMEM_MAX_DEVICES)
-    return client_fail(GPUMEM_E_INVALID, "too many devices (%zu, at most %d)", ndevices,
+    return error_set(GPUMEM_E_INVALID, "too many devices (%zu, at most %d)", ndevices,
                        GPUMEM_MAX_DEVICES);
   /* Copy what the caller's version of the struct has; the rest stays 0. */
   memset(o, 0, sizeof *o);
   if (opts) {
     if (opts->size < sizeof o->size)
-      return client_fail(GPUMEM_E_INVALID, "options without their size");
+      return error_set(GPUMEM_E_INVALID, "options without their size");
     memcpy(o, opts, opts->size < sizeof *o ? opts->size : sizeof *o);
   }
   o->size = sizeof *o;
   if (resume && o->max_residual)
-    return client_fail(GPUMEM_E_INVALID, "max_residual applies to pause only");
+    return error_set(GPUMEM_E_INVALID, "max_residual applies to pause only");
   if (o->scope != GPUMEM_SCOPE_NODE && o->scope != GPUMEM_SCOPE_OWN)
-    return client_fail(GPUMEM_E_INVALID, "unknown scope %d", o->scope);
-  if (o->npids && !o->pids) return client_fail(GPUMEM_E_INVALID, "no pid list given");
+    return error_set(GPUMEM_E_INVALID, "unknown scope %d", o->scope);
+  if (o->npids && !o->pids) return error_set(GPUMEM_E_INVALID, "no pid list given");
   if (o->npids > WIRE_MAX_PIDS)
-    return client_fail(GPUMEM_E_INVALID, "too many pids (%zu, at most %d)", o->npids,
+    return error_set(GPUMEM_E_INVALID, "too many pids (%zu, at most %d)", o->npids,
                        WIRE_MAX_PIDS);
   for (size_t i = 0; i < o->npids; i++)
-    if (o->pids[i] == 0) return client_fail(GPUMEM_E_INVALID, "pid 0 names no process");
+    if (o->pids[i] == 0) return error_set(GPUMEM_E_INVALID, "pid 0 names no process");
   if (o->session_prefix && !*o->session_prefix) o->session_prefix = NULL;
   if (o->session_prefix && check_prefix(o->session_prefix) < 0) return GPUMEM_E_INVALID;
   if (o->scope == GPUMEM_SCOPE_OWN && (o->npids || o->session_prefix))
-    return client_fail(GPUMEM_E_INVALID,
+    return error_set(GPUMEM_E_INVALID,
                        "scope OWN covers this client's buffers only: no pids or session prefix");
   return 0;
 }
@@ -65,7 +65,7 @@ static int op_devices(gpumem_client *c, const int *devices, size_t n, uint32_t *
   for (size_t i = 0; i < n; i++) {
     int d = client_node_device(map, devices[i]);
     if (d < 0)
-      return client_fail(GPUMEM_E_INVALID,
+      return error_set(GPUMEM_E_INVALID,
                          "device %d is not one of the %u gpumemd devices this process sees",
                          devices[i], count);
     out[i] = (uint32_t)d;
@@ -79,7 +79,7 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
                    const int *devices, size_t ndevices, const struct gpumem_op_options *opts,
                    struct pending *reply) {
   memset(reply, 0, sizeof *reply);
-  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
+  if (!c) return error_set(GPUMEM_E_INVALID, "no client");
   struct gpumem_op_options o;
   int rc = op_check(resume, tags, ntags, devices, ndevices, opts, &o);
   uint32_t devs[GPUMEM_MAX_DEVICES];
@@ -121,7 +121,7 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
   rc = client_call_with(c, &req, reply);
   const wire_env *env = reply->env;
   if (rc == 0 && env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY)
-    rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
+    rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
   return rc;
 }
 
@@ -248,10 +248,10 @@ static int run_op(gpumem_client *c, bool resume, const char *const *tags, size_t
     *report = report_new(c, env, rc);
     /* The operation happened either way: say so rather than hide it. */
     if (!*report)
-      rc = client_fail(GPUMEM_E_NOMEM, "out of memory for the report of a %s that %s",
+      rc = error_set(GPUMEM_E_NOMEM, "out of memory for the report of a %s that %s",
                        resume ? "resume" : "pause", rc == 0 ? "succeeded" : "failed");
     else
-      client_fail(rc, "%s", words);
+      error_set(rc, "%s", words);
   }
   client_reply_free(&reply);
   return rc;
@@ -287,7 +287,7 @@ static int call_for(gpumem_client *c, wire_env *req, Gpumem__Wire__Envelope__Bod
                     struct pending *reply) {
   int rc = client_call(c, req, reply);
   if (rc == 0 && reply->env->body_case != want)
-    rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
+    rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
   if (rc < 0) client_reply_free(reply);
   return rc;
 }
@@ -477,7 +477,7 @@ static bool copy_records(struct gpumem_status *s, const Gpumem__Wire__StatusRepl
     o->op = op_name(x->resume);
     o->pid = x->pid;
     o->done = x->done;
-    o->result = x->done && x->result ? client_code(x->result) : 0;
+    o->result = x->done && x->result ? error_from_wire(x->result) : 0;
     o->bytes_done = x->bytes_done;
     o->bytes_total = x->bytes_total;
     o->copied_bytes = x->copied_bytes;
@@ -539,15 +539,15 @@ static int status_rest(gpumem_client *c, struct gpumem_status *s, uint64_t next_
     next_tag = next_tag ? r->next_tag : 0;
     next_session = next_session ? r->next_session : 0;
     client_reply_free(&reply);
-    if (!ok) return client_fail(GPUMEM_E_NOMEM, "out of memory");
-    if (stuck) return client_fail(GPUMEM_E_PROTOCOL, "gpumemd's status pages do not advance");
+    if (!ok) return error_set(GPUMEM_E_NOMEM, "out of memory");
+    if (stuck) return error_set(GPUMEM_E_PROTOCOL, "gpumemd's status pages do not advance");
   }
   return 0;
 }
 
 /* Ask for the status of devices, tags, sessions and processes. */
 int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
-  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the status");
+  if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the status");
   struct pending reply;
   int rc = status_page(c, 0, 0, &reply);
   if (rc < 0) return rc;
@@ -562,7 +562,7 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
       !copy_figures(s, r) || !copy_tenants(s, r)) {
     gpumem_status_free(s);
     client_reply_free(&reply);
-    return client_fail(GPUMEM_E_NOMEM, "out of memory");
+    return error_set(GPUMEM_E_NOMEM, "out of memory");
   }
   uint64_t next_tag = r->next_tag, next_session = r->next_session;
   s->granularity = r->granularity;
@@ -644,11 +644,11 @@ static bool copy_buffers(const int *map, struct gpumem_list *l, const Gpumem__Wi
 
 /* List the buffers this session may see, page after page. */
 int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
-  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the list");
+  if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the list");
   int map[GPUMEM_MAX_DEVICES];
   client_local_map(c, map);
   struct gpumem_list *l = sized(sizeof *l);
-  if (!l) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  if (!l) return error_set(GPUMEM_E_NOMEM, "out of memory");
   uint64_t after = 0;
   int rc = 0;
   do {
@@ -659,8 +659,8 @@ int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
     bool stuck = r->next && r->next <= after;
     after = r->next;
     client_reply_free(&reply);
-    if (!ok) rc = client_fail(GPUMEM_E_NOMEM, "out of memory");
-    else if (stuck) rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd's list pages do not advance");
+    if (!ok) rc = error_set(GPUMEM_E_NOMEM, "out of memory");
+    else if (stuck) rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd's list pages do not advance");
   } while (rc == 0 && after);
   if (rc < 0) {
     gpumem_list_free(l);
@@ -672,15 +672,15 @@ int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
 
 /* Share a tag with every uid, or take that back. */
 int gpumem_share(gpumem_client *c, const char *tag, int shared) {
-  if (!c || !tag) return client_fail(GPUMEM_E_INVALID, "no client or no tag");
+  if (!c || !tag) return error_set(GPUMEM_E_INVALID, "no client or no tag");
   if (!wire_tag_valid(tag))
-    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
+    return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
   pthread_mutex_lock(&c->mu);
   unsigned minor = c->daemon_minor;
   pthread_mutex_unlock(&c->mu);
   if (minor < 4) /* an older daemon would end the session on a message it does not know */
-    return client_fail(GPUMEM_E_VERSION, "sharing a tag needs gpumemd 1.4 or later (it speaks 1.%u)",
+    return error_set(GPUMEM_E_VERSION, "sharing a tag needs gpumemd 1.4 or later (it speaks 1.%u)",
                        minor);
   Gpumem__Wire__ShareRequest q = GPUMEM__WIRE__SHARE_REQUEST__INIT;
   q.tag = (char *)tag;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "clock.h"
 
 /* How long a failed connection of the default client is remembered
  * before the next call tries again (milliseconds). */
@@ -36,13 +37,6 @@ struct owned {
 static pthread_mutex_t owners_mu = PTHREAD_MUTEX_INITIALIZER;
 static idmap *owners; /* address -> struct owned */
 
-/* Milliseconds on the monotonic clock. */
-static double mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Set (or clear, with NULL) the calling thread's tag and flags. */
 int gpumem_set_thread_tag(const char *tag, unsigned flags) {
   if (!tag) {
@@ -51,10 +45,10 @@ int gpumem_set_thread_tag(const char *tag, unsigned flags) {
     return 0;
   }
   if (!wire_tag_valid(tag))
-    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
+    return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
   if (flags & ~(unsigned)(GPUMEM_BACKUP | GPUMEM_ALLOW_PAUSED))
-    return client_fail(GPUMEM_E_INVALID,
+    return error_set(GPUMEM_E_INVALID,
                        "a thread tag takes only GPUMEM_BACKUP and GPUMEM_ALLOW_PAUSED");
   snprintf(thread_tag, sizeof thread_tag, "%s", tag);
   thread_flags = flags;
@@ -149,7 +143,7 @@ gpumem_client *gpumem_default_client(void) {
   c = default_client;
   if (!c && connected) {
     c = connected;
-  } else if (!c && mono_ms() >= retry_at_ms) {
+  } else if (!c && clock_ms() >= retry_at_ms) {
     const char *name = getenv("GPUMEM_NAME");
     char own[32];
     if (!name || !*name) {
@@ -161,7 +155,7 @@ gpumem_client *gpumem_default_client(void) {
       c = NULL;
       failed_code = rc;
       snprintf(failed_words, sizeof failed_words, "%s", gpumem_last_error());
-      retry_at_ms = mono_ms() + RETRY_MS;
+      retry_at_ms = clock_ms() + RETRY_MS;
     } else {
       connected = c;
     }
@@ -171,7 +165,7 @@ gpumem_client *gpumem_default_client(void) {
   char words[sizeof failed_words];
   snprintf(words, sizeof words, "%s", failed_words);
   pthread_mutex_unlock(&default_mu);
-  if (!c) client_fail(code ? code : GPUMEM_E_CONNECT, "no default gpumem client: %s", words);
+  if (!c) error_set(code ? code : GPUMEM_E_CONNECT, "no default gpumem client: %s", words);
   return c;
 }
 
@@ -197,7 +191,7 @@ static int env_flags(unsigned *flags) {
     else if (n == 12 && strncasecmp(v, "allow_paused", n) == 0)
       *flags |= GPUMEM_ALLOW_PAUSED;
     else if (n)
-      return client_fail(GPUMEM_E_INVALID,
+      return error_set(GPUMEM_E_INVALID,
                          "GPUMEM_DEFAULT_FLAGS: unknown flag '%.*s' (backup, allow_paused)",
                          (int)n, v);
     v += n + (v[n] == ',');
@@ -222,7 +216,7 @@ void *gpumem_torch_alloc(size_t size, int device, void *stream) {
   if (!c || gpumem_malloc(c, tag, device, size, flags, &p) < 0) return NULL;
   if (!owner_put(p, c)) {
     gpumem_free_ptr(c, p);
-    client_fail(GPUMEM_E_NOMEM, "out of memory");
+    error_set(GPUMEM_E_NOMEM, "out of memory");
     return NULL;
   }
   return p;
@@ -238,7 +232,7 @@ void gpumem_torch_free(void *ptr, size_t size, int device, void *stream) {
   gpumem_client *c = owner_take(ptr);
   if (!c) c = default_if_any();
   if (!c) {
-    client_fail(GPUMEM_E_NOT_FOUND, "no default gpumem client, so no allocation at %p", ptr);
+    error_set(GPUMEM_E_NOT_FOUND, "no default gpumem client, so no allocation at %p", ptr);
     return;
   }
   gpumem_free_ptr(c, ptr);

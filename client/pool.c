@@ -281,7 +281,7 @@ static int grow(gpumem_client *c, struct client_pool *cp, const char *tag, int d
   uint64_t gran = gpumem_granularity(c);
   if (gran < POOL_ALIGN) gran = POOL_ALIGN;
   uint64_t least = size_round_up(need, gran);
-  if (!least) return client_fail(GPUMEM_E_INVALID, "size %llu is too large",
+  if (!least) return error_set(GPUMEM_E_INVALID, "size %llu is too large",
                                  (unsigned long long)need);
   unsigned backup = flags & GPUMEM_BACKUP;
   pthread_mutex_lock(&cp->mu);
@@ -330,25 +330,25 @@ static int grow(gpumem_client *c, struct client_pool *cp, const char *tag, int d
   free(s);
   rc = client_free_buffer(c, buf);
   if (rc < 0 && rc != GPUMEM_E_TIMEOUT) client_free_later(c, buf);
-  return client_fail(GPUMEM_E_NOMEM, "out of memory for the pool's bookkeeping");
+  return error_set(GPUMEM_E_NOMEM, "out of memory for the pool's bookkeeping");
 }
 
 /* Allocate size bytes out of the pool of tag, device and flags. */
 int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, unsigned flags,
                   void **ptr) {
-  if (!c || !ptr) return client_fail(GPUMEM_E_INVALID, "no client or no place for the pointer");
+  if (!c || !ptr) return error_set(GPUMEM_E_INVALID, "no client or no place for the pointer");
   if (!tag || !wire_tag_valid(tag))
-    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
+    return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
   if (flags & ~(unsigned)(GPUMEM_BACKUP | GPUMEM_ALLOW_PAUSED))
-    return client_fail(GPUMEM_E_INVALID, "gpumem_malloc takes only GPUMEM_BACKUP and "
+    return error_set(GPUMEM_E_INVALID, "gpumem_malloc takes only GPUMEM_BACKUP and "
                                          "GPUMEM_ALLOW_PAUSED (flags %#x)", flags);
-  if (device < 0) return client_fail(GPUMEM_E_INVALID, "device %d does not exist", device);
+  if (device < 0) return error_set(GPUMEM_E_INVALID, "device %d does not exist", device);
   uint64_t need = size_round_up(size, POOL_ALIGN);
   if (!size || !need)
-    return client_fail(GPUMEM_E_INVALID, "cannot allocate %llu bytes", (unsigned long long)size);
+    return error_set(GPUMEM_E_INVALID, "cannot allocate %llu bytes", (unsigned long long)size);
   struct client_pool *cp = pool_of(c, true);
-  if (!cp) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  if (!cp) return error_set(GPUMEM_E_NOMEM, "out of memory");
   bool allow_paused = flags & GPUMEM_ALLOW_PAUSED;
   pthread_mutex_lock(&c->mu);
   bool live = c->state == CONN_LIVE;
@@ -362,7 +362,7 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
     *ptr = at;
     return 0;
   }
-  if (b) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  if (b) return error_set(GPUMEM_E_NOMEM, "out of memory");
   return grow(c, cp, tag, device, need, flags, ptr);
 }
 
@@ -377,7 +377,7 @@ static gpumem_buffer *buffer_at(gpumem_client *c, void *ptr) {
 
 /* Free the allocation or buffer that starts at ptr. */
 int gpumem_free_ptr(gpumem_client *c, void *ptr) {
-  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
+  if (!c) return error_set(GPUMEM_E_INVALID, "no client");
   struct client_pool *cp = pool_of(c, false);
   if (ptr && cp) {
     pthread_mutex_lock(&cp->mu);
@@ -387,16 +387,16 @@ int gpumem_free_ptr(gpumem_client *c, void *ptr) {
     pthread_mutex_unlock(&cp->mu);
     if (s) give_back(c, cp, s); /* the allocation is freed either way */
     if (b) return 0;
-    if (slab) return client_fail(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
+    if (slab) return error_set(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
   }
   gpumem_buffer *buf = ptr ? buffer_at(c, ptr) : NULL;
-  if (!buf) return client_fail(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
+  if (!buf) return error_set(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
   return gpumem_free(c, buf);
 }
 
 /* Give every empty slab back to the daemon. */
 int64_t gpumem_trim(gpumem_client *c) {
-  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
+  if (!c) return error_set(GPUMEM_E_INVALID, "no client");
   struct client_pool *cp = pool_of(c, false);
   if (!cp) return 0;
   struct slab *empty = NULL;
@@ -427,14 +427,14 @@ int64_t gpumem_trim(gpumem_client *c) {
   }
   /* Slabs that did not go back stay in their pools; the bytes that did
    * go count more than the failure of others. */
-  if (err && !bytes) return client_fail(err, "%s", words);
+  if (err && !bytes) return error_set(err, "%s", words);
   return bytes;
 }
 
 /* Copy the client's sub-allocation figures. */
 int gpumem_pool_stats(gpumem_client *c, struct gpumem_pool_stats *out) {
   if (!c || !out || out->size < sizeof out->size)
-    return client_fail(GPUMEM_E_INVALID, "no client, or no size set in the stats struct");
+    return error_set(GPUMEM_E_INVALID, "no client, or no size set in the stats struct");
   struct gpumem_pool_stats st = {0};
   struct client_pool *cp = pool_of(c, false);
   if (cp) {
