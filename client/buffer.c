@@ -1,6 +1,7 @@
 /* Buffers: allocation, mapping at a fixed address, and the unmap and
  * remap events that pause and resume them. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,8 +96,14 @@ static void buffer_free_struct(gpumem_buffer *b) {
   free(b);
 }
 
+/* The buffer that holds an address map entry. */
+gpumem_buffer *buffer_of_addr(struct addr_entry *e) {
+  return (gpumem_buffer *)((char *)e - offsetof(gpumem_buffer, at));
+}
+
 /* Forget a buffer completely. */
 void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b) {
+  addrmap_remove(&b->at);
   pthread_mutex_lock(&c->mu);
   client_buffer_forget(c, b);
   pthread_mutex_unlock(&c->mu);
@@ -250,10 +257,19 @@ int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
   return error_set(a.rc ? a.rc : GPUMEM_E_NOMEM, "%s", a.words);
 }
 
-/* Allocate a tagged buffer. */
+/* Allocate a tagged buffer, found by its address from then on. */
 int gpumem_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
                  unsigned flags, gpumem_buffer **out) {
-  return client_alloc(c, tag, device, size, flags, false, out);
+  gpumem_buffer *b;
+  int rc = client_alloc(c, tag, device, size, flags, false, &b);
+  if (rc < 0) return rc;
+  if (addrmap_put(b->va, &b->at, &c->addrs, ADDR_BUFFER) < 0) {
+    rc = client_free_buffer(c, b);
+    if (rc < 0 && rc != GPUMEM_E_TIMEOUT) client_free_later(c, b);
+    return error_set(GPUMEM_E_NOMEM, "out of memory");
+  }
+  *out = b;
+  return 0;
 }
 
 /* Free a buffer: the daemon first, so that a pause in flight keeps it. A

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "addrmap.h"
 #include "common/frame.h"
 #include "common/idmap.h"
 #include "common/wire.h"
@@ -13,6 +14,7 @@
 #include "gpumem.h"
 
 struct gpumem_buffer {
+  struct addr_entry at; /* in the address map while the caller's (gpumem_alloc) */
   uint64_t id;     /* the daemon's id; meaningful while registered */
   bool registered; /* the daemon knows it (false while reconnecting, or
                     * when the new daemon did not adopt it) */
@@ -135,6 +137,7 @@ struct gpumem_client {
   frame_writer *writer;
   frame_reader *reader; /* used by the reading thread only */
   struct client_pool *pool; /* gpumem_malloc's sub-allocations (client/pool.c) */
+  struct addr_owner addrs;  /* its addresses in the process's address map */
 };
 
 /* Free a client's sub-allocation pools (in gpumem_disconnect, after the
@@ -143,9 +146,8 @@ struct gpumem_client {
  * pools' own memory, talks to no daemon. */
 void client_pool_destroy(gpumem_client *c);
 
-/* Forget a client that is being disconnected in the default client's
- * bookkeeping (client/default.c): the pointers gpumem_torch_alloc made
- * with it, and its place as the default. */
+/* Forget a client that is being disconnected as the default client
+ * (client/default.c). */
 void client_default_forget(gpumem_client *c);
 
 /* Send a request and wait for its reply; the reply (an Error turned into
@@ -203,6 +205,9 @@ int client_buffer_register(gpumem_client *c, gpumem_buffer *b);
 /* Take a buffer out of the id map and the client's list. Called with mu
  * held. */
 void client_buffer_forget(gpumem_client *c, gpumem_buffer *b);
+
+/* The buffer an address map entry of kind ADDR_BUFFER is in. */
+gpumem_buffer *buffer_of_addr(struct addr_entry *e);
 
 /* Forget a buffer completely: unmap, free the range and the struct. */
 void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b);

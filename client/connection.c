@@ -289,6 +289,7 @@ static bool late_add(gpumem_client *c, gpumem_buffer *b, uint64_t id) {
   l->next = c->late;
   c->late = l;
   b->doomed = true;
+  addrmap_remove(&b->at); /* not the caller's any more */
   l->id = id;
   if (!id) late_wait(c, l);
   return true;
@@ -1125,6 +1126,7 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
   c->backoff_ms = BACKOFF_FIRST_MS;
   c->late_backoff_ms = BACKOFF_FIRST_MS;
   c->request_timeout_ms = GPUMEM_DEFAULT_REQUEST_TIMEOUT_MS;
+  addrmap_owner_init(&c->addrs, c);
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->send_mu, NULL);
   clock_cond_init(&c->cv);
@@ -1159,6 +1161,7 @@ int gpumem_connect(const char *socket_path, const char *name, int role,
 void gpumem_disconnect(gpumem_client *c) {
   if (!c) return;
   client_default_forget(c);
+  addrmap_forget(&c->addrs);
   pthread_mutex_lock(&c->mu);
   c->closing = true;
   if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);

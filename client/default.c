@@ -1,8 +1,8 @@
 /* The process's default client, each thread's current tag, and the entry
  * points of torch.cuda.memory.CUDAPluggableAllocator built on them (the
- * preload library uses the same): each pointer they hand out remembers
- * the client that made it, and goes back to that client. A forked child
- * forgets all of it and connects its own client. */
+ * preload library uses the same): each pointer they hand out goes back to
+ * the client that made it, which the address map (addrmap.c) names. A
+ * forked child forgets all of it and connects its own client. */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -28,14 +28,6 @@ static gpumem_client *connected;       /* the one connected here, if any */
 static double retry_at_ms;             /* no new attempt before this */
 static int failed_code;
 static char failed_words[320];
-
-/* The client each pointer of gpumem_torch_alloc came from, by address. */
-struct owned {
-  void *ptr;
-  gpumem_client *c;
-};
-static pthread_mutex_t owners_mu = PTHREAD_MUTEX_INITIALIZER;
-static idmap *owners; /* address -> struct owned */
 
 /* Set (or clear, with NULL) the calling thread's tag and flags. */
 int gpumem_set_thread_tag(const char *tag, unsigned flags) {
@@ -66,13 +58,11 @@ const char *gpumem_thread_tag(unsigned *flags) {
  * structs are leaked knowingly), so that the child connects its own. */
 static void forget_in_child(void) {
   pthread_mutex_init(&default_mu, NULL);
-  pthread_mutex_init(&owners_mu, NULL);
   default_client = NULL;
   connected = NULL;
   retry_at_ms = 0;
   failed_code = 0;
   failed_words[0] = '\0';
-  owners = NULL;
 }
 
 /* Register the fork handler when the library is loaded. */
@@ -80,45 +70,8 @@ __attribute__((constructor)) static void default_init(void) {
   pthread_atfork(NULL, NULL, forget_in_child);
 }
 
-/* Remember that ptr came from c; false when out of memory. */
-static bool owner_put(void *ptr, gpumem_client *c) {
-  struct owned *o = malloc(sizeof *o);
-  if (!o) return false;
-  *o = (struct owned){ptr, c};
-  pthread_mutex_lock(&owners_mu);
-  if (!owners) owners = idmap_create();
-  bool ok = owners && idmap_put(owners, (uint64_t)(uintptr_t)ptr, o) == 0;
-  pthread_mutex_unlock(&owners_mu);
-  if (!ok) free(o);
-  return ok;
-}
-
-/* The client ptr came from, forgotten now; NULL if not recorded. */
-static gpumem_client *owner_take(void *ptr) {
-  pthread_mutex_lock(&owners_mu);
-  struct owned *o = owners ? idmap_get(owners, (uint64_t)(uintptr_t)ptr) : NULL;
-  if (o) idmap_del(owners, (uint64_t)(uintptr_t)ptr);
-  pthread_mutex_unlock(&owners_mu);
-  gpumem_client *c = o ? o->c : NULL;
-  free(o);
-  return c;
-}
-
-/* Forget a client that is being disconnected: its pointers, and its
- * place as the default. */
+/* Forget a client that is being disconnected as the default. */
 void client_default_forget(gpumem_client *c) {
-  pthread_mutex_lock(&owners_mu);
-  size_t n = owners ? idmap_count(owners) : 0;
-  void **all = n ? calloc(n, sizeof *all) : NULL;
-  n = all ? idmap_values(owners, all, n) : 0;
-  for (size_t i = 0; i < n; i++) {
-    struct owned *o = all[i];
-    if (o->c != c) continue;
-    idmap_del(owners, (uint64_t)(uintptr_t)o->ptr);
-    free(o);
-  }
-  pthread_mutex_unlock(&owners_mu);
-  free(all);
   pthread_mutex_lock(&default_mu);
   if (connected == c) connected = NULL;
   if (__atomic_load_n(&default_client, __ATOMIC_ACQUIRE) == c)
@@ -214,11 +167,6 @@ void *gpumem_torch_alloc(size_t size, int device, void *stream) {
   gpumem_client *c = gpumem_default_client();
   void *p = NULL;
   if (!c || gpumem_malloc(c, tag, device, size, flags, &p) < 0) return NULL;
-  if (!owner_put(p, c)) {
-    gpumem_free_ptr(c, p);
-    error_set(GPUMEM_E_NOMEM, "out of memory");
-    return NULL;
-  }
   return p;
 }
 
@@ -229,8 +177,8 @@ void gpumem_torch_free(void *ptr, size_t size, int device, void *stream) {
   (void)device;
   (void)stream;
   if (!ptr) return;
-  gpumem_client *c = owner_take(ptr);
-  if (!c) c = default_if_any();
+  struct addr_entry *e = addrmap_find(ptr, NULL);
+  gpumem_client *c = e ? e->owner->client : default_if_any();
   if (!c) {
     error_set(GPUMEM_E_NOT_FOUND, "no default gpumem client, so no allocation at %p", ptr);
     return;

@@ -6,8 +6,9 @@
  * request larger than that gets a slab of its own. Inside a slab, blocks
  * sit in address order and free neighbours merge; the pool keeps its free
  * blocks in one list, searched best-fit. Allocations are found by address
- * in a hash map. One mutex guards the bookkeeping; it is never held
- * across a daemon round trip, so two threads that both find the pool full
+ * in the process's address map (addrmap.c). One mutex guards the
+ * bookkeeping; it is never held across a daemon round trip, so two
+ * threads that both find the pool full
  * may each add a slab. An empty slab goes back to the daemon unless it is
  * its pool's only empty one (kept, so that a free and a malloc in turn
  * do not each cost a round trip); gpumem_trim gives those back too. */
@@ -20,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addrmap.h"
 #include "client.h"
-#include "common/idmap.h"
 #include "common/size.h"
 #include "pool.h"
 
@@ -34,6 +35,7 @@ struct slab;
 
 /* A piece of a slab: one allocation, or a free gap. */
 struct block {
+  struct addr_entry at; /* an allocation's entry in the address map */
   uint64_t off, size;
   bool free;
   struct slab *slab;
@@ -66,14 +68,10 @@ struct pool {
 
 struct client_pool {
   pthread_mutex_t mu; /* everything below */
+  struct addr_owner *owner; /* the client's addresses */
   struct pool *pools;
-  idmap *allocs; /* address -> block of every live allocation */
-  idmap *slabs;  /* base address -> slab, from attach until freed */
   struct gpumem_pool_stats st;
 };
-
-/* The key of an address in the maps. */
-static uint64_t addr_key(const void *p) { return (uint64_t)(uintptr_t)p; }
 
 /* The client's pool bookkeeping, made on first use when create is set. */
 static struct client_pool *pool_of(gpumem_client *c, bool create) {
@@ -82,17 +80,9 @@ static struct client_pool *pool_of(gpumem_client *c, bool create) {
   pthread_mutex_lock(&c->mu);
   cp = c->pool;
   if (!cp && (cp = calloc(1, sizeof *cp))) {
-    cp->allocs = idmap_create();
-    cp->slabs = idmap_create();
-    if (!cp->allocs || !cp->slabs) {
-      idmap_destroy(cp->allocs);
-      idmap_destroy(cp->slabs);
-      free(cp);
-      cp = NULL;
-    } else {
-      pthread_mutex_init(&cp->mu, NULL);
-      __atomic_store_n(&c->pool, cp, __ATOMIC_RELEASE);
-    }
+    cp->owner = &c->addrs;
+    pthread_mutex_init(&cp->mu, NULL);
+    __atomic_store_n(&c->pool, cp, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&c->mu);
   return cp;
@@ -127,10 +117,7 @@ static struct pool *pool_find(struct client_pool *cp, const char *tag, int devic
 /* Link an empty slab into its pool with one free block over all of it. */
 static int slab_attach(struct client_pool *cp, struct slab *s) {
   struct block *b = calloc(1, sizeof *b);
-  if (!b || idmap_put(cp->slabs, addr_key(s->base), s) < 0) {
-    free(b);
-    return -ENOMEM;
-  }
+  if (!b) return -ENOMEM;
   *b = (struct block){.size = s->size, .free = true, .slab = s};
   s->blocks = b;
   s->used = 0;
@@ -145,8 +132,7 @@ static int slab_attach(struct client_pool *cp, struct slab *s) {
   return 0;
 }
 
-/* Unlink an empty slab from its pool; it stays in the slab map until the
- * daemon has it back. */
+/* Unlink an empty slab from its pool. */
 static void slab_detach(struct client_pool *cp, struct slab *s) {
   struct pool *p = s->pool;
   free_unlink(p, s->blocks);
@@ -196,7 +182,7 @@ static void *take(struct client_pool *cp, struct block *b, uint64_t need) {
   struct block *rest = NULL;
   if (b->size - need >= POOL_ALIGN && !(rest = calloc(1, sizeof *rest))) return NULL;
   char *at = s->base + b->off;
-  if (idmap_put(cp->allocs, addr_key(at), b) < 0) {
+  if (addrmap_put(at, &b->at, cp->owner, ADDR_ALLOCATION) < 0) {
     free(rest);
     return NULL;
   }
@@ -232,12 +218,12 @@ static struct slab *other_empty(struct slab *s) {
   return NULL;
 }
 
-/* Free an allocation's block, merging it with free neighbours. When its
- * slab becomes empty, returns the slab to give back (detached), if any. */
+/* Free an allocation's block (out of the address map already), merging
+ * it with free neighbours. When its slab becomes empty, returns the slab
+ * to give back (detached), if any. */
 static struct slab *release(struct client_pool *cp, struct block *b) {
   struct slab *s = b->slab;
   struct pool *p = s->pool;
-  idmap_del(cp->allocs, addr_key(s->base + b->off));
   cp->st.allocations--;
   cp->st.allocated_bytes -= b->size;
   s->used--;
@@ -266,7 +252,6 @@ static int give_back(gpumem_client *c, struct client_pool *cp, struct slab *s) {
   gpumem_buffer *buf = s->buf;
   int rc = client_free_buffer(c, buf);
   pthread_mutex_lock(&cp->mu);
-  idmap_del(cp->slabs, addr_key(s->base));
   bool kept = rc < 0 && rc != GPUMEM_E_TIMEOUT && slab_attach(cp, s) == 0;
   pthread_mutex_unlock(&cp->mu);
   if (!kept) free(s);
@@ -316,10 +301,7 @@ static int grow(gpumem_client *c, struct client_pool *cp, const char *tag, int d
       cp->st.daemon_allocs++;
       if (size >= p->next_size && p->next_size < SLAB_MAX) p->next_size *= 2;
       at = take(cp, s->blocks, need);
-      if (!at) {
-        slab_detach(cp, s);
-        idmap_del(cp->slabs, addr_key(s->base));
-      }
+      if (!at) slab_detach(cp, s);
     }
   }
   pthread_mutex_unlock(&cp->mu);
@@ -366,32 +348,22 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
   return grow(c, cp, tag, device, need, flags, ptr);
 }
 
-/* The gpumem_alloc buffer (not a slab) that starts at ptr, or NULL. */
-static gpumem_buffer *buffer_at(gpumem_client *c, void *ptr) {
-  pthread_mutex_lock(&c->mu);
-  gpumem_buffer *b = c->all;
-  while (b && (b->va != ptr || b->doomed || b->pooled)) b = b->next;
-  pthread_mutex_unlock(&c->mu);
-  return b;
-}
-
-/* Free the allocation or buffer that starts at ptr. */
+/* Free the allocation or buffer that starts at ptr: the address map
+ * says which (a pool buffer's address is in it only as the allocation
+ * that starts there, if any). */
 int gpumem_free_ptr(gpumem_client *c, void *ptr) {
   if (!c) return error_set(GPUMEM_E_INVALID, "no client");
+  struct addr_entry *e = addrmap_find(ptr, &c->addrs);
+  if (e && e->kind == ADDR_BUFFER) return gpumem_free(c, buffer_of_addr(e));
   struct client_pool *cp = pool_of(c, false);
-  if (ptr && cp) {
-    pthread_mutex_lock(&cp->mu);
-    struct block *b = idmap_get(cp->allocs, addr_key(ptr));
-    struct slab *s = b ? release(cp, b) : NULL;
-    bool slab = !b && idmap_get(cp->slabs, addr_key(ptr));
-    pthread_mutex_unlock(&cp->mu);
-    if (s) give_back(c, cp, s); /* the allocation is freed either way */
-    if (b) return 0;
-    if (slab) return error_set(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
-  }
-  gpumem_buffer *buf = ptr ? buffer_at(c, ptr) : NULL;
-  if (!buf) return error_set(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
-  return gpumem_free(c, buf);
+  if (!e || !cp || addrmap_take(ptr, &c->addrs) != e)
+    return error_set(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
+  struct block *b = (struct block *)((char *)e - offsetof(struct block, at));
+  pthread_mutex_lock(&cp->mu);
+  struct slab *s = release(cp, b);
+  pthread_mutex_unlock(&cp->mu);
+  if (s) give_back(c, cp, s); /* the allocation is freed either way */
+  return 0;
 }
 
 /* Give every empty slab back to the daemon. */
@@ -469,8 +441,6 @@ void client_pool_destroy(gpumem_client *c) {
     }
     free(p);
   }
-  idmap_destroy(cp->allocs);
-  idmap_destroy(cp->slabs);
   pthread_mutex_destroy(&cp->mu);
   free(cp);
 }
