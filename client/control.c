@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "client.h"
+#include "error.h"
 
 /* A session prefix must be one a session name could start with. */
 static int check_prefix(const char *prefix) {
@@ -61,9 +62,9 @@ static int op_check(bool resume, const char *const *tags, size_t ntags, const in
 /* Turn the caller's device numbers into the daemon's. */
 static int op_devices(gpumem_client *c, const int *devices, size_t n, uint32_t *out) {
   int map[GPUMEM_MAX_DEVICES];
-  unsigned count = client_local_map(c, map);
+  unsigned count = hello_local_map(c->hello, map);
   for (size_t i = 0; i < n; i++) {
-    int d = client_node_device(map, devices[i]);
+    int d = hello_node_device(map, devices[i]);
     if (d < 0)
       return error_set(GPUMEM_E_INVALID,
                          "device %d is not one of the %u gpumemd devices this process sees",
@@ -77,7 +78,7 @@ static int op_devices(gpumem_client *c, const int *devices, size_t n, uint32_t *
  * *reply for the caller to read and free, also when the call failed. */
 static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_t ntags,
                    const int *devices, size_t ndevices, const struct gpumem_op_options *opts,
-                   struct pending *reply) {
+                   struct call *reply) {
   memset(reply, 0, sizeof *reply);
   if (!c) return error_set(GPUMEM_E_INVALID, "no client");
   struct gpumem_op_options o;
@@ -118,8 +119,8 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
   reply->extra_ms = o.timeout_ms && o.timeout_ms < GPUMEM_OWNER_TIMEOUT_MAX_MS
                        ? o.timeout_ms
                        : GPUMEM_OWNER_TIMEOUT_MAX_MS;
-  rc = client_call_with(c, &req, reply);
-  const wire_env *env = reply->env;
+  rc = conn_call(c->conn, &req, reply);
+  const wire_env *env = reply->reply;
   if (rc == 0 && env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY)
     rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
   return rc;
@@ -154,7 +155,7 @@ static bool copy_checks(const int *map, struct gpumem_device_check ***out, size_
     struct gpumem_device_check *o = sized(sizeof *o);
     if (!o) return false;
     (*out)[(*nout)++] = o;
-    o->device = client_local_device(map, d->device);
+    o->device = hello_local_device(map, d->device);
     o->node_device = d->device;
     o->released = d->released;
     o->free_before = d->free_before;
@@ -177,7 +178,7 @@ static bool copy_details(const int *map, struct gpumem_op_report *r,
     struct gpumem_op_detail *d = sized(sizeof *d);
     if (!d) return false;
     r->details[r->ndetails++] = d;
-    d->device = client_local_device(map, t->device);
+    d->device = hello_local_device(map, t->device);
     d->node_device = t->device;
     d->buffers = t->buffers;
     d->bytes = t->bytes;
@@ -191,7 +192,7 @@ static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env
   struct gpumem_op_report *r = sized(sizeof *r);
   if (!r) return NULL;
   int map[GPUMEM_MAX_DEVICES];
-  client_local_map(c, map);
+  hello_local_map(c->hello, map);
   r->error = rc;
   bool ok;
   if (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
@@ -237,9 +238,9 @@ static int run_op(gpumem_client *c, bool resume, const char *const *tags, size_t
                   const int *devices, size_t ndevices, const struct gpumem_op_options *opts,
                   struct gpumem_op_report **report) {
   if (report) *report = NULL;
-  struct pending reply;
+  struct call reply;
   int rc = op_call(c, resume, tags, ntags, devices, ndevices, opts, &reply);
-  const wire_env *env = reply.env;
+  const wire_env *env = reply.reply;
   bool answered = env && (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR ||
                           env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
   if (report && answered) {
@@ -253,7 +254,7 @@ static int run_op(gpumem_client *c, bool resume, const char *const *tags, size_t
     else
       error_set(rc, "%s", words);
   }
-  client_reply_free(&reply);
+  conn_call_done(&reply);
   return rc;
 }
 
@@ -284,17 +285,18 @@ void gpumem_op_report_free(struct gpumem_op_report *r) {
 
 /* Send a request and check the reply's kind. */
 static int call_for(gpumem_client *c, wire_env *req, Gpumem__Wire__Envelope__BodyCase want,
-                    struct pending *reply) {
-  int rc = client_call(c, req, reply);
-  if (rc == 0 && reply->env->body_case != want)
+                    struct call *reply) {
+  memset(reply, 0, sizeof *reply);
+  int rc = conn_call(c->conn, req, reply);
+  if (rc == 0 && reply->reply->body_case != want)
     rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered with something else");
-  if (rc < 0) client_reply_free(reply);
+  if (rc < 0) conn_call_done(reply);
   return rc;
 }
 
 /* Ask for the page of the status at these cursors. */
 static int status_page(gpumem_client *c, uint64_t tag_cursor, uint64_t session_cursor,
-                       struct pending *reply) {
+                       struct call *reply) {
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
   sr.tag_cursor = tag_cursor;
   sr.session_cursor = session_cursor;
@@ -305,7 +307,7 @@ static int status_page(gpumem_client *c, uint64_t tag_cursor, uint64_t session_c
 }
 
 /* Ask for the page of the list after a buffer id. */
-static int list_page(gpumem_client *c, uint64_t after, struct pending *reply) {
+static int list_page(gpumem_client *c, uint64_t after, struct call *reply) {
   Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
   lr.after = after;
   wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
@@ -333,7 +335,7 @@ static bool copy_devices(const int *map, struct gpumem_status *s,
     struct gpumem_device_status *o = sized(sizeof *o);
     if (!o) return false;
     s->devices[s->ndevices++] = o;
-    o->device = client_local_device(map, d->index);
+    o->device = hello_local_device(map, d->index);
     o->node_device = d->index;
     o->total = d->total;
     o->free = d->free;
@@ -406,7 +408,7 @@ static bool copy_processes(const int *map, struct gpumem_status *s,
     if (!o) return false;
     s->processes[s->nprocesses++] = o;
     o->pid = p->pid;
-    o->device = client_local_device(map, p->device);
+    o->device = hello_local_device(map, p->device);
     o->node_device = p->device;
     o->used = p->used;
     o->managed = p->managed;
@@ -527,18 +529,18 @@ static bool copy_tenants(struct gpumem_status *s, const Gpumem__Wire__StatusRepl
 static int status_rest(gpumem_client *c, struct gpumem_status *s, uint64_t next_tag,
                        uint64_t next_session) {
   while (next_tag || next_session) {
-    struct pending reply;
+    struct call reply;
     /* A cursor past every id asks for nothing more of a list that ended. */
     int rc = status_page(c, next_tag ? next_tag : UINT64_MAX,
                          next_session ? next_session : UINT64_MAX, &reply);
     if (rc < 0) return rc;
-    const Gpumem__Wire__StatusReply *r = reply.env->status_reply;
+    const Gpumem__Wire__StatusReply *r = reply.reply->status_reply;
     bool ok = copy_tags(s, r) && copy_sessions(s, r);
     bool stuck = (next_tag && r->next_tag && r->next_tag <= next_tag) ||
                  (next_session && r->next_session && r->next_session <= next_session);
     next_tag = next_tag ? r->next_tag : 0;
     next_session = next_session ? r->next_session : 0;
-    client_reply_free(&reply);
+    conn_call_done(&reply);
     if (!ok) return error_set(GPUMEM_E_NOMEM, "out of memory");
     if (stuck) return error_set(GPUMEM_E_PROTOCOL, "gpumemd's status pages do not advance");
   }
@@ -548,12 +550,12 @@ static int status_rest(gpumem_client *c, struct gpumem_status *s, uint64_t next_
 /* Ask for the status of devices, tags, sessions and processes. */
 int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the status");
-  struct pending reply;
+  struct call reply;
   int rc = status_page(c, 0, 0, &reply);
   if (rc < 0) return rc;
-  const Gpumem__Wire__StatusReply *r = reply.env->status_reply;
+  const Gpumem__Wire__StatusReply *r = reply.reply->status_reply;
   int map[GPUMEM_MAX_DEVICES];
-  client_local_map(c, map);
+  hello_local_map(c->hello, map);
   struct gpumem_status *s = sized(sizeof *s);
   if (!s || !(s->backend = dup_text(r->backend)) || !(s->version = dup_text(r->version)) || !copy_devices(map, s, r) ||
       !copy_tags(s, r) || !copy_sessions(s, r) || !copy_processes(map, s, r) ||
@@ -561,7 +563,7 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
                    r->n_last_pause_checks) ||
       !copy_figures(s, r) || !copy_tenants(s, r)) {
     gpumem_status_free(s);
-    client_reply_free(&reply);
+    conn_call_done(&reply);
     return error_set(GPUMEM_E_NOMEM, "out of memory");
   }
   uint64_t next_tag = r->next_tag, next_session = r->next_session;
@@ -580,7 +582,7 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   s->connections_refused = r->connections_refused;
   s->grace_left_ms = r->grace_left_ms;
   s->grace_waiting = r->grace_waiting;
-  client_reply_free(&reply);
+  conn_call_done(&reply);
   if ((rc = status_rest(c, s, next_tag, next_session)) < 0) {
     gpumem_status_free(s);
     return rc;
@@ -632,7 +634,7 @@ static bool copy_buffers(const int *map, struct gpumem_list *l, const Gpumem__Wi
     o->id = b->id;
     o->session_id = b->session_id;
     o->pid = b->pid;
-    o->device = client_local_device(map, b->device);
+    o->device = hello_local_device(map, b->device);
     o->node_device = b->device;
     o->bytes = b->size;
     o->flags = b->flags;
@@ -646,19 +648,19 @@ static bool copy_buffers(const int *map, struct gpumem_list *l, const Gpumem__Wi
 int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
   if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the list");
   int map[GPUMEM_MAX_DEVICES];
-  client_local_map(c, map);
+  hello_local_map(c->hello, map);
   struct gpumem_list *l = sized(sizeof *l);
   if (!l) return error_set(GPUMEM_E_NOMEM, "out of memory");
   uint64_t after = 0;
   int rc = 0;
   do {
-    struct pending reply;
+    struct call reply;
     if ((rc = list_page(c, after, &reply)) < 0) break;
-    const Gpumem__Wire__ListReply *r = reply.env->list_reply;
+    const Gpumem__Wire__ListReply *r = reply.reply->list_reply;
     bool ok = copy_buffers(map, l, r);
     bool stuck = r->next && r->next <= after;
     after = r->next;
-    client_reply_free(&reply);
+    conn_call_done(&reply);
     if (!ok) rc = error_set(GPUMEM_E_NOMEM, "out of memory");
     else if (stuck) rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd's list pages do not advance");
   } while (rc == 0 && after);
@@ -676,9 +678,7 @@ int gpumem_share(gpumem_client *c, const char *tag, int shared) {
   if (!wire_tag_valid(tag))
     return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
-  pthread_mutex_lock(&c->mu);
-  unsigned minor = c->daemon_minor;
-  pthread_mutex_unlock(&c->mu);
+  unsigned minor = hello_minor(c->hello);
   if (minor < 4) /* an older daemon would end the session on a message it does not know */
     return error_set(GPUMEM_E_VERSION, "sharing a tag needs gpumemd 1.4 or later (it speaks 1.%u)",
                        minor);
@@ -688,9 +688,9 @@ int gpumem_share(gpumem_client *c, const char *tag, int shared) {
   wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
   req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE;
   req.share = &q;
-  struct pending reply;
+  struct call reply;
   int rc = call_for(c, &req, GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY, &reply);
-  if (rc == 0) client_reply_free(&reply);
+  if (rc == 0) conn_call_done(&reply);
   return rc;
 }
 
