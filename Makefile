@@ -310,6 +310,7 @@ test: all $(TESTS)
 	else $(SUBMAKE_ENV) GPUMEM_O=$(O) ./tests/build/check_install.sh; fi
 	@GPUMEM_O=$(O) ./tests/build/check_man.sh
 	@GPUMEM_O=$(O) ./tests/build/check_readme.sh
+	@GPUMEM_O=$(O) ./tests/build/check_layers.sh
 	@GPUMEM_O=$(O) ./tests/build/check_package.sh
 	@if [ "$(SAN)" != 0 ]; then echo "tests/build/check_deps.sh: skipped under SAN=$(SAN)"; \
 	else ./tests/build/check_deps.sh; fi

@@ -1,492 +1,305 @@
-/* Buffers: allocation, mapping at a fixed address, and the unmap and
- * remap events that pause and resume them. */
+/* A buffer: its address range, the chunks mapped into it, and the copies
+ * that read and write it. Fields set when the buffer is made never change;
+ * the handles of its chunks belong to the thread that maps and unmaps
+ * them (the one that handles the daemon's events, or whoever destroys the
+ * buffer once nothing else can find it); the rest is under the buffer's
+ * own lock. */
 #include <errno.h>
-#include <stdarg.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "buffer.h"
+#include "clock.h"
+#include "error.h"
 
-/* Say whether a buffer is mapped, for the threads that copy (under mu)
- * and for gpumem_buffer_mapped (atomic). */
-static void set_mapped(gpumem_client *c, gpumem_buffer *b, bool mapped) {
-  pthread_mutex_lock(&c->mu);
-  __atomic_store_n(&b->mapped, mapped, __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&c->mu);
+struct gpumem_buffer {
+  struct addr_entry at; /* in the address map while the caller's (gpumem_alloc) */
+  pthread_mutex_t mu;   /* the fields up to copies */
+  pthread_cond_t cv;    /* the last copy ended */
+  uint64_t id;          /* the daemon's id; meaningful while known */
+  bool known;           /* the daemon knows it (not while reconnecting, nor when
+                         * the new daemon did not re-register it) */
+  bool mapped;          /* every chunk is mapped and accessible */
+  bool unmapping;       /* an unmap is taking it: copies are refused */
+  bool doomed;          /* no longer the caller's: never re-registered */
+  unsigned copies;      /* reads, writes and fills in flight */
+  gpuva *gpu;
+  char tag[WIRE_TAG_MAX + 1];
+  unsigned local; /* this process's device number */
+  bool ipc;       /* legacy IPC memory: opened, never paused */
+  bool pooled;    /* a slab of gpumem_malloc's pool */
+  uint64_t size;
+  unsigned flags;
+  void *va;
+  size_t nchunks;
+  uint64_t *chunk_sizes;
+  uint64_t *handles; /* of chunk i while held[i] */
+  bool *held;        /* chunk i is imported and mapped */
+};
+
+/* The buffer's id, read under its lock. */
+static unsigned long long id_of(const gpumem_buffer *b) {
+  return (unsigned long long)gpumem_buffer_id(b);
 }
 
-/* Import and map chunk fds (consumed) at the buffer's address, then allow
- * access once for the whole range. On failure nothing stays mapped. */
-static int map_chunks(gpumem_client *c, gpumem_buffer *b, int *fds) {
+/* Say whether a buffer is mapped. */
+static void set_mapped(gpumem_buffer *b, bool mapped) {
+  pthread_mutex_lock(&b->mu);
+  b->mapped = mapped;
+  pthread_mutex_unlock(&b->mu);
+}
+
+/* Import and map chunk fds (taken as they are used) at the buffer's
+ * address, then allow access once for the whole range. On failure nothing
+ * stays mapped. */
+static int map_chunks(gpumem_buffer *b, int *fds) {
   uint64_t off = 0;
   int rc = 0;
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
     int fd = fds[i];
     fds[i] = -1;
-    if ((rc = gpuva_import(c->gpu, b->local, fd, b->chunk_sizes[i], &b->handles[i])) < 0) break;
-    if ((rc = gpuva_map(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i], b->handles[i])) <
-        0) {
-      gpuva_release(c->gpu, b->local, b->handles[i]);
+    if ((rc = gpuva_import(b->gpu, b->local, fd, b->chunk_sizes[i], &b->handles[i])) < 0) break;
+    if ((rc = gpuva_map(b->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i],
+                      b->handles[i])) < 0) {
+      gpuva_release(b->gpu, b->local, b->handles[i]);
       break;
     }
     b->held[i] = true;
   }
-  if (rc == 0) rc = gpuva_set_access(c->gpu, b->local, b->va, b->size);
+  if (rc == 0) rc = gpuva_set_access(b->gpu, b->local, b->va, b->size);
   if (rc == 0) {
-    set_mapped(c, b, true);
+    set_mapped(b, true);
     return 0;
   }
-  /* fds not consumed stay in the caller's frame, which closes them. */
   char why[256];
   snprintf(why, sizeof why, "%s", gpu_error());
-  client_buffer_unmap(c, b);
-  return client_fail(GPUMEM_E_MAP, "mapping buffer %llu: %s", (unsigned long long)b->id, why);
-}
-
-/* Unmap each chunk's mapping separately (one unmap across several breaks
- * address-range release on ROCm) and release the imported handles. A
- * chunk that does not unmap keeps its handle and stays held. */
-int client_buffer_unmap(gpumem_client *c, gpumem_buffer *b) {
-  if (b->ipc) return 0;
-  /* Reads, writes and fills in flight finish first; new ones are refused. */
-  pthread_mutex_lock(&c->mu);
-  __atomic_store_n(&b->unmapping, true, __ATOMIC_RELEASE); /* read unlocked by the pool */
-  while (b->copies) pthread_cond_wait(&c->cv, &c->mu);
-  pthread_mutex_unlock(&c->mu);
-  uint64_t off = 0;
-  int rc = 0;
-  for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
-    if (!b->held[i]) continue;
-    int r = gpuva_unmap(c->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i]);
-    if (r < 0) {
-      if (rc == 0) rc = r;
-      continue;
-    }
-    gpuva_release(c->gpu, b->local, b->handles[i]);
-    b->held[i] = false;
-  }
-  pthread_mutex_lock(&c->mu);
-  __atomic_store_n(&b->mapped, false, __ATOMIC_RELEASE);
-  __atomic_store_n(&b->unmapping, false, __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&c->mu);
-  return rc;
-}
-
-/* Export a mapped buffer's imported handles again as fds, one per chunk. */
-int client_buffer_export(gpumem_client *c, gpumem_buffer *b, int *fds) {
-  for (size_t i = 0; i < b->nchunks; i++) {
-    int rc = gpuva_export(c->gpu, b->local, b->handles[i], &fds[i]);
-    if (rc < 0) {
-      while (i > 0) close(fds[--i]);
-      return client_fail(GPUMEM_E_BACKEND, "exporting buffer %llu again: %s",
-                         (unsigned long long)b->id, gpu_error());
-    }
-  }
-  return 0;
+  buffer_unmap(b);
+  return error_set(GPUMEM_E_MAP, "mapping buffer %llu: %s", id_of(b), why);
 }
 
 /* Free the struct of a buffer (nothing mapped or reserved any more). */
-static void buffer_free_struct(gpumem_buffer *b) {
+static void free_struct(gpumem_buffer *b) {
+  pthread_mutex_destroy(&b->mu);
+  pthread_cond_destroy(&b->cv);
   free(b->chunk_sizes);
   free(b->handles);
   free(b->held);
   free(b);
 }
 
-/* Forget a buffer completely. */
-void client_buffer_destroy(gpumem_client *c, gpumem_buffer *b) {
-  pthread_mutex_lock(&c->mu);
-  client_buffer_forget(c, b);
-  pthread_mutex_unlock(&c->mu);
-  if (b->ipc) {
-    gpuva_ipc_close(c->gpu, b->local, b->va);
-  } else {
-    client_buffer_unmap(c, b);
-    /* Whatever would not unmap goes with the range; let go of its handle. */
-    for (size_t i = 0; i < b->nchunks; i++)
-      if (b->held[i]) gpuva_release(c->gpu, b->local, b->handles[i]);
-    if (b->va) gpuva_free(c->gpu, b->local, b->va, b->size);
+/* Make and map the buffer of an AllocReply. */
+int buffer_create(gpuva *g, const struct buffer_spec *s, const Gpumem__Wire__AllocReply *r,
+                  int *fds, gpumem_buffer **out) {
+  *out = NULL;
+  if (!g)
+    return error_set(GPUMEM_E_PERMISSION,
+                     "this client maps no memory (GPUMEM_CONNECT_NODE_DEVICES)");
+  gpumem_buffer *b = calloc(1, sizeof *b);
+  if (!b) return error_set(GPUMEM_E_NOMEM, "out of memory");
+  pthread_mutex_init(&b->mu, NULL);
+  clock_cond_init(&b->cv);
+  b->chunk_sizes = calloc(r->n_chunk_sizes + 1, sizeof *b->chunk_sizes);
+  b->handles = calloc(r->n_chunk_sizes + 1, sizeof *b->handles);
+  b->held = calloc(r->n_chunk_sizes + 1, sizeof *b->held);
+  if (!b->chunk_sizes || !b->handles || !b->held) {
+    free_struct(b);
+    return error_set(GPUMEM_E_NOMEM, "out of memory");
   }
-  buffer_free_struct(b);
-}
-
-/* Ask the daemon to free a buffer; with b, the reply's routing forgets it
- * before the next frame is read. */
-static int send_free(gpumem_client *c, uint64_t id, gpumem_buffer *b) {
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = id;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  req.free = &fr;
-  struct pending reply = {0};
-  reply.freeing = b;
-  int rc = client_call_with(c, &req, &reply);
-  client_reply_free(&reply);
+  b->id = r->buffer_id;
+  b->gpu = g;
+  snprintf(b->tag, sizeof b->tag, "%s", s->tag);
+  b->local = s->local;
+  b->size = r->size;
+  b->flags = s->flags;
+  b->pooled = s->pooled;
+  b->nchunks = r->n_chunk_sizes;
+  memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
+  if (r->ipc_handle.len) {
+    b->ipc = true;
+    if (gpuva_ipc_open(g, b->local, r->ipc_handle.data, &b->va) < 0) {
+      int rc = error_set(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
+      free_struct(b);
+      return rc;
+    }
+    b->mapped = true; /* no other thread has it yet */
+  } else if (gpuva_reserve(g, b->local, b->size, &b->va) < 0) {
+    int rc = error_set(GPUMEM_E_MAP, "reserving %llu bytes: %s", (unsigned long long)b->size,
+                       gpu_error());
+    free_struct(b);
+    return rc;
+  }
+  *out = b;
+  if (r->state != GPUMEM__WIRE__BUFFER_STATE__ACTIVE || b->ipc) return 0;
+  int rc = map_chunks(b, fds);
+  if (rc < 0) b->doomed = true; /* no other thread has it yet */
   return rc;
 }
 
-/* On the routing thread: make the buffer of an AllocReply, map it and
- * register it before the next frame is routed, so that an Unmap right
- * behind the reply finds it. A buffer that fails to map is registered
- * unmapped (and doomed: the caller frees it), so that events for it are
- * still answered truthfully. */
-void client_alloc_built(gpumem_client *c, struct alloc_ctx *a, const wire_env *env,
-                        struct frame *f) {
-  const Gpumem__Wire__AllocReply *r = env->alloc_reply;
-  gpumem_buffer *b = calloc(1, sizeof *b);
-  if (b) {
-    b->chunk_sizes = calloc(r->n_chunk_sizes + 1, sizeof *b->chunk_sizes);
-    b->handles = calloc(r->n_chunk_sizes + 1, sizeof *b->handles);
-    b->held = calloc(r->n_chunk_sizes + 1, sizeof *b->held);
-  }
-  if (!b || !b->chunk_sizes || !b->handles || !b->held) {
-    if (b) buffer_free_struct(b);
-    a->rc = GPUMEM_E_NOMEM;
-    snprintf(a->words, sizeof a->words, "out of memory");
-    return;
-  }
-  b->id = r->buffer_id;
-  snprintf(b->tag, sizeof b->tag, "%s", a->tag);
-  b->device = a->device;
-  b->local = a->local;
-  b->size = r->size;
-  b->flags = a->flags;
-  b->pooled = a->pooled;
-  b->nchunks = r->n_chunk_sizes;
-  memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
+/* Unmap each chunk's mapping separately (one unmap across several breaks
+ * address-range release on ROCm) and release its imported handle. A
+ * chunk that does not unmap keeps its handle and stays held. */
+int buffer_unmap(gpumem_buffer *b) {
+  if (b->ipc) return 0;
+  pthread_mutex_lock(&b->mu);
+  b->unmapping = true;
+  while (b->copies) pthread_cond_wait(&b->cv, &b->mu);
+  pthread_mutex_unlock(&b->mu);
+  uint64_t off = 0;
   int rc = 0;
-  if (!c->gpu) {
-    /* Connected with GPUMEM_CONNECT_NODE_DEVICES: no backend to map with. */
-    rc = client_fail(GPUMEM_E_PERMISSION,
-                     "this client maps no memory (GPUMEM_CONNECT_NODE_DEVICES)");
-    buffer_free_struct(b);
-    b = NULL;
-  } else if (r->ipc_handle.len) {
-    b->ipc = true;
-    if (gpuva_ipc_open(c->gpu, b->local, r->ipc_handle.data, &b->va) < 0) {
-      rc = client_fail(GPUMEM_E_MAP, "opening IPC handle: %s", gpu_error());
-      buffer_free_struct(b);
-      b = NULL;
-    } else {
-      b->mapped = true; /* not shared with any thread yet */
+  for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
+    if (!b->held[i]) continue;
+    int r = gpuva_unmap(b->gpu, b->local, (char *)b->va + off, b->chunk_sizes[i]);
+    if (r < 0) {
+      if (rc == 0) rc = r;
+      continue;
     }
-  } else if (gpuva_reserve(c->gpu, b->local, b->size, &b->va) < 0) {
-    rc = client_fail(GPUMEM_E_MAP, "reserving %llu bytes: %s", (unsigned long long)b->size,
-                     gpu_error());
-    buffer_free_struct(b);
-    b = NULL;
-  } else if (r->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE) {
-    rc = map_chunks(c, b, f->fds);
-    b->doomed = rc < 0;
+    gpuva_release(b->gpu, b->local, b->handles[i]);
+    b->held[i] = false;
   }
-  if (rc < 0) {
-    a->rc = rc;
-    snprintf(a->words, sizeof a->words, "%s", gpumem_last_error());
-  }
-  if (!b) return;
-  pthread_mutex_lock(&c->mu);
-  int put = client_buffer_register(c, b);
-  pthread_mutex_unlock(&c->mu);
-  if (put < 0) {
-    client_buffer_destroy(c, b);
-    a->rc = GPUMEM_E_NOMEM;
-    snprintf(a->words, sizeof a->words, "out of memory");
-    return;
-  }
-  a->buf = b;
+  pthread_mutex_lock(&b->mu);
+  b->mapped = false;
+  b->unmapping = false;
+  pthread_mutex_unlock(&b->mu);
+  return rc;
 }
 
-/* Allocate a tagged buffer (a pool's slab when pooled); the thread that
- * routes the reply maps it. */
-int client_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
-                 unsigned flags, bool pooled, gpumem_buffer **out) {
-  if (!c || !out) return client_fail(GPUMEM_E_INVALID, "no client or no place for the buffer");
-  if (!tag || !wire_tag_valid(tag))
-    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
-                       WIRE_TAG_MAX);
-  int map[GPUMEM_MAX_DEVICES];
-  unsigned seen = client_local_map(c, map);
-  int node = client_node_device(map, device);
-  pthread_mutex_lock(&c->mu);
-  bool live = c->state == CONN_LIVE;
-  pthread_mutex_unlock(&c->mu);
-  if (node < 0 && live)
-    return client_fail(GPUMEM_E_INVALID,
-                       "device %d is not one of the %u gpumemd devices this process sees",
-                       device, seen);
-  unsigned index = node < 0 ? 0 : (unsigned)node;
-  Gpumem__Wire__AllocRequest ar = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  ar.tag = (char *)tag;
-  ar.device = index;
-  ar.size = size;
-  ar.flags = flags;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  req.alloc = &ar;
-  struct alloc_ctx a = {.tag = tag, .device = index, .local = (unsigned)device, .flags = flags,
-                        .pooled = pooled};
-  struct pending reply = {0};
-  reply.alloc = &a;
-  int rc = client_call_with(c, &req, &reply);
-  if (rc == 0 && reply.env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY)
-    rc = client_fail(GPUMEM_E_PROTOCOL, "gpumemd answered alloc with something else");
-  if (rc < 0 || (a.rc == 0 && a.buf)) {
-    client_reply_free(&reply);
-    if (rc == 0) *out = a.buf;
-    return rc;
-  }
-  /* Made at the daemon but not here: give it back. A free that times out
-   * is finished by the library; one the daemon refuses (a pause has the
-   * buffer) is sent again until it goes through. */
-  uint64_t id = reply.env->alloc_reply->buffer_id;
-  client_reply_free(&reply);
-  int freed = send_free(c, id, a.buf);
-  if (a.buf && (freed == 0 || freed == GPUMEM_E_NOT_FOUND || freed == GPUMEM_E_DISCONNECTED))
-    client_buffer_destroy(c, a.buf);
-  else if (a.buf && freed != GPUMEM_E_TIMEOUT)
-    client_free_later(c, a.buf);
-  return client_fail(a.rc ? a.rc : GPUMEM_E_NOMEM, "%s", a.words);
+/* Map a Remap entry's chunks, if they fit the buffer. */
+int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds) {
+  pthread_mutex_lock(&b->mu);
+  bool mapped = b->mapped;
+  pthread_mutex_unlock(&b->mu);
+  bool fits = !b->ipc && !mapped && b->nchunks == n;
+  for (size_t k = 0; fits && k < n; k++) fits = b->chunk_sizes[k] == sizes[k] && !b->held[k];
+  if (!fits)
+    return error_set(GPUMEM_E_WRONG_STATE, "remap of buffer %llu does not fit it (%s)", id_of(b),
+                     mapped ? "it is mapped" : "other chunks");
+  return map_chunks(b, fds);
 }
 
-/* Allocate a tagged buffer. */
-int gpumem_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
-                 unsigned flags, gpumem_buffer **out) {
-  return client_alloc(c, tag, device, size, flags, false, out);
-}
-
-/* Free a buffer: the daemon first, so that a pause in flight keeps it. A
- * buffer that no daemon knows (one that was not re-registered) is only
- * released here. */
-int client_free_buffer(gpumem_client *c, gpumem_buffer *b) {
-  pthread_mutex_lock(&c->mu);
-  bool orphan = c->state == CONN_LIVE && !b->registered;
-  if (orphan) client_buffer_forget(c, b);
-  pthread_mutex_unlock(&c->mu);
-  if (!orphan) {
-    int rc = send_free(c, b->id, b);
-    if (rc < 0) return rc;
+/* Export a mapped buffer's imported handles again as fds. */
+int buffer_export(gpumem_buffer *b, int *fds) {
+  for (size_t i = 0; i < b->nchunks; i++) {
+    int rc = gpuva_export(b->gpu, b->local, b->handles[i], &fds[i]);
+    if (rc < 0) {
+      while (i > 0) close(fds[--i]);
+      return error_set(GPUMEM_E_BACKEND, "exporting buffer %llu again: %s", id_of(b),
+                       gpu_error());
+    }
   }
-  client_buffer_destroy(c, b);
   return 0;
 }
 
-/* Free a buffer of gpumem_alloc; a pool's slab is the pool's to free. */
-int gpumem_free(gpumem_client *c, gpumem_buffer *b) {
-  if (!c || !b) return client_fail(GPUMEM_E_INVALID, "no client or no buffer");
-  if (b->pooled)
-    return client_fail(GPUMEM_E_INVALID,
-                       "buffer %llu belongs to the gpumem_malloc pool: free its allocations "
-                       "with gpumem_free_ptr",
-                       (unsigned long long)gpumem_buffer_id(b));
-  return client_free_buffer(c, b);
-}
-
-/* The failures of one event, for its ack. */
-struct failures {
-  uint64_t *ids;
-  size_t n;
-  wire_code code;
-  char words[320];
-};
-
-/* Note that buffer id failed with code; the worst code wins the ack
- * (driver failures over state mismatches over unknown ids). */
-__attribute__((format(printf, 4, 5))) static void failed(struct failures *fl, uint64_t id,
-                                                         wire_code code, const char *fmt,
-                                                         ...) {
-  static const wire_code rank[] = {GPUMEM__WIRE__ERROR_CODE__OK,
-                                   GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,
-                                   GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
-                                   GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR};
-  int have = 0, want = 0;
-  for (int i = 0; i < 4; i++) {
-    if (rank[i] == fl->code) have = i;
-    if (rank[i] == code) want = i;
+/* Forget a buffer completely. */
+void buffer_destroy(gpumem_buffer *b) {
+  addrmap_remove(&b->at);
+  if (b->ipc) {
+    gpuva_ipc_close(b->gpu, b->local, b->va);
+  } else {
+    buffer_unmap(b);
+    /* Whatever would not unmap goes with the range; let go of its handle. */
+    for (size_t i = 0; i < b->nchunks; i++)
+      if (b->held[i]) gpuva_release(b->gpu, b->local, b->handles[i]);
+    if (b->va) gpuva_free(b->gpu, b->local, b->va, b->size);
   }
-  if (want > have) fl->code = code;
-  if (fl->ids) fl->ids[fl->n++] = id;
-  size_t l = strlen(fl->words);
-  if (l + 4 < sizeof fl->words) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (l) l += (size_t)snprintf(fl->words + l, sizeof fl->words - l, "; ");
-    if (l < sizeof fl->words) vsnprintf(fl->words + l, sizeof fl->words - l, fmt, ap);
-    va_end(ap);
-  }
+  free_struct(b);
 }
 
-/* Answer an event: OK, or the code, words and ids of what failed. */
-static void ack(gpumem_client *c, uint64_t event_id, const struct failures *fl) {
-  Gpumem__Wire__EventAck a = GPUMEM__WIRE__EVENT_ACK__INIT;
-  a.code = fl->code;
-  a.message = (char *)(fl->code ? fl->words : "");
-  a.failed_ids = fl->ids;
-  a.n_failed_ids = fl->code ? fl->n : 0;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = event_id;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ACK;
-  env.ack = &a;
-  client_send(c, &env);
+/* Put a buffer in the address map. */
+int buffer_publish(gpumem_buffer *b, struct addr_owner *owner) {
+  return addrmap_put(b->va, &b->at, owner, ADDR_BUFFER);
 }
 
-/* The registered buffer with this id, or NULL. */
-static gpumem_buffer *find_buffer(gpumem_client *c, uint64_t id) {
-  pthread_mutex_lock(&c->mu);
-  gpumem_buffer *b = idmap_get(c->buffers, id);
-  pthread_mutex_unlock(&c->mu);
-  return b;
+/* The buffer that holds an address map entry. */
+gpumem_buffer *buffer_of_addr(struct addr_entry *e) {
+  return (gpumem_buffer *)((char *)e - offsetof(gpumem_buffer, at));
 }
 
-/* The default pre-unmap hook: wait for each device the buffers are on. */
-static void sync_devices(gpumem_client *c, gpumem_buffer *const *bufs, size_t n) {
-  uint64_t done = 0;
-  for (size_t i = 0; i < n; i++) {
-    unsigned d = bufs[i]->local;
-    if (d < 64 && (done & (1ull << d))) continue;
-    if (d < 64) done |= 1ull << d;
-    if (c->gpu) gpuva_sync(c->gpu, d);
-  }
+/* Record the daemon's id and whether it knows the buffer. */
+void buffer_set_known(gpumem_buffer *b, uint64_t id, bool known) {
+  pthread_mutex_lock(&b->mu);
+  b->id = id;
+  b->known = known;
+  pthread_mutex_unlock(&b->mu);
 }
 
-/* Unmap: run the hook, unmap and release, keep the ranges, ack; every
- * id this client does not hold, and every buffer that stays mapped, is
- * named in the ack. */
-static void on_unmap(gpumem_client *c, const wire_env *env) {
-  const Gpumem__Wire__UnmapEvent *ev = env->unmap;
-  struct failures fl = {.ids = calloc(ev->n_buffer_ids + 1, sizeof *fl.ids)};
-  gpumem_buffer **bufs = calloc(ev->n_buffer_ids + 1, sizeof *bufs);
-  if (!bufs || !fl.ids) {
-    /* No ids listed: every buffer of the event failed. */
-    free(fl.ids);
-    fl.ids = NULL;
-    failed(&fl, 0, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "out of memory");
-    free(bufs);
-    ack(c, env->id, &fl);
-    return;
-  }
-  size_t n = 0;
-  for (size_t i = 0; i < ev->n_buffer_ids; i++) {
-    uint64_t id = ev->buffer_ids[i];
-    gpumem_buffer *b = find_buffer(c, id);
-    if (!b)
-      failed(&fl, id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no buffer %llu in this process",
-             (unsigned long long)id);
-    else if (b->ipc)
-      failed(&fl, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
-             "buffer %llu is legacy IPC memory and never pauses", (unsigned long long)id);
-    else
-      bufs[n++] = b;
-  }
-  pthread_mutex_lock(&c->mu);
-  gpumem_hook hook = c->pre_unmap;
-  void *user = c->hook_user;
-  pthread_mutex_unlock(&c->mu);
-  if (hook)
-    hook(c, bufs, n, user);
-  else
-    sync_devices(c, bufs, n);
-  for (size_t i = 0; i < n; i++)
-    if (client_buffer_unmap(c, bufs[i]) < 0)
-      failed(&fl, bufs[i]->id, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
-             "buffer %llu stays mapped: %s", (unsigned long long)bufs[i]->id, gpu_error());
-  free(bufs);
-  ack(c, env->id, &fl);
-  free(fl.ids);
+/* Mark a buffer no longer the caller's. */
+void buffer_doom(gpumem_buffer *b) {
+  pthread_mutex_lock(&b->mu);
+  b->doomed = true;
+  pthread_mutex_unlock(&b->mu);
+  addrmap_remove(&b->at);
 }
 
-/* Remap: import the new chunks at the old addresses, run the hook, ack;
- * entries that do not map are named in the ack. */
-static void on_remap(gpumem_client *c, const wire_env *env, struct frame *f) {
-  const Gpumem__Wire__RemapEvent *ev = env->remap;
-  pthread_mutex_lock(&c->mu);
-  gpumem_hook hook = c->post_remap;
-  void *user = c->hook_user;
-  pthread_mutex_unlock(&c->mu);
-  struct failures fl = {.ids = calloc(ev->n_entries + 1, sizeof *fl.ids)};
-  gpumem_buffer **bufs = calloc(ev->n_entries + 1, sizeof *bufs);
-  if (!bufs || !fl.ids) {
-    free(fl.ids);
-    fl.ids = NULL;
-    failed(&fl, 0, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "out of memory");
-    free(bufs);
-    ack(c, env->id, &fl);
-    return;
-  }
-  size_t n = 0, fd_at = 0;
-  for (size_t i = 0; i < ev->n_entries; i++) {
-    const Gpumem__Wire__RemapEntry *e = ev->entries[i];
-    unsigned long long id = (unsigned long long)e->buffer_id;
-    int *fds = f->fds + fd_at;
-    fd_at += e->n_chunk_sizes;
-    gpumem_buffer *b = find_buffer(c, e->buffer_id);
-    bool fits = b && !b->ipc && !b->mapped && b->nchunks == e->n_chunk_sizes;
-    for (size_t k = 0; fits && k < b->nchunks; k++)
-      fits = b->chunk_sizes[k] == e->chunk_sizes[k] && !b->held[k];
-    /* Fds not taken are closed with the frame. */
-    if (!b)
-      failed(&fl, e->buffer_id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,
-             "no buffer %llu in this process", id);
-    else if (!fits)
-      failed(&fl, e->buffer_id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
-             "remap of buffer %llu does not fit it (%s)", id,
-             b->mapped ? "it is mapped" : "other chunks");
-    else if (map_chunks(c, b, fds) < 0)
-      failed(&fl, e->buffer_id, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "%s",
-             gpumem_last_error());
-    else
-      bufs[n++] = b;
-  }
-  if (hook && n) hook(c, bufs, n, user);
-  free(bufs);
-  ack(c, env->id, &fl);
-  free(fl.ids);
+/* True once the buffer is no longer the caller's. */
+bool buffer_doomed(const gpumem_buffer *b) {
+  gpumem_buffer *m = (gpumem_buffer *)b;
+  pthread_mutex_lock(&m->mu);
+  bool doomed = m->doomed;
+  pthread_mutex_unlock(&m->mu);
+  return doomed;
 }
 
-/* Handle an Unmap or Remap event from the daemon. */
-void client_handle_event(gpumem_client *c, const wire_env *env, struct frame *f) {
-  if (env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_UNMAP)
-    on_unmap(c, env);
-  else
-    on_remap(c, env, f);
+/* True for a slab of the pool. */
+bool buffer_pooled(const gpumem_buffer *b) { return b->pooled; }
+
+/* True for legacy IPC memory. */
+bool buffer_ipc(const gpumem_buffer *b) { return b->ipc; }
+
+/* True when only some chunks are mapped. */
+bool buffer_partial(const gpumem_buffer *b) {
+  bool mapped = gpumem_buffer_mapped(b);
+  for (size_t i = 0; i < b->nchunks; i++)
+    if (b->held[i] != mapped) return true;
+  return false;
 }
 
-/* Set the hooks run around unmap and remap. */
-void gpumem_set_hooks(gpumem_client *c, gpumem_hook pre_unmap, gpumem_hook post_remap,
-                      void *user) {
-  pthread_mutex_lock(&c->mu);
-  c->pre_unmap = pre_unmap;
-  c->post_remap = post_remap;
-  c->hook_user = user;
-  pthread_mutex_unlock(&c->mu);
+/* The chunk sizes. */
+size_t buffer_chunks(const gpumem_buffer *b, const uint64_t **sizes) {
+  *sizes = b->chunk_sizes;
+  return b->nchunks;
 }
+
+/* May allocations come from this slab now. */
+bool buffer_usable(const gpumem_buffer *b, bool allow_paused, bool live) {
+  gpumem_buffer *m = (gpumem_buffer *)b;
+  pthread_mutex_lock(&m->mu);
+  bool ok = (!live || m->known) && (allow_paused || (m->mapped && !m->unmapping));
+  pthread_mutex_unlock(&m->mu);
+  return ok;
+}
+
+/* The backend that maps the buffer. */
+gpuva *buffer_gpu(const gpumem_buffer *b) { return b->gpu; }
 
 /* Start a copy into or out of [off, off+len) of a buffer: refused unless
  * the range is inside it and it is mapped and not being unmapped; an
- * Unmap waits for the copy to end (copy_end). */
+ * unmap waits for the copy to end (copy_end). */
 static int copy_begin(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t len) {
-  if (!c || !b) return client_fail(GPUMEM_E_INVALID, "no client or no buffer");
+  if (!c || !b) return error_set(GPUMEM_E_INVALID, "no client or no buffer");
   if (off > b->size || len > b->size - off)
-    return client_fail(GPUMEM_E_INVALID, "range %llu+%llu outside a %llu-byte buffer",
-                       (unsigned long long)off, (unsigned long long)len,
-                       (unsigned long long)b->size);
-  pthread_mutex_lock(&c->mu);
+    return error_set(GPUMEM_E_INVALID, "range %llu+%llu outside a %llu-byte buffer",
+                     (unsigned long long)off, (unsigned long long)len,
+                     (unsigned long long)b->size);
+  pthread_mutex_lock(&b->mu);
   bool mapped = b->mapped, unmapping = b->unmapping;
+  unsigned long long id = (unsigned long long)b->id;
   if (mapped && !unmapping) b->copies++;
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_unlock(&b->mu);
   if (!mapped || unmapping)
-    return client_fail(GPUMEM_E_WRONG_STATE, "buffer %llu is %s",
-                       (unsigned long long)gpumem_buffer_id(b),
-                       unmapping ? "being paused" : "paused");
+    return error_set(GPUMEM_E_WRONG_STATE, "buffer %llu is %s", id,
+                     unmapping ? "being paused" : "paused");
   return 0;
 }
 
-/* End a copy begun with copy_begin, waking an Unmap that waits for it. */
-static int copy_end(gpumem_client *c, gpumem_buffer *b, int rc) {
-  pthread_mutex_lock(&c->mu);
-  if (--b->copies == 0 && b->unmapping) pthread_cond_broadcast(&c->cv);
-  pthread_mutex_unlock(&c->mu);
+/* End a copy begun with copy_begin, waking an unmap that waits for it. */
+static int copy_end(gpumem_buffer *b, int rc) {
+  pthread_mutex_lock(&b->mu);
+  if (--b->copies == 0 && b->unmapping) pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
   return rc;
 }
 
@@ -494,9 +307,9 @@ static int copy_end(gpumem_client *c, gpumem_buffer *b, int rc) {
 int gpumem_buffer_read(gpumem_client *c, gpumem_buffer *b, uint64_t off, void *dst, uint64_t len) {
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpuva_copy_from(c->gpu, b->local, dst, (char *)b->va + off, len) < 0)
-    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return copy_end(c, b, rc);
+  if (gpuva_copy_from(b->gpu, b->local, dst, (char *)b->va + off, len) < 0)
+    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
+  return copy_end(b, rc);
 }
 
 /* Copy host memory into a buffer. */
@@ -504,50 +317,61 @@ int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64_t off, const 
                         uint64_t len) {
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpuva_copy_to(c->gpu, b->local, (char *)b->va + off, src, len) < 0)
-    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return copy_end(c, b, rc);
+  if (gpuva_copy_to(b->gpu, b->local, (char *)b->va + off, src, len) < 0)
+    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
+  return copy_end(b, rc);
 }
 
 /* Fill part of a buffer with a 32-bit value on the device. */
 int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t len,
                          uint32_t value) {
   if (off % 4 || len % 4)
-    return client_fail(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
+    return error_set(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpuva_fill32(c->gpu, b->local, (char *)b->va + off, len, value) < 0)
-    rc = client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return copy_end(c, b, rc);
+  if (gpuva_fill32(b->gpu, b->local, (char *)b->va + off, len, value) < 0)
+    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
+  return copy_end(b, rc);
 }
 
-/* Wait until a device has finished its work. */
-int gpumem_sync(gpumem_client *c, int device) {
-  int map[GPUMEM_MAX_DEVICES];
-  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
-  unsigned seen = client_local_map(c, map);
-  if (client_node_device(map, device) < 0)
-    return client_fail(GPUMEM_E_INVALID,
-                       "device %d is not one of the %u gpumemd devices this process sees",
-                       device, seen);
-  if (!c->gpu) return 0; /* it maps nothing: nothing to wait for */
-  if (gpuva_sync(c->gpu, (unsigned)device) < 0)
-    return client_fail(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return 0;
-}
-
-/* Accessors. */
+/* The buffer's address. */
 void *gpumem_buffer_ptr(const gpumem_buffer *b) { return b->va; }
+
+/* The buffer's size. */
 uint64_t gpumem_buffer_size(const gpumem_buffer *b) { return b->size; }
+
+/* The buffer's tag. */
 const char *gpumem_buffer_tag(const gpumem_buffer *b) { return b->tag; }
+
+/* The buffer's device, in this process's numbering. */
 int gpumem_buffer_device(const gpumem_buffer *b) { return (int)b->local; }
-uint64_t gpumem_buffer_id(const gpumem_buffer *b) {
-  return __atomic_load_n(&b->id, __ATOMIC_RELAXED); /* renumbered by a reconnection */
-}
+
+/* The buffer's flags. */
 unsigned gpumem_buffer_flags(const gpumem_buffer *b) { return b->flags; }
-int gpumem_buffer_mapped(const gpumem_buffer *b) {
-  return __atomic_load_n(&b->mapped, __ATOMIC_ACQUIRE);
+
+/* The buffer's id at the daemon (renumbered by a reconnection). */
+uint64_t gpumem_buffer_id(const gpumem_buffer *b) {
+  gpumem_buffer *m = (gpumem_buffer *)b;
+  pthread_mutex_lock(&m->mu);
+  uint64_t id = m->id;
+  pthread_mutex_unlock(&m->mu);
+  return id;
 }
+
+/* 1 if memory is mapped behind the pointer now. */
+int gpumem_buffer_mapped(const gpumem_buffer *b) {
+  gpumem_buffer *m = (gpumem_buffer *)b;
+  pthread_mutex_lock(&m->mu);
+  bool mapped = m->mapped;
+  pthread_mutex_unlock(&m->mu);
+  return mapped;
+}
+
+/* 1 if the daemon knows the buffer now. */
 int gpumem_buffer_registered(const gpumem_buffer *b) {
-  return __atomic_load_n(&b->registered, __ATOMIC_RELAXED);
+  gpumem_buffer *m = (gpumem_buffer *)b;
+  pthread_mutex_lock(&m->mu);
+  bool known = m->known;
+  pthread_mutex_unlock(&m->mu);
+  return known;
 }

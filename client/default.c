@@ -1,84 +1,19 @@
-/* The process's default client, each thread's current tag, and the entry
- * points of torch.cuda.memory.CUDAPluggableAllocator built on them (the
- * preload library uses the same): each pointer they hand out remembers
- * the client that made it, and goes back to that client. A forked child
- * forgets all of it and connects its own client. */
+/* The process's default client. One mutex guards both pointers; a forked
+ * child starts with neither: the parent's clients (their sockets,
+ * threads and pools) are not the child's, and their structs are leaked
+ * knowingly. */
 #include <pthread.h>
-#include <stdbool.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <strings.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "client.h"
-
-/* How long a failed connection of the default client is remembered
- * before the next call tries again (milliseconds). */
-#define RETRY_MS 1000.0
-
-static _Thread_local char thread_tag[WIRE_TAG_MAX + 1];
-static _Thread_local unsigned thread_flags;
+#include "default.h"
 
 static pthread_mutex_t default_mu = PTHREAD_MUTEX_INITIALIZER;
-static gpumem_client *default_client; /* read without the lock: atomics */
-static gpumem_client *connected;       /* the one connected here, if any */
-static double retry_at_ms;             /* no new attempt before this */
-static int failed_code;
-static char failed_words[320];
+static gpumem_client *chosen;    /* gpumem_set_default_client's */
+static gpumem_client *connected; /* the one connected here on first use */
 
-/* The client each pointer of gpumem_torch_alloc came from, by address. */
-struct owned {
-  void *ptr;
-  gpumem_client *c;
-};
-static pthread_mutex_t owners_mu = PTHREAD_MUTEX_INITIALIZER;
-static idmap *owners; /* address -> struct owned */
-
-/* Milliseconds on the monotonic clock. */
-static double mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* Set (or clear, with NULL) the calling thread's tag and flags. */
-int gpumem_set_thread_tag(const char *tag, unsigned flags) {
-  if (!tag) {
-    thread_tag[0] = '\0';
-    thread_flags = 0;
-    return 0;
-  }
-  if (!wire_tag_valid(tag))
-    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
-                       WIRE_TAG_MAX);
-  if (flags & ~(unsigned)(GPUMEM_BACKUP | GPUMEM_ALLOW_PAUSED))
-    return client_fail(GPUMEM_E_INVALID,
-                       "a thread tag takes only GPUMEM_BACKUP and GPUMEM_ALLOW_PAUSED");
-  snprintf(thread_tag, sizeof thread_tag, "%s", tag);
-  thread_flags = flags;
-  return 0;
-}
-
-/* The calling thread's tag, or NULL. */
-const char *gpumem_thread_tag(unsigned *flags) {
-  if (flags) *flags = thread_tag[0] ? thread_flags : 0;
-  return thread_tag[0] ? thread_tag : NULL;
-}
-
-/* In a forked child: the parent's clients (their sockets, threads and
- * pools) are not this process's. Forget them without touching them (the
- * structs are leaked knowingly), so that the child connects its own. */
+/* In a forked child: forget the parent's clients without touching them. */
 static void forget_in_child(void) {
   pthread_mutex_init(&default_mu, NULL);
-  pthread_mutex_init(&owners_mu, NULL);
-  default_client = NULL;
-  connected = NULL;
-  retry_at_ms = 0;
-  failed_code = 0;
-  failed_words[0] = '\0';
-  owners = NULL;
+  chosen = connected = NULL;
 }
 
 /* Register the fork handler when the library is loaded. */
@@ -86,160 +21,34 @@ __attribute__((constructor)) static void default_init(void) {
   pthread_atfork(NULL, NULL, forget_in_child);
 }
 
-/* Remember that ptr came from c; false when out of memory. */
-static bool owner_put(void *ptr, gpumem_client *c) {
-  struct owned *o = malloc(sizeof *o);
-  if (!o) return false;
-  *o = (struct owned){ptr, c};
-  pthread_mutex_lock(&owners_mu);
-  if (!owners) owners = idmap_create();
-  bool ok = owners && idmap_put(owners, (uint64_t)(uintptr_t)ptr, o) == 0;
-  pthread_mutex_unlock(&owners_mu);
-  if (!ok) free(o);
-  return ok;
-}
-
-/* The client ptr came from, forgotten now; NULL if not recorded. */
-static gpumem_client *owner_take(void *ptr) {
-  pthread_mutex_lock(&owners_mu);
-  struct owned *o = owners ? idmap_get(owners, (uint64_t)(uintptr_t)ptr) : NULL;
-  if (o) idmap_del(owners, (uint64_t)(uintptr_t)ptr);
-  pthread_mutex_unlock(&owners_mu);
-  gpumem_client *c = o ? o->c : NULL;
-  free(o);
-  return c;
-}
-
-/* Forget a client that is being disconnected: its pointers, and its
- * place as the default. */
-void client_default_forget(gpumem_client *c) {
-  pthread_mutex_lock(&owners_mu);
-  size_t n = owners ? idmap_count(owners) : 0;
-  void **all = n ? calloc(n, sizeof *all) : NULL;
-  n = all ? idmap_values(owners, all, n) : 0;
-  for (size_t i = 0; i < n; i++) {
-    struct owned *o = all[i];
-    if (o->c != c) continue;
-    idmap_del(owners, (uint64_t)(uintptr_t)o->ptr);
-    free(o);
-  }
-  pthread_mutex_unlock(&owners_mu);
-  free(all);
-  pthread_mutex_lock(&default_mu);
-  if (connected == c) connected = NULL;
-  if (__atomic_load_n(&default_client, __ATOMIC_ACQUIRE) == c)
-    __atomic_store_n(&default_client, NULL, __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&default_mu);
-}
-
 /* Make c the default client (NULL: none); a client connected here before
- * stays connected, so that what it allocated stays valid. */
+ * stays connected, so that what it allocated stays valid, and is the
+ * default again once none is set. */
 void gpumem_set_default_client(gpumem_client *c) {
   pthread_mutex_lock(&default_mu);
-  __atomic_store_n(&default_client, c, __ATOMIC_RELEASE);
+  chosen = c;
   pthread_mutex_unlock(&default_mu);
 }
 
-/* The default client: the one set, the one connected here, or a new
- * connection; a failed attempt is repeated at most once per RETRY_MS. */
-gpumem_client *gpumem_default_client(void) {
-  gpumem_client *c = __atomic_load_n(&default_client, __ATOMIC_ACQUIRE);
-  if (c) return c;
+/* The default client now. */
+gpumem_client *default_get(void) {
   pthread_mutex_lock(&default_mu);
-  c = default_client;
-  if (!c && connected) {
-    c = connected;
-  } else if (!c && mono_ms() >= retry_at_ms) {
-    const char *name = getenv("GPUMEM_NAME");
-    char own[32];
-    if (!name || !*name) {
-      snprintf(own, sizeof own, "pid-%d", (int)getpid());
-      name = own;
-    }
-    int rc = gpumem_connect(NULL, name, GPUMEM_ROLE_WORKER, 0, &c);
-    if (rc < 0) {
-      c = NULL;
-      failed_code = rc;
-      snprintf(failed_words, sizeof failed_words, "%s", gpumem_last_error());
-      retry_at_ms = mono_ms() + RETRY_MS;
-    } else {
-      connected = c;
-    }
-  }
-  if (c) __atomic_store_n(&default_client, c, __ATOMIC_RELEASE);
-  int code = failed_code;
-  char words[sizeof failed_words];
-  snprintf(words, sizeof words, "%s", failed_words);
-  pthread_mutex_unlock(&default_mu);
-  if (!c) client_fail(code ? code : GPUMEM_E_CONNECT, "no default gpumem client: %s", words);
-  return c;
-}
-
-/* The default client if there is one now, without connecting. */
-static gpumem_client *default_if_any(void) {
-  gpumem_client *c = __atomic_load_n(&default_client, __ATOMIC_ACQUIRE);
-  if (c) return c;
-  pthread_mutex_lock(&default_mu);
-  c = connected;
+  gpumem_client *c = chosen ? chosen : connected;
   pthread_mutex_unlock(&default_mu);
   return c;
 }
 
-/* Parse $GPUMEM_DEFAULT_FLAGS ("backup", "allow_paused", comma-separated)
- * into *flags; GPUMEM_E_INVALID for a word it does not know. */
-static int env_flags(unsigned *flags) {
-  *flags = 0;
-  const char *v = getenv("GPUMEM_DEFAULT_FLAGS");
-  while (v && *v) {
-    size_t n = strcspn(v, ",");
-    if (n == 6 && strncasecmp(v, "backup", n) == 0)
-      *flags |= GPUMEM_BACKUP;
-    else if (n == 12 && strncasecmp(v, "allow_paused", n) == 0)
-      *flags |= GPUMEM_ALLOW_PAUSED;
-    else if (n)
-      return client_fail(GPUMEM_E_INVALID,
-                         "GPUMEM_DEFAULT_FLAGS: unknown flag '%.*s' (backup, allow_paused)",
-                         (int)n, v);
-    v += n + (v[n] == ',');
-  }
-  return 0;
+/* Remember the client connected here. */
+void default_set_connected(gpumem_client *c) {
+  pthread_mutex_lock(&default_mu);
+  connected = c;
+  pthread_mutex_unlock(&default_mu);
 }
 
-/* CUDAPluggableAllocator's alloc: the calling thread's tag and flags, else
- * $GPUMEM_DEFAULT_TAG and $GPUMEM_DEFAULT_FLAGS, else "default". */
-void *gpumem_torch_alloc(size_t size, int device, void *stream) {
-  (void)stream;
-  if (size == 0) return NULL;
-  unsigned flags;
-  const char *tag = gpumem_thread_tag(&flags);
-  if (!tag) {
-    tag = getenv("GPUMEM_DEFAULT_TAG");
-    if (!tag || !*tag) tag = "default";
-    if (env_flags(&flags) < 0) return NULL;
-  }
-  gpumem_client *c = gpumem_default_client();
-  void *p = NULL;
-  if (!c || gpumem_malloc(c, tag, device, size, flags, &p) < 0) return NULL;
-  if (!owner_put(p, c)) {
-    gpumem_free_ptr(c, p);
-    client_fail(GPUMEM_E_NOMEM, "out of memory");
-    return NULL;
-  }
-  return p;
-}
-
-/* CUDAPluggableAllocator's free: what gpumem_torch_alloc returned, through
- * the client that allocated it (whatever the default is now). */
-void gpumem_torch_free(void *ptr, size_t size, int device, void *stream) {
-  (void)size;
-  (void)device;
-  (void)stream;
-  if (!ptr) return;
-  gpumem_client *c = owner_take(ptr);
-  if (!c) c = default_if_any();
-  if (!c) {
-    client_fail(GPUMEM_E_NOT_FOUND, "no default gpumem client, so no allocation at %p", ptr);
-    return;
-  }
-  gpumem_free_ptr(c, ptr);
+/* Forget a client that is being disconnected. */
+void default_forget(gpumem_client *c) {
+  pthread_mutex_lock(&default_mu);
+  if (connected == c) connected = NULL;
+  if (chosen == c) chosen = NULL;
+  pthread_mutex_unlock(&default_mu);
 }

@@ -2,12 +2,13 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "client.h"
+#include "error.h"
+#include "gpumem.h"
 
 static _Thread_local char last_error[320];
 
 /* Record words for this thread's last failure and return err. */
-int client_fail(int err, const char *fmt, ...) {
+int error_set(int err, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(last_error, sizeof last_error, fmt, ap);
@@ -65,7 +66,7 @@ static const struct client_error *error_of(int err) {
 
 /* The library's code for a code the daemon sent; PROTOCOL for one it
  * does not know (a newer daemon's). */
-int client_code(wire_code code) {
+int error_from_wire(wire_code code) {
   for (size_t i = 0; code && i < sizeof errors / sizeof errors[0]; i++)
     if (errors[i].wire == code) return errors[i].code;
   return GPUMEM_E_PROTOCOL;

@@ -1,16 +1,18 @@
 /* Sub-allocation: gpumem_malloc carves allocations out of slabs, daemon
- * buffers of the allocation's tag, device and BACKUP flag, so that a
- * PyTorch segment costs no daemon round trip once its pool has room.
+ * buffers of the allocation's tag, device and BACKUP flag (one bucket of
+ * slabs each), so that a PyTorch segment costs no daemon round trip once
+ * its bucket has room.
  *
- * Each pool's slabs grow (64 MiB, then twice the last, up to 1 GiB); a
+ * Each bucket's slabs grow (64 MiB, then twice the last, up to 1 GiB); a
  * request larger than that gets a slab of its own. Inside a slab, blocks
- * sit in address order and free neighbours merge; the pool keeps its free
- * blocks in one list, searched best-fit. Allocations are found by address
- * in a hash map. One mutex guards the bookkeeping; it is never held
- * across a daemon round trip, so two threads that both find the pool full
- * may each add a slab. An empty slab goes back to the daemon unless it is
- * its pool's only empty one (kept, so that a free and a malloc in turn
- * do not each cost a round trip); gpumem_trim gives those back too. */
+ * sit in address order and free neighbours merge; the bucket keeps its
+ * free blocks in one list, searched best-fit. Allocations are found by
+ * address in the process's address map (addrmap.c). One mutex guards the
+ * bookkeeping; it is never held across a daemon round trip, so two
+ * threads that both find a bucket full may each add a slab. An empty
+ * slab goes back to the daemon unless it is its bucket's only empty one
+ * (kept, so that a free and a malloc in turn do not each cost a round
+ * trip); gpumem_trim gives those back too. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -20,20 +22,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addrmap.h"
+#include "alloc.h"
+#include "buffer.h"
 #include "client.h"
-#include "common/idmap.h"
 #include "common/size.h"
+#include "error.h"
 #include "pool.h"
 
 #define POOL_ALIGN 512ull         /* allocation sizes and offsets */
 #define SLAB_FIRST (64ull << 20)  /* a pool's first slab */
 #define SLAB_MAX (1ull << 30)     /* slabs grow to this; larger ones are one request's */
 
-struct pool;
+struct bucket;
 struct slab;
 
 /* A piece of a slab: one allocation, or a free gap. */
 struct block {
+  struct addr_entry at; /* an allocation's entry in the address map */
   uint64_t off, size;
   bool free;
   struct slab *slab;
@@ -48,58 +54,41 @@ struct slab {
   uint64_t size;
   uint64_t used; /* allocations in it */
   bool attached; /* in its pool (not on its way back to the daemon) */
-  struct pool *pool;
+  struct bucket *bucket;
   struct block *blocks;
   struct slab *prev, *next;
 };
 
-/* The slabs of one tag, device and BACKUP flag. */
-struct pool {
+/* A bucket: the slabs of one tag, device and BACKUP flag. */
+struct bucket {
   char tag[WIRE_TAG_MAX + 1];
   int device;
   unsigned backup;
   uint64_t next_size; /* of the next slab made from the pool's growth */
   struct slab *slabs;
   struct block *free_blocks;
-  struct pool *next;
+  struct bucket *next;
 };
 
-struct client_pool {
+/* A client's sub-allocations. */
+struct pool {
   pthread_mutex_t mu; /* everything below */
-  struct pool *pools;
-  idmap *allocs; /* address -> block of every live allocation */
-  idmap *slabs;  /* base address -> slab, from attach until freed */
+  struct addr_owner *owner; /* the client's addresses */
+  struct bucket *buckets;
   struct gpumem_pool_stats st;
 };
 
-/* The key of an address in the maps. */
-static uint64_t addr_key(const void *p) { return (uint64_t)(uintptr_t)p; }
-
-/* The client's pool bookkeeping, made on first use when create is set. */
-static struct client_pool *pool_of(gpumem_client *c, bool create) {
-  struct client_pool *cp = __atomic_load_n(&c->pool, __ATOMIC_ACQUIRE);
-  if (cp || !create) return cp;
-  pthread_mutex_lock(&c->mu);
-  cp = c->pool;
-  if (!cp && (cp = calloc(1, sizeof *cp))) {
-    cp->allocs = idmap_create();
-    cp->slabs = idmap_create();
-    if (!cp->allocs || !cp->slabs) {
-      idmap_destroy(cp->allocs);
-      idmap_destroy(cp->slabs);
-      free(cp);
-      cp = NULL;
-    } else {
-      pthread_mutex_init(&cp->mu, NULL);
-      __atomic_store_n(&c->pool, cp, __ATOMIC_RELEASE);
-    }
-  }
-  pthread_mutex_unlock(&c->mu);
+/* Make a client's pool bookkeeping, whose allocations are owner's. */
+pool *pool_create(struct addr_owner *owner) {
+  pool *cp = calloc(1, sizeof *cp);
+  if (!cp) return NULL;
+  cp->owner = owner;
+  pthread_mutex_init(&cp->mu, NULL);
   return cp;
 }
 
 /* Put a free block on its pool's free list. */
-static void free_push(struct pool *p, struct block *b) {
+static void free_push(struct bucket *p, struct block *b) {
   b->fprev = NULL;
   b->fnext = p->free_blocks;
   if (p->free_blocks) p->free_blocks->fprev = b;
@@ -107,7 +96,7 @@ static void free_push(struct pool *p, struct block *b) {
 }
 
 /* Take a block off its pool's free list. */
-static void free_unlink(struct pool *p, struct block *b) {
+static void free_unlink(struct bucket *p, struct block *b) {
   if (b->fprev)
     b->fprev->fnext = b->fnext;
   else
@@ -116,39 +105,35 @@ static void free_unlink(struct pool *p, struct block *b) {
   b->fprev = b->fnext = NULL;
 }
 
-/* The pool of a tag, device and BACKUP flag, or NULL. */
-static struct pool *pool_find(struct client_pool *cp, const char *tag, int device,
+/* The bucket of a tag, device and BACKUP flag, or NULL. */
+static struct bucket *bucket_find(pool *cp, const char *tag, int device,
                               unsigned backup) {
-  for (struct pool *p = cp->pools; p; p = p->next)
+  for (struct bucket *p = cp->buckets; p; p = p->next)
     if (p->device == device && p->backup == backup && strcmp(p->tag, tag) == 0) return p;
   return NULL;
 }
 
 /* Link an empty slab into its pool with one free block over all of it. */
-static int slab_attach(struct client_pool *cp, struct slab *s) {
+static int slab_attach(pool *cp, struct slab *s) {
   struct block *b = calloc(1, sizeof *b);
-  if (!b || idmap_put(cp->slabs, addr_key(s->base), s) < 0) {
-    free(b);
-    return -ENOMEM;
-  }
+  if (!b) return -ENOMEM;
   *b = (struct block){.size = s->size, .free = true, .slab = s};
   s->blocks = b;
   s->used = 0;
   s->attached = true;
-  free_push(s->pool, b);
+  free_push(s->bucket, b);
   s->prev = NULL;
-  s->next = s->pool->slabs;
+  s->next = s->bucket->slabs;
   if (s->next) s->next->prev = s;
-  s->pool->slabs = s;
+  s->bucket->slabs = s;
   cp->st.pooled_buffers++;
   cp->st.pooled_bytes += s->size;
   return 0;
 }
 
-/* Unlink an empty slab from its pool; it stays in the slab map until the
- * daemon has it back. */
-static void slab_detach(struct client_pool *cp, struct slab *s) {
-  struct pool *p = s->pool;
+/* Unlink an empty slab from its pool. */
+static void slab_detach(pool *cp, struct slab *s) {
+  struct bucket *p = s->bucket;
   free_unlink(p, s->blocks);
   free(s->blocks);
   s->blocks = NULL;
@@ -163,26 +148,15 @@ static void slab_detach(struct client_pool *cp, struct slab *s) {
   cp->st.pooled_bytes -= s->size;
 }
 
-/* True if allocations may come from a slab now: it is mapped and not
- * being unmapped (or the caller allows paused memory), and the daemon
- * knows it, so that a pause releases it (while reconnecting, mapped
- * slabs serve: the daemon that comes back re-registers them). */
-static bool slab_usable(const struct slab *s, bool allow_paused, bool live) {
-  const gpumem_buffer *b = s->buf;
-  if (live && !gpumem_buffer_registered(b)) return false;
-  if (allow_paused) return true;
-  /* unmapping first: it is cleared only after mapped is. */
-  bool unmapping = __atomic_load_n(&b->unmapping, __ATOMIC_ACQUIRE);
-  return !unmapping && gpumem_buffer_mapped(b);
-}
-
 /* The smallest free block of at least need bytes in a slab that may be
- * used now (slab_usable). */
-static struct block *best_fit(struct pool *p, uint64_t need, bool allow_paused, bool live) {
+ * used now (buffer_usable: a slab the daemon does not know never serves,
+ * since a pause could not release it; while reconnecting, mapped ones
+ * do). */
+static struct block *best_fit(struct bucket *p, uint64_t need, bool allow_paused, bool live) {
   struct block *best = NULL;
   for (struct block *b = p->free_blocks; b; b = b->fnext) {
     if (b->size < need || (best && b->size >= best->size)) continue;
-    if (!slab_usable(b->slab, allow_paused, live)) continue;
+    if (!buffer_usable(b->slab->buf, allow_paused, live)) continue;
     best = b;
     if (b->size == need) break;
   }
@@ -191,23 +165,23 @@ static struct block *best_fit(struct pool *p, uint64_t need, bool allow_paused, 
 
 /* Turn the front of free block b into an allocation of need bytes; the
  * rest stays free. Returns the address, or NULL when out of memory. */
-static void *take(struct client_pool *cp, struct block *b, uint64_t need) {
+static void *take(pool *cp, struct block *b, uint64_t need) {
   struct slab *s = b->slab;
   struct block *rest = NULL;
   if (b->size - need >= POOL_ALIGN && !(rest = calloc(1, sizeof *rest))) return NULL;
   char *at = s->base + b->off;
-  if (idmap_put(cp->allocs, addr_key(at), b) < 0) {
+  if (addrmap_put(at, &b->at, cp->owner, ADDR_ALLOCATION) < 0) {
     free(rest);
     return NULL;
   }
-  free_unlink(s->pool, b);
+  free_unlink(s->bucket, b);
   if (rest) {
     *rest = (struct block){.off = b->off + need, .size = b->size - need, .free = true,
                            .slab = s, .prev = b, .next = b->next};
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = need;
-    free_push(s->pool, rest);
+    free_push(s->bucket, rest);
   }
   b->free = false;
   s->used++;
@@ -217,7 +191,7 @@ static void *take(struct client_pool *cp, struct block *b, uint64_t need) {
 }
 
 /* Merge free block n into its free predecessor b. */
-static void merge_next(struct pool *p, struct block *b, struct block *n) {
+static void merge_next(struct bucket *p, struct block *b, struct block *n) {
   free_unlink(p, n);
   b->size += n->size;
   b->next = n->next;
@@ -227,17 +201,17 @@ static void merge_next(struct pool *p, struct block *b, struct block *n) {
 
 /* Another empty slab of s's pool that is kept, or NULL. */
 static struct slab *other_empty(struct slab *s) {
-  for (struct slab *x = s->pool->slabs; x; x = x->next)
+  for (struct slab *x = s->bucket->slabs; x; x = x->next)
     if (x != s && x->used == 0 && x->size <= SLAB_MAX) return x;
   return NULL;
 }
 
-/* Free an allocation's block, merging it with free neighbours. When its
- * slab becomes empty, returns the slab to give back (detached), if any. */
-static struct slab *release(struct client_pool *cp, struct block *b) {
+/* Free an allocation's block (out of the address map already), merging
+ * it with free neighbours. When its slab becomes empty, returns the slab
+ * to give back (detached), if any. */
+static struct slab *release(pool *cp, struct block *b) {
   struct slab *s = b->slab;
-  struct pool *p = s->pool;
-  idmap_del(cp->allocs, addr_key(s->base + b->off));
+  struct bucket *p = s->bucket;
   cp->st.allocations--;
   cp->st.allocated_bytes -= b->size;
   s->used--;
@@ -262,64 +236,60 @@ static struct slab *release(struct client_pool *cp, struct block *b) {
  * it, it goes back into its pool (or, without memory for that, the
  * library frees it once the daemon agrees). A free that timed out is the
  * library's to finish (client_free_later). */
-static int give_back(gpumem_client *c, struct client_pool *cp, struct slab *s) {
+static int give_back(gpumem_client *c, pool *cp, struct slab *s) {
   gpumem_buffer *buf = s->buf;
-  int rc = client_free_buffer(c, buf);
+  int rc = alloc_free(c, buf);
   pthread_mutex_lock(&cp->mu);
-  idmap_del(cp->slabs, addr_key(s->base));
   bool kept = rc < 0 && rc != GPUMEM_E_TIMEOUT && slab_attach(cp, s) == 0;
   pthread_mutex_unlock(&cp->mu);
   if (!kept) free(s);
-  if (!kept && rc < 0 && rc != GPUMEM_E_TIMEOUT) client_free_later(c, buf);
+  if (!kept && rc < 0 && rc != GPUMEM_E_TIMEOUT) alloc_give_up(c, buf);
   return rc;
 }
 
 /* Make a new slab of the pool for tag, device and flags that holds at
  * least need bytes, and carve need bytes from it into *ptr. */
-static int grow(gpumem_client *c, struct client_pool *cp, const char *tag, int device,
+static int grow(gpumem_client *c, pool *cp, const char *tag, int device,
                 uint64_t need, unsigned flags, void **ptr) {
   uint64_t gran = gpumem_granularity(c);
   if (gran < POOL_ALIGN) gran = POOL_ALIGN;
   uint64_t least = size_round_up(need, gran);
-  if (!least) return client_fail(GPUMEM_E_INVALID, "size %llu is too large",
+  if (!least) return error_set(GPUMEM_E_INVALID, "size %llu is too large",
                                  (unsigned long long)need);
   unsigned backup = flags & GPUMEM_BACKUP;
   pthread_mutex_lock(&cp->mu);
-  struct pool *p = pool_find(cp, tag, device, backup);
+  struct bucket *p = bucket_find(cp, tag, device, backup);
   uint64_t next = p ? p->next_size : SLAB_FIRST;
   pthread_mutex_unlock(&cp->mu);
   uint64_t size = least > next ? least : size_round_up(next, gran);
   gpumem_buffer *buf;
-  int rc = client_alloc(c, tag, device, size, flags, true, &buf);
+  int rc = alloc_buffer(c, tag, device, size, flags, true, &buf);
   /* A device (or a backup limit) without room for a whole slab, or
    * smaller than one (INVALID), may still have room for this request. */
   if ((rc == GPUMEM_E_OUT_OF_MEMORY || rc == GPUMEM_E_LIMIT || rc == GPUMEM_E_INVALID) &&
       size > least)
-    rc = client_alloc(c, tag, device, size = least, flags, true, &buf);
+    rc = alloc_buffer(c, tag, device, size = least, flags, true, &buf);
   if (rc < 0) return rc;
   struct slab *s = calloc(1, sizeof *s);
   pthread_mutex_lock(&cp->mu);
-  p = pool_find(cp, tag, device, backup);
+  p = bucket_find(cp, tag, device, backup);
   if (!p && s && (p = calloc(1, sizeof *p))) {
     snprintf(p->tag, sizeof p->tag, "%s", tag);
     p->device = device;
     p->backup = backup;
     p->next_size = SLAB_FIRST;
-    p->next = cp->pools;
-    cp->pools = p;
+    p->next = cp->buckets;
+    cp->buckets = p;
   }
   void *at = NULL;
   if (p && s) {
     *s = (struct slab){.buf = buf, .base = gpumem_buffer_ptr(buf),
-                       .size = gpumem_buffer_size(buf), .pool = p};
+                       .size = gpumem_buffer_size(buf), .bucket = p};
     if (slab_attach(cp, s) == 0) {
       cp->st.daemon_allocs++;
       if (size >= p->next_size && p->next_size < SLAB_MAX) p->next_size *= 2;
       at = take(cp, s->blocks, need);
-      if (!at) {
-        slab_detach(cp, s);
-        idmap_del(cp->slabs, addr_key(s->base));
-      }
+      if (!at) slab_detach(cp, s);
     }
   }
   pthread_mutex_unlock(&cp->mu);
@@ -328,33 +298,29 @@ static int grow(gpumem_client *c, struct client_pool *cp, const char *tag, int d
     return 0;
   }
   free(s);
-  rc = client_free_buffer(c, buf);
-  if (rc < 0 && rc != GPUMEM_E_TIMEOUT) client_free_later(c, buf);
-  return client_fail(GPUMEM_E_NOMEM, "out of memory for the pool's bookkeeping");
+  alloc_discard(c, buf);
+  return error_set(GPUMEM_E_NOMEM, "out of memory for the pool's bookkeeping");
 }
 
 /* Allocate size bytes out of the pool of tag, device and flags. */
 int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, unsigned flags,
                   void **ptr) {
-  if (!c || !ptr) return client_fail(GPUMEM_E_INVALID, "no client or no place for the pointer");
+  if (!c || !ptr) return error_set(GPUMEM_E_INVALID, "no client or no place for the pointer");
   if (!tag || !wire_tag_valid(tag))
-    return client_fail(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
+    return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
   if (flags & ~(unsigned)(GPUMEM_BACKUP | GPUMEM_ALLOW_PAUSED))
-    return client_fail(GPUMEM_E_INVALID, "gpumem_malloc takes only GPUMEM_BACKUP and "
+    return error_set(GPUMEM_E_INVALID, "gpumem_malloc takes only GPUMEM_BACKUP and "
                                          "GPUMEM_ALLOW_PAUSED (flags %#x)", flags);
-  if (device < 0) return client_fail(GPUMEM_E_INVALID, "device %d does not exist", device);
+  if (device < 0) return error_set(GPUMEM_E_INVALID, "device %d does not exist", device);
   uint64_t need = size_round_up(size, POOL_ALIGN);
   if (!size || !need)
-    return client_fail(GPUMEM_E_INVALID, "cannot allocate %llu bytes", (unsigned long long)size);
-  struct client_pool *cp = pool_of(c, true);
-  if (!cp) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+    return error_set(GPUMEM_E_INVALID, "cannot allocate %llu bytes", (unsigned long long)size);
+  pool *cp = c->pool;
   bool allow_paused = flags & GPUMEM_ALLOW_PAUSED;
-  pthread_mutex_lock(&c->mu);
-  bool live = c->state == CONN_LIVE;
-  pthread_mutex_unlock(&c->mu);
+  bool live = conn_live(c->conn);
   pthread_mutex_lock(&cp->mu);
-  struct pool *p = pool_find(cp, tag, device, flags & GPUMEM_BACKUP);
+  struct bucket *p = bucket_find(cp, tag, device, flags & GPUMEM_BACKUP);
   struct block *b = p ? best_fit(p, need, allow_paused, live) : NULL;
   void *at = b ? take(cp, b, need) : NULL;
   pthread_mutex_unlock(&cp->mu);
@@ -362,46 +328,36 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
     *ptr = at;
     return 0;
   }
-  if (b) return client_fail(GPUMEM_E_NOMEM, "out of memory");
+  if (b) return error_set(GPUMEM_E_NOMEM, "out of memory");
   return grow(c, cp, tag, device, need, flags, ptr);
 }
 
-/* The gpumem_alloc buffer (not a slab) that starts at ptr, or NULL. */
-static gpumem_buffer *buffer_at(gpumem_client *c, void *ptr) {
-  pthread_mutex_lock(&c->mu);
-  gpumem_buffer *b = c->all;
-  while (b && (b->va != ptr || b->doomed || b->pooled)) b = b->next;
-  pthread_mutex_unlock(&c->mu);
-  return b;
-}
-
-/* Free the allocation or buffer that starts at ptr. */
+/* Free the allocation or buffer that starts at ptr: the address map
+ * says which (a pool buffer's address is in it only as the allocation
+ * that starts there, if any). */
 int gpumem_free_ptr(gpumem_client *c, void *ptr) {
-  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
-  struct client_pool *cp = pool_of(c, false);
-  if (ptr && cp) {
-    pthread_mutex_lock(&cp->mu);
-    struct block *b = idmap_get(cp->allocs, addr_key(ptr));
-    struct slab *s = b ? release(cp, b) : NULL;
-    bool slab = !b && idmap_get(cp->slabs, addr_key(ptr));
-    pthread_mutex_unlock(&cp->mu);
-    if (s) give_back(c, cp, s); /* the allocation is freed either way */
-    if (b) return 0;
-    if (slab) return client_fail(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
-  }
-  gpumem_buffer *buf = ptr ? buffer_at(c, ptr) : NULL;
-  if (!buf) return client_fail(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
-  return gpumem_free(c, buf);
+  if (!c) return error_set(GPUMEM_E_INVALID, "no client");
+  struct addr_entry *e = addrmap_find(ptr, &c->addrs);
+  if (e && e->kind == ADDR_BUFFER) return gpumem_free(c, buffer_of_addr(e));
+  pool *cp = c->pool;
+  if (!e || !cp || addrmap_take(ptr, &c->addrs) != e)
+    return error_set(GPUMEM_E_NOT_FOUND, "no allocation starts at %p", ptr);
+  struct block *b = (struct block *)((char *)e - offsetof(struct block, at));
+  pthread_mutex_lock(&cp->mu);
+  struct slab *s = release(cp, b);
+  pthread_mutex_unlock(&cp->mu);
+  if (s) give_back(c, cp, s); /* the allocation is freed either way */
+  return 0;
 }
 
 /* Give every empty slab back to the daemon. */
 int64_t gpumem_trim(gpumem_client *c) {
-  if (!c) return client_fail(GPUMEM_E_INVALID, "no client");
-  struct client_pool *cp = pool_of(c, false);
+  if (!c) return error_set(GPUMEM_E_INVALID, "no client");
+  pool *cp = c->pool;
   if (!cp) return 0;
   struct slab *empty = NULL;
   pthread_mutex_lock(&cp->mu);
-  for (struct pool *p = cp->pools; p; p = p->next) {
+  for (struct bucket *p = cp->buckets; p; p = p->next) {
     for (struct slab *s = p->slabs, *n; s; s = n) {
       n = s->next;
       if (s->used) continue;
@@ -427,16 +383,16 @@ int64_t gpumem_trim(gpumem_client *c) {
   }
   /* Slabs that did not go back stay in their pools; the bytes that did
    * go count more than the failure of others. */
-  if (err && !bytes) return client_fail(err, "%s", words);
+  if (err && !bytes) return error_set(err, "%s", words);
   return bytes;
 }
 
 /* Copy the client's sub-allocation figures. */
 int gpumem_pool_stats(gpumem_client *c, struct gpumem_pool_stats *out) {
   if (!c || !out || out->size < sizeof out->size)
-    return client_fail(GPUMEM_E_INVALID, "no client, or no size set in the stats struct");
+    return error_set(GPUMEM_E_INVALID, "no client, or no size set in the stats struct");
   struct gpumem_pool_stats st = {0};
-  struct client_pool *cp = pool_of(c, false);
+  pool *cp = c->pool;
   if (cp) {
     pthread_mutex_lock(&cp->mu);
     st = cp->st;
@@ -457,11 +413,11 @@ static void slab_free(struct slab *s) {
   free(s);
 }
 
-/* Free every pool, slab and block record; the buffers are the client's. */
-void client_pool_destroy(gpumem_client *c) {
-  struct client_pool *cp = __atomic_exchange_n(&c->pool, NULL, __ATOMIC_ACQ_REL);
+/* Free every bucket, slab and block record; the buffers are the
+ * client's. */
+void pool_destroy(pool *cp) {
   if (!cp) return;
-  for (struct pool *p = cp->pools, *pn; p; p = pn) {
+  for (struct bucket *p = cp->buckets, *pn; p; p = pn) {
     pn = p->next;
     for (struct slab *s = p->slabs, *sn; s; s = sn) {
       sn = s->next;
@@ -469,8 +425,6 @@ void client_pool_destroy(gpumem_client *c) {
     }
     free(p);
   }
-  idmap_destroy(cp->allocs);
-  idmap_destroy(cp->slabs);
   pthread_mutex_destroy(&cp->mu);
   free(cp);
 }

@@ -1,5 +1,5 @@
 /* The library's version. */
-#include "client.h"
+#include "gpumem.h"
 
 #define STR_(x) #x
 #define STR(x) STR_(x)

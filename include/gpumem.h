@@ -24,11 +24,12 @@
  * Threads: every function may be called from any thread at any time, with
  * two rules: a buffer must not be freed while another thread still uses
  * it, and hooks (which run on the thread that dispatches the daemon's
- * events) must not call functions that talk to the daemon. Reads, writes
- * and fills of a buffer that is being paused either finish before its
- * memory is unmapped or fail with GPUMEM_E_WRONG_STATE. No call waits for
- * ever: a request the daemon does not answer within the client's request
- * timeout (gpumem_set_request_timeout) fails with GPUMEM_E_TIMEOUT.
+ * events) must not call functions that talk to the daemon (those fail
+ * there with GPUMEM_E_INVALID). Reads, writes and fills of a buffer that
+ * is being paused either finish before its memory is unmapped or fail
+ * with GPUMEM_E_WRONG_STATE. No call waits for ever: a request the daemon
+ * does not answer within the client's request timeout
+ * (gpumem_set_request_timeout) fails with GPUMEM_E_TIMEOUT.
  *
  * Structs the library fills (status, lists, reports) start with their
  * size and may grow at the end; their arrays are arrays of pointers, so

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -586,6 +587,145 @@ START_TEST(test_refused_session_says_why) {
   ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: too many sessions for this uid"),
                 "%s", gpumem_last_error());
   script_end(&s);
+}
+END_TEST
+
+/* connect(2) for this test program and the library it links (the
+ * executable's definition comes first): when the gate is armed, the
+ * connection that libgpumem opens is held back after connecting until the
+ * fake daemon has refused it and closed its end, so that the Hello meets
+ * a socket the daemon has closed. That is what happens when gpumemd
+ * refuses a session faster than the client writes its Hello. */
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool armed;  /* the next connect waits for closed */
+  bool closed; /* the fake daemon refused and closed */
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+
+__attribute__((visibility("default"))) int connect(int fd, const struct sockaddr *addr,
+                                                   socklen_t len);
+int connect(int fd, const struct sockaddr *addr, socklen_t len) {
+  int rc = (int)syscall(SYS_connect, fd, addr, len);
+  pthread_mutex_lock(&gate.mu);
+  if (gate.armed && rc == 0) {
+    gate.armed = false;
+    while (!gate.closed) pthread_cond_wait(&gate.cv, &gate.mu);
+  }
+  pthread_mutex_unlock(&gate.mu);
+  return rc;
+}
+
+/* Script: refuse the session at once (before reading anything) and close;
+ * then open the gate. */
+static void run_refuse_first(struct script *s) {
+  fake_accept(&s->f);
+  send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "too many sessions for this uid");
+  fake_hangup(&s->f);
+  pthread_mutex_lock(&gate.mu);
+  gate.closed = true;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
+}
+
+/* A daemon that refused the session and closed before the Hello was
+ * written: the Hello's send fails (EPIPE), and gpumem_connect still
+ * reports the daemon's code and words, read from the socket, not
+ * "send to gpumemd: Broken pipe" (gpumemctl printed that in 2 of 6 tries
+ * against a daemon at its --max-sessions-per-uid). */
+START_TEST(test_refusal_read_before_the_send_failure_is_reported) {
+  pthread_mutex_lock(&gate.mu);
+  gate.armed = true;
+  gate.closed = false;
+  pthread_mutex_unlock(&gate.mu);
+  struct script s;
+  script_start(&s, run_refuse_first);
+  gpumem_client *c = NULL;
+  int rc = gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_CONTROLLER,
+                          GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT |
+                              GPUMEM_CONNECT_NODE_DEVICES, &c);
+  ck_assert_msg(rc == GPUMEM_E_LIMIT, "%d (%s): %s", rc, gpumem_error_name(rc),
+                gpumem_last_error());
+  ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: too many sessions for this uid"),
+                "%s", gpumem_last_error());
+  ck_assert_ptr_null(c);
+  script_end(&s);
+}
+END_TEST
+
+/* gpumemd at its --max-sessions-per-uid: every refused connection, as
+ * gpumemctl makes it, says LIMIT and the daemon's words, however the
+ * daemon's close and the client's Hello interleave. */
+START_TEST(test_every_refused_session_says_why) {
+  struct daemon d;
+  daemon_start(&d, "--max-sessions-per-uid", "1", NULL);
+  /* The harness's probe of the socket may still count as a session. */
+  gpumem_client *held = NULL;
+  int rc = GPUMEM_E_LIMIT;
+  for (int i = 0; i < 100 && rc == GPUMEM_E_LIMIT; i++)
+    rc = gpumem_connect(d.socket, "held", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD,
+                        &held);
+  ck_assert_msg(rc == 0, "%s", gpumem_last_error());
+  const unsigned flags =
+      GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT | GPUMEM_CONNECT_NODE_DEVICES;
+  int wrong = 0;
+  char first[400] = "";
+  for (int i = 0; i < 40; i++) {
+    gpumem_client *c = NULL;
+    rc = gpumem_connect(d.socket, "over", GPUMEM_ROLE_CONTROLLER, flags, &c);
+    if (rc == 0) gpumem_disconnect(c);
+    if (rc != GPUMEM_E_LIMIT || !strstr(gpumem_last_error(), "too many sessions for this uid")) {
+      if (wrong++ == 0)
+        snprintf(first, sizeof first, "%s: %s", gpumem_error_name(rc), gpumem_last_error());
+    }
+  }
+  ck_assert_msg(wrong == 0, "%d of 40 refusals did not say why; first: %s", wrong, first);
+  gpumem_disconnect(held);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Script: greet, then say why outside any request and close; then tell
+ * the test. */
+static void run_limit_then_close(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+  send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "session cut: 64 MiB unread");
+  fake_hangup(&s->f);
+  close(s->f.lfd);
+  s->f.lfd = -1;
+  unlink(s->f.path);
+  reach(s, 1);
+}
+
+/* A client without a thread whose daemon said why and closed while nobody
+ * read: the next request's send fails, and the call reports the daemon's
+ * words (read first), not the broken pipe. */
+START_TEST(test_request_after_unread_refusal_reports_the_daemon) {
+  struct script s;
+  script_start(&s, run_limit_then_close);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s.f.path, "cut", GPUMEM_ROLE_WORKER,
+                                  GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT, &c),
+                   0);
+  await(&s, 1);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_DISCONNECTED);
+  ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: session cut: 64 MiB unread"), "%s",
+                gpumem_last_error());
+  char buf[256];
+  ck_assert_int_eq(gpumem_daemon_error(c, buf, sizeof buf), GPUMEM_E_LIMIT);
+  ck_assert_str_eq(buf, "LIMIT_EXCEEDED: session cut: 64 MiB unread");
+  /* The error sticks: every later call reports it. */
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_DISCONNECTED);
+  ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: session cut: 64 MiB unread"), "%s",
+                gpumem_last_error());
+  ck_assert_int_eq(gpumem_dispatch(c, 0), GPUMEM_E_DISCONNECTED);
+  ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: session cut: 64 MiB unread"), "%s",
+                gpumem_last_error());
+  gpumem_disconnect(c);
+  script_end(&s);
+  ck_assert_msg(s.ok, "%s", s.note);
 }
 END_TEST
 
@@ -1633,7 +1773,11 @@ int main(void) {
   signal(SIGPIPE, SIG_IGN);
   return HARNESS_RUN("client", 60, NULL, NULL, test_unmap_right_after_alloc_reply_unmaps,
                      test_event_acks_name_what_failed, test_error_outside_request_is_reported,
-                     test_refused_session_says_why, test_request_in_flight_fails_on_loss,
+                     test_refused_session_says_why,
+                     test_refusal_read_before_the_send_failure_is_reported,
+                     test_every_refused_session_says_why,
+                     test_request_after_unread_refusal_reports_the_daemon,
+                     test_request_in_flight_fails_on_loss,
                      test_no_reconnect_flag, test_restart_re_registers_buffers,
                      test_dispatch_reconnects_without_thread,
                      test_daemon_killed_and_restarted_adopts_worker,

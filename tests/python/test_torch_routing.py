@@ -6,6 +6,7 @@ allocator does. The stand-in records what PyTorch aborts on: a memory
 pool destroyed while a routing or a capture is under way."""
 
 import gc
+import os
 import subprocess
 import sys
 import threading
@@ -276,6 +277,8 @@ def test_pools_are_kept_at_exit(daemon, tag):
         "print('exiting', len(gt._all), flush=True)\n"
     ) % (str(REPO / "tests" / "python"), daemon.sock, tag("w"), tag("graph"), tag("kv"))
     env = {"PYTHONPATH": str(REPO / "python"), "GPUMEM_LIB": str(BUILD / "lib" / "libgpumem.so.1")}
+    if "LD_LIBRARY_PATH" in os.environ:  # where libgpumem's own libraries are (the GPU machine's)
+        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr

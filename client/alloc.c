@@ -1,0 +1,124 @@
+/* Allocating and freeing buffers at the daemon. The loop makes and maps
+ * an allocation's buffer when its reply arrives (before it reads the next
+ * frame, so that an Unmap right behind the reply finds it); here the
+ * caller's side checks the arguments and gives back what was made at the
+ * daemon but could not be made here. */
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "buffer.h"
+#include "client.h"
+#include "error.h"
+
+/* Ask the daemon to free buffer b (the loop forgets it when the daemon
+ * says it is freed), or, with b NULL, the daemon's buffer id. */
+static int send_free(gpumem_client *c, gpumem_buffer *b, uint64_t id) {
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  fr.buffer_id = id;
+  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  req.free = &fr;
+  struct call call = {.freeing = b};
+  int rc = conn_call(c->conn, &req, &call);
+  conn_call_done(&call);
+  return rc;
+}
+
+/* Allocate a buffer. */
+int alloc_buffer(gpumem_client *c, const char *tag, int device, uint64_t size, unsigned flags,
+                 bool pooled, gpumem_buffer **out) {
+  if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the buffer");
+  if (!tag || !wire_tag_valid(tag))
+    return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
+                     WIRE_TAG_MAX);
+  int map[GPUMEM_MAX_DEVICES];
+  unsigned seen = hello_local_map(c->hello, map);
+  int node = hello_node_device(map, device);
+  if (node < 0 && conn_live(c->conn))
+    return error_set(GPUMEM_E_INVALID,
+                     "device %d is not one of the %u gpumemd devices this process sees", device,
+                     seen);
+  Gpumem__Wire__AllocRequest ar = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  ar.tag = (char *)tag;
+  ar.device = node < 0 ? 0 : (unsigned)node;
+  ar.size = size;
+  ar.flags = flags;
+  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  req.alloc = &ar;
+  struct buffer_spec spec = {.tag = tag, .device = ar.device, .local = (unsigned)device,
+                             .flags = flags, .pooled = pooled};
+  struct call call = {.alloc = &spec};
+  int rc = conn_call(c->conn, &req, &call);
+  if (rc == 0 && call.reply->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY)
+    rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered alloc with something else");
+  gpumem_buffer *b = call.built;
+  uint64_t id = rc == 0 ? call.reply->alloc_reply->buffer_id : 0;
+  conn_call_done(&call);
+  if (rc < 0 || (call.built_rc == 0 && b)) {
+    if (rc == 0) *out = b;
+    return rc;
+  }
+  /* Made at the daemon but not here (b, if made at all, is doomed): give
+   * it back. A free that times out is finished by the library; one the
+   * daemon refuses (a pause has the buffer) is sent again until it goes
+   * through. */
+  int freed = send_free(c, b, id);
+  if (b && (freed == 0 || freed == GPUMEM_E_NOT_FOUND || freed == GPUMEM_E_DISCONNECTED)) {
+    buffers_remove(c->buffers, b);
+    buffer_destroy(b);
+  } else if (b && freed != GPUMEM_E_TIMEOUT) {
+    alloc_give_up(c, b);
+  }
+  return error_set(call.built_rc ? call.built_rc : GPUMEM_E_NOMEM, "%s", call.built_words);
+}
+
+/* Allocate a tagged buffer, found by its address from then on. */
+int gpumem_alloc(gpumem_client *c, const char *tag, int device, uint64_t size,
+                 unsigned flags, gpumem_buffer **out) {
+  gpumem_buffer *b;
+  int rc = alloc_buffer(c, tag, device, size, flags, false, &b);
+  if (rc < 0) return rc;
+  if (buffer_publish(b, &c->addrs) < 0) {
+    alloc_discard(c, b);
+    return error_set(GPUMEM_E_NOMEM, "out of memory");
+  }
+  *out = b;
+  return 0;
+}
+
+/* Free a buffer: the daemon first, so that a pause in flight keeps it. A
+ * buffer that no daemon knows (one that was not re-registered) is only
+ * released here. */
+int alloc_free(gpumem_client *c, gpumem_buffer *b) {
+  bool orphan = conn_live(c->conn) && !gpumem_buffer_registered(b);
+  if (!orphan) {
+    int rc = send_free(c, b, 0);
+    if (rc < 0) return rc;
+  }
+  buffers_remove(c->buffers, b);
+  buffer_destroy(b);
+  return 0;
+}
+
+/* Give up a buffer whose free failed (not by timing out). */
+void alloc_give_up(gpumem_client *c, gpumem_buffer *b) { conn_free_later(c->conn, b); }
+
+/* Free a buffer the caller no longer wants, whatever the daemon says. */
+int alloc_discard(gpumem_client *c, gpumem_buffer *b) {
+  int rc = alloc_free(c, b);
+  if (rc < 0 && rc != GPUMEM_E_TIMEOUT) alloc_give_up(c, b);
+  return rc;
+}
+
+/* Free a buffer of gpumem_alloc; a pool's slab is the pool's to free. */
+int gpumem_free(gpumem_client *c, gpumem_buffer *b) {
+  if (!c || !b) return error_set(GPUMEM_E_INVALID, "no client or no buffer");
+  if (buffer_pooled(b))
+    return error_set(GPUMEM_E_INVALID,
+                     "buffer %llu belongs to the gpumem_malloc pool: free its allocations "
+                     "with gpumem_free_ptr",
+                     (unsigned long long)gpumem_buffer_id(b));
+  return alloc_free(c, b);
+}

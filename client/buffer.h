@@ -1,0 +1,90 @@
+/* A buffer: a reserved address range on one device and the daemon's
+ * chunks mapped into it, with its own lock for what other threads read
+ * (its id, whether it is mapped, whether the daemon knows it) and for the
+ * copies that an unmap waits for. The struct is private to buffer.c. */
+#ifndef GPUMEM_CLIENT_BUFFER_H
+#define GPUMEM_CLIENT_BUFFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "addrmap.h"
+#include "common/wire.h"
+#include "gpu/gpuva.h"
+#include "gpumem.h"
+
+/* What an allocation asked for, from which its buffer is made. */
+struct buffer_spec {
+  const char *tag;
+  unsigned device; /* the daemon's number */
+  unsigned local;  /* this process's number of the same device */
+  unsigned flags;
+  bool pooled;     /* a slab of gpumem_malloc's pool */
+};
+
+/* Make the buffer of an AllocReply on backend g (NULL: this client maps
+ * nothing) and map its chunk fds (taken from fds as they are used; the
+ * rest stay the caller's). Returns 0 with *out; on failure the code (and
+ * error_set's words), with *out NULL when nothing was made, or a buffer
+ * that is made but not mapped (its mapping failed: doomed, for the
+ * caller to give back). */
+int buffer_create(gpuva *g, const struct buffer_spec *s, const Gpumem__Wire__AllocReply *r,
+                  int *fds, gpumem_buffer **out);
+
+/* Unmap what is mapped, free the address range and the buffer; it must be
+ * out of its buffers already. Takes it out of the address map. */
+void buffer_destroy(gpumem_buffer *b);
+
+/* Unmap each chunk and release its handle, keeping the address range;
+ * waits for copies in flight and refuses new ones meanwhile. Returns 0,
+ * or a negative errno when a chunk stayed mapped (gpu_error says why). */
+int buffer_unmap(gpumem_buffer *b);
+
+/* Map the chunks of a Remap entry (n chunk sizes, fds taken as used) at
+ * the buffer's address; fails with GPUMEM_E_WRONG_STATE (words set) when
+ * they do not fit it or it is mapped, GPUMEM_E_MAP when mapping fails. */
+int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds);
+
+/* Export a mapped buffer's chunks again as fds, one per chunk; on failure
+ * none stays open. */
+int buffer_export(gpumem_buffer *b, int *fds);
+
+/* Put a gpumem_alloc buffer in the address map as owner's. */
+int buffer_publish(gpumem_buffer *b, struct addr_owner *owner);
+
+/* The buffer whose address map entry e is (kind ADDR_BUFFER). */
+gpumem_buffer *buffer_of_addr(struct addr_entry *e);
+
+/* Record the daemon's id of the buffer and whether it knows it. */
+void buffer_set_known(gpumem_buffer *b, uint64_t id, bool known);
+
+/* Mark a buffer no longer the caller's (its allocation failed here, or
+ * the library finishes its free): never re-registered, out of the
+ * address map. */
+void buffer_doom(gpumem_buffer *b);
+
+/* True once buffer_doom was called. */
+bool buffer_doomed(const gpumem_buffer *b);
+
+/* True for a slab of gpumem_malloc's pool. */
+bool buffer_pooled(const gpumem_buffer *b);
+
+/* True for legacy IPC memory (opened from a handle, never paused). */
+bool buffer_ipc(const gpumem_buffer *b);
+
+/* True when some chunks are mapped and others not (an unmap failed). */
+bool buffer_partial(const gpumem_buffer *b);
+
+/* The buffer's chunk sizes and their count. */
+size_t buffer_chunks(const gpumem_buffer *b, const uint64_t **sizes);
+
+/* May allocations come from this slab now: the daemon knows it (unless
+ * not live: while reconnecting, mapped ones serve), and it is mapped and
+ * not being unmapped unless allow_paused. */
+bool buffer_usable(const gpumem_buffer *b, bool allow_paused, bool live);
+
+/* The backend that maps the buffer. */
+gpuva *buffer_gpu(const gpumem_buffer *b);
+
+#endif
