@@ -130,7 +130,11 @@ CTL_LIBS += -lpthread
 BINS := $(O)/bin/gpumemd $(O)/bin/gpumemctl $(O)/bin/gpumem-worker
 EXAMPLES := $(O)/examples/worker
 LIBS := $(O)/lib/libgpumem.so $(O)/lib/gpumem.pc $(O)/lib/libgpumem_preload.so
-TESTS := $(patsubst tests/%.c,$(O)/tests/%,$(wildcard tests/check_*.c))
+# Suites: tests/in_process/ run the code in the test's own process;
+# tests/with_daemon/ spawn gpumemd and real workers. Each builds to
+# $(O)/tests/<name>.
+SUITE_SRC := $(wildcard tests/in_process/check_*.c tests/with_daemon/check_*.c)
+TESTS := $(patsubst %.c,$(O)/tests/%,$(notdir $(SUITE_SRC)))
 BENCHES := $(patsubst bench/%.c,$(O)/bench/%,$(wildcard bench/*.c))
 
 .PHONY: all deps check test test-asan test-tsan fuzz demo bench install uninstall clean FORCE
@@ -252,14 +256,17 @@ $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
 	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -ldl -lm
 
-$(O)/tests/%: tests/%.c tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) \
+SUITE_DEPS := tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) \
   $(O)/lib/libcommon.a $(DAEMON_OBJ)
-	@mkdir -p $(@D)
-	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/harness.c \
-	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
-	  -L$(O)/lib -lgpumem $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
-	  -Wl,-rpath,'$(abspath $(O)/lib)' -lm
+SUITE_LINK = @mkdir -p $(@D); echo "  LD      $@"; \
+  $(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -Itests -o $@ $< tests/harness.c \
+  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
+  -L$(O)/lib -lgpumem $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
+  -Wl,-rpath,'$(abspath $(O)/lib)' -lm
+$(O)/tests/%: tests/in_process/%.c $(SUITE_DEPS)
+	$(SUITE_LINK)
+$(O)/tests/%: tests/with_daemon/%.c $(SUITE_DEPS)
+	$(SUITE_LINK)
 
 # The preload tests' stand-in vendor runtime, and a program linked to it
 # as applications link libcudart.

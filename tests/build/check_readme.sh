@@ -9,7 +9,7 @@
 # For every NAME this script knows, it makes the output for real (a gpumemd
 # of its own on the host backend, real workers, gpumemctl on a terminal
 # through script(1), tools/demo.sh for `make demo`; for the figures no host
-# backend makes, tests/build/readme_fake_daemon.py plays tests/check_ctl.c's
+# backend makes, tests/build/readme_fake_daemon.py plays tests/with_daemon/check_ctl.c's
 # to gpumemctl), masks the figures that vary from run to run (pids,
 # addresses, timings, clocks, uids, the backup limit, which is half of RAM)
 # on both sides, and compares line by line:
