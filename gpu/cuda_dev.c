@@ -48,9 +48,7 @@ static int (*p_nvmlDeviceGetMemoryInfo_v2)(nvml_device dev, nvml_memory_v2 *mem)
 static int (*p_nvmlDeviceGetComputeRunningProcesses)(nvml_device dev, unsigned *count,
                                                      nvml_process *infos); /* optional */
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int load_status;
-static char load_error[256];
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
 
 /* Load NVML if it is there; without it, memory figures take a context and
  * there is no per-process list. The v2 memory call and the process list
@@ -80,11 +78,7 @@ static void load_once(void) {
 
 /* Load the driver and the daemon's calls once per process. */
 static int cuda_dev_load(char *err, size_t errlen) {
-  int rc = vmm_cuda.load(err, errlen);
-  if (rc < 0) return rc;
-  pthread_once(&once, load_once);
-  if (load_status) snprintf(err, errlen, "%s", load_error);
-  return load_status;
+  return vmm_once_after(&vmm_cuda, &once, load_once, err, errlen);
 }
 
 /* The device's PCI bus id. */

@@ -20,16 +20,14 @@ CUDA_CALLS(CUDA_DECLARE)
 
 static CUcontext contexts[GPUMEM_MAX_DEVICES];
 static void *loaded; /* the library, once initialized */
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int load_status;
-static char load_error[256];
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
 
 /* Open the driver, resolve the common calls and initialize it. */
 static void load_once(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    snprintf(load_error, sizeof load_error, "no CUDA driver (libcuda.so.1): %s", dlerror());
-    load_status = -ENOENT;
+    snprintf(once.error, sizeof once.error, "no CUDA driver (libcuda.so.1): %s", dlerror());
+    once.status = -ENOENT;
     return;
   }
   CUDA_CALLS(CUDA_LOAD)
@@ -37,8 +35,8 @@ static void load_once(void) {
   if (rc != CUDA_SUCCESS) {
     const char *name = "?";
     p_cuGetErrorName(rc, &name);
-    snprintf(load_error, sizeof load_error, "no CUDA device found: cuInit: %s", name);
-    load_status = -ENODEV;
+    snprintf(once.error, sizeof once.error, "no CUDA device found: cuInit: %s", name);
+    once.status = -ENODEV;
     return;
   }
   loaded = lib;
@@ -46,9 +44,7 @@ static void load_once(void) {
 
 /* Load the driver once per process; its status every time. */
 static int cuda_load(char *err, size_t errlen) {
-  pthread_once(&once, load_once);
-  if (load_status) snprintf(err, errlen, "%s", load_error);
-  return load_status;
+  return vmm_once_run(&once, load_once, err, errlen);
 }
 
 /* The driver library, once loaded. */

@@ -18,12 +18,12 @@
 #define CUDA_DECLARE(fn) static __typeof__(&fn) p_##fn;
 
 /* Resolve one call by the name cuda.h maps it to, from the library the
- * caller has in lib; on failure record why in load_status and load_error
- * (the caller's) and return from the caller. */
+ * caller has in lib; on failure record why in once (the caller's struct
+ * vmm_once, gpu/vmm.h) and return from the caller. */
 #define CUDA_LOAD(fn)                                                                \
   if (!(p_##fn = (__typeof__(&fn))dlsym(lib, CUDA_XSTR(fn)))) {                      \
-    snprintf(load_error, sizeof load_error, "libcuda.so.1 lacks %s", CUDA_XSTR(fn)); \
-    load_status = -ENOSYS;                                                           \
+    snprintf(once.error, sizeof once.error, "libcuda.so.1 lacks %s", CUDA_XSTR(fn)); \
+    once.status = -ENOSYS;                                                           \
     return;                                                                          \
   }
 

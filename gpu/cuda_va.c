@@ -14,9 +14,7 @@
 
 VA_CALLS(CUDA_DECLARE)
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int load_status;
-static char load_error[256];
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
 
 /* Resolve the client's calls in the loaded driver. */
 static void load_once(void) {
@@ -26,11 +24,7 @@ static void load_once(void) {
 
 /* Load the driver and the client's calls once per process. */
 static int cuda_va_load(char *err, size_t errlen) {
-  int rc = vmm_cuda.load(err, errlen);
-  if (rc < 0) return rc;
-  pthread_once(&once, load_once);
-  if (load_status) snprintf(err, errlen, "%s", load_error);
-  return load_status;
+  return vmm_once_after(&vmm_cuda, &once, load_once, err, errlen);
 }
 
 /* This process's device number for a PCI bus id. */

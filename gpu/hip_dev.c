@@ -39,9 +39,7 @@ static int (*p_rsmi_compute_process_info_get)(rsmi_process *procs, uint32_t *n);
 static int (*p_rsmi_compute_process_info_by_device_get)(uint32_t pid, uint32_t dv,
                                                          rsmi_process *proc);
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int load_status;
-static char load_error[256];
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
 
 /* Load ROCm SMI if it is there; without it, memory figures come from
  * hipMemGetInfo and there is no per-process list. */
@@ -70,11 +68,7 @@ static void load_once(void) {
 
 /* Load the runtime and the daemon's calls once per process. */
 static int hip_dev_load(char *err, size_t errlen) {
-  int rc = vmm_hip.load(err, errlen);
-  if (rc < 0) return rc;
-  pthread_once(&once, load_once);
-  if (load_status) snprintf(err, errlen, "%s", load_error);
-  return load_status;
+  return vmm_once_after(&vmm_hip, &once, load_once, err, errlen);
 }
 
 /* The device's PCI bus id. */

@@ -28,9 +28,7 @@ const char vmm_hip_headers[] =
 HIP_CALLS(HIP_DECLARE)
 
 static void *loaded; /* the library, once initialized */
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int load_status;
-static char load_error[256];
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
 
 /* Open the runtime by the first name it has, resolve the common calls and
  * initialize it. */
@@ -41,16 +39,16 @@ static void load_once(void) {
   for (size_t i = 0; !lib && i < sizeof names / sizeof names[0]; i++)
     lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    snprintf(load_error, sizeof load_error, "no HIP runtime (libamdhip64.so): %s", dlerror());
-    load_status = -ENOENT;
+    snprintf(once.error, sizeof once.error, "no HIP runtime (libamdhip64.so): %s", dlerror());
+    once.status = -ENOENT;
     return;
   }
   HIP_CALLS(HIP_LOAD)
   hipError_t rc = p_hipInit(0);
   if (rc != hipSuccess) {
-    snprintf(load_error, sizeof load_error, "no HIP device found: hipInit: %s",
+    snprintf(once.error, sizeof once.error, "no HIP device found: hipInit: %s",
              p_hipGetErrorName(rc));
-    load_status = -ENODEV;
+    once.status = -ENODEV;
     return;
   }
   loaded = lib;
@@ -58,9 +56,7 @@ static void load_once(void) {
 
 /* Load the runtime once per process; its status every time. */
 static int hip_load(char *err, size_t errlen) {
-  pthread_once(&once, load_once);
-  if (load_status) snprintf(err, errlen, "%s", load_error);
-  return load_status;
+  return vmm_once_run(&once, load_once, err, errlen);
 }
 
 /* The runtime library, once loaded. */

@@ -22,12 +22,12 @@
 #define HIP_DECLARE(fn) static __typeof__(&fn) p_##fn;
 
 /* Resolve one call by name, from the library the caller has in lib; on
- * failure record why in load_status and load_error (the caller's) and
- * return from the caller. */
+ * failure record why in once (the caller's struct vmm_once, gpu/vmm.h)
+ * and return from the caller. */
 #define HIP_LOAD(fn)                                                         \
   if (!(p_##fn = (__typeof__(&fn))dlsym(lib, #fn))) {                        \
-    snprintf(load_error, sizeof load_error, "libamdhip64 lacks %s", #fn);    \
-    load_status = -ENOSYS;                                                   \
+    snprintf(once.error, sizeof once.error, "libamdhip64 lacks %s", #fn);    \
+    once.status = -ENOSYS;                                                   \
     return;                                                                  \
   }
 

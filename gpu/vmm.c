@@ -12,6 +12,20 @@
 
 #include "error.h"
 
+/* Run load once per process for o; its status every time. */
+int vmm_once_run(struct vmm_once *o, void (*load)(void), char *err, size_t errlen) {
+  pthread_once(&o->once, load);
+  if (o->status) snprintf(err, errlen, "%s", o->error);
+  return o->status;
+}
+
+/* Load the vendor runtime, then o's part of it once. */
+int vmm_once_after(const struct vmm_vendor *v, struct vmm_once *o, void (*load)(void), char *err,
+                   size_t errlen) {
+  int rc = v->load(err, errlen);
+  return rc < 0 ? rc : vmm_once_run(o, load, err, errlen);
+}
+
 /* Free what vmm_open made (contexts already let go of). */
 static void vmm_free(struct vmm *m) {
   idmap_destroy(m->kept);

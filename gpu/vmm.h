@@ -53,6 +53,24 @@ struct vmm_vendor {
 extern const struct vmm_vendor vmm_cuda;
 extern const struct vmm_vendor vmm_hip;
 
+/* A part of a vendor runtime loaded once per process (the runtime itself,
+ * or the calls one half resolves in it): how that load ended, 0 or -errno,
+ * and why it failed. Its load function fills status and error. */
+struct vmm_once {
+  pthread_once_t once;
+  int status;
+  char error[256];
+};
+
+/* Run load once per process for o; o's status every time, with err filled
+ * from o's error where it failed. */
+int vmm_once_run(struct vmm_once *o, void (*load)(void), char *err, size_t errlen);
+
+/* Load the vendor runtime v, then run load once for o (the calls one half
+ * resolves in it): 0, or the first failure's -errno with err filled. */
+int vmm_once_after(const struct vmm_vendor *v, struct vmm_once *o, void (*load)(void), char *err,
+                   size_t errlen);
+
 /* One half's state over a vendor. */
 struct vmm {
   const struct vmm_vendor *v;
