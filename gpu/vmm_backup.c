@@ -97,22 +97,49 @@ done:
   return vmm_check(m, st, call);
 }
 
+/* Under the gate, hold dev's context and make it current. */
+int vmm_held_begin(struct vmm_dev *x, unsigned dev, int *saved) {
+  struct vmm *m = &x->m;
+  vmm_gate_begin(&x->gate);
+  int rc = vmm_ctx_ref(m, (int)dev);
+  if (rc == 0 && (rc = vmm_ctx_enter(m, (int)dev, saved)) < 0) vmm_ctx_unref(m, (int)dev);
+  if (rc < 0) vmm_gate_end(&x->gate);
+  return rc;
+}
+
+/* Put the caller's context back, keep the hold only on success, leave the
+ * gate. */
+int vmm_held_end(struct vmm_dev *x, unsigned dev, int saved, int st, const char *call) {
+  struct vmm *m = &x->m;
+  vmm_ctx_leave(m, saved);
+  int rc = vmm_check(m, st, call);
+  if (rc < 0) vmm_ctx_unref(m, (int)dev);
+  vmm_gate_end(&x->gate);
+  return rc;
+}
+
+/* Under the gate, make dev's held context current if it can be. */
+bool vmm_drop_begin(struct vmm_dev *x, unsigned dev, int *saved) {
+  vmm_gate_begin(&x->gate);
+  return vmm_ctx_enter(&x->m, (int)dev, saved) == 0;
+}
+
+/* Put the caller's context back, let go of the hold, leave the gate. */
+void vmm_drop_end(struct vmm_dev *x, unsigned dev, int saved, bool entered) {
+  if (entered) vmm_ctx_leave(&x->m, saved);
+  vmm_ctx_unref(&x->m, (int)dev);
+  vmm_gate_end(&x->gate);
+}
+
 /* Copy whole chunks to or from host memory in the device's context. */
 int vmm_backup_copy(void *state, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
                     size_t n, void *host, bool to_host) {
   struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
   int saved = 0;
-  vmm_gate_begin(&x->gate);
-  int rc = vmm_ctx_ref(m, (int)dev);
-  if (rc == 0) {
-    if ((rc = vmm_ctx_enter(m, (int)dev, &saved)) == 0) {
-      rc = copy_chunks(x, dev, handles, sizes, n, host, to_host);
-      vmm_ctx_leave(m, saved);
-    }
-    vmm_ctx_unref(m, (int)dev);
-  }
-  vmm_gate_end(&x->gate);
+  int rc = vmm_held_begin(x, dev, &saved);
+  if (rc < 0) return rc;
+  rc = copy_chunks(x, dev, handles, sizes, n, host, to_host);
+  vmm_drop_end(x, dev, saved, true);
   return rc;
 }
 
@@ -196,35 +223,18 @@ void vmm_backup_release(void *state, unsigned dev, void *host, uint64_t size, ui
 
 /* One pinned allocation, in the device's context, held while it lives. */
 int vmm_backup_alloc(void *state, unsigned dev, uint64_t size, void **host) {
-  struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
-  int saved = 0, st = 0;
-  vmm_gate_begin(&x->gate);
-  int rc = vmm_ctx_ref(m, (int)dev);
-  if (rc == 0) {
-    if ((rc = vmm_ctx_enter(m, (int)dev, &saved)) == 0) {
-      st = x->v->host_alloc(host, size);
-      vmm_ctx_leave(m, saved);
-      rc = vmm_check(m, st, "MemHostAlloc");
-    }
-    if (rc < 0) vmm_ctx_unref(m, (int)dev);
-  }
-  vmm_gate_end(&x->gate);
-  return rc;
+  int saved = 0, rc = vmm_held_begin(state, dev, &saved);
+  if (rc < 0) return rc;
+  int st = ((struct vmm_dev *)state)->v->host_alloc(host, size);
+  return vmm_held_end(state, dev, saved, st, "MemHostAlloc");
 }
 
 /* Free memory from vmm_backup_alloc and let go of its context. */
 void vmm_backup_free(void *state, unsigned dev, void *host, uint64_t size) {
-  struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
   int saved = 0;
   (void)size;
-  vmm_gate_begin(&x->gate);
-  if (vmm_ctx_enter(m, (int)dev, &saved) == 0) {
-    x->v->host_free(host);
-    vmm_ctx_leave(m, saved);
-  }
-  vmm_ctx_unref(m, (int)dev);
-  vmm_gate_end(&x->gate);
+  bool entered = vmm_drop_begin(state, dev, &saved);
+  if (entered) ((struct vmm_dev *)state)->v->host_free(host);
+  vmm_drop_end(state, dev, saved, entered);
 }
 

@@ -9,6 +9,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct vmm_dev;
+
+/* Begin a call that leaves an allocation in dev's context (which it then
+ * holds): under the gate, the context held and made current, the caller's
+ * kept in *saved. 0, or -errno with nothing held and the gate left. */
+int vmm_held_begin(struct vmm_dev *x, unsigned dev, int *saved);
+
+/* End a call begun with vmm_held_begin whose vendor call (named call) had
+ * status st: the caller's context back, the hold let go of where st is a
+ * failure, the gate left. 0, or -errno. */
+int vmm_held_end(struct vmm_dev *x, unsigned dev, int saved, int st, const char *call);
+
+/* Begin freeing an allocation that holds dev's context: under the gate;
+ * true with the context made current (the caller's kept in *saved), false
+ * where it could not be (then nothing is to be freed in it). */
+bool vmm_drop_begin(struct vmm_dev *x, unsigned dev, int *saved);
+
+/* End what vmm_drop_begin began (entered: what it returned): the caller's
+ * context back, the hold let go of, the gate left. */
+void vmm_drop_end(struct vmm_dev *x, unsigned dev, int saved, bool entered);
+
 /* Copy whole chunks to or from host memory in the device's context. */
 int vmm_backup_copy(void *state, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
                     size_t n, void *host, bool to_host);

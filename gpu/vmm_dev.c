@@ -216,36 +216,19 @@ static int vmm_bus_id(void *state, unsigned dev, char *buf, size_t len) {
 /* Legacy IPC memory lives in a context the daemon holds while it exists. */
 static int vmm_ipc_alloc(void *state, unsigned dev, uint64_t size, uint64_t *dptr,
                          uint8_t *handle) {
-  struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
-  int saved = 0, st = 0;
-  vmm_gate_begin(&x->gate);
-  int rc = vmm_ctx_ref(m, (int)dev);
-  if (rc == 0) {
-    if ((rc = vmm_ctx_enter(m, (int)dev, &saved)) == 0) {
-      st = x->v->ipc_alloc(size, dptr, handle);
-      vmm_ctx_leave(m, saved);
-      rc = vmm_check(m, st, "MemAlloc/IpcGetMemHandle");
-    }
-    if (rc < 0) vmm_ctx_unref(m, (int)dev);
-  }
-  vmm_gate_end(&x->gate);
-  return rc;
+  int saved = 0, rc = vmm_held_begin(state, dev, &saved);
+  if (rc < 0) return rc;
+  int st = ((struct vmm_dev *)state)->v->ipc_alloc(size, dptr, handle);
+  return vmm_held_end(state, dev, saved, st, "MemAlloc/IpcGetMemHandle");
 }
 
 /* Free legacy IPC memory and let go of its context. */
 static void vmm_ipc_free(void *state, unsigned dev, uint64_t dptr, uint64_t size) {
-  struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
   int saved = 0;
   (void)size;
-  vmm_gate_begin(&x->gate);
-  if (vmm_ctx_enter(m, (int)dev, &saved) == 0) {
-    x->v->ipc_free(dptr);
-    vmm_ctx_leave(m, saved);
-  }
-  vmm_ctx_unref(m, (int)dev);
-  vmm_gate_end(&x->gate);
+  bool entered = vmm_drop_begin(state, dev, &saved);
+  if (entered) ((struct vmm_dev *)state)->v->ipc_free(dptr);
+  vmm_drop_end(state, dev, saved, entered);
 }
 
 
