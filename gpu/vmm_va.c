@@ -63,6 +63,22 @@ static int va_enter(struct vmm_va *x, unsigned dev, int *saved) {
 /* A call ends: the caller's context is current again. */
 static void va_leave(struct vmm_va *x, int saved) { vmm_ctx_leave(&x->m, saved); }
 
+/* A call whose vendor call (named call) returned st ends: the caller's
+ * context is current again; 0, or -errno saying which call failed. */
+static int va_done(struct vmm_va *x, int saved, int st, const char *call) {
+  va_leave(x, saved);
+  return vmm_check(&x->m, st, call);
+}
+
+/* A call that gives an address ends as va_done does; where it succeeded,
+ * *va is p, the address the vendor call gave. */
+static int va_done_at(struct vmm_va *x, int saved, int st, const char *call, uint64_t p,
+                      void **va) {
+  int rc = va_done(x, saved, st, call);
+  if (rc == 0) *va = (void *)(uintptr_t)p;
+  return rc;
+}
+
 /* This process's device number for a PCI bus id. */
 static int vmm_device_by_bus_id(void *state, const char *bus_id) {
   struct vmm_va *x = state;
@@ -74,15 +90,11 @@ static int vmm_device_by_bus_id(void *state, const char *bus_id) {
 /* Reserve an address range for mappings. */
 static int vmm_reserve(void *state, unsigned dev, uint64_t size, void **va) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
   uint64_t p = 0;
-  int st = m->v->reserve(size, m->granularity, &p);
-  va_leave(x, saved);
-  if (st != 0) return vmm_fail(m, st, "MemAddressReserve");
-  *va = (void *)(uintptr_t)p;
-  return 0;
+  int st = x->m.v->reserve(size, x->m.granularity, &p);
+  return va_done_at(x, saved, st, "MemAddressReserve", p, va);
 }
 
 /* Free a reserved address range. */
@@ -126,34 +138,28 @@ static int vmm_export_handle(void *state, unsigned dev, uint64_t handle, int *fd
 /* Map an imported handle at va. */
 static int vmm_map(void *state, unsigned dev, void *va, uint64_t size, uint64_t handle) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
-  int st = m->v->map((uint64_t)(uintptr_t)va, size, handle);
-  va_leave(x, saved);
-  return vmm_check(m, st, "MemMap");
+  int st = x->m.v->map((uint64_t)(uintptr_t)va, size, handle);
+  return va_done(x, saved, st, "MemMap");
 }
 
 /* Allow read/write access from dev to a mapped range. */
 static int vmm_set_access(void *state, unsigned dev, void *va, uint64_t size) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
-  int st = m->v->set_access((uint64_t)(uintptr_t)va, size, (int)dev);
-  va_leave(x, saved);
-  return vmm_check(m, st, "MemSetAccess");
+  int st = x->m.v->set_access((uint64_t)(uintptr_t)va, size, (int)dev);
+  return va_done(x, saved, st, "MemSetAccess");
 }
 
 /* Unmap one mapping, keeping the range reserved. */
 static int vmm_unmap(void *state, unsigned dev, void *va, uint64_t size) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
-  int st = m->v->unmap((uint64_t)(uintptr_t)va, size);
-  va_leave(x, saved);
-  return vmm_check(m, st, "MemUnmap");
+  int st = x->m.v->unmap((uint64_t)(uintptr_t)va, size);
+  return va_done(x, saved, st, "MemUnmap");
 }
 
 /* Release an imported handle and close the fd kept with it. */
@@ -166,40 +172,33 @@ static void vmm_release(void *state, unsigned dev, uint64_t handle) {
 /* Wait for the device's work (its primary context). */
 static int vmm_sync(void *state, unsigned dev) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
   int st = x->v->sync();
-  va_leave(x, saved);
-  return vmm_check(m, st, "CtxSynchronize");
+  return va_done(x, saved, st, "CtxSynchronize");
 }
 
 /* Copy device memory to host memory. */
 static int vmm_copy_from(void *state, unsigned dev, void *dst, const void *va, uint64_t len) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
   int st = x->v->dtoh(dst, (uint64_t)(uintptr_t)va, len);
-  va_leave(x, saved);
-  return vmm_check(m, st, "MemcpyDtoH");
+  return va_done(x, saved, st, "MemcpyDtoH");
 }
 
 /* Copy host memory to device memory. */
 static int vmm_copy_to(void *state, unsigned dev, void *va, const void *src, uint64_t len) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
   int st = x->v->htod((uint64_t)(uintptr_t)va, src, len);
-  va_leave(x, saved);
-  return vmm_check(m, st, "MemcpyHtoD");
+  return va_done(x, saved, st, "MemcpyHtoD");
 }
 
 /* Fill device memory with a 32-bit value and wait for it. */
 static int vmm_fill32(void *state, unsigned dev, void *va, uint64_t len, uint32_t value) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
   const char *call = "MemsetD32";
@@ -208,22 +207,17 @@ static int vmm_fill32(void *state, unsigned dev, void *va, uint64_t len, uint32_
     call = "CtxSynchronize";
     st = x->v->sync();
   }
-  va_leave(x, saved);
-  return vmm_check(m, st, call);
+  return va_done(x, saved, st, call);
 }
 
 /* Open a legacy IPC handle. */
 static int vmm_ipc_open(void *state, unsigned dev, const uint8_t *handle, void **va) {
   struct vmm_va *x = state;
-  struct vmm *m = &x->m;
   int saved, rc = va_enter(x, dev, &saved);
   if (rc < 0) return rc;
   uint64_t p = 0;
   int st = x->v->ipc_open(handle, &p);
-  va_leave(x, saved);
-  if (st != 0) return vmm_fail(m, st, "IpcOpenMemHandle");
-  *va = (void *)(uintptr_t)p;
-  return 0;
+  return va_done_at(x, saved, st, "IpcOpenMemHandle", p, va);
 }
 
 /* Close memory opened with vmm_ipc_open. */
