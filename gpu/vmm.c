@@ -62,6 +62,21 @@ int vmm_open(struct vmm *m, const struct vmm_vendor *v, char *err, size_t errlen
   return 0;
 }
 
+/* Load the half's calls, then a zeroed state opened over the vendor. */
+int vmm_open_state(const struct vmm_vendor *v, int (*load)(char *err, size_t errlen), size_t size,
+                   void **state, char *err, size_t errlen) {
+  int rc = load(err, errlen);
+  if (rc < 0) return rc;
+  struct vmm *m = calloc(1, size);
+  if (!m) return -ENOMEM;
+  if ((rc = vmm_open(m, v, err, errlen)) < 0) {
+    free(m);
+    return rc;
+  }
+  *state = m;
+  return 0;
+}
+
 /* Let go of every context still held and free the state. */
 void vmm_close(struct vmm *m) {
   for (int d = 0; d < GPUMEM_MAX_DEVICES; d++)

@@ -85,6 +85,12 @@ struct vmm {
  * 0, or -errno with err filled. */
 int vmm_open(struct vmm *m, const struct vmm_vendor *v, char *err, size_t errlen);
 
+/* A half's state over v: size zeroed bytes that begin with its struct vmm,
+ * opened with vmm_open once load (the half's calls) succeeded. 0 with
+ * *state set, or -errno with err filled. */
+int vmm_open_state(const struct vmm_vendor *v, int (*load)(char *err, size_t errlen), size_t size,
+                   void **state, char *err, size_t errlen);
+
 /* Let go of every context m still holds and free what it has. */
 void vmm_close(struct vmm *m);
 

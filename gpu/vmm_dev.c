@@ -20,17 +20,11 @@ static int vmm_open_dev(const struct gpudev_ops *self, const struct gpudev_optio
                         void **state, char *err, size_t errlen) {
   const struct vmm_dev_vendor *v = self->impl;
   (void)opt;
-  int rc = v->load(err, errlen);
+  int rc = vmm_open_state(v->base, v->load, sizeof(struct vmm_dev), state, err, errlen);
   if (rc < 0) return rc;
-  struct vmm_dev *x = calloc(1, sizeof *x);
-  if (!x) return -ENOMEM;
-  if ((rc = vmm_open(&x->m, v->base, err, errlen)) < 0) {
-    free(x);
-    return rc;
-  }
+  struct vmm_dev *x = *state;
   x->v = v;
   vmm_gate_init(&x->gate);
-  *state = x;
   return 0;
 }
 
@@ -53,11 +47,10 @@ static uint64_t vmm_granularity(void *state) { return ((struct vmm_dev *)state)-
 /* Free and total bytes of a device, as the vendor table reads them. */
 static int vmm_mem_info(void *state, unsigned dev, uint64_t *free_bytes, uint64_t *total) {
   struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
   vmm_gate_begin(&x->gate);
   int st = x->v->mem_info((int)dev, free_bytes, total);
   vmm_gate_end_query(&x->gate);
-  return vmm_check(m, st, "MemGetInfo");
+  return vmm_check(&x->m, st, "MemGetInfo");
 }
 
 /* The driver's figures with its reserve apart, from the management
@@ -141,11 +134,10 @@ static int vmm_chunk_adopt(void *state, unsigned dev, int fd, uint64_t size, uin
 /* Create a physical chunk (no context needed). */
 static int vmm_chunk_create(void *state, unsigned dev, uint64_t size, uint64_t *handle) {
   struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
   vmm_gate_begin(&x->gate);
   int st = x->v->create((int)dev, size, handle);
   vmm_gate_end(&x->gate);
-  return vmm_check(m, st, "MemCreate");
+  return vmm_check(&x->m, st, "MemCreate");
 }
 
 /* A new fd for a chunk: a copy of the kept one where the chunk was
@@ -159,12 +151,11 @@ static int export_any(struct vmm_dev *x, uint64_t handle, int *fd) {
 /* Export a chunk; an adopted one by a copy of the fd it came from. */
 static int vmm_chunk_export(void *state, uint64_t handle, int *fd) {
   struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
   vmm_gate_begin(&x->gate);
   int st = export_any(x, handle, fd);
   vmm_gate_end(&x->gate);
   if (st < 0) return gpu_fail(st, "exporting: %s", strerror(-st));
-  return vmm_check(m, st, "MemExportToShareableHandle");
+  return vmm_check(&x->m, st, "MemExportToShareableHandle");
 }
 
 /* Release a chunk and close any fd kept with it. */
@@ -206,11 +197,10 @@ static bool vmm_holding(void *state, unsigned dev) {
 /* The device's PCI bus id. */
 static int vmm_bus_id(void *state, unsigned dev, char *buf, size_t len) {
   struct vmm_dev *x = state;
-  struct vmm *m = &x->m;
   vmm_gate_begin(&x->gate);
   int st = x->v->bus_id((int)dev, buf, (int)len);
   vmm_gate_end_query(&x->gate);
-  return vmm_check(m, st, "DeviceGetPCIBusId");
+  return vmm_check(&x->m, st, "DeviceGetPCIBusId");
 }
 
 /* Legacy IPC memory lives in a context the daemon holds while it exists. */

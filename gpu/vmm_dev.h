@@ -58,7 +58,7 @@ extern const struct vmm_dev_vendor vmm_hip_dev;
 
 /* The daemon's half over a vendor. */
 struct vmm_dev {
-  struct vmm m; /* devices, context holds, kept fds */
+  struct vmm m; /* first (vmm_open_state): devices, context holds, kept fds */
   const struct vmm_dev_vendor *v;
   struct vmm_gate gate; /* between backup pieces and every other call */
 };

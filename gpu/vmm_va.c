@@ -17,7 +17,7 @@
 
 /* The client's half over a vendor. */
 struct vmm_va {
-  struct vmm m; /* devices, context holds, kept fds */
+  struct vmm m; /* first (vmm_open_state): devices, context holds, kept fds */
   const struct vmm_va_vendor *v;
   pthread_mutex_t mu;
   bool held[GPUMEM_MAX_DEVICES]; /* the device's context is held for life */
@@ -27,17 +27,11 @@ struct vmm_va {
  * and granularity. */
 static int vmm_open_va(const struct gpuva_ops *self, void **state, char *err, size_t errlen) {
   const struct vmm_va_vendor *v = self->impl;
-  int rc = v->load(err, errlen);
+  int rc = vmm_open_state(v->base, v->load, sizeof(struct vmm_va), state, err, errlen);
   if (rc < 0) return rc;
-  struct vmm_va *x = calloc(1, sizeof *x);
-  if (!x) return -ENOMEM;
-  if ((rc = vmm_open(&x->m, v->base, err, errlen)) < 0) {
-    free(x);
-    return rc;
-  }
+  struct vmm_va *x = *state;
   x->v = v;
   pthread_mutex_init(&x->mu, NULL);
-  *state = x;
   return 0;
 }
 
