@@ -24,6 +24,21 @@ static inline void check(bool ok, const char *name, const char *fmt, ...) {
   failures += !ok;
 }
 
+/* The words that run the build's bin/<prog> (dir bin) on the daemon at
+ * sock, then args (NULL-ended): into argv (NULL-ended, at most max words
+ * before the NULL) with the program's path in path, which argv[0] is. */
+static inline void tool_argv(const char **argv, int max, char *path, size_t pathlen,
+                             const char *bin, const char *prog, const char *sock,
+                             const char *const *args) {
+  snprintf(path, pathlen, "%s/%s", bin, prog);
+  int n = 0;
+  argv[n++] = path;
+  argv[n++] = "--socket";
+  argv[n++] = sock;
+  for (; *args && n < max; args++) argv[n++] = *args;
+  argv[n] = NULL;
+}
+
 #ifdef CUDA_VERSION
 /* The driver's free memory on the current context's device. */
 static inline uint64_t driver_free(void) {

@@ -64,14 +64,9 @@ static pid_t worker(const char *out, const char *const *args) {
   pid_t pid = fork();
   if (pid == 0) {
     if (!freopen(out, "w", stdout)) _exit(126);
-    const char *argv[24] = {NULL};
+    const char *argv[24];
     char path[512];
-    snprintf(path, sizeof path, "%s/gpumem-worker", bin);
-    int n = 0;
-    argv[n++] = path;
-    argv[n++] = "--socket";
-    argv[n++] = sock;
-    for (; *args && n < 23; args++) argv[n++] = *args;
+    tool_argv(argv, 23, path, sizeof path, bin, "gpumem-worker", sock, args);
     execv(path, (char *const *)argv);
     _exit(127);
   }

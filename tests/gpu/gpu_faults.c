@@ -268,10 +268,11 @@ static bool alive(pid_t pid) {
   return pid > 0 && waitpid(pid, &status, WNOHANG) == 0;
 }
 
-/* Start gpumem-worker with args, its stdout into out; wait (bounded) for
- * "ready". The pid, or -1 (with its output shown) if it did not get
+/* Start path with argv, its stdout into out; wait (bounded) for "ready".
+ * The pid, or -1 (with its output shown, under label) if it did not get
  * there. */
-static pid_t spawn_worker(const char *out, const char *const *args) {
+static pid_t spawn_ready(const char *out, const char *path, const char *const *argv,
+                         const char *label) {
   unlink(out);
   fflush(stdout);
   pid_t pid = fork();
@@ -279,14 +280,6 @@ static pid_t spawn_worker(const char *out, const char *const *args) {
     int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || dup2(fd, 1) < 0) _exit(126);
     close_from_3();
-    const char *argv[32] = {NULL};
-    char path[512];
-    snprintf(path, sizeof path, "%s/gpumem-worker", bin);
-    int n = 0;
-    argv[n++] = path;
-    argv[n++] = "--socket";
-    argv[n++] = sock;
-    for (; *args && n < 31; args++) argv[n++] = *args;
     execv(path, (char *const *)argv);
     _exit(127);
   }
@@ -298,16 +291,25 @@ static pid_t spawn_worker(const char *out, const char *const *args) {
     int status;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       drop_kid(pid);
-      printf("worker %d exited before it was ready\n", (int)pid);
-      dump("worker", out);
+      printf("%s %d exited before it was ready\n", label, (int)pid);
+      dump(label, out);
       return -1;
     }
     usleep(20000);
   }
-  printf("worker %d not ready within 60 s\n", (int)pid);
-  dump("worker", out);
+  printf("%s %d not ready within 60 s\n", label, (int)pid);
+  dump(label, out);
   reap(pid, SIGKILL, 5000);
   return -1;
+}
+
+/* Start gpumem-worker with args, its stdout into out, as spawn_ready
+ * does. */
+static pid_t spawn_worker(const char *out, const char *const *args) {
+  const char *argv[32];
+  char path[512];
+  tool_argv(argv, 31, path, sizeof path, bin, "gpumem-worker", sock, args);
+  return spawn_ready(out, path, argv, "worker");
 }
 
 /* ---- the daemon ---- */
@@ -575,25 +577,99 @@ static void bg_free(struct bg *b) {
   free(b);
 }
 
+/* Two workers of one tag with buffers of unit bytes, started for a
+ * check, and what its end reports. */
+struct two {
+  const char *check; /* the check's name: "killed during pause" */
+  char out[2][128];  /* the workers' output files */
+  pid_t pid[2];
+  int fail0;   /* failures before the check */
+  uint64_t fb; /* the driver's free bytes before the workers */
+};
+
+/* Start a check's two workers of count buffers each, named names[0] and
+ * names[1] (the second with b_extra among its arguments where that is
+ * not NULL), their output in <prefix>_<name>: false, with the check's
+ * setup failed, where one did not start. */
+static bool two_start(struct two *t, const char *check_name, const char *tag, const char *count,
+                      const char *prefix, const char *const names[2], const char *b_extra) {
+  t->check = check_name;
+  for (int i = 0; i < 2; i++) {
+    char file[32];
+    snprintf(file, sizeof file, "%s_%s", prefix, names[i]);
+    out_path(t->out[i], sizeof t->out[i], file);
+  }
+  t->fail0 = failures;
+  t->fb = settled_free();
+  for (int i = 0; i < 2; i++) {
+    const char *args[] = {"--tag",  tag,      "--size",                 unit_s, "--count",
+                          count,    "--name", names[i], i ? b_extra : NULL, NULL};
+    t->pid[i] = spawn_worker(t->out[i], args);
+  }
+  if (t->pid[0] >= 0 && t->pid[1] >= 0) return true;
+  char name[96];
+  snprintf(name, sizeof name, "%s: setup", check_name);
+  check(false, name, "workers did not start");
+  return false;
+}
+
+/* A check's last word on its two workers, exited with ea and eb (wait
+ * statuses; what (the workers) in the message): the device has its
+ * memory back; where the check failed, both outputs are shown, labelled
+ * la and lb. */
+static void two_end(const struct two *t, int ea, int eb, const char *what, const char *la,
+                    const char *lb) {
+  uint64_t fe = wait_free_ge(t->fb - SLACK, 15000);
+  char name[96];
+  snprintf(name, sizeof name, "%s: device clean afterwards", t->check);
+  check(ea == 0 && eb == 0 && fe + SLACK >= t->fb, name, "%s; driver free %.3f GiB (%.3f before)",
+        what, gib(fe), gib(t->fb));
+  if (failures != t->fail0) {
+    dump(la, t->out[0]);
+    dump(lb, t->out[1]);
+  }
+}
+
+/* The names of a kill check's two workers. */
+static const char *const victim_survivor[2] = {"victim", "survivor"};
+
+/* Kill a check's first worker (the victim) while an operation (opname,
+ * in b) is in flight, and wait for the operation's answer: whether it
+ * came; the victim's exit status in *ek. */
+static bool kill_victim(struct two *t, struct bg *b, const char *opname, int *ek) {
+  char buf[1024];
+  *ek = reap(t->pid[0], SIGKILL, 10000);
+  t->pid[0] = -1;
+  bool answered = bg_wait(b, 25000);
+  printf("the %s answered: %s\n", opname,
+         answered ? bg_words(b, buf, sizeof buf) : "no answer within 25 s");
+  return answered;
+}
+
+/* The end of a kill check: what is left of the victim killed, the
+ * survivor stopped, and the device clean. */
+static void killed_end(const struct two *t) {
+  char what[64];
+  reap(t->pid[0], SIGKILL, 10000);
+  int es = reap(t->pid[1], SIGTERM, 20000);
+  snprintf(what, sizeof what, "survivor exited %d", es);
+  two_end(t, 0, es, what, "victim", "survivor");
+}
+
 /* ---- 1. a worker stopped during a pause ---- */
 
 static void stopped_worker(void) {
   begin("stopped worker");
   const char *tag = "f_stop";
   const uint64_t each = 4 * unit; /* 4 x 1 GiB per worker */
-  char oh[128], ow[128], buf[1024], tb[256];
-  out_path(oh, sizeof oh, "stop_healthy");
-  out_path(ow, sizeof ow, "stop_stopped");
-  int fail0 = failures;
-  uint64_t fb = settled_free();
-  const char *ah[] = {"--tag", tag, "--size", unit_s, "--count", "4", "--name", "healthy", NULL};
-  const char *aw[] = {"--tag", tag, "--size", unit_s, "--count", "4", "--name", "stopped", NULL};
-  pid_t h = spawn_worker(oh, ah), w = spawn_worker(ow, aw);
+  char buf[1024], tb[256];
+  struct two t;
+  bool started = two_start(&t, "stopped worker", tag, "4", "stop", (const char *[]){"healthy", "stopped"}, NULL);
+  pid_t h = t.pid[0], w = t.pid[1];
+  const char *oh = t.out[0], *ow = t.out[1];
+  uint64_t fb = t.fb;
   struct gpumem_op_report *r = NULL;
-  if (h < 0 || w < 0) {
-    check(false, "stopped worker: setup", "workers did not start");
-    goto out;
-  }
+  if (!started) goto out;
   uint64_t f1 = settled_free();
   printf("free %.3f GiB before the workers, %.3f GiB with them (2 x %.3f GiB)\n", gib(fb),
          gib(f1), gib(each));
@@ -675,13 +751,8 @@ static void stopped_worker(void) {
 out:
   gpumem_op_report_free(r);
   int eh = reap(h, SIGTERM, 20000), ew = reap(w, SIGTERM, 20000);
-  uint64_t fe = wait_free_ge(fb - SLACK, 15000);
-  check(eh == 0 && ew == 0 && fe + SLACK >= fb, "stopped worker: device clean afterwards",
-        "workers exited %d and %d; driver free %.3f GiB (%.3f before)", eh, ew, gib(fe), gib(fb));
-  if (failures != fail0) {
-    dump("healthy worker", oh);
-    dump("stopped worker", ow);
-  }
+  snprintf(buf, sizeof buf, "workers exited %d and %d", eh, ew);
+  two_end(&t, eh, ew, buf, "healthy worker", "stopped worker");
 }
 
 /* ---- 2. workers killed during a pause and during a resume ---- */
@@ -690,23 +761,16 @@ static void killed_in_pause(void) {
   begin("killed during pause");
   const char *tag = "f_killp";
   const uint64_t each = 4 * unit;
-  char ov[128], os[128], buf[1024], tb[256];
-  out_path(ov, sizeof ov, "killp_victim");
-  out_path(os, sizeof os, "killp_survivor");
-  int fail0 = failures;
+  char buf[1024], tb[256];
   struct bg *b = NULL;
   struct gpumem_op_report *r = NULL;
-  uint64_t fb = settled_free();
-  const char *av[] = {"--tag", tag, "--size", unit_s, "--count", "4", "--name", "victim", NULL};
-  const char *as[] = {"--tag", tag, "--size", unit_s, "--count", "4", "--name", "survivor", NULL};
-  pid_t victim = spawn_worker(ov, av), surv = spawn_worker(os, as);
-  if (victim < 0 || surv < 0) {
-    check(false, "killed during pause: setup", "workers did not start");
-    goto out;
-  }
+  struct two t;
+  bool started = two_start(&t, "killed during pause", tag, "4", "killp", victim_survivor, NULL);
+  const char *os = t.out[1];
+  if (!started) goto out;
   uint64_t f1 = settled_free();
-  if (!stop_child(victim)) {
-    check(false, "killed during pause: setup", "pid %d did not stop", (int)victim);
+  if (!stop_child(t.pid[0])) {
+    check(false, "killed during pause: setup", "pid %d did not stop", (int)t.pid[0]);
     goto out;
   }
   b = bg_start(false, tag, 20000);
@@ -714,13 +778,10 @@ static void killed_in_pause(void) {
   struct tagview v = wait_transit(tag, 4, 4, 10000);
   bool inflight = v.found && v.t.transit_buffers == 4 && v.t.paused_buffers == 4 && b &&
                   !atomic_load(&b->done);
-  printf("pause in flight: %s; killing pid %d\n", tag_words(&v, tb, sizeof tb), (int)victim);
-  pid_t vpid = victim;
-  int ek = reap(victim, SIGKILL, 10000);
-  victim = -1;
-  bool answered = bg_wait(b, 25000);
-  printf("the pause answered: %s\n",
-         answered ? bg_words(b, buf, sizeof buf) : "no answer within 25 s");
+  printf("pause in flight: %s; killing pid %d\n", tag_words(&v, tb, sizeof tb), (int)t.pid[0]);
+  pid_t vpid = t.pid[0];
+  int ek;
+  bool answered = kill_victim(&t, b, "pause", &ek);
   uint64_t f2 = wait_free_ge(f1 + 2 * each - slack(8), 15000);
   check(inflight && answered && f2 + slack(8) >= f1 + 2 * each,
         "killed during pause: the driver gets its memory back",
@@ -748,35 +809,20 @@ static void killed_in_pause(void) {
 out:
   gpumem_op_report_free(r);
   bg_free(b);
-  reap(victim, SIGKILL, 10000);
-  int es = reap(surv, SIGTERM, 20000);
-  uint64_t fe = wait_free_ge(fb - SLACK, 15000);
-  check(es == 0 && fe + SLACK >= fb, "killed during pause: device clean afterwards",
-        "survivor exited %d; driver free %.3f GiB (%.3f before)", es, gib(fe), gib(fb));
-  if (failures != fail0) {
-    dump("victim", ov);
-    dump("survivor", os);
-  }
+  killed_end(&t);
 }
 
 static void killed_in_resume(void) {
   begin("killed during resume");
   const char *tag = "f_killr";
   const uint64_t each = 4 * unit;
-  char ov[128], os[128], buf[1024], tb[256];
-  out_path(ov, sizeof ov, "killr_victim");
-  out_path(os, sizeof os, "killr_survivor");
-  int fail0 = failures;
+  char buf[1024], tb[256];
   struct bg *b = NULL;
   struct gpumem_op_report *r = NULL;
-  uint64_t fb = settled_free();
-  const char *av[] = {"--tag", tag, "--size", unit_s, "--count", "4", "--name", "victim", NULL};
-  const char *as[] = {"--tag", tag, "--size", unit_s, "--count", "4", "--name", "survivor", NULL};
-  pid_t victim = spawn_worker(ov, av), surv = spawn_worker(os, as);
-  if (victim < 0 || surv < 0) {
-    check(false, "killed during resume: setup", "workers did not start");
-    goto out;
-  }
+  struct two t;
+  bool started = two_start(&t, "killed during resume", tag, "4", "killr", victim_survivor, NULL);
+  const char *os = t.out[1];
+  if (!started) goto out;
   uint64_t f1 = settled_free();
   int rc = op(false, tag, 10000, 0, &r);
   uint64_t fp = wait_free_ge(f1 + 2 * each - slack(8), 15000);
@@ -787,8 +833,8 @@ static void killed_in_resume(void) {
   }
   gpumem_op_report_free(r);
   r = NULL;
-  if (!stop_child(victim)) {
-    check(false, "killed during resume: setup", "pid %d did not stop", (int)victim);
+  if (!stop_child(t.pid[0])) {
+    check(false, "killed during resume: setup", "pid %d did not stop", (int)t.pid[0]);
     goto out;
   }
   b = bg_start(true, tag, 20000);
@@ -799,13 +845,10 @@ static void killed_in_resume(void) {
   v = tag_status(tag);
   bool inflight = v.found && v.t.transit_buffers == 8 && vs0 == 4 && b && !atomic_load(&b->done);
   printf("resume in flight: %s; survivor verified %d/4; killing pid %d\n",
-         tag_words(&v, tb, sizeof tb), vs0, (int)victim);
-  pid_t vpid = victim;
-  int ek = reap(victim, SIGKILL, 10000);
-  victim = -1;
-  bool answered = bg_wait(b, 25000);
-  printf("the resume answered: %s\n",
-         answered ? bg_words(b, buf, sizeof buf) : "no answer within 25 s");
+         tag_words(&v, tb, sizeof tb), vs0, (int)t.pid[0]);
+  pid_t vpid = t.pid[0];
+  int ek;
+  bool answered = kill_victim(&t, b, "resume", &ek);
   /* What the resume made for the victim must go back: only the
    * survivor's 4 GiB may be taken since the pause. */
   uint64_t f2 = wait_free_ge(fp - each - slack(4), 15000);
@@ -858,15 +901,7 @@ static void killed_in_resume(void) {
 out:
   gpumem_op_report_free(r);
   bg_free(b);
-  reap(victim, SIGKILL, 10000);
-  int es = reap(surv, SIGTERM, 20000);
-  uint64_t fe = wait_free_ge(fb - SLACK, 15000);
-  check(es == 0 && fe + SLACK >= fb, "killed during resume: device clean afterwards",
-        "survivor exited %d; driver free %.3f GiB (%.3f before)", es, gib(fe), gib(fb));
-  if (failures != fail0) {
-    dump("victim", ov);
-    dump("survivor", os);
-  }
+  killed_end(&t);
 }
 
 /* ---- 3. memory held outside the daemon, by pid ---- */
@@ -912,34 +947,11 @@ static int outside_main(const char *socket_path, const char *name, const char *t
   return 0;
 }
 
+/* Start the outside child (outside_main) with its stdout into out, as
+ * spawn_ready does. */
 static pid_t spawn_outside(const char *out, const char *name, const char *tag) {
-  unlink(out);
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || dup2(fd, 1) < 0) _exit(126);
-    close_from_3();
-    const char *argv[] = {"gpu_faults", "--outside", sock, name, tag, NULL};
-    execv("/proc/self/exe", (char *const *)argv);
-    _exit(127);
-  }
-  if (pid < 0) return -1;
-  add_kid(pid);
-  double until = now_ms() + 60000;
-  while (now_ms() < until) {
-    if (count_in(out, "ready\n") > 0) return pid;
-    int status;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      drop_kid(pid);
-      dump("outside", out);
-      return -1;
-    }
-    usleep(20000);
-  }
-  dump("outside", out);
-  reap(pid, SIGKILL, 5000);
-  return -1;
+  const char *argv[] = {"gpu_faults", "--outside", sock, name, tag, NULL};
+  return spawn_ready(out, "/proc/self/exe", argv, "outside");
 }
 
 static void residual_by_pid(void) {
@@ -1047,20 +1059,15 @@ static void daemon_restart(void) {
   begin("daemon restart");
   const char *tag = "f_restart";
   const uint64_t each = 8 * unit, total = 2 * each; /* 2 x (8 x 1 GiB) */
-  char op1[128], op2[128], buf[1024], tb[256];
-  out_path(op1, sizeof op1, "restart_plain");
-  out_path(op2, sizeof op2, "restart_backup");
-  int fail0 = failures;
+  char buf[1024], tb[256];
   struct gpumem_op_report *r = NULL;
-  uint64_t fb = settled_free();
-  const char *a1[] = {"--tag", tag, "--size", unit_s, "--count", "8", "--name", "plain", NULL};
-  const char *a2[] = {"--tag", tag, "--size", unit_s, "--count", "8", "--name", "backup",
-                      "--backup", NULL};
-  pid_t w1 = spawn_worker(op1, a1), w2 = spawn_worker(op2, a2);
-  if (w1 < 0 || w2 < 0) {
-    check(false, "restart: setup", "workers did not start");
-    goto out;
-  }
+  struct two t;
+  bool started =
+      two_start(&t, "restart", tag, "8", "restart", (const char *[]){"plain", "backup"}, "--backup");
+  pid_t w1 = t.pid[0], w2 = t.pid[1];
+  const char *op1 = t.out[0], *op2 = t.out[1];
+  uint64_t fb = t.fb;
+  if (!started) goto out;
   uint64_t f1 = settled_free();
   struct gpumem_status *s = NULL;
   uint64_t managed0 = 0;
@@ -1138,13 +1145,8 @@ static void daemon_restart(void) {
 out:
   gpumem_op_report_free(r);
   int e1 = reap(w1, SIGTERM, 20000), e2 = reap(w2, SIGTERM, 20000);
-  uint64_t fe = wait_free_ge(fb - SLACK, 15000);
-  check(e1 == 0 && e2 == 0 && fe + SLACK >= fb, "restart: device clean afterwards",
-        "workers exited %d and %d; driver free %.3f GiB (%.3f before)", e1, e2, gib(fe), gib(fb));
-  if (failures != fail0) {
-    dump("plain worker", op1);
-    dump("backup worker", op2);
-  }
+  snprintf(buf, sizeof buf, "workers exited %d and %d", e1, e2);
+  two_end(&t, e1, e2, buf, "plain worker", "backup worker");
 }
 
 int main(int argc, char **argv) {
