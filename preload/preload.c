@@ -428,38 +428,21 @@ static int do_free_async(struct runtime *rt, void *p, void *stream) {
   return serve_free(rt, p, dev);
 }
 
-/* cudaMalloc, served by gpumemd. */
-GPUMEM_EXPORT int cudaMalloc(void **ptr, size_t size);
-int cudaMalloc(void **ptr, size_t size) { return do_malloc(&cuda_rt, ptr, size); }
+/* The entry points of one runtime (prefix rt: cuda, hip; its state st):
+ * <rt>Malloc and <rt>MallocAsync served by gpumemd; <rt>Free here for
+ * gpumemd's memory, and <rt>FreeAsync after the stream, the rest to the
+ * runtime. */
+#define PRELOAD_RUNTIME(rt, st)                                                 \
+  GPUMEM_EXPORT int rt##Malloc(void **ptr, size_t size);                        \
+  int rt##Malloc(void **ptr, size_t size) { return do_malloc(&st, ptr, size); } \
+  GPUMEM_EXPORT int rt##Free(void *p);                                          \
+  int rt##Free(void *p) { return do_free(&st, p); }                             \
+  GPUMEM_EXPORT int rt##MallocAsync(void **ptr, size_t size, void *stream);     \
+  int rt##MallocAsync(void **ptr, size_t size, void *stream) {                  \
+    return do_malloc_async(&st, ptr, size, stream);                             \
+  }                                                                             \
+  GPUMEM_EXPORT int rt##FreeAsync(void *p, void *stream);                       \
+  int rt##FreeAsync(void *p, void *stream) { return do_free_async(&st, p, stream); }
 
-/* cudaFree: gpumemd's memory here, the rest to the runtime. */
-GPUMEM_EXPORT int cudaFree(void *p);
-int cudaFree(void *p) { return do_free(&cuda_rt, p); }
-
-/* cudaMallocAsync, served by gpumemd. */
-GPUMEM_EXPORT int cudaMallocAsync(void **ptr, size_t size, void *stream);
-int cudaMallocAsync(void **ptr, size_t size, void *stream) {
-  return do_malloc_async(&cuda_rt, ptr, size, stream);
-}
-
-/* cudaFreeAsync: gpumemd's memory after the stream, the rest to the runtime. */
-GPUMEM_EXPORT int cudaFreeAsync(void *p, void *stream);
-int cudaFreeAsync(void *p, void *stream) { return do_free_async(&cuda_rt, p, stream); }
-
-/* hipMalloc, served by gpumemd. */
-GPUMEM_EXPORT int hipMalloc(void **ptr, size_t size);
-int hipMalloc(void **ptr, size_t size) { return do_malloc(&hip_rt, ptr, size); }
-
-/* hipFree: gpumemd's memory here, the rest to the runtime. */
-GPUMEM_EXPORT int hipFree(void *p);
-int hipFree(void *p) { return do_free(&hip_rt, p); }
-
-/* hipMallocAsync, served by gpumemd. */
-GPUMEM_EXPORT int hipMallocAsync(void **ptr, size_t size, void *stream);
-int hipMallocAsync(void **ptr, size_t size, void *stream) {
-  return do_malloc_async(&hip_rt, ptr, size, stream);
-}
-
-/* hipFreeAsync: gpumemd's memory after the stream, the rest to the runtime. */
-GPUMEM_EXPORT int hipFreeAsync(void *p, void *stream);
-int hipFreeAsync(void *p, void *stream) { return do_free_async(&hip_rt, p, stream); }
+PRELOAD_RUNTIME(cuda, cuda_rt)
+PRELOAD_RUNTIME(hip, hip_rt)

@@ -87,79 +87,40 @@ static int stub_set_device(int d) {
   return 0;
 }
 
-/* cudaMalloc of the stand-in. */
-STUB_EXPORT int cudaMalloc(void **p, size_t size);
-int cudaMalloc(void **p, size_t size) { return stub_malloc(p, size); }
-/* cudaFree of the stand-in. */
-STUB_EXPORT int cudaFree(void *p);
-int cudaFree(void *p) { return stub_free(p); }
-/* cudaMallocAsync of the stand-in. */
-STUB_EXPORT int cudaMallocAsync(void **p, size_t size, void *stream);
-int cudaMallocAsync(void **p, size_t size, void *stream) {
-  (void)stream;
-  return stub_malloc(p, size);
-}
-/* cudaFreeAsync of the stand-in. */
-STUB_EXPORT int cudaFreeAsync(void *p, void *stream);
-int cudaFreeAsync(void *p, void *stream) {
-  (void)stream;
-  return stub_free(p);
-}
-/* cudaGetDevice of the stand-in. */
-STUB_EXPORT int cudaGetDevice(int *d);
-int cudaGetDevice(int *d) { return stub_get_device(d); }
-/* cudaSetDevice of the stand-in. */
-STUB_EXPORT int cudaSetDevice(int d);
-int cudaSetDevice(int d) { return stub_set_device(d); }
-/* cudaStreamSynchronize of the stand-in. */
-STUB_EXPORT int cudaStreamSynchronize(void *stream);
-int cudaStreamSynchronize(void *stream) { return stub_stream_sync(stream); }
-/* cudaDeviceSynchronize of the stand-in. */
-STUB_EXPORT int cudaDeviceSynchronize(void);
-int cudaDeviceSynchronize(void) { return stub_device_sync(); }
+/* The stand-in's entry points of one runtime, each named with its prefix
+ * (cuda, hip): <rt>Malloc, <rt>Free, <rt>MallocAsync, <rt>FreeAsync,
+ * <rt>GetDevice, <rt>SetDevice, <rt>StreamSynchronize,
+ * <rt>DeviceSynchronize and <rt>StreamIsCapturing, the same for both. */
+#define STUB_RUNTIME(rt)                                                       \
+  STUB_EXPORT int rt##Malloc(void **p, size_t size);                           \
+  int rt##Malloc(void **p, size_t size) { return stub_malloc(p, size); }       \
+  STUB_EXPORT int rt##Free(void *p);                                           \
+  int rt##Free(void *p) { return stub_free(p); }                               \
+  STUB_EXPORT int rt##MallocAsync(void **p, size_t size, void *stream);        \
+  int rt##MallocAsync(void **p, size_t size, void *stream) {                   \
+    (void)stream;                                                              \
+    return stub_malloc(p, size);                                               \
+  }                                                                            \
+  STUB_EXPORT int rt##FreeAsync(void *p, void *stream);                        \
+  int rt##FreeAsync(void *p, void *stream) {                                   \
+    (void)stream;                                                              \
+    return stub_free(p);                                                       \
+  }                                                                            \
+  STUB_EXPORT int rt##GetDevice(int *d);                                       \
+  int rt##GetDevice(int *d) { return stub_get_device(d); }                     \
+  STUB_EXPORT int rt##SetDevice(int d);                                        \
+  int rt##SetDevice(int d) { return stub_set_device(d); }                      \
+  STUB_EXPORT int rt##StreamSynchronize(void *stream);                         \
+  int rt##StreamSynchronize(void *stream) { return stub_stream_sync(stream); } \
+  STUB_EXPORT int rt##DeviceSynchronize(void);                                 \
+  int rt##DeviceSynchronize(void) { return stub_device_sync(); }               \
+  STUB_EXPORT int rt##StreamIsCapturing(void *stream, int *status);            \
+  int rt##StreamIsCapturing(void *stream, int *status) {                       \
+    return stub_stream_capturing(stream, status);                              \
+  }
 
-/* cudaStreamIsCapturing of the stand-in. */
-STUB_EXPORT int cudaStreamIsCapturing(void *stream, int *status);
-int cudaStreamIsCapturing(void *stream, int *status) {
-  return stub_stream_capturing(stream, status);
-}
-
-/* hipMalloc of the stand-in. */
-STUB_EXPORT int hipMalloc(void **p, size_t size);
-int hipMalloc(void **p, size_t size) { return stub_malloc(p, size); }
-/* hipFree of the stand-in. */
-STUB_EXPORT int hipFree(void *p);
-int hipFree(void *p) { return stub_free(p); }
-/* hipMallocAsync of the stand-in. */
-STUB_EXPORT int hipMallocAsync(void **p, size_t size, void *stream);
-int hipMallocAsync(void **p, size_t size, void *stream) {
-  (void)stream;
-  return stub_malloc(p, size);
-}
-/* hipFreeAsync of the stand-in. */
-STUB_EXPORT int hipFreeAsync(void *p, void *stream);
-int hipFreeAsync(void *p, void *stream) {
-  (void)stream;
-  return stub_free(p);
-}
-/* hipGetDevice of the stand-in. */
-STUB_EXPORT int hipGetDevice(int *d);
-int hipGetDevice(int *d) { return stub_get_device(d); }
-/* hipSetDevice of the stand-in. */
-STUB_EXPORT int hipSetDevice(int d);
-int hipSetDevice(int d) { return stub_set_device(d); }
-/* hipStreamSynchronize of the stand-in. */
-STUB_EXPORT int hipStreamSynchronize(void *stream);
-int hipStreamSynchronize(void *stream) { return stub_stream_sync(stream); }
-/* hipDeviceSynchronize of the stand-in. */
-STUB_EXPORT int hipDeviceSynchronize(void);
-int hipDeviceSynchronize(void) { return stub_device_sync(); }
-
-/* hipStreamIsCapturing of the stand-in. */
-STUB_EXPORT int hipStreamIsCapturing(void *stream, int *status);
-int hipStreamIsCapturing(void *stream, int *status) {
-  return stub_stream_capturing(stream, status);
-}
+STUB_RUNTIME(cuda)
+STUB_RUNTIME(hip)
 
 /* Memory only this runtime made (as if allocated before the preload). */
 STUB_EXPORT void *stub_alloc(size_t size);
