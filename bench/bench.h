@@ -57,6 +57,17 @@ static inline void bench_report(const char *name, double value, const char *unit
   }
 }
 
+/* Make the private directory sockdir (a mkdtemp template; gpumemd
+ * refuses a socket directory others can write, as /tmp) and the socket
+ * path in it into sock; exits where it cannot. */
+static inline void bench_sockdir(char *sockdir, char *sock, size_t socklen) {
+  if (!mkdtemp(sockdir)) {
+    perror("mkdtemp");
+    exit(1);
+  }
+  snprintf(sock, socklen, "%s/sock", sockdir);
+}
+
 /* Start gpumemd from build dir bin with extra args; returns its pid once
  * it answers on sock. */
 static inline pid_t bench_daemon(const char *bin, const char *sock, const char *const *extra) {

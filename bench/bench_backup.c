@@ -65,6 +65,20 @@ static void plain_copy(const char *backend, uint64_t size, unsigned rounds, doub
   *h2d = bench_median(b, rounds);
 }
 
+/* gpumemd with one host device of dev_bytes and a backup limit of
+ * limit_bytes, its socket in the private directory sockdir (a mkdtemp
+ * template), the socket's path in sock. */
+static pid_t backup_daemon(const char *bin, const char *backend, uint64_t dev_bytes,
+                           uint64_t limit_bytes, char *sockdir, char *sock, size_t socklen) {
+  char devsize[32], limit[32];
+  bench_sockdir(sockdir, sock, socklen);
+  snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)dev_bytes);
+  snprintf(limit, sizeof limit, "%llu", (unsigned long long)limit_bytes);
+  const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size",
+                         devsize, "--backup-limit", limit, NULL};
+  return bench_daemon(bin, sock, extra);
+}
+
 /* What a pause or resume copied. */
 struct op_figures {
   uint64_t bytes, backup_bytes, backup_us, elapsed_us;
@@ -100,18 +114,8 @@ static int op_resume(gpumem_client *c, const char *tag, struct op_figures *r) {
 /* GB/s of the daemon's backups and restores of a BACKUP buffer. */
 static void daemon_copy(const char *bin, const char *backend, uint64_t size, unsigned rounds,
                         double *d2h, double *h2d) {
-  char sockdir[] = "/tmp/gpumemd-bench-backup.XXXXXX", sock[64], devsize[32], limit[32];
-  /* A private directory: gpumemd refuses one others can write (/tmp). */
-  if (!mkdtemp(sockdir)) {
-    perror("mkdtemp");
-    exit(1);
-  }
-  snprintf(sock, sizeof sock, "%s/sock", sockdir);
-  snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(size + (64ull << 20)));
-  snprintf(limit, sizeof limit, "%llu", (unsigned long long)size);
-  const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size",
-                         devsize, "--backup-limit", limit, NULL};
-  pid_t d = bench_daemon(bin, sock, extra);
+  char sockdir[] = "/tmp/gpumemd-bench-backup.XXXXXX", sock[64];
+  pid_t d = backup_daemon(bin, backend, size + (64ull << 20), size, sockdir, sock, sizeof sock);
   gpumem_client *w, *c;
   gpumem_buffer *b;
   if (gpumem_connect(sock, "bench-worker", GPUMEM_ROLE_WORKER, 0, &w) < 0 ||
@@ -229,20 +233,11 @@ static void timed_allocs(gpumem_client *w, const char *tag, uint64_t n, uint64_t
  * daemon and the worker need, so that neither timing pays for it. */
 static void alloc_compare(const char *bin, const char *backend, uint64_t size, double *plain,
                           double *backup, double *plain_max, double *backup_max) {
-  char sockdir[] = "/tmp/gpumemd-bench-alloc.XXXXXX", sock[64], devsize[32], limit[32];
-  /* A private directory: gpumemd refuses one others can write (/tmp). */
-  if (!mkdtemp(sockdir)) {
-    perror("mkdtemp");
-    exit(1);
-  }
-  snprintf(sock, sizeof sock, "%s/sock", sockdir);
+  char sockdir[] = "/tmp/gpumemd-bench-alloc.XXXXXX", sock[64];
   uint64_t warm = 2ull << 20, n = 16, unit = size / n / warm * warm;
   if (unit < warm) unit = warm;
-  snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(2 * n * unit + (64ull << 20)));
-  snprintf(limit, sizeof limit, "%llu", (unsigned long long)(n * unit + warm));
-  const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size",
-                         devsize, "--backup-limit", limit, NULL};
-  pid_t d = bench_daemon(bin, sock, extra);
+  pid_t d = backup_daemon(bin, backend, 2 * n * unit + (64ull << 20), n * unit + warm, sockdir,
+                          sock, sizeof sock);
   gpumem_client *w;
   gpumem_buffer *first, **bufs = calloc(2 * n, sizeof *bufs);
   if (!bufs) die("alloc", "out of memory");
@@ -276,18 +271,8 @@ static double timed_pause(gpumem_client *c, const char *tag) {
  * steady ones after it; settle: only once their host memory is made. */
 static void first_pause(const char *bin, const char *backend, uint64_t size, unsigned rounds,
                         bool settle, double *first, double *steady) {
-  char sockdir[] = "/tmp/gpumemd-bench-first.XXXXXX", sock[64], devsize[32], limit[32];
-  /* A private directory: gpumemd refuses one others can write (/tmp). */
-  if (!mkdtemp(sockdir)) {
-    perror("mkdtemp");
-    exit(1);
-  }
-  snprintf(sock, sizeof sock, "%s/sock", sockdir);
-  snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(size + (64ull << 20)));
-  snprintf(limit, sizeof limit, "%llu", (unsigned long long)size);
-  const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size",
-                         devsize, "--backup-limit", limit, NULL};
-  pid_t d = bench_daemon(bin, sock, extra);
+  char sockdir[] = "/tmp/gpumemd-bench-first.XXXXXX", sock[64];
+  pid_t d = backup_daemon(bin, backend, size + (64ull << 20), size, sockdir, sock, sizeof sock);
   gpumem_client *w, *c;
   if (gpumem_connect(sock, "bench-worker", GPUMEM_ROLE_WORKER, 0, &w) < 0 ||
       gpumem_connect(sock, "bench", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c) < 0)

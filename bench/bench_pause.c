@@ -128,12 +128,7 @@ static void measure(const struct params *p, double out[4]) {
   static struct baseline b;
   baseline_open(p, &b);
   char sockdir[] = "/tmp/gpumemd-bench-pause.XXXXXX", sock[64], chunk[32], devsize[32];
-  /* A private directory: gpumemd refuses one others can write (/tmp). */
-  if (!mkdtemp(sockdir)) {
-    perror("mkdtemp");
-    exit(1);
-  }
-  snprintf(sock, sizeof sock, "%s/sock", sockdir);
+  bench_sockdir(sockdir, sock, sizeof sock);
   snprintf(chunk, sizeof chunk, "%llu", (unsigned long long)p->chunk);
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)(2 * p->total + p->chunk));
   const char *extra[] = {"--backend", p->backend, "--chunk-size", chunk, "--host-devices", "1",

@@ -38,12 +38,7 @@ int main(int argc, char **argv) {
       bin = argv[i];
   }
   char sockdir[] = "/tmp/gpumemd-bench-rtt.XXXXXX", sock[64];
-  /* A private directory: gpumemd refuses one others can write (/tmp). */
-  if (!mkdtemp(sockdir)) {
-    perror("mkdtemp");
-    exit(1);
-  }
-  snprintf(sock, sizeof sock, "%s/sock", sockdir);
+  bench_sockdir(sockdir, sock, sizeof sock);
   static uint64_t raw[N], full[N];
   pingpong(raw);
   /* Page granularity: this measures the control plane, not the kernel

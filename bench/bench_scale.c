@@ -92,12 +92,7 @@ int main(int argc, char **argv) {
             (unsigned long long)rl.rlim_cur, buffers);
   }
   char sockdir[] = "/tmp/gpumemd-bench-scale.XXXXXX", sock[64], devsize[32], maxbuf[32];
-  /* A private directory: gpumemd refuses one others can write (/tmp). */
-  if (!mkdtemp(sockdir)) {
-    perror("mkdtemp");
-    exit(1);
-  }
-  snprintf(sock, sizeof sock, "%s/sock", sockdir);
+  bench_sockdir(sockdir, sock, sizeof sock);
   snprintf(devsize, sizeof devsize, "%llu", (unsigned long long)buffers * 4096 + (64ull << 20));
   snprintf(maxbuf, sizeof maxbuf, "%u", buffers + 1);
   const char *extra[] = {"--backend", backend, "--host-devices", "1", "--host-device-size", devsize,
