@@ -13,6 +13,8 @@ import sys
 import tempfile
 import time
 
+from gpucheck import start_gpumemd
+
 GiB = 1 << 30
 failures = 0
 
@@ -41,12 +43,8 @@ def main() -> int:
     d = tempfile.mkdtemp()
     sock = os.path.join(d, "sock")
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    daemon = subprocess.Popen([os.path.join(bindir, "gpumemd"), "--backend", "cuda",
-                               "--socket", sock], env=env,
-                              stderr=open(os.path.join(d, "log"), "w"))
-    end = time.monotonic() + 10
-    while not os.path.exists(sock) and time.monotonic() < end:
-        time.sleep(0.05)
+    daemon = start_gpumemd([os.path.join(bindir, "gpumemd"), "--backend", "cuda", "--socket", sock],
+                           sock, os.path.join(d, "log"), env=env)
     # Read by the preload library on its first allocation.
     os.environ["GPUMEM_SOCKET"] = sock
     os.environ["GPUMEM_DEFAULT_FLAGS"] = "backup"

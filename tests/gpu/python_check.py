@@ -3,15 +3,13 @@ judged by the driver's free memory (cuMemGetInfo through ctypes).
 
     python3 tests/gpu/python_check.py build/bin/gpumemd
 """
-import ctypes
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 import gpumem  # noqa: E402
+from gpucheck import cuda_context, driver_free, start_gpumemd  # noqa: E402
 
 GiB = 1 << 30
 failures = 0
@@ -27,22 +25,12 @@ def check(ok: bool, name: str, detail: str) -> None:
 def main() -> int:
     d = tempfile.mkdtemp()
     sock = os.path.join(d, "sock")
-    daemon = subprocess.Popen([sys.argv[1], "--backend", "cuda", "--socket", sock],
-                              stderr=open(os.path.join(d, "log"), "w"))
-    end = time.monotonic() + 10
-    while not os.path.exists(sock) and time.monotonic() < end:
-        time.sleep(0.05)
-    cuda = ctypes.CDLL("libcuda.so.1")
-    cuda.cuInit(0)
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    cuda.cuDeviceGet(ctypes.byref(dev), 0)
-    cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-    cuda.cuCtxSetCurrent(ctx)
+    daemon = start_gpumemd([sys.argv[1], "--backend", "cuda", "--socket", sock], sock,
+                           os.path.join(d, "log"))
+    cuda = cuda_context()
 
     def free() -> int:
-        f, t = ctypes.c_size_t(), ctypes.c_size_t()
-        cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t))
-        return f.value
+        return driver_free(cuda)
 
     with gpumem.connect(socket=sock, name="py-check") as w, \
             gpumem.connect(socket=sock, role="controller") as c:

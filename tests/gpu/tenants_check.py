@@ -9,18 +9,17 @@ takes both. Needs root (to run the workers as other uids). With "host"
 it runs on the host backend, without the driver's figures (to try it
 where there is no GPU).
 """
-import ctypes
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import gpumem  # noqa: E402
+from gpucheck import cuda_context, driver_free, start_gpumemd  # noqa: E402
 
 MiB = 1 << 20
 failures = 0
@@ -79,27 +78,17 @@ def main() -> int:
     os.environ["GPUMEM_LIB"] = os.path.join(root, "lib", "libgpumem.so")
     sock = os.path.join(root, "sock")
     host = sys.argv[3:] == ["host"]
-    daemon = subprocess.Popen([sys.argv[1], "--backend", "host" if host else "cuda", "--socket", sock,
-                               "--socket-mode", "0666", "--max-device-bytes-per-uid", "1G"],
-                              stderr=open(os.path.join(root, "log"), "w"))
-    end = time.monotonic() + 10
-    while not os.path.exists(sock) and time.monotonic() < end:
-        time.sleep(0.05)
+    daemon = start_gpumemd([sys.argv[1], "--backend", "host" if host else "cuda", "--socket", sock,
+                            "--socket-mode", "0666", "--max-device-bytes-per-uid", "1G"], sock,
+                           os.path.join(root, "log"))
     if not host:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        cuda.cuInit(0)
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        cuda.cuDeviceGet(ctypes.byref(dev), 0)
-        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-        cuda.cuCtxSetCurrent(ctx)
+        cuda = cuda_context()
 
     def free() -> int:
         """The driver's free memory on device 0 (the host run: the daemon's)."""
         if host:
             return c.status()["devices"][0]["free"]
-        f, t = ctypes.c_size_t(), ctypes.c_size_t()
-        cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t))
-        return f.value
+        return driver_free(cuda)
 
     alice, a = worker(root, sock, 1000, [["kv", "kv", 512 * MiB], ["over", "kv2", 1024 * MiB]])
     check(a.get("kv") == "OK" and a.get("over", "").startswith("LIMIT_EXCEEDED"),

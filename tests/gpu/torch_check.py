@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -37,6 +36,7 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import gpumem  # noqa: E402
+from gpucheck import start_gpumemd  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -124,6 +124,24 @@ def kv_pool_elems(torch):
     for x in kv_shape():
         need *= x
     return max(n // (2 * MiB // 4) * (2 * MiB // 4), need)
+
+
+def model_and_kv(torch, region, backup, zeros=True):
+    """The model moved to the current device in region("weights", **backup)
+    and the KV cache's pool made in region("kv_cache"), zeroed there (or
+    just after it where not zeros): (dev, model, n, pool, kv), n the
+    pool's elements and kv its view in kv_shape()."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    model = make_model(torch)
+    with region("weights", **backup):
+        model = model.to(dev)
+    n = kv_pool_elems(torch)
+    with region("kv_cache"):
+        pool = (torch.zeros if zeros else torch.empty)(n, dtype=torch.float32, device=dev)
+    if not zeros:
+        pool.zero_()
+    kv = pool[:LAYERS * 2 * BATCH * MAX_SEQ * DIM].view(kv_shape())
+    return dev, model, n, pool, kv
 
 
 def prompts(torch):
@@ -318,15 +336,7 @@ def phase_torch(sock):
             child = None
 
     gt.init(name="torch-check")
-    dev = torch.device("cuda", torch.cuda.current_device())
-    model = make_model(torch)
-    with gt.region("weights", backup=True):
-        model = model.to(dev)
-    n = kv_pool_elems(torch)
-    with gt.region("kv_cache"):
-        pool = torch.empty(n, dtype=torch.float32, device=dev)
-    pool.zero_()
-    kv = pool[:LAYERS * 2 * BATCH * MAX_SEQ * DIM].view(kv_shape())
+    dev, model, n, pool, kv = model_and_kv(torch, gt.region, {"backup": True}, zeros=False)
     w, k = tag_of(ctl, "weights"), tag_of(ctl, "kv_cache")
     check(w["bytes"] >= sum(p.numel() * 4 for p in model.parameters()) and k["bytes"] >= n * 4,
           "regions", "weights %s (backup), kv_cache %s: daemon memory tagged by region"
@@ -480,14 +490,7 @@ def phase_graph(sock):
     import gpumem.torch as gt
     ctl = gpumem.connect(sock, name="torch-check-ctl", role="controller")
     gt.init(name="torch-check-graph")
-    dev = torch.device("cuda", torch.cuda.current_device())
-    model = make_model(torch)
-    with gt.region("weights", backup=True):
-        model = model.to(dev)
-    n = kv_pool_elems(torch)
-    with gt.region("kv_cache"):
-        pool = torch.zeros(n, dtype=torch.float32, device=dev)
-    kv = pool[:LAYERS * 2 * BATCH * MAX_SEQ * DIM].view(kv_shape())
+    dev, model, n, pool, kv = model_and_kv(torch, gt.region, {"backup": True})
     g, gstep = capture(torch, model, kv, lambda g: gt.cuda_graph(g, tag="cuda_graph"))
     t = tag_of(ctl, "cuda_graph")
     check(t["bytes"] > 0, "capture", "graph pool in daemon memory: tag cuda_graph %s in %d "
@@ -521,14 +524,7 @@ def phase_tms(sock, preload):
               "loaded" % tms.hook_mode)
     else:
         tms.hook_mode = "torch"
-    dev = torch.device("cuda", torch.cuda.current_device())
-    model = make_model(torch)
-    with tms.region("weights", enable_cpu_backup=True):
-        model = model.to(dev)
-    n = kv_pool_elems(torch)
-    with tms.region("kv_cache"):
-        pool = torch.zeros(n, dtype=torch.float32, device=dev)
-    kv = pool[:LAYERS * 2 * BATCH * MAX_SEQ * DIM].view(kv_shape())
+    dev, model, n, pool, kv = model_and_kv(torch, tms.region, {"enable_cpu_backup": True})
 
     # disable(): allocations inside are not the region's.
     import gpumem.torch as gt
@@ -629,11 +625,7 @@ def driver(gpumemd):
     d = tempfile.mkdtemp(prefix="gpumem-torch.")
     sock = os.path.join(d, "sock")
     log = os.path.join(d, "log")
-    daemon = subprocess.Popen([gpumemd, "--backend", "cuda", "--socket", sock],
-                              stderr=open(log, "w"))
-    end = time.monotonic() + 10
-    while not os.path.exists(sock) and time.monotonic() < end and daemon.poll() is None:
-        time.sleep(0.05)
+    daemon = start_gpumemd([gpumemd, "--backend", "cuda", "--socket", sock], sock, log)
     from gpumem.torch_memory_saver import preload_library_path
     for name in PHASES:
         env = child_env()
