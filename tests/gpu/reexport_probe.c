@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdpass.h"
+
 typedef struct {
   unsigned pid;
   unsigned long long used;
@@ -31,33 +33,6 @@ static void nvml_list(const char *when) {
   for (unsigned i = 0; i < n; i++) printf(" pid %u %llu MiB;", p[i].pid, p[i].used >> 20);
   printf("\n");
   fflush(stdout);
-}
-
-static void send_fd(int s, int fd) {
-  char b = 'f', buf[CMSG_SPACE(sizeof(int))];
-  struct iovec io = {&b, 1};
-  struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1};
-  if (fd >= 0) {
-    m.msg_control = buf;
-    m.msg_controllen = sizeof buf;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  }
-  sendmsg(s, &m, 0);
-}
-
-static int recv_fd(int s) {
-  char b, buf[CMSG_SPACE(sizeof(int))];
-  struct iovec io = {&b, 1};
-  struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = buf, .msg_controllen = sizeof buf};
-  if (recvmsg(s, &m, 0) != 1) return -1;
-  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-  int fd = -1;
-  if (c) memcpy(&fd, CMSG_DATA(c), sizeof fd);
-  return fd;
 }
 
 static const char *name(CUresult r) {
