@@ -48,7 +48,8 @@ static int (*p_nvmlDeviceGetMemoryInfo_v2)(nvml_device dev, nvml_memory_v2 *mem)
 static int (*p_nvmlDeviceGetComputeRunningProcesses)(nvml_device dev, unsigned *count,
                                                      nvml_process *infos); /* optional */
 
-static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
+static void load_once(void);
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT, .load = load_once};
 
 /* Load NVML if it is there; without it, memory figures take a context and
  * there is no per-process list. The v2 memory call and the process list
@@ -74,11 +75,6 @@ static void load_once(void) {
   void *lib = cuda_lib_handle();
   DEV_CALLS(CUDA_LOAD)
   nvml_load();
-}
-
-/* Load the driver and the daemon's calls once per process. */
-static int cuda_dev_load(char *err, size_t errlen) {
-  return vmm_once_after(&vmm_cuda, &once, load_once, err, errlen);
 }
 
 /* The device's PCI bus id. */
@@ -283,7 +279,7 @@ static int cuda_ipc_free(uint64_t dptr) { return p_cuMemFree(dptr); }
 
 const struct vmm_dev_vendor vmm_cuda_dev = {
     .base = &vmm_cuda,
-    .load = cuda_dev_load,
+    .once = &once,
     .bus_id = cuda_bus_id,
     .create = cuda_create,
     .export_fd = cuda_export_fd,

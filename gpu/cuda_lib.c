@@ -20,14 +20,14 @@ CUDA_CALLS(CUDA_DECLARE)
 
 static CUcontext contexts[GPUMEM_MAX_DEVICES];
 static void *loaded; /* the library, once initialized */
-static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
+static void load_once(void);
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT, .load = load_once};
 
 /* Open the driver, resolve the common calls and initialize it. */
 static void load_once(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    snprintf(once.error, sizeof once.error, "no CUDA driver (libcuda.so.1): %s", dlerror());
-    once.status = -ENOENT;
+    vmm_once_fail(&once, -ENOENT, "no CUDA driver (libcuda.so.1): %s", dlerror());
     return;
   }
   CUDA_CALLS(CUDA_LOAD)
@@ -35,17 +35,14 @@ static void load_once(void) {
   if (rc != CUDA_SUCCESS) {
     const char *name = "?";
     p_cuGetErrorName(rc, &name);
-    snprintf(once.error, sizeof once.error, "no CUDA device found: cuInit: %s", name);
-    once.status = -ENODEV;
+    vmm_once_fail(&once, -ENODEV, "no CUDA device found: cuInit: %s", name);
     return;
   }
   loaded = lib;
 }
 
 /* Load the driver once per process; its status every time. */
-static int cuda_load(char *err, size_t errlen) {
-  return vmm_once_run(&once, load_once, err, errlen);
-}
+static int cuda_load(char *err, size_t errlen) { return vmm_once_run(&once, err, errlen); }
 
 /* The driver library, once loaded. */
 void *cuda_lib_handle(void) { return loaded; }

@@ -20,14 +20,13 @@
 /* Resolve one call by the name cuda.h maps it to, from the library the
  * caller has in lib; on failure record why in once (the caller's struct
  * vmm_once, gpu/vmm.h) and return from the caller. */
-#define CUDA_LOAD(fn)                                                                \
-  if (!(p_##fn = (__typeof__(&fn))dlsym(lib, CUDA_XSTR(fn)))) {                      \
-    snprintf(once.error, sizeof once.error, "libcuda.so.1 lacks %s", CUDA_XSTR(fn)); \
-    once.status = -ENOSYS;                                                           \
-    return;                                                                          \
+#define CUDA_LOAD(fn)                                                      \
+  if (!(p_##fn = (__typeof__(&fn))dlsym(lib, CUDA_XSTR(fn)))) {            \
+    vmm_once_fail(&once, -ENOSYS, "libcuda.so.1 lacks %s", CUDA_XSTR(fn)); \
+    return;                                                                \
   }
 
-/* The driver library, once vmm_cuda.load succeeded (NULL before). */
+/* The driver library, once vmm_cuda has loaded it (NULL before). */
 void *cuda_lib_handle(void);
 
 /* The properties every chunk is created with: pinned device memory that

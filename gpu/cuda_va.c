@@ -14,17 +14,13 @@
 
 VA_CALLS(CUDA_DECLARE)
 
-static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
+static void load_once(void);
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT, .load = load_once};
 
 /* Resolve the client's calls in the loaded driver. */
 static void load_once(void) {
   void *lib = cuda_lib_handle();
   VA_CALLS(CUDA_LOAD)
-}
-
-/* Load the driver and the client's calls once per process. */
-static int cuda_va_load(char *err, size_t errlen) {
-  return vmm_once_after(&vmm_cuda, &once, load_once, err, errlen);
 }
 
 /* This process's device number for a PCI bus id. */
@@ -66,7 +62,7 @@ static int cuda_ipc_close(uint64_t dptr) { return p_cuIpcCloseMemHandle(dptr); }
 
 const struct vmm_va_vendor vmm_cuda_va = {
     .base = &vmm_cuda,
-    .load = cuda_va_load,
+    .once = &once,
     .device_by_bus_id = cuda_device_by_bus_id,
     .sync = cuda_sync,
     .dtoh = cuda_dtoh,

@@ -39,7 +39,8 @@ static int (*p_rsmi_compute_process_info_get)(rsmi_process *procs, uint32_t *n);
 static int (*p_rsmi_compute_process_info_by_device_get)(uint32_t pid, uint32_t dv,
                                                          rsmi_process *proc);
 
-static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
+static void load_once(void);
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT, .load = load_once};
 
 /* Load ROCm SMI if it is there; without it, memory figures come from
  * hipMemGetInfo and there is no per-process list. */
@@ -64,11 +65,6 @@ static void load_once(void) {
   void *lib = hip_lib_handle();
   DEV_CALLS(HIP_LOAD)
   smi_load();
-}
-
-/* Load the runtime and the daemon's calls once per process. */
-static int hip_dev_load(char *err, size_t errlen) {
-  return vmm_once_after(&vmm_hip, &once, load_once, err, errlen);
 }
 
 /* The device's PCI bus id. */
@@ -268,7 +264,7 @@ static int hip_ipc_free(uint64_t dptr) { return p_hipFree(hip_ptr(dptr)); }
 
 const struct vmm_dev_vendor vmm_hip_dev = {
     .base = &vmm_hip,
-    .load = hip_dev_load,
+    .once = &once,
     .bus_id = hip_bus_id,
     .create = hip_create,
     .export_fd = hip_export_fd,

@@ -28,7 +28,8 @@ const char vmm_hip_headers[] =
 HIP_CALLS(HIP_DECLARE)
 
 static void *loaded; /* the library, once initialized */
-static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
+static void load_once(void);
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT, .load = load_once};
 
 /* Open the runtime by the first name it has, resolve the common calls and
  * initialize it. */
@@ -39,25 +40,20 @@ static void load_once(void) {
   for (size_t i = 0; !lib && i < sizeof names / sizeof names[0]; i++)
     lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    snprintf(once.error, sizeof once.error, "no HIP runtime (libamdhip64.so): %s", dlerror());
-    once.status = -ENOENT;
+    vmm_once_fail(&once, -ENOENT, "no HIP runtime (libamdhip64.so): %s", dlerror());
     return;
   }
   HIP_CALLS(HIP_LOAD)
   hipError_t rc = p_hipInit(0);
   if (rc != hipSuccess) {
-    snprintf(once.error, sizeof once.error, "no HIP device found: hipInit: %s",
-             p_hipGetErrorName(rc));
-    once.status = -ENODEV;
+    vmm_once_fail(&once, -ENODEV, "no HIP device found: hipInit: %s", p_hipGetErrorName(rc));
     return;
   }
   loaded = lib;
 }
 
 /* Load the runtime once per process; its status every time. */
-static int hip_load(char *err, size_t errlen) {
-  return vmm_once_run(&once, load_once, err, errlen);
-}
+static int hip_load(char *err, size_t errlen) { return vmm_once_run(&once, err, errlen); }
 
 /* The runtime library, once loaded. */
 void *hip_lib_handle(void) { return loaded; }

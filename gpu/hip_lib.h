@@ -24,14 +24,13 @@
 /* Resolve one call by name, from the library the caller has in lib; on
  * failure record why in once (the caller's struct vmm_once, gpu/vmm.h)
  * and return from the caller. */
-#define HIP_LOAD(fn)                                                         \
-  if (!(p_##fn = (__typeof__(&fn))dlsym(lib, #fn))) {                        \
-    snprintf(once.error, sizeof once.error, "libamdhip64 lacks %s", #fn);    \
-    once.status = -ENOSYS;                                                   \
-    return;                                                                  \
+#define HIP_LOAD(fn)                                            \
+  if (!(p_##fn = (__typeof__(&fn))dlsym(lib, #fn))) {           \
+    vmm_once_fail(&once, -ENOSYS, "libamdhip64 lacks %s", #fn); \
+    return;                                                     \
   }
 
-/* The runtime library, once vmm_hip.load succeeded (NULL before). */
+/* The runtime library, once vmm_hip has loaded it (NULL before). */
 void *hip_lib_handle(void);
 
 /* The properties every chunk is created with. */

@@ -14,17 +14,13 @@
 
 VA_CALLS(HIP_DECLARE)
 
-static struct vmm_once once = {.once = PTHREAD_ONCE_INIT};
+static void load_once(void);
+static struct vmm_once once = {.once = PTHREAD_ONCE_INIT, .load = load_once};
 
 /* Resolve the client's calls in the loaded runtime. */
 static void load_once(void) {
   void *lib = hip_lib_handle();
   VA_CALLS(HIP_LOAD)
-}
-
-/* Load the runtime and the client's calls once per process. */
-static int hip_va_load(char *err, size_t errlen) {
-  return vmm_once_after(&vmm_hip, &once, load_once, err, errlen);
 }
 
 /* This process's device number for a PCI bus id. */
@@ -65,7 +61,7 @@ static int hip_ipc_close(uint64_t dptr) { return p_hipIpcCloseMemHandle(hip_ptr(
 
 const struct vmm_va_vendor vmm_hip_va = {
     .base = &vmm_hip,
-    .load = hip_va_load,
+    .once = &once,
     .device_by_bus_id = hip_device_by_bus_id,
     .sync = hip_sync,
     .dtoh = hip_dtoh,

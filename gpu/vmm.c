@@ -4,6 +4,7 @@
 #include "vmm.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,18 +13,20 @@
 
 #include "error.h"
 
-/* Run load once per process for o; its status every time. */
-int vmm_once_run(struct vmm_once *o, void (*load)(void), char *err, size_t errlen) {
-  pthread_once(&o->once, load);
+/* Run o's load once per process; its status every time. */
+int vmm_once_run(struct vmm_once *o, char *err, size_t errlen) {
+  pthread_once(&o->once, o->load);
   if (o->status) snprintf(err, errlen, "%s", o->error);
   return o->status;
 }
 
-/* Load the vendor runtime, then o's part of it once. */
-int vmm_once_after(const struct vmm_vendor *v, struct vmm_once *o, void (*load)(void), char *err,
-                   size_t errlen) {
-  int rc = v->load(err, errlen);
-  return rc < 0 ? rc : vmm_once_run(o, load, err, errlen);
+/* Record why a load failed. */
+void vmm_once_fail(struct vmm_once *o, int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(o->error, sizeof o->error, fmt, ap);
+  va_end(ap);
+  o->status = status;
 }
 
 /* Free what vmm_open made (contexts already let go of). */
@@ -62,10 +65,12 @@ int vmm_open(struct vmm *m, const struct vmm_vendor *v, char *err, size_t errlen
   return 0;
 }
 
-/* Load the half's calls, then a zeroed state opened over the vendor. */
-int vmm_open_state(const struct vmm_vendor *v, int (*load)(char *err, size_t errlen), size_t size,
-                   void **state, char *err, size_t errlen) {
-  int rc = load(err, errlen);
+/* Load the runtime and the half's calls, then a zeroed state opened over
+ * the vendor. */
+int vmm_open_state(const struct vmm_vendor *v, struct vmm_once *once, size_t size, void **state,
+                   char *err, size_t errlen) {
+  int rc = v->load(err, errlen);
+  if (rc == 0) rc = vmm_once_run(once, err, errlen);
   if (rc < 0) return rc;
   struct vmm *m = calloc(1, size);
   if (!m) return -ENOMEM;

@@ -21,6 +21,16 @@
 extern const char vmm_cuda_headers[];
 extern const char vmm_hip_headers[];
 
+/* A part of a vendor runtime loaded once per process (the runtime itself,
+ * or the calls one half resolves in it): the function that loads it, how
+ * that ended, 0 or -errno, and why it failed (load fills both). */
+struct vmm_once {
+  pthread_once_t once;
+  void (*load)(void);
+  int status;
+  char error[256];
+};
+
 /* The vendor calls of both halves. */
 struct vmm_vendor {
   const char *name;        /* "cuda", "hip" */
@@ -53,23 +63,13 @@ struct vmm_vendor {
 extern const struct vmm_vendor vmm_cuda;
 extern const struct vmm_vendor vmm_hip;
 
-/* A part of a vendor runtime loaded once per process (the runtime itself,
- * or the calls one half resolves in it): how that load ended, 0 or -errno,
- * and why it failed. Its load function fills status and error. */
-struct vmm_once {
-  pthread_once_t once;
-  int status;
-  char error[256];
-};
-
-/* Run load once per process for o; o's status every time, with err filled
+/* Run o's load once per process; o's status every time, with err filled
  * from o's error where it failed. */
-int vmm_once_run(struct vmm_once *o, void (*load)(void), char *err, size_t errlen);
+int vmm_once_run(struct vmm_once *o, char *err, size_t errlen);
 
-/* Load the vendor runtime v, then run load once for o (the calls one half
- * resolves in it): 0, or the first failure's -errno with err filled. */
-int vmm_once_after(const struct vmm_vendor *v, struct vmm_once *o, void (*load)(void), char *err,
-                   size_t errlen);
+/* Record in o why its load failed: status (-errno) and fmt's words. */
+void vmm_once_fail(struct vmm_once *o, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* One half's state over a vendor. */
 struct vmm {
@@ -86,10 +86,10 @@ struct vmm {
 int vmm_open(struct vmm *m, const struct vmm_vendor *v, char *err, size_t errlen);
 
 /* A half's state over v: size zeroed bytes that begin with its struct vmm,
- * opened with vmm_open once load (the half's calls) succeeded. 0 with
- * *state set, or -errno with err filled. */
-int vmm_open_state(const struct vmm_vendor *v, int (*load)(char *err, size_t errlen), size_t size,
-                   void **state, char *err, size_t errlen);
+ * opened with vmm_open once the runtime and then the half's calls (once)
+ * are loaded. 0 with *state set, or -errno with err filled. */
+int vmm_open_state(const struct vmm_vendor *v, struct vmm_once *once, size_t size, void **state,
+                   char *err, size_t errlen);
 
 /* Let go of every context m still holds and free what it has. */
 void vmm_close(struct vmm *m);

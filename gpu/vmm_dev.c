@@ -20,7 +20,7 @@ static int vmm_open_dev(const struct gpudev_ops *self, const struct gpudev_optio
                         void **state, char *err, size_t errlen) {
   const struct vmm_dev_vendor *v = self->impl;
   (void)opt;
-  int rc = vmm_open_state(v->base, v->load, sizeof(struct vmm_dev), state, err, errlen);
+  int rc = vmm_open_state(v->base, v->once, sizeof(struct vmm_dev), state, err, errlen);
   if (rc < 0) return rc;
   struct vmm_dev *x = *state;
   x->v = v;

@@ -19,9 +19,9 @@
 
 struct vmm_dev_vendor {
   const struct vmm_vendor *base;
-  /* Load the daemon's calls (after base->load) and the management library
-   * where it is; 0, or -errno with err filled. */
-  int (*load)(char *err, size_t errlen);
+  /* Load the daemon's calls (after base's load) and the management
+   * library where it is, once per process. */
+  struct vmm_once *once;
   int (*bus_id)(int dev, char *buf, int len);
   int (*create)(int dev, uint64_t size, uint64_t *handle);
   int (*export_fd)(uint64_t handle, int *fd);

@@ -27,7 +27,7 @@ struct vmm_va {
  * and granularity. */
 static int vmm_open_va(const struct gpuva_ops *self, void **state, char *err, size_t errlen) {
   const struct vmm_va_vendor *v = self->impl;
-  int rc = vmm_open_state(v->base, v->load, sizeof(struct vmm_va), state, err, errlen);
+  int rc = vmm_open_state(v->base, v->once, sizeof(struct vmm_va), state, err, errlen);
   if (rc < 0) return rc;
   struct vmm_va *x = *state;
   x->v = v;

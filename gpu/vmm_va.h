@@ -8,9 +8,8 @@
 
 struct vmm_va_vendor {
   const struct vmm_vendor *base;
-  /* Load the client's calls (after base->load); 0, or -errno with err
-   * filled. */
-  int (*load)(char *err, size_t errlen);
+  /* Load the client's calls (after base's load), once per process. */
+  struct vmm_once *once;
   int (*device_by_bus_id)(const char *bus_id, int *dev);
   int (*sync)(void);
   int (*dtoh)(void *dst, uint64_t src, uint64_t n);
