@@ -184,22 +184,12 @@ $(O)/obj/%.o: %.c $(GEN) $(BUILD_CONFIG)
 	@echo "  CC      $<"
 	@$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
 
+# The static libraries, each of its objects.
 $(O)/lib/libcommon.a: $(COMMON_OBJ)
-	@mkdir -p $(@D)
-	@rm -f $@
-	@$(AR) rcs $@ $^
-
 $(O)/lib/libgpu.a: $(GPU_OBJ)
-	@mkdir -p $(@D)
-	@rm -f $@
-	@$(AR) rcs $@ $^
-
 $(O)/lib/libgpudev.a: $(GPUDEV_OBJ)
-	@mkdir -p $(@D)
-	@rm -f $@
-	@$(AR) rcs $@ $^
-
 $(O)/lib/libgpuva.a: $(GPUVA_OBJ)
+$(addprefix $(O)/lib/,libcommon.a libgpu.a libgpudev.a libgpuva.a):
 	@mkdir -p $(@D)
 	@rm -f $@
 	@$(AR) rcs $@ $^

@@ -809,16 +809,22 @@ class Client:
         it), mapped and ready. ``backup=True`` makes its contents survive a
         pause. ``allow_paused=True`` allows allocating in a paused tag (the
         buffer then starts paused); otherwise that fails with TAG_PAUSED."""
+        out = _native.c_buffer_p()
+        self._allocate("gpumem_alloc", out, tag, size, device, backup, allow_paused)
+        return self._wrap(out.value)
+
+    def _allocate(self, fn: str, out: Any, tag: str, size: int, device: int, backup: bool,
+                  allow_paused: bool) -> None:
+        """Call the library's ``fn`` (gpumem_alloc or gpumem_malloc) with
+        the checked arguments and ``out`` for its result; raise its error."""
         btag = _check_tag(tag)
         size = _check_int("size", size, 1, _U64)
         device = _check_int("device", device, 0, _I32)
         flags = _check_flags(backup, allow_paused)
         c = self._talk()
-        out = _native.c_buffer_p()
-        rc = self._lib.gpumem_alloc(c, btag, device, size, flags, ctypes.byref(out))
+        rc = getattr(self._lib, fn)(c, btag, device, size, flags, ctypes.byref(out))
         if rc < 0:
             raise _last_error(self._lib, rc)
-        return self._wrap(out.value)
 
     def set_hooks(self, pre_unmap: Optional[Hook] = None,
                   post_remap: Optional[Hook] = None) -> None:
@@ -928,15 +934,8 @@ class Client:
         allocations share daemon buffers of the same tag, device and flags;
         a pause of the tag releases them and the address stays valid.
         Free with :meth:`free_ptr`."""
-        btag = _check_tag(tag)
-        size = _check_int("size", size, 1, _U64)
-        device = _check_int("device", device, 0, _I32)
-        flags = _check_flags(backup, allow_paused)
-        c = self._talk()
         out = ctypes.c_void_p()
-        rc = self._lib.gpumem_malloc(c, btag, device, size, flags, ctypes.byref(out))
-        if rc < 0:
-            raise _last_error(self._lib, rc)
+        self._allocate("gpumem_malloc", out, tag, size, device, backup, allow_paused)
         return out.value or 0
 
     def free_ptr(self, ptr: int) -> None:
