@@ -78,18 +78,20 @@ GPUVA_SRC := gpu/gpuva.c gpu/host_va.c
 GPU_VMM_SRC := gpu/vmm.c
 GPUDEV_VMM_SRC := gpu/vmm_dev.c gpu/vmm_backup.c gpu/vmm_gate.c
 GPUVA_VMM_SRC := gpu/vmm_va.c
+# Each GPU backend built (CUDA=1: cuda, HIP=1: hip) adds the VMM layer and
+# its own three files.
+GPU_BACKENDS := $(if $(filter 1,$(CUDA)),cuda) $(if $(filter 1,$(HIP)),hip)
+ifneq ($(strip $(GPU_BACKENDS)),)
+GPU_SRC += $(GPU_VMM_SRC) $(GPU_BACKENDS:%=gpu/%_lib.c)
+GPUDEV_SRC += $(GPUDEV_VMM_SRC) $(GPU_BACKENDS:%=gpu/%_dev.c)
+GPUVA_SRC += $(GPUVA_VMM_SRC) $(GPU_BACKENDS:%=gpu/%_va.c)
+endif
 ifeq ($(CUDA),1)
-GPU_SRC += $(GPU_VMM_SRC) gpu/cuda_lib.c
-GPUDEV_SRC += $(GPUDEV_VMM_SRC) gpu/cuda_dev.c
-GPUVA_SRC += $(GPUVA_VMM_SRC) gpu/cuda_va.c
 override CFLAGS += -DHAVE_CUDA
 $(O)/obj/gpu/cuda_lib.o $(O)/obj/gpu/cuda_dev.o $(O)/obj/gpu/cuda_va.o: \
   override CFLAGS += -isystem $(CUDA_HOME)/include
 endif
 ifeq ($(HIP),1)
-GPU_SRC += $(GPU_VMM_SRC) gpu/hip_lib.c
-GPUDEV_SRC += $(GPUDEV_VMM_SRC) gpu/hip_dev.c
-GPUVA_SRC += $(GPUVA_VMM_SRC) gpu/hip_va.c
 override CFLAGS += -DHAVE_HIP
 $(O)/obj/gpu/hip_lib.o $(O)/obj/gpu/hip_dev.o $(O)/obj/gpu/hip_va.o: \
   override CFLAGS += -isystem $(HIP_INCLUDE) -Wno-strict-prototypes
