@@ -18,14 +18,9 @@
 # gpumemd --version and gpumemctl --version (its own and libgpumem's).
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/build/lib.sh
 o=${GPUMEM_O:-build}
-t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-package.XXXXXX")
-trap 'rm -rf "$t"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-status=0
-fail() { echo "FAIL: check_package: $*"; status=1; }
+scratch package
 
 lib=$o/lib/libgpumem.so
 symfile=debian/libgpumem1.symbols
