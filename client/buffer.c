@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "buffer.h"
-#include "clock.h"
+#include "common/clock.h"
 #include "error.h"
 
 struct gpumem_buffer {

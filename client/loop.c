@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "common/clock.h"
 #include "error.h"
 #include "loop.h"
 
