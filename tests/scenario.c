@@ -22,6 +22,16 @@ void scene_close(struct peer *w, struct peer *c) {
   peer_close(c);
 }
 
+/* A worker with one buffer and a controller, a pause of its tag sent;
+ * the worker's event. */
+wire_env *scene_pausing(struct peer *w, struct peer *c, const struct daemon *d, const char *tag,
+                        uint64_t size, struct pbuf *b) {
+  scene_open(w, c, d);
+  peer_alloc(w, tag, 0, size, 0, b);
+  peer_op(c, false, tag, 0, 0);
+  return peer_event(w, NULL);
+}
+
 /* Allocate n alike buffers. */
 void scene_alloc_n(struct peer *w, const char *tag, unsigned dev, uint64_t size, uint32_t flags,
                    struct pbuf *b, size_t n) {

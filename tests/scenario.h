@@ -27,6 +27,12 @@ void scene_open(struct peer *w, struct peer *c, const struct daemon *d);
 /* Close a raw worker and a raw controller. */
 void scene_close(struct peer *w, struct peer *c);
 
+/* Connect a raw worker w and a raw controller c to d, allocate w one
+ * buffer b of size bytes of tag on device 0, and have c pause tag: w's
+ * event for it, not answered yet. */
+wire_env *scene_pausing(struct peer *w, struct peer *c, const struct daemon *d, const char *tag,
+                        uint64_t size, struct pbuf *b);
+
 /* Allocate n buffers of one tag, device, size and flags into b[0..n). */
 void scene_alloc_n(struct peer *w, const char *tag, unsigned dev, uint64_t size, uint32_t flags,
                    struct pbuf *b, size_t n);

@@ -124,11 +124,8 @@ END_TEST
 START_TEST(missed_unmap_is_held_until_the_late_ack) {
   daemon_start(&d, "--ack-timeout", "200ms", NULL);
   struct peer w, c;
-  scene_open(&w, &c, &d);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
-  wire_env *e = peer_event(&w, NULL), *r;
+  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b), *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
   ck_assert_uint_eq(r->error->bytes_held, 8 * MiB);
   ck_assert_uint_eq(r->error->pids[0], (uint32_t)getpid());
@@ -161,14 +158,10 @@ START_TEST(missed_remap_is_rolled_back_at_the_late_ack) {
   scene_open(&w, &c, &d);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
-  wire_env *e = peer_event(&w, NULL), *r;
-  scene_unmap_ack(&w, e, &b);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-  wire_env_free(r);
+  scene_served(&c, &w, &b, 1, false, "kv");
   peer_op(&c, true, "kv", 0, 0);
   struct frame f;
-  e = peer_event(&w, &f);
+  wire_env *e = peer_event(&w, &f), *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
   ck_assert_ptr_nonnull(strstr(r->error->message, "nothing resumed"));
   wire_env_free(r);
@@ -271,11 +264,8 @@ END_TEST
 START_TEST(ack_without_unmap_is_caught) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  scene_open(&w, &c, &d);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
-  wire_env *e = peer_event(&w, NULL), *r;
+  wire_env *e = scene_pausing(&w, &c, &d, "kv", 4 * MiB, &b), *r;
   peer_ack(&w, e->id, NULL, 0, NULL); /* a lie: b's fd stays open */
   wire_env_free(e);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(NOT_RELEASED));
