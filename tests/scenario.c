@@ -46,6 +46,12 @@ wire_env *scene_op(struct peer *c, bool resume, const char *tag, wire_code want)
   return r;
 }
 
+/* The code of a pause or resume of one tag. */
+wire_code scene_op_code(struct peer *c, bool resume, const char *tag) {
+  peer_op(c, resume, tag, 0, 0);
+  return peer_op_code(c);
+}
+
 /* The OK answer to an operation, its owner's one event served. */
 wire_env *scene_answer(struct peer *c, struct peer *w, struct pbuf *bufs, size_t n) {
   peer_serve(w, bufs, n, 1);

@@ -42,6 +42,10 @@ void scene_alloc_n(struct peer *w, const char *tag, unsigned dev, uint64_t size,
  * wire_env_free). */
 wire_env *scene_op(struct peer *c, bool resume, const char *tag, wire_code want);
 
+/* The code of the answer to a pause or resume of one tag on every device
+ * by the controller c. */
+wire_code scene_op_code(struct peer *c, bool resume, const char *tag);
+
 /* The answer to a pause or resume c sent, once its owner w answered the
  * one event for its n buffers: the reply, whose code the test fails
  * unless it is OK (free it with wire_env_free). */
