@@ -76,6 +76,20 @@ void scene_served(struct peer *c, struct peer *w, struct pbuf *bufs, size_t n, b
   wire_env_free(scene_served_reply(c, w, bufs, n, resume, tag));
 }
 
+/* Answer an event in hand for a worker's buffers. */
+void scene_serve_event(struct peer *w, wire_env *e, struct frame *f, struct pbuf *bufs, size_t n) {
+  if (e->body_case == GPUMEM__WIRE__ENVELOPE__BODY_UNMAP) {
+    for (size_t i = 0; i < e->unmap->n_buffer_ids; i++)
+      for (size_t j = 0; j < n; j++)
+        if (bufs[j].id == e->unmap->buffer_ids[i]) peer_unmap(&bufs[j]);
+  } else {
+    peer_take_remap(e, f, bufs, n);
+  }
+  frame_release(f);
+  peer_ack(w, e->id, NULL, 0, NULL);
+  wire_env_free(e);
+}
+
 /* Unmap the one buffer of an event and ack it. */
 void scene_unmap_ack(struct peer *w, wire_env *e, struct pbuf *b) {
   peer_unmap(b);

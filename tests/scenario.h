@@ -61,6 +61,11 @@ wire_env *scene_served_reply(struct peer *c, struct peer *w, struct pbuf *bufs, 
 void scene_served(struct peer *c, struct peer *w, struct pbuf *bufs, size_t n, bool resume,
                   const char *tag);
 
+/* Answer an event e in hand, its fds in f, for a worker's n buffers:
+ * an Unmap closes those it names, a Remap takes their new fds; then f is
+ * released, e acked OK and freed. */
+void scene_serve_event(struct peer *w, wire_env *e, struct frame *f, struct pbuf *bufs, size_t n);
+
 /* Answer an event e in hand for the one buffer b: unmap it, ack OK, and
  * free e. */
 void scene_unmap_ack(struct peer *w, wire_env *e, struct pbuf *b);
