@@ -30,6 +30,22 @@ static void open_named(struct peer *p, int role, const char *name) {
   wire_env_free(peer_hello_as(p, role, name));
 }
 
+/* Connect worker w as engine-a-0, then a worker v named vname and a
+ * controller c named cname. */
+static void open_three(struct peer *w, struct peer *v, const char *vname, struct peer *c,
+                       const char *cname) {
+  open_named(w, WORKER, "engine-a-0");
+  open_named(v, WORKER, vname);
+  open_named(c, CONTROLLER, cname);
+}
+
+/* Close the three sessions open_three opened. */
+static void close_three(struct peer *w, struct peer *v, struct peer *c) {
+  peer_close(w);
+  peer_close(v);
+  peer_close(c);
+}
+
 /* A scoped request and the answer a test expects: its code, and words
  * its message contains (has) or is (is); NULL: not looked at. */
 struct answer {
@@ -164,9 +180,7 @@ END_TEST
 START_TEST(own_without_tags_pauses_all_the_workers_tags) {
   daemon_start(&d, NULL);
   struct peer w, v, c;
-  open_named(&w, WORKER, "engine-a-0");
-  open_named(&v, WORKER, "engine-b-0");
-  open_named(&c, CONTROLLER, "rl");
+  open_three(&w, &v, "engine-b-0", &c, "rl");
   struct pbuf mine[3], theirs;
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &mine[0]);
   peer_alloc(&w, "weights", 0, 4 * MiB, 0, &mine[1]);
@@ -193,9 +207,7 @@ START_TEST(own_without_tags_pauses_all_the_workers_tags) {
   ck_assert_uint_eq(held_by(d.pid), 16 * MiB);
   for (int i = 0; i < 3; i++) peer_unmap(&mine[i]);
   peer_unmap(&theirs);
-  peer_close(&w);
-  peer_close(&v);
-  peer_close(&c);
+  close_three(&w, &v, &c);
 }
 END_TEST
 
@@ -269,8 +281,7 @@ START_TEST(controller_pause_by_prefix_selects_matching_names) {
   peer_unmap(&x);
   peer_close(&late); /* its buffer goes with its session */
   /* Fully paused: refused. */
-  peer_op(&c, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  r = scene_op(&c, false, "kv", CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 1); /* engine-b-0's */
   wire_env_free(r);
   open_named(&late, WORKER, "engine-c-1");
@@ -285,8 +296,7 @@ START_TEST(controller_pause_by_prefix_selects_matching_names) {
   ck_assert_int_eq(peer_try_alloc(&late, "kv", 0, 2 * MiB, 0, &x), CODE(OK));
   peer_unmap(&x);
   peer_close(&late);
-  peer_op(&c, true, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  ck_assert_int_eq(scene_op_code(&c, true, "kv"), CODE(OK));
   peer_close(&c);
   ck_assert_int_eq(worker_stop(&a0, SIGTERM), 0);
   ck_assert_int_eq(worker_stop(&a1, SIGTERM), 0);
@@ -367,9 +377,7 @@ END_TEST
 START_TEST(scopes_that_select_nothing_are_not_found) {
   daemon_start(&d, NULL);
   struct peer w, v, c;
-  open_named(&w, WORKER, "engine-a-0");
-  open_named(&v, WORKER, "engine-a-1");
-  open_named(&c, CONTROLLER, "engine-b-ctl"); /* a controller is not selected */
+  open_three(&w, &v, "engine-a-1", &c, "engine-b-ctl"); /* a controller is not selected */
   struct pbuf b[2];
   peer_alloc(&v, "kv", 0, 2 * MiB, 0, &b[0]);
   peer_alloc(&v, "weights", 0, 2 * MiB, 0, &b[1]);
@@ -401,9 +409,7 @@ START_TEST(scopes_that_select_nothing_are_not_found) {
   ck_assert_uint_eq(peer_tag(s, "kv")->paused_buffers, 0);
   wire_env_free(s);
   ck_assert(!peer_waiting(&v));
-  peer_close(&w);
-  peer_close(&v);
-  peer_close(&c);
+  close_three(&w, &v, &c);
 }
 END_TEST
 
@@ -412,9 +418,7 @@ END_TEST
 START_TEST(unscoped_resume_resumes_what_scoped_pauses_paused) {
   daemon_start(&d, NULL);
   struct peer a, b, c;
-  open_named(&a, WORKER, "engine-a-0");
-  open_named(&b, WORKER, "engine-b-0");
-  open_named(&c, CONTROLLER, "rl");
+  open_three(&a, &b, "engine-b-0", &c, "rl");
   struct pbuf ab[2], bb[2];
   peer_alloc(&a, "kv", 0, 2 * MiB, 0, &ab[0]);
   peer_alloc(&a, "weights", 0, 4 * MiB, 0, &ab[1]);
@@ -451,9 +455,7 @@ START_TEST(unscoped_resume_resumes_what_scoped_pauses_paused) {
     peer_unmap(&ab[i]);
     peer_unmap(&bb[i]);
   }
-  peer_close(&a);
-  peer_close(&b);
-  peer_close(&c);
+  close_three(&a, &b, &c);
 }
 END_TEST
 
@@ -469,8 +471,7 @@ START_TEST(scoped_resume_with_a_stopped_owner_rolls_back) {
   worker_start(&b0, &d, "--tag", "kv", "--size", "8M", "--backup", "--name", "engine-b-0", NULL);
   struct peer c;
   open_named(&c, CONTROLLER, "rl");
-  peer_op(&c, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  ck_assert_int_eq(scene_op_code(&c, false, "kv"), CODE(OK));
   ck_assert_uint_eq(held_by(d.pid), 0);
   worker_freeze(&a0);
   struct scene_scope sa = {.prefix = "engine-a-", .timeout_ms = 500};
@@ -497,8 +498,7 @@ START_TEST(scoped_resume_with_a_stopped_owner_rolls_back) {
   ck_assert_uint_eq(held_by(a0.pid) + held_by(a1.pid) + held_by(b0.pid), 0);
   /* Each engine-a worker checked its contents once when it mapped; now a
    * resume of every session brings all three back. */
-  peer_op(&c, true, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  ck_assert_int_eq(scene_op_code(&c, true, "kv"), CODE(OK));
   ck_assert(worker_wait_for(&a0, "contents kept", 2, 5000));
   ck_assert(worker_wait_for(&a1, "contents kept", 2, 5000));
   ck_assert(worker_wait_for(&b0, "contents kept", 1, 5000));
@@ -515,9 +515,7 @@ END_TEST
 START_TEST(worker_that_leaves_mid_self_pause_ends_cleanly) {
   daemon_start(&d, "--ack-timeout", "60s", NULL);
   struct peer w, v, c;
-  open_named(&w, WORKER, "engine-a-0");
-  open_named(&v, WORKER, "engine-b-0");
-  open_named(&c, CONTROLLER, "rl");
+  open_three(&w, &v, "engine-b-0", &c, "rl");
   struct pbuf b, keep;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   peer_alloc(&v, "kv", 0, 2 * MiB, 0, &keep);
