@@ -17,11 +17,7 @@
 
 #include "gpumem.h"
 #include "harness.h"
-
-#define MiB (1024ull * 1024ull)
-#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
-#define WORKER GPUMEM__WIRE__ROLE__ROLE_WORKER
-#define CONTROLLER GPUMEM__WIRE__ROLE__ROLE_CONTROLLER
+#include "scenario.h"
 
 /* Under ASan everything is slower, and freed memory is held in a
  * quarantine: timing bounds are wider and peak memory is not judged. */
@@ -33,12 +29,7 @@
 
 static struct daemon d;
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { scene_stop(&d); }
 
 /* Lines in the daemon's log. */
 static int log_lines(void) {
@@ -124,13 +115,7 @@ static void flood(struct peer *p, int n, int wait_ms) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
   env.free = &fr;
-  for (int i = 0; i < n; i++) {
-    env.id = p->next_id++;
-    size_t len;
-    uint8_t *bytes = wire_pack(&env, &len);
-    frame_writer_push(p->w, bytes, len, NULL, 0);
-    free(bytes);
-  }
+  scene_queue(p, &env, n);
   while (frame_writer_flush(p->w, p->fd) == -EAGAIN) {
     struct pollfd pf = {p->fd, POLLOUT, 0};
     if (poll(&pf, 1, wait_ms) != 1) break;
@@ -257,8 +242,7 @@ START_TEST(out_of_fds_the_daemon_backs_off_and_recovers) {
   wire_env *st = status_of(&c);
   ck_assert_uint_gt(st->status_reply->connections_refused, 0);
   wire_env_free(st);
-  peer_close(&again);
-  peer_close(&c);
+  SCENE_CLOSE(&again, &c);
 }
 END_TEST
 
@@ -298,8 +282,7 @@ START_TEST(sigterm_is_honoured_with_unfinished_frames_and_unread_replies) {
   fprintf(stderr, "SIGTERM with unfinished frames and unread replies: exit in %.0f ms\n",
           now_ms() - t);
   for (int i = 0; i < 3; i++) peer_close(&half[i]);
-  peer_close(&deaf);
-  peer_close(&c);
+  SCENE_CLOSE(&deaf, &c);
 }
 END_TEST
 
@@ -348,9 +331,7 @@ START_TEST(fds_parked_in_frames_are_limited_per_uid) {
   wire_env *st = status_of(&c);
   ck_assert_uint_eq(st->status_reply->fds_parked, 200);
   wire_env_free(st);
-  peer_close(&a);
-  peer_close(&b);
-  peer_close(&c);
+  SCENE_CLOSE(&a, &b, &c);
 }
 END_TEST
 
@@ -428,8 +409,7 @@ START_TEST(status_says_how_many_fds_the_daemon_may_use_and_uses) {
   ck_assert_uint_eq(st->status_reply->fds_open, (uint64_t)with_session + 5);
   ck_assert_uint_eq(st->status_reply->fds_parked, 5);
   wire_env_free(st);
-  peer_close(&p);
-  peer_close(&c);
+  SCENE_CLOSE(&p, &c);
 }
 END_TEST
 
@@ -513,13 +493,7 @@ static void flood_list(struct peer *p, int n) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
   env.list = &lr;
-  for (int i = 0; i < n; i++) {
-    env.id = p->next_id++;
-    size_t len;
-    uint8_t *bytes = wire_pack(&env, &len);
-    frame_writer_push(p->w, bytes, len, NULL, 0);
-    free(bytes);
-  }
+  scene_queue(p, &env, n);
   frame_writer_flush(p->w, p->fd); /* a few KiB: the socket takes them */
 }
 
@@ -570,8 +544,7 @@ START_TEST(status_is_served_while_100_sessions_never_read) {
   if (!SANITIZED) ck_assert_uint_le(grown, 400 * MiB);
   ck_assert_int_eq(cut, N);
   for (int i = 0; i < N; i++) peer_close(&deaf[i]);
-  peer_close(&w);
-  peer_close(&c);
+  SCENE_CLOSE(&w, &c);
 }
 END_TEST
 
@@ -608,7 +581,7 @@ START_TEST(writers_count_into_a_total_and_drop_what_is_unsent) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("fds", 40, setup, teardown, out_of_fds_the_daemon_backs_off_and_recovers,
+  return HARNESS_RUN("fds", 40, NULL, teardown, out_of_fds_the_daemon_backs_off_and_recovers,
                      sigterm_is_honoured_while_out_of_fds,
                      sigterm_is_honoured_with_unfinished_frames_and_unread_replies,
                      fds_parked_in_a_frame_are_limited_per_session,

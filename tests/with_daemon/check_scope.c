@@ -39,13 +39,6 @@ static void open_three(struct peer *w, struct peer *v, const char *vname, struct
   open_named(c, CONTROLLER, cname);
 }
 
-/* Close the three sessions open_three opened. */
-static void close_three(struct peer *w, struct peer *v, struct peer *c) {
-  peer_close(w);
-  peer_close(v);
-  peer_close(c);
-}
-
 /* A scoped request and the answer a test expects: its code, and words
  * its message contains (has) or is (is); NULL: not looked at. */
 struct answer {
@@ -170,8 +163,7 @@ START_TEST(worker_self_pause_releases_only_its_own_memory) {
   /* The other worker saw no event at all. */
   ck_assert_int_eq(worker_count(&other, "paused buffer"), 0);
   peer_unmap(&b);
-  peer_close(&w);
-  peer_close(&c);
+  SCENE_CLOSE(&w, &c);
   ck_assert_int_eq(worker_stop(&other, SIGTERM), 0);
 }
 END_TEST
@@ -207,7 +199,7 @@ START_TEST(own_without_tags_pauses_all_the_workers_tags) {
   ck_assert_uint_eq(held_by(d.pid), 16 * MiB);
   for (int i = 0; i < 3; i++) peer_unmap(&mine[i]);
   peer_unmap(&theirs);
-  close_three(&w, &v, &c);
+  SCENE_CLOSE(&w, &v, &c);
 }
 END_TEST
 
@@ -343,8 +335,7 @@ START_TEST(malformed_scopes_are_invalid) {
                               NULL, NULL};
   expect_answers(&utf8, 1);
   peer_unmap(&b);
-  peer_close(&w);
-  peer_close(&c);
+  SCENE_CLOSE(&w, &c);
 }
 END_TEST
 
@@ -367,8 +358,7 @@ START_TEST(workers_may_not_pause_other_sessions) {
   expect_answers(denied, sizeof denied / sizeof denied[0]);
   ck_assert(!peer_waiting(&v)); /* nothing reached the owner */
   peer_unmap(&b);
-  peer_close(&w);
-  peer_close(&v);
+  SCENE_CLOSE(&w, &v);
 }
 END_TEST
 
@@ -409,7 +399,7 @@ START_TEST(scopes_that_select_nothing_are_not_found) {
   ck_assert_uint_eq(peer_tag(s, "kv")->paused_buffers, 0);
   wire_env_free(s);
   ck_assert(!peer_waiting(&v));
-  close_three(&w, &v, &c);
+  SCENE_CLOSE(&w, &v, &c);
 }
 END_TEST
 
@@ -455,7 +445,7 @@ START_TEST(unscoped_resume_resumes_what_scoped_pauses_paused) {
     peer_unmap(&ab[i]);
     peer_unmap(&bb[i]);
   }
-  close_three(&a, &b, &c);
+  SCENE_CLOSE(&a, &b, &c);
 }
 END_TEST
 
@@ -535,8 +525,7 @@ START_TEST(worker_that_leaves_mid_self_pause_ends_cleanly) {
   wire_env_free(r);
   ck_assert_double_lt(now_ms() - t0, 30000); /* not the ack timeout */
   ck_assert_uint_eq(held_by(d.pid), 0);
-  peer_close(&v);
-  peer_close(&c);
+  SCENE_CLOSE(&v, &c);
 }
 END_TEST
 
