@@ -16,11 +16,6 @@ void scene_open(struct peer *w, struct peer *c, const struct daemon *d) {
   peer_open(c, d, CONTROLLER);
 }
 
-/* Close raw peers in order. */
-void scene_close_n(struct peer *const *peers, size_t n) {
-  for (size_t i = 0; i < n; i++) peer_close(peers[i]);
-}
-
 /* A worker with one buffer and a controller, a pause of its tag sent;
  * the worker's event. */
 wire_env *scene_pausing(struct peer *w, struct peer *c, const struct daemon *d, const char *tag,

@@ -24,14 +24,6 @@ void scene_stop(struct daemon *d);
 /* Connect a raw worker w, then a raw controller c, to d. */
 void scene_open(struct peer *w, struct peer *c, const struct daemon *d);
 
-/* Close n raw peers, in order. */
-void scene_close_n(struct peer *const *peers, size_t n);
-
-/* Close the raw peers named, in order: SCENE_CLOSE(&w, &c). */
-#define SCENE_CLOSE(...)                                 \
-  scene_close_n((struct peer *const[]){__VA_ARGS__},     \
-                sizeof((struct peer *const[]){__VA_ARGS__}) / sizeof(struct peer *))
-
 /* Connect a raw worker w and a raw controller c to d, allocate w one
  * buffer b of size bytes of tag on device 0, and have c pause tag: w's
  * event for it, not answered yet. */

@@ -218,7 +218,8 @@ START_TEST(backup_memory_is_made_at_allocation) {
     ck_assert_uint_eq(backup_ready(&c), left[i]);
   }
   peer_unmap(&plain);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -412,7 +413,8 @@ START_TEST(buffers_freed_while_their_backup_memory_is_made_leak_nothing) {
   peer_unmap(&last);
   ck_assert_int_eq(daemon_stop(&d), 0);
   d.pid = 0;
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -518,7 +520,8 @@ START_TEST(a_worker_cannot_resize_or_seal_its_chunks) {
   for (off_t i = 0; i < st.st_size; i += 4096) ck_assert_uint_eq(m[i], 0x5a);
   ck_assert_int_eq(munmap(m, (size_t)st.st_size), 0);
   peer_unmap(&a);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 

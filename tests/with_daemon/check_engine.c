@@ -57,7 +57,8 @@ START_TEST(failed_unmap_fails_the_pause) {
   ck_assert_uint_eq(t->paused_buffers, 1);
   wire_env_free(s);
   peer_unmap(&b[1]);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -113,7 +114,9 @@ START_TEST(failed_remap_rolls_the_resume_back) {
   /* Still paused for newcomers too, as before the resume. */
   struct pbuf late;
   ck_assert_int_eq(peer_try_alloc(&w1, "kv", 0, 2 * MiB, 0, &late), CODE(TAG_PAUSED));
-  SCENE_CLOSE(&w1, &w2, &c);
+  peer_close(&w1);
+  peer_close(&w2);
+  peer_close(&c);
 }
 END_TEST
 
@@ -144,7 +147,8 @@ START_TEST(missed_unmap_is_held_until_the_late_ack) {
   r = scene_op(&c, false, "kv", CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 0);
   wire_env_free(r);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -176,7 +180,8 @@ START_TEST(missed_remap_is_rolled_back_at_the_late_ack) {
   scene_unmap_ack(&w, e, &b);
   ck_assert(peer_wait_tag(&c, "kv", GPUMEM__WIRE__BUFFER_STATE__PAUSED, 0));
   ck_assert_uint_eq(daemon_bytes(), 0);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -218,7 +223,8 @@ START_TEST(device_subsets_keep_the_tag_state_true) {
   wire_env_free(s);
   peer_unmap(&b[0]);
   peer_unmap(&b[1]);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -252,7 +258,9 @@ START_TEST(wrong_acks_are_refused) {
   struct pbuf b2;
   peer_alloc(&w2, "other", 0, 2 * MiB, 0, &b2);
   peer_unmap(&b2);
-  SCENE_CLOSE(&w1, &w2, &c);
+  peer_close(&w1);
+  peer_close(&w2);
+  peer_close(&c);
 }
 END_TEST
 
@@ -279,7 +287,8 @@ START_TEST(ack_without_unmap_is_caught) {
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   wire_env_free(r);
   ck_assert_uint_eq(daemon_bytes(), 0);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -305,7 +314,8 @@ START_TEST(export_failure_leaves_everything_paused) {
   ck_assert_uint_eq(peer_tag(s, "kv")->paused_buffers, 2);
   ck_assert_uint_eq(s->status_reply->devices[0]->managed, 0);
   wire_env_free(s);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -326,7 +336,8 @@ START_TEST(remaps_split_over_several_frames) {
   ck_assert_uint_eq(r->op_reply->buffers, N);
   wire_env_free(r);
   for (size_t i = 0; i < N; i++) peer_unmap(&b[i]);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -369,7 +380,8 @@ START_TEST(residual_memory_fails_a_pause_that_allows_less) {
   ck_assert_uint_eq(r->error->checks[0]->residual, 8 * MiB);
   wire_env_free(r);
   munmap(p, 8 * MiB);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 

@@ -242,7 +242,8 @@ START_TEST(out_of_fds_the_daemon_backs_off_and_recovers) {
   wire_env *st = status_of(&c);
   ck_assert_uint_gt(st->status_reply->connections_refused, 0);
   wire_env_free(st);
-  SCENE_CLOSE(&again, &c);
+  peer_close(&again);
+  peer_close(&c);
 }
 END_TEST
 
@@ -282,7 +283,8 @@ START_TEST(sigterm_is_honoured_with_unfinished_frames_and_unread_replies) {
   fprintf(stderr, "SIGTERM with unfinished frames and unread replies: exit in %.0f ms\n",
           now_ms() - t);
   for (int i = 0; i < 3; i++) peer_close(&half[i]);
-  SCENE_CLOSE(&deaf, &c);
+  peer_close(&deaf);
+  peer_close(&c);
 }
 END_TEST
 
@@ -331,7 +333,9 @@ START_TEST(fds_parked_in_frames_are_limited_per_uid) {
   wire_env *st = status_of(&c);
   ck_assert_uint_eq(st->status_reply->fds_parked, 200);
   wire_env_free(st);
-  SCENE_CLOSE(&a, &b, &c);
+  peer_close(&a);
+  peer_close(&b);
+  peer_close(&c);
 }
 END_TEST
 
@@ -409,7 +413,8 @@ START_TEST(status_says_how_many_fds_the_daemon_may_use_and_uses) {
   ck_assert_uint_eq(st->status_reply->fds_open, (uint64_t)with_session + 5);
   ck_assert_uint_eq(st->status_reply->fds_parked, 5);
   wire_env_free(st);
-  SCENE_CLOSE(&p, &c);
+  peer_close(&p);
+  peer_close(&c);
 }
 END_TEST
 
@@ -544,7 +549,8 @@ START_TEST(status_is_served_while_100_sessions_never_read) {
   if (!SANITIZED) ck_assert_uint_le(grown, 400 * MiB);
   ck_assert_int_eq(cut, N);
   for (int i = 0; i < N; i++) peer_close(&deaf[i]);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 

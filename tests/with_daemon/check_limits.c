@@ -72,7 +72,8 @@ START_TEST(sessions_per_uid_are_limited) {
   ck_assert_ptr_null(peer_get(&c, NULL));
   peer_close(&c);
   ck_assert_int_eq(alloc_code(&a, "kv", 2 * MiB, 0), CODE(OK));
-  SCENE_CLOSE(&a, &b);
+  peer_close(&a);
+  peer_close(&b);
 }
 END_TEST
 
@@ -115,7 +116,8 @@ START_TEST(buffers_per_uid_are_limited) {
   peer_unmap(&third);
   ck_assert_int_eq(scene_free_code(&b, third.id), CODE(OK));
   ck_assert_int_eq(alloc_code(&b, "kv", 2 * MiB, 0), CODE(OK));
-  SCENE_CLOSE(&a, &b);
+  peer_close(&a);
+  peer_close(&b);
 }
 END_TEST
 
@@ -147,7 +149,9 @@ START_TEST(oversized_frames_and_stray_fds_end_the_session) {
   wire_env *s = peer_status(&keep);
   ck_assert_uint_eq(s->status_reply->n_sessions, 1);
   wire_env_free(s);
-  SCENE_CLOSE(&a, &b, &keep);
+  peer_close(&a);
+  peer_close(&b);
+  peer_close(&keep);
 }
 END_TEST
 
@@ -190,7 +194,8 @@ START_TEST(out_of_fds_the_daemon_refuses_and_recovers) {
   struct peer again;
   peer_open(&again, &d, WORKER);
   ck_assert_int_eq(alloc_code(&again, "kv", 2 * MiB, 0), CODE(OK));
-  SCENE_CLOSE(&again, &ctl);
+  peer_close(&again);
+  peer_close(&ctl);
   ck_assert_int_eq(kill(d.pid, 0), 0);
 }
 END_TEST
@@ -215,7 +220,8 @@ START_TEST(ipc_legacy_buffers_never_pause) {
   wire_env_free(r);
   ck_assert_uint_eq(memfd_bytes(&d.pid, 1), 2 * MiB);
   peer_unmap(&b[0]);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 

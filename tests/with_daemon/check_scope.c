@@ -163,7 +163,8 @@ START_TEST(worker_self_pause_releases_only_its_own_memory) {
   /* The other worker saw no event at all. */
   ck_assert_int_eq(worker_count(&other, "paused buffer"), 0);
   peer_unmap(&b);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
   ck_assert_int_eq(worker_stop(&other, SIGTERM), 0);
 }
 END_TEST
@@ -199,7 +200,9 @@ START_TEST(own_without_tags_pauses_all_the_workers_tags) {
   ck_assert_uint_eq(held_by(d.pid), 16 * MiB);
   for (int i = 0; i < 3; i++) peer_unmap(&mine[i]);
   peer_unmap(&theirs);
-  SCENE_CLOSE(&w, &v, &c);
+  peer_close(&w);
+  peer_close(&v);
+  peer_close(&c);
 }
 END_TEST
 
@@ -335,7 +338,8 @@ START_TEST(malformed_scopes_are_invalid) {
                               NULL, NULL};
   expect_answers(&utf8, 1);
   peer_unmap(&b);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -358,7 +362,8 @@ START_TEST(workers_may_not_pause_other_sessions) {
   expect_answers(denied, sizeof denied / sizeof denied[0]);
   ck_assert(!peer_waiting(&v)); /* nothing reached the owner */
   peer_unmap(&b);
-  SCENE_CLOSE(&w, &v);
+  peer_close(&w);
+  peer_close(&v);
 }
 END_TEST
 
@@ -399,7 +404,9 @@ START_TEST(scopes_that_select_nothing_are_not_found) {
   ck_assert_uint_eq(peer_tag(s, "kv")->paused_buffers, 0);
   wire_env_free(s);
   ck_assert(!peer_waiting(&v));
-  SCENE_CLOSE(&w, &v, &c);
+  peer_close(&w);
+  peer_close(&v);
+  peer_close(&c);
 }
 END_TEST
 
@@ -445,7 +452,9 @@ START_TEST(unscoped_resume_resumes_what_scoped_pauses_paused) {
     peer_unmap(&ab[i]);
     peer_unmap(&bb[i]);
   }
-  SCENE_CLOSE(&a, &b, &c);
+  peer_close(&a);
+  peer_close(&b);
+  peer_close(&c);
 }
 END_TEST
 
@@ -525,7 +534,8 @@ START_TEST(worker_that_leaves_mid_self_pause_ends_cleanly) {
   wire_env_free(r);
   ck_assert_double_lt(now_ms() - t0, 30000); /* not the ack timeout */
   ck_assert_uint_eq(held_by(d.pid), 0);
-  SCENE_CLOSE(&v, &c);
+  peer_close(&v);
+  peer_close(&c);
 }
 END_TEST
 

@@ -324,7 +324,8 @@ START_TEST(workers_holding_active_buffers) {
   ck_assert_int_eq(b.nfds, 1); /* the raw worker's chunk, still its own */
   ck_assert_msg(worker_stop(&workers[0], SIGTERM) == 0, "%s", worker_output(&workers[0]));
   peer_unmap(&b);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -340,7 +341,9 @@ START_TEST(mid_pause_waiting_for_an_unmap_ack) {
   leave_event(&w, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP); /* the Unmap, never acked */
   stop_mid_op(&w, &c, req, &watch, GPUMEM__WIRE__BUFFER_STATE__PAUSING, "mid-pause");
   peer_unmap(&b);
-  SCENE_CLOSE(&w, &c, &watch);
+  peer_close(&w);
+  peer_close(&c);
+  peer_close(&watch);
 }
 END_TEST
 
@@ -357,7 +360,9 @@ START_TEST(mid_resume_waiting_for_a_remap_ack) {
   /* the Remap with its fds, never acked */
   ck_assert_uint_ge(leave_event(&w, GPUMEM__WIRE__ENVELOPE__BODY_REMAP), 1);
   stop_mid_op(&w, &c, req, &watch, GPUMEM__WIRE__BUFFER_STATE__RESUMING, "mid-resume");
-  SCENE_CLOSE(&w, &c, &watch);
+  peer_close(&w);
+  peer_close(&c);
+  peer_close(&watch);
 }
 END_TEST
 
@@ -384,7 +389,8 @@ START_TEST(backup_memory_being_made_on_the_thread_pool) {
   expect_told(&w, 0);
   expect_told(&c, 0);
   for (size_t i = 0; i < n; i++) peer_unmap(&b[i]);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -409,7 +415,8 @@ START_TEST(backup_copy_in_flight) {
   fprintf(stderr, "backup copy in flight: the pause was answered %s\n",
           wire_code_name(e.req_code));
   expect_told(&w, 0);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -442,7 +449,9 @@ START_TEST(controller_queued_behind_a_running_pause) {
   expect_told(&w, 0);
   peer_unmap(&a);
   peer_unmap(&b);
-  SCENE_CLOSE(&w, &first, &second);
+  peer_close(&w);
+  peer_close(&first);
+  peer_close(&second);
 }
 END_TEST
 
@@ -470,7 +479,9 @@ START_TEST(session_with_a_full_output_queue) {
   ck_assert_int_eq(children_but(NULL, 0), 0);
   fprintf(stderr, "full output queue: exit 0 in %.0f ms\n", now_ms() - t0);
   read_to_end(&deaf, 0); /* what reached its socket, then the end */
-  SCENE_CLOSE(&deaf, &late, &c);
+  peer_close(&deaf);
+  peer_close(&late);
+  peer_close(&c);
 }
 END_TEST
 
@@ -484,7 +495,8 @@ START_TEST(session_that_never_said_hello) {
   stop_and_check(SIGTERM, PROMPT_MS, "never said hello", NULL, 0);
   expect_told(&silent, 0);
   expect_told(&c, 0);
-  SCENE_CLOSE(&silent, &c);
+  peer_close(&silent);
+  peer_close(&c);
 }
 END_TEST
 
@@ -511,7 +523,8 @@ START_TEST(sigterm_twice) {
           now_ms() - t0);
   expect_told(&c, 0);
   read_to_end(&deaf, 0);
-  SCENE_CLOSE(&deaf, &c);
+  peer_close(&deaf);
+  peer_close(&c);
 }
 END_TEST
 
@@ -561,7 +574,8 @@ START_TEST(sigint_once) {
   ck_assert_msg(strstr(e.words, strsignal(SIGINT)), "notice: %s", e.words);
   expect_told(&c, 0);
   peer_unmap(&b);
-  SCENE_CLOSE(&w, &c);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
