@@ -156,6 +156,32 @@ static wire_code ending_error(struct peer *p, char *why, size_t len) {
   }
 }
 
+/* Connect a controller c, then a worker deaf that sends 20000 requests
+ * and never reads the replies. */
+static void open_deaf(struct peer *c, struct peer *deaf) {
+  peer_open(c, &d, CONTROLLER);
+  peer_open(deaf, &d, WORKER);
+  flood(deaf, 20000, 200);
+}
+
+/* The daemon ends session p with LIMIT_EXCEEDED, its message saying why
+ * (words), and then its stream. */
+static void expect_cut(struct peer *p, const char *words) {
+  char why[256];
+  ck_assert_int_eq(ending_error(p, why, sizeof why), CODE(LIMIT_EXCEEDED));
+  ck_assert_msg(strstr(why, words), "%s", why);
+  ck_assert(peer_ended(p));
+}
+
+/* Close the session deaf, which was cut, and check through the
+ * controller c that nothing is left queued for it. */
+static void close_cut(struct peer *deaf, struct peer *c) {
+  peer_close(deaf);
+  wire_env *st = status_of(c);
+  ck_assert_uint_eq(st->status_reply->queued_bytes, 0);
+  wire_env_free(st);
+}
+
 /* Stop the daemon with SIGTERM and wait (up to ms) for it to exit; its
  * exit status, or -1 if it did not (then it is killed). */
 static int stop_within(int ms) {
@@ -298,10 +324,7 @@ START_TEST(fds_parked_in_a_frame_are_limited_per_session) {
   peer_open(&p, &d, WORKER);
   park_fds(&p, FRAME_MAX_FDS);
   park_more(&p, 10);
-  char why[256];
-  ck_assert_int_eq(ending_error(&p, why, sizeof why), CODE(LIMIT_EXCEEDED));
-  ck_assert_msg(strstr(why, "unfinished frame"), "%s", why);
-  ck_assert(peer_ended(&p));
+  expect_cut(&p, "unfinished frame");
   peer_close(&p);
   daemon_fds_become(base);
   peer_close(&c);
@@ -423,24 +446,16 @@ END_TEST
 START_TEST(unread_replies_are_capped_per_session) {
   daemon_start(&d, "--max-queued-per-session", "256K", NULL);
   struct peer c, deaf;
-  peer_open(&c, &d, CONTROLLER);
-  peer_open(&deaf, &d, WORKER);
-  flood(&deaf, 20000, 200);
+  open_deaf(&c, &deaf);
   ck_assert(log_wait("left unread", 3000));
   wire_env *st = status_of(&c);
   fprintf(stderr, "unread replies, one session: %llu bytes queued after the cut\n",
           (unsigned long long)st->status_reply->queued_bytes);
   ck_assert_uint_le(st->status_reply->queued_bytes, 256 * 1024);
   wire_env_free(st);
-  char why[256];
-  ck_assert_int_eq(ending_error(&deaf, why, sizeof why), CODE(LIMIT_EXCEEDED));
-  ck_assert_msg(strstr(why, "per session"), "%s", why);
-  ck_assert(peer_ended(&deaf));
+  expect_cut(&deaf, "per session");
   ck_assert_int_eq(daemon_log_count(&d, "left unread"), 1);
-  peer_close(&deaf);
-  st = status_of(&c);
-  ck_assert_uint_eq(st->status_reply->queued_bytes, 0);
-  wire_env_free(st);
+  close_cut(&deaf, &c);
   peer_close(&c);
 }
 END_TEST
@@ -450,17 +465,9 @@ END_TEST
 START_TEST(unread_replies_are_capped_in_total) {
   daemon_start(&d, "--max-queued-total", "512K", NULL);
   struct peer c, deaf;
-  peer_open(&c, &d, CONTROLLER);
-  peer_open(&deaf, &d, WORKER);
-  flood(&deaf, 20000, 200);
-  char why[256];
-  ck_assert_int_eq(ending_error(&deaf, why, sizeof why), CODE(LIMIT_EXCEEDED));
-  ck_assert_msg(strstr(why, "all sessions"), "%s", why);
-  ck_assert(peer_ended(&deaf));
-  peer_close(&deaf);
-  wire_env *st = status_of(&c);
-  ck_assert_uint_eq(st->status_reply->queued_bytes, 0);
-  wire_env_free(st);
+  open_deaf(&c, &deaf);
+  expect_cut(&deaf, "all sessions");
+  close_cut(&deaf, &c);
   peer_close(&c);
 }
 END_TEST
