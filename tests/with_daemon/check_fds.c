@@ -87,9 +87,11 @@ static bool daemon_fds_become(int n) {
   return false;
 }
 
-/* Wait (up to 2 s) until the daemon's fd count is stable at its baseline
- * with one controller: the listener, the reserve, the controller... */
-static int daemon_baseline(struct peer *c) {
+/* Connect a controller c, then wait (up to 2 s) until the daemon's fd
+ * count is stable at its baseline with that one controller: the listener,
+ * the reserve, the controller...; that count. */
+static int open_baseline(struct peer *c) {
+  peer_open(c, &d, CONTROLLER);
   int maxfd, last = -1, same = 0;
   double end = now_ms() + 2000;
   while (now_ms() < end && same < 3) {
@@ -233,8 +235,7 @@ static void connect_many(int *fds, int n) {
 START_TEST(out_of_fds_the_daemon_backs_off_and_recovers) {
   daemon_start(&d, NULL);
   struct peer c;
-  peer_open(&c, &d, CONTROLLER);
-  daemon_baseline(&c);
+  open_baseline(&c);
   struct rlimit old = starve_daemon();
   int waiting[QUEUED];
   connect_many(waiting, QUEUED);
@@ -278,8 +279,7 @@ END_TEST
 START_TEST(sigterm_is_honoured_while_out_of_fds) {
   daemon_start(&d, NULL);
   struct peer c;
-  peer_open(&c, &d, CONTROLLER);
-  daemon_baseline(&c);
+  open_baseline(&c);
   starve_daemon();
   int waiting[QUEUED];
   connect_many(waiting, QUEUED);
@@ -319,8 +319,7 @@ END_TEST
 START_TEST(fds_parked_in_a_frame_are_limited_per_session) {
   daemon_start(&d, NULL);
   struct peer c, p;
-  peer_open(&c, &d, CONTROLLER);
-  int base = daemon_baseline(&c);
+  int base = open_baseline(&c);
   peer_open(&p, &d, WORKER);
   park_fds(&p, FRAME_MAX_FDS);
   park_more(&p, 10);
@@ -368,8 +367,7 @@ END_TEST
 START_TEST(unfinished_frames_time_out) {
   daemon_start(&d, "--frame-timeout", "300ms", NULL);
   struct peer c, slow, steady;
-  peer_open(&c, &d, CONTROLLER);
-  int base = daemon_baseline(&c);
+  int base = open_baseline(&c);
   peer_open(&slow, &d, WORKER);
   peer_open(&steady, &d, WORKER);
   park_fds(&slow, 5);
@@ -406,8 +404,7 @@ END_TEST
 START_TEST(status_says_how_many_fds_the_daemon_may_use_and_uses) {
   daemon_start(&d, NULL);
   struct peer c, p;
-  peer_open(&c, &d, CONTROLLER);
-  int base = daemon_baseline(&c);
+  int base = open_baseline(&c);
   struct rlimit rl;
   ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, NULL, &rl), 0);
   ck_assert_uint_eq(rl.rlim_cur, rl.rlim_max);
