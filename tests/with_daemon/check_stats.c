@@ -184,8 +184,8 @@ START_TEST(counts_bytes_durations_and_records_are_exact) {
   gpumem_disconnect(lc);
   peer_unmap(&b[0]);
   peer_unmap(&b[1]);
-  peer_close(&w);
   peer_close(&c);
+  peer_close(&w);
 }
 END_TEST
 
@@ -302,9 +302,9 @@ START_TEST(a_resume_in_flight_counts_what_owners_mapped) {
   gpumem_disconnect(lc);
   peer_unmap(&b1);
   peer_unmap(&b2);
+  peer_close(&c);
   peer_close(&w1);
   peer_close(&w2);
-  peer_close(&c);
 }
 END_TEST
 
@@ -378,8 +378,8 @@ START_TEST(failures_count_what_really_happened) {
     usleep(2000);
   }
   gpumem_disconnect(lc);
-  peer_close(&w);
   peer_close(&c);
+  peer_close(&w);
 }
 END_TEST
 
@@ -445,8 +445,8 @@ START_TEST(errors_are_counted_by_code) {
   ck_assert_uint_eq(s->nrecent_ops, 1);
   gpumem_status_free(s);
   gpumem_disconnect(lc);
-  peer_close(&w);
   peer_close(&c);
+  peer_close(&w);
 }
 END_TEST
 
