@@ -275,9 +275,7 @@ static uint64_t own_cycle(struct peer *w, const char *tag, struct pbuf *b, uint6
   wire_env *e = peer_get_within(w, NULL, 60000);
   ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
   scene_fill(b, len, seed);
-  peer_unmap(b);
-  peer_ack(w, e->id, NULL, 0, NULL);
-  wire_env_free(e);
+  scene_unmap_ack(w, e, b);
   wire_env *r = peer_get_within(w, NULL, 60000);
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   uint64_t backed = r->op_reply->backup_bytes;
