@@ -121,15 +121,15 @@ wire_code scene_free_code(struct peer *p, uint64_t id) {
 /* The fields a PauseRequest and a ResumeRequest share, the tags and the
  * scope, set in either: two message types with the same field names,
  * which C can write once only as a macro. */
-#define SET_SCOPED(req, tags, ntags, sc)                              \
-  do {                                                                \
-    (req).tags = (char **)(tags);                                     \
-    (req).n_tags = (ntags);                                           \
-    (req).own = (sc)->own;                                            \
-    (req).pids = (uint32_t *)(sc)->pids;                              \
-    (req).n_pids = (sc)->npids;                                       \
-    (req).session_prefix = (char *)((sc)->prefix ? (sc)->prefix : ""); \
-    (req).timeout_ms = (sc)->timeout_ms;                              \
+#define SET_SCOPED(req, tag_list, count, scope)                              \
+  do {                                                                       \
+    (req).tags = (char **)(tag_list);                                        \
+    (req).n_tags = (count);                                                  \
+    (req).own = (scope)->own;                                                \
+    (req).pids = (uint32_t *)(scope)->pids;                                  \
+    (req).n_pids = (scope)->npids;                                           \
+    (req).session_prefix = (char *)((scope)->prefix ? (scope)->prefix : ""); \
+    (req).timeout_ms = (scope)->timeout_ms;                                  \
   } while (0)
 
 /* Send a scoped pause or resume. */

@@ -53,8 +53,7 @@ struct answer {
 /* Send each request in turn and check its answer. */
 static void expect_answers(const struct answer *a, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    scene_send_scoped(a[i].p, a[i].resume, a[i].tag ? &a[i].tag : NULL, a[i].tag ? 1 : 0,
-                      &a[i].sc);
+    scene_send_scoped(a[i].p, a[i].resume, a[i].tag ? &a[i].tag : NULL, a[i].tag ? 1 : 0, &a[i].sc);
     wire_env *r = peer_get(a[i].p, NULL);
     char why[256];
     ck_assert_int_eq(peer_reply_code(r, why, sizeof why), a[i].code);
