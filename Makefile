@@ -248,10 +248,10 @@ $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
 	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -ldl -lm
 
-SUITE_DEPS := tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) \
-  $(O)/lib/libcommon.a $(DAEMON_OBJ)
+SUITE_DEPS := tests/harness.c tests/harness.h tests/scenario.c tests/scenario.h \
+  $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(DAEMON_OBJ)
 SUITE_LINK = @mkdir -p $(@D); echo "  LD      $@"; \
-  $(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -Itests -o $@ $< tests/harness.c \
+  $(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -Itests -o $@ $< tests/harness.c tests/scenario.c \
   $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
   -L$(O)/lib -lgpumem $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
   -Wl,-rpath,'$(abspath $(O)/lib)' -lm
