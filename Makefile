@@ -78,18 +78,20 @@ GPUVA_SRC := gpu/gpuva.c gpu/host_va.c
 GPU_VMM_SRC := gpu/vmm.c
 GPUDEV_VMM_SRC := gpu/vmm_dev.c gpu/vmm_backup.c gpu/vmm_gate.c
 GPUVA_VMM_SRC := gpu/vmm_va.c
+# Each GPU backend built (CUDA=1: cuda, HIP=1: hip) adds the VMM layer and
+# its own three files.
+GPU_BACKENDS := $(if $(filter 1,$(CUDA)),cuda) $(if $(filter 1,$(HIP)),hip)
+ifneq ($(strip $(GPU_BACKENDS)),)
+GPU_SRC += $(GPU_VMM_SRC) $(GPU_BACKENDS:%=gpu/%_lib.c)
+GPUDEV_SRC += $(GPUDEV_VMM_SRC) $(GPU_BACKENDS:%=gpu/%_dev.c)
+GPUVA_SRC += $(GPUVA_VMM_SRC) $(GPU_BACKENDS:%=gpu/%_va.c)
+endif
 ifeq ($(CUDA),1)
-GPU_SRC += $(GPU_VMM_SRC) gpu/cuda_lib.c
-GPUDEV_SRC += $(GPUDEV_VMM_SRC) gpu/cuda_dev.c
-GPUVA_SRC += $(GPUVA_VMM_SRC) gpu/cuda_va.c
 override CFLAGS += -DHAVE_CUDA
 $(O)/obj/gpu/cuda_lib.o $(O)/obj/gpu/cuda_dev.o $(O)/obj/gpu/cuda_va.o: \
   override CFLAGS += -isystem $(CUDA_HOME)/include
 endif
 ifeq ($(HIP),1)
-GPU_SRC += $(GPU_VMM_SRC) gpu/hip_lib.c
-GPUDEV_SRC += $(GPUDEV_VMM_SRC) gpu/hip_dev.c
-GPUVA_SRC += $(GPUVA_VMM_SRC) gpu/hip_va.c
 override CFLAGS += -DHAVE_HIP
 $(O)/obj/gpu/hip_lib.o $(O)/obj/gpu/hip_dev.o $(O)/obj/gpu/hip_va.o: \
   override CFLAGS += -isystem $(HIP_INCLUDE) -Wno-strict-prototypes
@@ -184,22 +186,12 @@ $(O)/obj/%.o: %.c $(GEN) $(BUILD_CONFIG)
 	@echo "  CC      $<"
 	@$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
 
+# The static libraries, each of its objects.
 $(O)/lib/libcommon.a: $(COMMON_OBJ)
-	@mkdir -p $(@D)
-	@rm -f $@
-	@$(AR) rcs $@ $^
-
 $(O)/lib/libgpu.a: $(GPU_OBJ)
-	@mkdir -p $(@D)
-	@rm -f $@
-	@$(AR) rcs $@ $^
-
 $(O)/lib/libgpudev.a: $(GPUDEV_OBJ)
-	@mkdir -p $(@D)
-	@rm -f $@
-	@$(AR) rcs $@ $^
-
 $(O)/lib/libgpuva.a: $(GPUVA_OBJ)
+$(addprefix $(O)/lib/,libcommon.a libgpu.a libgpudev.a libgpuva.a):
 	@mkdir -p $(@D)
 	@rm -f $@
 	@$(AR) rcs $@ $^
@@ -256,10 +248,10 @@ $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
 	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -ldl -lm
 
-SUITE_DEPS := tests/harness.c tests/harness.h $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) \
-  $(O)/lib/libcommon.a $(DAEMON_OBJ)
+SUITE_DEPS := tests/harness.c tests/harness.h tests/scenario.c tests/scenario.h \
+  $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(DAEMON_OBJ)
 SUITE_LINK = @mkdir -p $(@D); echo "  LD      $@"; \
-  $(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -Itests -o $@ $< tests/harness.c \
+  $(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -Itests -o $@ $< tests/harness.c tests/scenario.c \
   $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
   -L$(O)/lib -lgpumem $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
   -Wl,-rpath,'$(abspath $(O)/lib)' -lm

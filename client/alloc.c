@@ -16,9 +16,7 @@
 static int send_free(gpumem_client *c, gpumem_buffer *b, uint64_t id) {
   Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
   fr.buffer_id = id;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  req.free = &fr;
+  wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_FREE, &fr);
   struct call call = {.freeing = b};
   int rc = conn_call(c->conn, &req, &call);
   conn_call_done(&call);
@@ -44,9 +42,7 @@ int alloc_buffer(gpumem_client *c, const char *tag, int device, uint64_t size, u
   ar.device = node < 0 ? 0 : (unsigned)node;
   ar.size = size;
   ar.flags = flags;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  req.alloc = &ar;
+  wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC, &ar);
   struct buffer_spec spec = {.tag = tag, .device = ar.device, .local = (unsigned)device,
                              .flags = flags, .pooled = pooled};
   struct call call = {.alloc = &spec};

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "buffer.h"
-#include "clock.h"
+#include "common/clock.h"
 #include "error.h"
 
 struct gpumem_buffer {
@@ -234,14 +234,24 @@ void buffer_doom(gpumem_buffer *b) {
   addrmap_remove(&b->at);
 }
 
-/* True once the buffer is no longer the caller's. */
-bool buffer_doomed(const gpumem_buffer *b) {
+/* What of a buffer its lock guards and its readers ask of it. */
+struct buffer_now {
+  uint64_t id;
+  bool mapped, unmapping, known, doomed;
+};
+
+/* Read what b's lock guards, at once, under it. */
+static struct buffer_now buffer_now(const gpumem_buffer *b) {
   gpumem_buffer *m = (gpumem_buffer *)b;
   pthread_mutex_lock(&m->mu);
-  bool doomed = m->doomed;
+  struct buffer_now n = {.id = m->id, .mapped = m->mapped, .unmapping = m->unmapping,
+                         .known = m->known, .doomed = m->doomed};
   pthread_mutex_unlock(&m->mu);
-  return doomed;
+  return n;
 }
+
+/* True once the buffer is no longer the caller's. */
+bool buffer_doomed(const gpumem_buffer *b) { return buffer_now(b).doomed; }
 
 /* True for a slab of the pool. */
 bool buffer_pooled(const gpumem_buffer *b) { return b->pooled; }
@@ -265,11 +275,8 @@ size_t buffer_chunks(const gpumem_buffer *b, const uint64_t **sizes) {
 
 /* May allocations come from this slab now. */
 bool buffer_usable(const gpumem_buffer *b, bool allow_paused, bool live) {
-  gpumem_buffer *m = (gpumem_buffer *)b;
-  pthread_mutex_lock(&m->mu);
-  bool ok = (!live || m->known) && (allow_paused || (m->mapped && !m->unmapping));
-  pthread_mutex_unlock(&m->mu);
-  return ok;
+  struct buffer_now n = buffer_now(b);
+  return (!live || n.known) && (allow_paused || (n.mapped && !n.unmapping));
 }
 
 /* The backend that maps the buffer. */
@@ -295,8 +302,10 @@ static int copy_begin(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint64_t
   return 0;
 }
 
-/* End a copy begun with copy_begin, waking an unmap that waits for it. */
-static int copy_end(gpumem_buffer *b, int rc) {
+/* End a copy begun with copy_begin, waking an unmap that waits for it; the
+ * backend's result for the copy (negative: it failed) becomes the call's. */
+static int copy_end(gpumem_buffer *b, int gpu_rc) {
+  int rc = gpu_rc < 0 ? error_set(GPUMEM_E_BACKEND, "%s", gpu_error()) : 0;
   pthread_mutex_lock(&b->mu);
   if (--b->copies == 0 && b->unmapping) pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
@@ -307,9 +316,7 @@ static int copy_end(gpumem_buffer *b, int rc) {
 int gpumem_buffer_read(gpumem_client *c, gpumem_buffer *b, uint64_t off, void *dst, uint64_t len) {
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpuva_copy_from(b->gpu, b->local, dst, (char *)b->va + off, len) < 0)
-    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return copy_end(b, rc);
+  return copy_end(b, gpuva_copy_from(b->gpu, b->local, dst, (char *)b->va + off, len));
 }
 
 /* Copy host memory into a buffer. */
@@ -317,9 +324,7 @@ int gpumem_buffer_write(gpumem_client *c, gpumem_buffer *b, uint64_t off, const 
                         uint64_t len) {
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpuva_copy_to(b->gpu, b->local, (char *)b->va + off, src, len) < 0)
-    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return copy_end(b, rc);
+  return copy_end(b, gpuva_copy_to(b->gpu, b->local, (char *)b->va + off, src, len));
 }
 
 /* Fill part of a buffer with a 32-bit value on the device. */
@@ -329,9 +334,7 @@ int gpumem_buffer_fill32(gpumem_client *c, gpumem_buffer *b, uint64_t off, uint6
     return error_set(GPUMEM_E_INVALID, "offset and length must be multiples of 4");
   int rc = copy_begin(c, b, off, len);
   if (rc < 0) return rc;
-  if (gpuva_fill32(b->gpu, b->local, (char *)b->va + off, len, value) < 0)
-    rc = error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
-  return copy_end(b, rc);
+  return copy_end(b, gpuva_fill32(b->gpu, b->local, (char *)b->va + off, len, value));
 }
 
 /* The buffer's address. */
@@ -350,28 +353,10 @@ int gpumem_buffer_device(const gpumem_buffer *b) { return (int)b->local; }
 unsigned gpumem_buffer_flags(const gpumem_buffer *b) { return b->flags; }
 
 /* The buffer's id at the daemon (renumbered by a reconnection). */
-uint64_t gpumem_buffer_id(const gpumem_buffer *b) {
-  gpumem_buffer *m = (gpumem_buffer *)b;
-  pthread_mutex_lock(&m->mu);
-  uint64_t id = m->id;
-  pthread_mutex_unlock(&m->mu);
-  return id;
-}
+uint64_t gpumem_buffer_id(const gpumem_buffer *b) { return buffer_now(b).id; }
 
 /* 1 if memory is mapped behind the pointer now. */
-int gpumem_buffer_mapped(const gpumem_buffer *b) {
-  gpumem_buffer *m = (gpumem_buffer *)b;
-  pthread_mutex_lock(&m->mu);
-  bool mapped = m->mapped;
-  pthread_mutex_unlock(&m->mu);
-  return mapped;
-}
+int gpumem_buffer_mapped(const gpumem_buffer *b) { return buffer_now(b).mapped; }
 
 /* 1 if the daemon knows the buffer now. */
-int gpumem_buffer_registered(const gpumem_buffer *b) {
-  gpumem_buffer *m = (gpumem_buffer *)b;
-  pthread_mutex_lock(&m->mu);
-  bool known = m->known;
-  pthread_mutex_unlock(&m->mu);
-  return known;
-}
+int gpumem_buffer_registered(const gpumem_buffer *b) { return buffer_now(b).known; }

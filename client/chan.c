@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "chan.h"
-#include "clock.h"
+#include "common/clock.h"
 #include "common/wire.h"
 #include "error.h"
 #include "gpumem.h"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
+#include "common/clock.h"
 #include "error.h"
 #include "loop.h"
 

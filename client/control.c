@@ -76,6 +76,21 @@ static int op_devices(gpumem_client *c, const int *devices, size_t n, uint32_t *
   return 0;
 }
 
+/* Set the fields that a PauseRequest and a ResumeRequest share (two message
+ * types with the same names: C fills both alike only through a macro). */
+#define OP_REQUEST_SET(m, tg, ntg, dv, ndv, op)                                         \
+  do {                                                                                  \
+    (m).tags = (char **)(tg);                                                           \
+    (m).n_tags = (ntg);                                                                 \
+    (m).devices = (dv);                                                                 \
+    (m).n_devices = (ndv);                                                              \
+    (m).timeout_ms = (op).timeout_ms;                                                   \
+    (m).pids = (uint32_t *)(op).pids;                                                   \
+    (m).n_pids = (op).npids;                                                            \
+    (m).session_prefix = (char *)((op).session_prefix ? (op).session_prefix : "");      \
+    (m).own = (op).scope == GPUMEM_SCOPE_OWN;                                           \
+  } while (0)
+
 /* Send a pause or resume and wait; the reply (OpReply or Error) stays in
  * *reply for the caller to read and free, also when the call failed. */
 static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_t ntags,
@@ -90,32 +105,14 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
   if (rc < 0) return rc;
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   Gpumem__Wire__ResumeRequest r = GPUMEM__WIRE__RESUME_REQUEST__INIT;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+  wire_env req;
   if (resume) {
-    r.tags = (char **)tags;
-    r.n_tags = ntags;
-    r.devices = devs;
-    r.n_devices = ndevices;
-    r.timeout_ms = o.timeout_ms;
-    r.pids = (uint32_t *)o.pids;
-    r.n_pids = o.npids;
-    r.session_prefix = (char *)(o.session_prefix ? o.session_prefix : "");
-    r.own = o.scope == GPUMEM_SCOPE_OWN;
-    req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
-    req.resume = &r;
+    OP_REQUEST_SET(r, tags, ntags, devs, ndevices, o);
+    req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_RESUME, &r);
   } else {
-    p.tags = (char **)tags;
-    p.n_tags = ntags;
-    p.devices = devs;
-    p.n_devices = ndevices;
-    p.timeout_ms = o.timeout_ms;
+    OP_REQUEST_SET(p, tags, ntags, devs, ndevices, o);
     p.max_residual = o.max_residual;
-    p.pids = (uint32_t *)o.pids;
-    p.n_pids = o.npids;
-    p.session_prefix = (char *)(o.session_prefix ? o.session_prefix : "");
-    p.own = o.scope == GPUMEM_SCOPE_OWN;
-    req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
-    req.pause = &p;
+    req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE, &p);
   }
   /* The daemon may wait this long for owners before it answers. */
   reply->extra_ms = o.timeout_ms && o.timeout_ms < GPUMEM_OWNER_TIMEOUT_MAX_MS
@@ -257,9 +254,7 @@ int gpumem_share(gpumem_client *c, const char *tag, int shared) {
   Gpumem__Wire__ShareRequest q = GPUMEM__WIRE__SHARE_REQUEST__INIT;
   q.tag = (char *)tag;
   q.shared = shared != 0;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE;
-  req.share = &q;
+  wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_SHARE, &q);
   struct call reply = {0};
   int rc = conn_call(c->conn, &req, &reply);
   if (rc == 0 && reply.reply->body_case != GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY)

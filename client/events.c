@@ -88,10 +88,7 @@ static uint8_t *ack(uint64_t event_id, const struct failures *fl, size_t *len) {
   a.message = (char *)(fl->code ? fl->words : "");
   a.failed_ids = fl->ids;
   a.n_failed_ids = fl->code ? fl->n : 0;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = event_id;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ACK;
-  env.ack = &a;
+  wire_env env = wire_envelope(event_id, GPUMEM__WIRE__ENVELOPE__BODY_ACK, &a);
   return wire_pack(&env, len);
 }
 

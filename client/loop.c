@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "common/clock.h"
 #include "error.h"
 #include "loop.h"
 
@@ -61,10 +61,7 @@ static struct request *enqueue(conn *k, enum request_kind kind, uint64_t id, uin
 static uint8_t *pack_free(uint64_t rid, uint64_t id, size_t *len) {
   Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
   fr.buffer_id = id;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.id = rid;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  req.free = &fr;
+  wire_env req = wire_envelope(rid, GPUMEM__WIRE__ENVELOPE__BODY_FREE, &fr);
   return wire_pack(&req, len);
 }
 
@@ -498,9 +495,7 @@ void loop_attempt(conn *k) {
   }
   Gpumem__Wire__Hello h;
   hello_request(&h, k->role, k->name);
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
-  req.hello = &h;
+  wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_HELLO, &h);
   pthread_mutex_lock(&k->mu);
   k->gen++;
   k->fd = chan_fd(k->ch);

@@ -25,9 +25,7 @@ static int status_page(gpumem_client *c, uint64_t tag_cursor, uint64_t session_c
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
   sr.tag_cursor = tag_cursor;
   sr.session_cursor = session_cursor;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
-  req.status = &sr;
+  wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS, &sr);
   return call_for(c, &req, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY, reply);
 }
 
@@ -35,9 +33,7 @@ static int status_page(gpumem_client *c, uint64_t tag_cursor, uint64_t session_c
 static int list_page(gpumem_client *c, uint64_t after, struct call *reply) {
   Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
   lr.after = after;
-  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
-  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
-  req.list = &lr;
+  wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_LIST, &lr);
   return call_for(c, &req, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY, reply);
 }
 

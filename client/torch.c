@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "addrmap.h"
-#include "clock.h"
+#include "common/clock.h"
 #include "common/wire.h"
 #include "default.h"
 #include "error.h"

@@ -86,6 +86,21 @@ const char *wire_state_name(int state) {
   return v ? v->name : "UNKNOWN";
 }
 
+/* An envelope of this id carrying msg: the oneof's member for body_case is
+ * found through the envelope's descriptor, which also says that msg is of
+ * its type. */
+wire_env wire_envelope(uint64_t id, Gpumem__Wire__Envelope__BodyCase body_case, void *msg) {
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field(&gpumem__wire__envelope__descriptor,
+                                              (unsigned)body_case);
+  if (!f || f->descriptor != ((const ProtobufCMessage *)msg)->descriptor) abort();
+  env.id = id;
+  env.body_case = body_case;
+  memcpy((char *)&env + f->offset, &msg, sizeof msg);
+  return env;
+}
+
 /* Serialize an envelope into a malloc'd buffer. */
 uint8_t *wire_pack(const wire_env *env, size_t *len) {
   size_t n = gpumem__wire__envelope__get_packed_size(env);

@@ -47,6 +47,11 @@ const char *wire_code_name(wire_code code);
 /* The protocol's name for a buffer state ("ACTIVE"). */
 const char *wire_state_name(int state);
 
+/* An envelope of this id whose body is msg, as the oneof case body_case.
+ * msg must be of that case's message type: a call that names another is
+ * a bug and aborts. */
+wire_env wire_envelope(uint64_t id, Gpumem__Wire__Envelope__BodyCase body_case, void *msg);
+
 /* Serialize an envelope. Returns a malloc'd buffer and its length in *len,
  * or NULL when out of memory. */
 uint8_t *wire_pack(const wire_env *env, size_t *len);

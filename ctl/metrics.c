@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "ctl/text.h"
@@ -26,6 +27,9 @@ static void label_value(const char *s) {
 static void metric(const char *name, const char *type, const char *help) {
   printf("# HELP gpumem_%s %s\n# TYPE gpumem_%s %s\n", name, help, name, type);
 }
+
+/* The off of the tag family whose figure is whether the tag is paused. */
+#define TAG_PAUSED SIZE_MAX
 
 /* A duration in microseconds as Prometheus seconds. */
 static double seconds(uint64_t us) { return (double)us / 1e6; }
@@ -97,6 +101,41 @@ static void operations(const struct gpumem_status *s) {
   }
 }
 
+/* The figure of a tag that a tag family gives: the uint64_t at off in t,
+ * or for TAG_PAUSED 1 when the tag is paused, else 0. */
+static unsigned long long tag_figure(const struct gpumem_tag_status *t, size_t off) {
+  if (off == TAG_PAUSED) return t->state == GPUMEM_PAUSED;
+  uint64_t v;
+  memcpy(&v, (const char *)t + off, sizeof v);
+  return v;
+}
+
+/* The families of one figure per tag. */
+static void tags(const struct gpumem_status *s) {
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } fam[] = {
+      {"tag_bytes", "Bytes of a tag's buffers.", offsetof(struct gpumem_tag_status, bytes)},
+      {"tag_paused", "1 when a tag is paused (its memory given back), else 0.", TAG_PAUSED},
+      {"tag_buffers", "Buffers of a tag.", offsetof(struct gpumem_tag_status, buffers)},
+      {"tag_released_bytes", "Bytes of a tag given back to the devices while paused.",
+       offsetof(struct gpumem_tag_status, paused_bytes)},
+      {"tag_backup_bytes", "Bytes of a tag held as backups in host memory.",
+       offsetof(struct gpumem_tag_status, backup_bytes)},
+      {"tag_transit_bytes", "Bytes of a tag's buffers in transit (an owner's ack missing).",
+       offsetof(struct gpumem_tag_status, transit_bytes)},
+  };
+  for (size_t k = 0; k < sizeof fam / sizeof fam[0]; k++) {
+    metric(fam[k].name, "gauge", fam[k].help);
+    for (size_t i = 0; i < s->ntags; i++) {
+      printf("gpumem_%s{tag=\"", fam[k].name);
+      label_value(s->tags[i]->name);
+      printf("\"} %llu\n", tag_figure(s->tags[i], fam[k].off));
+    }
+  }
+}
+
 /* The status in the Prometheus text format, for node_exporter's textfile
  * collector. */
 void metrics_print(const struct gpumem_status *s) {
@@ -118,42 +157,7 @@ void metrics_print(const struct gpumem_status *s) {
       printf("gpumem_%s{device=\"%u\"} %llu\n", dev[k].name, s->devices[i]->node_device,
              *(const unsigned long long *)((const char *)s->devices[i] + dev[k].off));
   }
-  metric("tag_bytes", "gauge", "Bytes of a tag's buffers.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_bytes{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->bytes);
-  }
-  metric("tag_paused", "gauge", "1 when a tag is paused (its memory given back), else 0.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_paused{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %d\n", s->tags[i]->state == GPUMEM_PAUSED ? 1 : 0);
-  }
-  metric("tag_buffers", "gauge", "Buffers of a tag.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_buffers{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->buffers);
-  }
-  metric("tag_released_bytes", "gauge", "Bytes of a tag given back to the devices while paused.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_released_bytes{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->paused_bytes);
-  }
-  metric("tag_backup_bytes", "gauge", "Bytes of a tag held as backups in host memory.");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_backup_bytes{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->backup_bytes);
-  }
-  metric("tag_transit_bytes", "gauge", "Bytes of a tag's buffers in transit (an owner's ack missing).");
-  for (size_t i = 0; i < s->ntags; i++) {
-    printf("gpumem_tag_transit_bytes{tag=\"");
-    label_value(s->tags[i]->name);
-    printf("\"} %llu\n", (unsigned long long)s->tags[i]->transit_bytes);
-  }
+  tags(s);
   /* gpumemctl's own session is left out too: without a controller's
    * rights it looks through a worker session. */
   size_t workers = 0;

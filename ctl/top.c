@@ -327,18 +327,27 @@ static bool sees_every_tag(const struct gpumem_status *s) {
   return true;
 }
 
+/* A column of a table: its title, width and whether it is right-aligned. */
+struct column {
+  const char *title;
+  int width;
+  bool right;
+};
+
+/* A table's header of n columns on line y, bold and reversed. */
+static void header(int y, const struct column *cols, size_t n) {
+  int x = 0;
+  for (size_t i = 0; i < n; i++)
+    cell(y, &x, cols[i].title, cols[i].width, cols[i].right, A_BOLD | A_REVERSE);
+}
+
 /* The tags, by name: state, bytes, paused, backed up and in transit. */
 static int draw_tags(int y, const struct gpumem_status *s, int after) {
-  int x = 0;
-  attr_t h = A_BOLD | A_REVERSE;
+  static const struct column cols[] = {{"TAG", 20, false},   {"STATE", 9, false},
+                                       {"BYTES", 10, true},  {"PAUSED", 10, true},
+                                       {"BACKUP", 10, true}, {"IN TRANSIT", 10, true}};
   char a[32], b[32], c[32], d[32], name[NAME_BUF];
-  cell(y, &x, "TAG", 20, false, h);
-  cell(y, &x, "STATE", 9, false, h);
-  cell(y, &x, "BYTES", 10, true, h);
-  cell(y, &x, "PAUSED", 10, true, h);
-  cell(y, &x, "BACKUP", 10, true, h);
-  cell(y, &x, "IN TRANSIT", 10, true, h);
-  y++;
+  header(y++, cols, sizeof cols / sizeof cols[0]);
   if (s->ntags == 0) {
     line(y, 0,
          sees_every_tag(s) ? "no tags: no buffer is allocated"
@@ -355,7 +364,7 @@ static int draw_tags(int y, const struct gpumem_status *s, int after) {
     const struct gpumem_tag_status *t = v[i];
     attr_t attr;
     const char *state = tag_state(t, &attr);
-    x = 0;
+    int x = 0;
     cell(y, &x, shown(t->name, name, sizeof name), 20, false, A_NORMAL);
     cell(y, &x, state, 9, false, attr);
     cell(y, &x, size_format(t->bytes, a, sizeof a), 10, true, A_NORMAL);
@@ -371,13 +380,10 @@ static int draw_tags(int y, const struct gpumem_status *s, int after) {
 /* The processes holding the most device memory outside gpumemd: the leak
  * an operator hunts. */
 static int draw_holders(int y, const struct gpumem_status *s, int after) {
-  int x = 0;
-  attr_t h = A_BOLD | A_REVERSE;
-  cell(y, &x, "HELD OUTSIDE GPUMEMD BY", 24, false, h);
-  cell(y, &x, "PID", 8, true, h);
-  cell(y, &x, "DEVICE", 10, false, h);
-  cell(y, &x, "BYTES", 10, true, h);
-  y++;
+  static const struct column cols[] = {
+      {"HELD OUTSIDE GPUMEMD BY", 24, false}, {"PID", 8, true}, {"DEVICE", 10, false},
+      {"BYTES", 10, true}};
+  header(y++, cols, sizeof cols / sizeof cols[0]);
   if (!s->processes_known) {
     line(y, 0, "unknown: the driver gives no per-process figures", A_DIM);
     return y + 1;
@@ -393,7 +399,7 @@ static int draw_holders(int y, const struct gpumem_status *s, int after) {
   size_t shown_n = fit_list(y, n, room < HOLDERS_SHOWN + 1 ? room : HOLDERS_SHOWN + 1, "processes");
   char a[32], pid[16], dev[48], name[NAME_BUF];
   for (size_t i = 0; i < shown_n; i++, y++) {
-    x = 0;
+    int x = 0;
     snprintf(pid, sizeof pid, "%u", v[i]->pid);
     cell(y, &x, v[i]->name && v[i]->name[0] ? shown(v[i]->name, name, sizeof name) : "?", 24,
          false, A_NORMAL);
@@ -447,18 +453,13 @@ static void draw_op(int y, const struct gpumem_op_record *r, int tags_w) {
 
 /* The operations running, then the last ones done, newest first. */
 static int draw_ops(int y, const struct gpumem_status *s) {
-  int x = 0, tags_w = COLS - (8 + 6 + 21 + 8 + 6 + 14) - 6;
+  int tags_w = COLS - (8 + 6 + 21 + 8 + 6 + 14) - 6;
   if (tags_w < 8) tags_w = 8;
   if (tags_w > 40) tags_w = 40;
-  attr_t h = A_BOLD | A_REVERSE;
-  cell(y, &x, "STARTED", 8, false, h);
-  cell(y, &x, "OP", 6, false, h);
-  cell(y, &x, "TAGS", tags_w, false, h);
-  cell(y, &x, "BYTES", 21, true, h);
-  cell(y, &x, "TOOK", 8, true, h);
-  cell(y, &x, "GiB/s", 6, true, h);
-  cell(y, &x, "RESULT", 14, false, h);
-  y++;
+  const struct column cols[] = {{"STARTED", 8, false}, {"OP", 6, false},  {"TAGS", tags_w, false},
+                                {"BYTES", 21, true},   {"TOOK", 8, true}, {"GiB/s", 6, true},
+                                {"RESULT", 14, false}};
+  header(y++, cols, sizeof cols / sizeof cols[0]);
   if (s->nrecent_ops == 0) {
     line(y, 0, s->uptime_ms ? "no pause or resume since gpumemd started"
                             : "this gpumemd does not report its pauses and resumes (before 1.3)",

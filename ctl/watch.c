@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "ctl/owner.h"
 
 /* How long one status request may wait: a daemon that does not answer
@@ -136,11 +137,7 @@ int watch_start(const char *socket_path, uid_t owner, const char *name, uint64_t
   w->fn = fn;
   w->user = user;
   pthread_mutex_init(&w->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&w->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  clock_cond_init(&w->cv);
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);

@@ -278,6 +278,19 @@ static void release(engine *e, struct op *op, struct buffer *b, bool still_held)
   count(op, b);
 }
 
+/* The group's i-th buffer, which its owner's answer is about, while it is
+ * still in state (NULL when it is gone or has moved on). One that the
+ * owner could not unmap (g->failed[i]) is ACTIVE again and held. */
+static struct buffer *answered(engine *e, struct group *g, size_t i, buffer_state state) {
+  struct buffer *b = registry_find(e->reg, g->ids[i]);
+  if (!b || b->state != state) return NULL;
+  if (g->failed[i]) {
+    registry_move(e->reg, b, BUF_EV_UNMAP_FAILED);
+    hold(g->op, b);
+  }
+  return b;
+}
+
 /* An owner answered its Unmap: what it unmapped is released, what it could
  * not unmap is ACTIVE again. Out of host memory for the check, unmapped
  * buffers are PAUSED and keep their memory, counted as held (a later
@@ -287,11 +300,9 @@ static void finish_unmap(engine *e, struct group *g) {
   bool *held = calloc(g->nids + 1, sizeof *held);
   size_t n = 0;
   for (size_t i = 0; i < g->nids; i++) {
-    struct buffer *b = registry_find(e->reg, g->ids[i]);
-    if (!b || b->state != BUF_PAUSING) continue;
+    struct buffer *b = answered(e, g, i, BUF_PAUSING);
+    if (!b) continue;
     if (g->failed[i]) {
-      registry_move(e->reg, b, BUF_EV_UNMAP_FAILED);
-      hold(g->op, b);
       fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d could not unmap buffer %llu: %s",
            (int)g->s->pid, (unsigned long long)b->id, g->why);
       continue;
@@ -323,12 +334,10 @@ static void undo_resume(engine *e, struct buffer *b, bool made) {
 /* An owner answered a rollback Unmap. */
 static void finish_rollback(engine *e, struct group *g) {
   for (size_t i = 0; i < g->nids; i++) {
-    struct buffer *b = registry_find(e->reg, g->ids[i]);
-    if (!b || b->state != BUF_RESUMING) continue;
+    struct buffer *b = answered(e, g, i, BUF_RESUMING);
+    if (!b) continue;
     if (g->failed[i]) {
       /* The owner keeps it mapped: it is in use, whatever the resume said. */
-      registry_move(e->reg, b, BUF_EV_UNMAP_FAILED);
-      hold(g->op, b);
       log_error("pid %d could not unmap buffer %llu after a failed resume: %s", (int)g->s->pid,
                 (unsigned long long)b->id, g->why);
       fail(g->op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,

@@ -10,10 +10,7 @@ void event_send_unmap(const struct outbox *out, struct owner *o, uint64_t id,
   Gpumem__Wire__UnmapEvent ev = GPUMEM__WIRE__UNMAP_EVENT__INIT;
   ev.buffer_ids = (uint64_t *)ids;
   ev.n_buffer_ids = n;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = id;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
-  env.unmap = &ev;
+  wire_env env = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP, &ev);
   out->send(out->ctx, o, &env, NULL, 0);
 }
 
@@ -63,11 +60,8 @@ int event_send_remap(const struct outbox *out, struct owner *o, registry *reg, u
     Gpumem__Wire__RemapEvent rm = GPUMEM__WIRE__REMAP_EVENT__INIT;
     rm.entries = entp;
     rm.n_entries = nent;
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-    env.id = first_id + ev_i;
+    wire_env env = wire_envelope(first_id + ev_i, GPUMEM__WIRE__ENVELOPE__BODY_REMAP, &rm);
     env.fd_count = (uint32_t)nfds;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
-    env.remap = &rm;
     int sent[FRAME_MAX_FDS];
     memcpy(sent, fds + first_fd, nfds * sizeof *sent);
     for (size_t k = first_fd; k < fd_at; k++) fds[k] = -1; /* the outbox owns them */

@@ -17,4 +17,8 @@ struct fault {
 wire_code fault_set(struct fault *f, wire_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Fill err with f's code, words and figures; the words are copied into
+ * text (sizeof f->text bytes) and made valid UTF-8 there. */
+void fault_to_wire(const struct fault *f, char *text, Gpumem__Wire__Error *err);
+
 #endif

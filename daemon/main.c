@@ -85,6 +85,58 @@ static int parse_uint(const char *s, unsigned long max, unsigned long *out) {
   return 0;
 }
 
+/* Parse the value of option c when it is one of those that set a count
+ * (1 to a largest), a size or a duration in cfg. Returns 1 when it was and
+ * its value is good, -1 when the value is bad, 0 for another option. */
+static int parse_value_option(int c, const char *arg, struct config *cfg) {
+  const struct {
+    int opt;
+    unsigned long max;
+    unsigned *to;
+  } counts[] = {
+      {'n', 64, &cfg->host_devices},
+      {'S', 1000000, &cfg->max_sessions_per_uid},
+      {'B', 100000000, &cfg->max_buffers_per_session},
+      {'A', 100000000, &cfg->max_buffers_per_uid},
+      {'P', 1000000, &cfg->max_parked_fds_per_session},
+      {'U', 100000000, &cfg->max_parked_fds_per_uid},
+  };
+  const struct {
+    int opt;
+    bool nonzero;
+    uint64_t *to;
+  } sizes[] = {
+      {'z', false, &cfg->host_device_size},
+      {'k', false, &cfg->backup_limit},
+      {'G', false, &cfg->host_granularity},
+      {'D', false, &cfg->max_device_bytes_per_uid},
+      {'K', false, &cfg->max_backup_bytes_per_uid},
+      {'Q', true, &cfg->max_queued_per_session},
+      {'T', true, &cfg->max_queued_total},
+  };
+  const struct {
+    int opt;
+    uint32_t *to;
+  } durations[] = {
+      {'t', &cfg->ack_timeout_ms},
+      {'a', &cfg->adopt_grace_ms},
+      {'F', &cfg->frame_timeout_ms},
+  };
+  unsigned long v;
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+    if (counts[i].opt != c) continue;
+    if (parse_uint(arg, counts[i].max, &v) || v == 0) return -1;
+    *counts[i].to = (unsigned)v;
+    return 1;
+  }
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    if (sizes[i].opt == c)
+      return size_parse(arg, sizes[i].to) || (sizes[i].nonzero && *sizes[i].to == 0) ? -1 : 1;
+  for (size_t i = 0; i < sizeof durations / sizeof durations[0]; i++)
+    if (durations[i].opt == c) return parse_duration(arg, durations[i].to) ? -1 : 1;
+  return 0;
+}
+
 /* Report a bad option value; returns the usage exit status. */
 static int die_usage(const char *opt, const char *val) {
   fprintf(stderr, "gpumemd: invalid value for --%s: '%s'\n", opt, val);
@@ -234,6 +286,9 @@ int main(int argc, char **argv) {
   unsigned long v;
   while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
     const char *name = c == '?' ? "" : opts[idx].name;
+    int value = parse_value_option(c, optarg, &cfg);
+    if (value < 0) return die_usage(name, optarg);
+    if (value > 0) continue;
     switch (c) {
     case 's': cfg.socket_path = optarg; break;
     case 'O': {
@@ -255,30 +310,11 @@ int main(int argc, char **argv) {
       break;
     }
     case 'b': cfg.backend = optarg; break;
-    case 'n':
-      if (parse_uint(optarg, 64, &v) || v == 0) return die_usage(name, optarg);
-      cfg.host_devices = (unsigned)v;
-      break;
-    case 'z':
-      if (size_parse(optarg, &cfg.host_device_size)) return die_usage(name, optarg);
-      break;
-    case 'k':
-      if (size_parse(optarg, &cfg.backup_limit)) return die_usage(name, optarg);
-      break;
     case 'v': cfg.verify_backups = true; break;
-    case 'G':
-      if (size_parse(optarg, &cfg.host_granularity)) return die_usage(name, optarg);
-      break;
     case 'c':
       if (size_parse(optarg, &cfg.chunk_size) || cfg.chunk_size == 0 ||
           (cfg.chunk_size & (cfg.chunk_size - 1)))
         return die_usage(name, optarg);
-      break;
-    case 't':
-      if (parse_duration(optarg, &cfg.ack_timeout_ms)) return die_usage(name, optarg);
-      break;
-    case 'a':
-      if (parse_duration(optarg, &cfg.adopt_grace_ms)) return die_usage(name, optarg);
       break;
     case 'p':
       if (strcmp(optarg, "report") == 0) cfg.timeout_policy = TIMEOUT_REPORT;
@@ -296,24 +332,6 @@ int main(int argc, char **argv) {
       else return die_usage(name, optarg);
       break;
     }
-    case 'S':
-      if (parse_uint(optarg, 1000000, &v) || v == 0) return die_usage(name, optarg);
-      cfg.max_sessions_per_uid = (unsigned)v;
-      break;
-    case 'B':
-      if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
-      cfg.max_buffers_per_session = (unsigned)v;
-      break;
-    case 'A':
-      if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
-      cfg.max_buffers_per_uid = (unsigned)v;
-      break;
-    case 'D':
-      if (size_parse(optarg, &cfg.max_device_bytes_per_uid)) return die_usage(name, optarg);
-      break;
-    case 'K':
-      if (size_parse(optarg, &cfg.max_backup_bytes_per_uid)) return die_usage(name, optarg);
-      break;
     case 'H': {
       if (!wire_tag_valid(optarg)) {
         fprintf(stderr, "gpumemd: --shared-tag: '%s' is not a tag (1-%d of A-Z a-z 0-9 _ . -)\n",
@@ -327,25 +345,6 @@ int main(int argc, char **argv) {
       shared_tags[cfg.nshared_tags++] = optarg;
       break;
     }
-    case 'P':
-      if (parse_uint(optarg, 1000000, &v) || v == 0) return die_usage(name, optarg);
-      cfg.max_parked_fds_per_session = (unsigned)v;
-      break;
-    case 'U':
-      if (parse_uint(optarg, 100000000, &v) || v == 0) return die_usage(name, optarg);
-      cfg.max_parked_fds_per_uid = (unsigned)v;
-      break;
-    case 'F':
-      if (parse_duration(optarg, &cfg.frame_timeout_ms)) return die_usage(name, optarg);
-      break;
-    case 'Q':
-      if (size_parse(optarg, &cfg.max_queued_per_session) || cfg.max_queued_per_session == 0)
-        return die_usage(name, optarg);
-      break;
-    case 'T':
-      if (size_parse(optarg, &cfg.max_queued_total) || cfg.max_queued_total == 0)
-        return die_usage(name, optarg);
-      break;
     case 'l': {
       int lvl = log_level_parse(optarg);
       if (lvl < 0) return die_usage(name, optarg);

@@ -82,26 +82,21 @@ void outcome_log(const struct outcome *o, const char *what, const char *first_ta
 void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint64_t backup_us,
                    Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpudev *g,
                    const struct outbox *out, struct owner *to) {
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = req_id;
+  wire_env env;
+  char text[sizeof o->fault.text];
   Gpumem__Wire__Error err = GPUMEM__WIRE__ERROR__INIT;
   Gpumem__Wire__OpReply r = GPUMEM__WIRE__OP_REPLY__INIT;
   Gpumem__Wire__TagDeviceBytes *td = calloc(o->ndetail + 1, sizeof *td);
   Gpumem__Wire__TagDeviceBytes **tdp = calloc(o->ndetail + 1, sizeof *tdp);
   if (o->fault.code) {
-    err.code = o->fault.code;
-    wire_text_clean(o->fault.text); /* a worker's words cut mid-character */
-    err.message = o->fault.text;
-    err.bytes_needed = o->fault.bytes_needed;
-    err.bytes_free = o->fault.bytes_free;
+    fault_to_wire(&o->fault, text, &err);
     err.pids = o->pids;
     err.n_pids = o->npids;
     err.buffers_held = o->held_buffers;
     err.bytes_held = o->held_bytes;
     err.checks = checks;
     err.n_checks = nchecks;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
-    env.error = &err;
+    env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_ERROR, &err);
   } else {
     r.buffers = o->buffers;
     r.bytes = o->bytes;
@@ -122,8 +117,7 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
     r.checks = checks;
     r.n_checks = nchecks;
     r.devices = report_devices(reg, g, &r.n_devices);
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
-    env.op_reply = &r;
+    env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY, &r);
   }
   out->send(out->ctx, to, &env, NULL, 0);
   report_devices_free(r.devices);

@@ -380,10 +380,7 @@ void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
   r.connections_refused = own->connections_refused;
   r.grace_left_ms = own->grace_left_ms;
   r.grace_waiting = own->grace_waiting;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = req_id;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
-  env.status_reply = &r;
+  wire_env env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY, &r);
   out->send(out->ctx, s, &env, NULL, 0);
 out:
   stats_view_free(figures);
@@ -406,10 +403,7 @@ void report_share(const struct outbox *out, struct owner *s, uint64_t req_id, co
     tag_info(&ti, t, true, 0);
     r.tag = &ti;
   }
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = req_id;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY;
-  env.share_reply = &r;
+  wire_env env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY, &r);
   out->send(out->ctx, s, &env, NULL, 0);
 }
 
@@ -480,10 +474,7 @@ void report_list(const struct outbox *out, struct owner *s, uint64_t req_id,
   }
   r.buffers = bip;
   r.n_buffers = i;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = req_id;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY;
-  env.list_reply = &r;
+  wire_env env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY, &r);
   out->send(out->ctx, s, &env, NULL, 0);
   free(bi);
   free(bip);

@@ -506,10 +506,7 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
   r.granularity = gpudev_granularity(srv->gpu);
   r.session_id = s->owner.id;
   r.devices = report_devices(srv->reg, srv->gpu, &r.n_devices);
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = env->id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
-  out.hello_reply = &r;
+  wire_env out = wire_envelope(env->id, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY, &r);
   session_send(s, &out, NULL, 0);
   report_devices_free(r.devices);
   log_debug("session %llu: pid %d is %s '%s'", (unsigned long long)s->owner.id, (int)s->owner.pid,
@@ -579,11 +576,8 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
     r.ipc_handle.data = b->ipc_handle;
     r.ipc_handle.len = sizeof b->ipc_handle;
   }
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
+  wire_env out = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY, &r);
   out.fd_count = (uint32_t)nfds;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY;
-  out.alloc_reply = &r;
   log_debug("pid %d: alloc %llu bytes '%s' on device %u: buffer %llu", (int)s->owner.pid,
             (unsigned long long)b->size, a->tag, a->device, (unsigned long long)b->id);
   session_send(s, &out, fds, nfds);
@@ -607,10 +601,7 @@ static void handle_free(server *srv, struct session *s, const wire_env *env) {
   Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
   r.bytes = b->size;
   registry_free(srv->reg, b);
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = env->id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
-  out.free_reply = &r;
+  wire_env out = wire_envelope(env->id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY, &r);
   session_send(s, &out, NULL, 0);
 }
 
@@ -619,10 +610,7 @@ static void reply_adopt(struct session *s, uint64_t id, uint64_t *ids, size_t n)
   Gpumem__Wire__AdoptReply r = GPUMEM__WIRE__ADOPT_REPLY__INIT;
   r.buffer_ids = ids;
   r.n_buffer_ids = n;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY;
-  out.adopt_reply = &r;
+  wire_env out = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY, &r);
   session_send(s, &out, NULL, 0);
 }
 

@@ -243,16 +243,8 @@ int session_send(struct session *s, const wire_env *env, const int *fds,
 void session_send_error(struct session *s, uint64_t id, const struct fault *f) {
   Gpumem__Wire__Error err = GPUMEM__WIRE__ERROR__INIT;
   char text[sizeof f->text];
-  snprintf(text, sizeof text, "%s", f->text);
-  wire_text_clean(text); /* a worker's words cut mid-character stay valid UTF-8 */
-  err.code = f->code;
-  err.message = text;
-  err.bytes_needed = f->bytes_needed;
-  err.bytes_free = f->bytes_free;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = id;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
-  env.error = &err;
+  fault_to_wire(f, text, &err);
+  wire_env env = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_ERROR, &err);
   session_send(s, &env, NULL, 0);
 }
 

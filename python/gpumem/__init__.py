@@ -30,6 +30,7 @@ raise TypeError or ValueError before anything reaches the library.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import ctypes
 import enum
 import math
@@ -44,6 +45,7 @@ from typing import (
     Callable,
     Dict,
     Iterable,
+    Iterator,
     List,
     Optional,
     Sequence,
@@ -809,16 +811,22 @@ class Client:
         it), mapped and ready. ``backup=True`` makes its contents survive a
         pause. ``allow_paused=True`` allows allocating in a paused tag (the
         buffer then starts paused); otherwise that fails with TAG_PAUSED."""
+        out = _native.c_buffer_p()
+        self._allocate("gpumem_alloc", out, tag, size, device, backup, allow_paused)
+        return self._wrap(out.value)
+
+    def _allocate(self, fn: str, out: Any, tag: str, size: int, device: int, backup: bool,
+                  allow_paused: bool) -> None:
+        """Call the library's ``fn`` (gpumem_alloc or gpumem_malloc) with
+        the checked arguments and ``out`` for its result; raise its error."""
         btag = _check_tag(tag)
         size = _check_int("size", size, 1, _U64)
         device = _check_int("device", device, 0, _I32)
         flags = _check_flags(backup, allow_paused)
         c = self._talk()
-        out = _native.c_buffer_p()
-        rc = self._lib.gpumem_alloc(c, btag, device, size, flags, ctypes.byref(out))
+        rc = getattr(self._lib, fn)(c, btag, device, size, flags, ctypes.byref(out))
         if rc < 0:
             raise _last_error(self._lib, rc)
-        return self._wrap(out.value)
 
     def set_hooks(self, pre_unmap: Optional[Hook] = None,
                   post_remap: Optional[Hook] = None) -> None:
@@ -928,15 +936,8 @@ class Client:
         allocations share daemon buffers of the same tag, device and flags;
         a pause of the tag releases them and the address stays valid.
         Free with :meth:`free_ptr`."""
-        btag = _check_tag(tag)
-        size = _check_int("size", size, 1, _U64)
-        device = _check_int("device", device, 0, _I32)
-        flags = _check_flags(backup, allow_paused)
-        c = self._talk()
         out = ctypes.c_void_p()
-        rc = self._lib.gpumem_malloc(c, btag, device, size, flags, ctypes.byref(out))
-        if rc < 0:
-            raise _last_error(self._lib, rc)
+        self._allocate("gpumem_malloc", out, tag, size, device, backup, allow_paused)
         return out.value or 0
 
     def free_ptr(self, ptr: int) -> None:
@@ -973,17 +974,26 @@ class Client:
             raise _last_error(self._lib, rc)
         return {name: getattr(st, name) for name, _ in st._fields_ if name != "size"}
 
+    @contextlib.contextmanager
+    def _results(self, fn: str, kind: Any, free: str) -> Iterator[Any]:
+        """The ``kind`` of structure that the library's ``fn`` fills for
+        this client, freed with its ``free`` when the block ends; the
+        library's error is raised."""
+        c = self._talk()
+        p = ctypes.POINTER(kind)()
+        rc = getattr(self._lib, fn)(c, ctypes.byref(p))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        try:
+            yield p.contents
+        finally:
+            getattr(self._lib, free)(p)
+
     def status(self) -> Dict[str, Any]:
         """The daemon's view of the node, as a dict with the keys (and
         order) of ``gpumemctl status --json``."""
-        c = self._talk()
         lib = self._lib
-        p = ctypes.POINTER(_native.Status)()
-        rc = lib.gpumem_status(c, ctypes.byref(p))
-        if rc < 0:
-            raise _last_error(lib, rc)
-        try:
-            s = p.contents
+        with self._results("gpumem_status", _native.Status, "gpumem_status_free") as s:
             devices = [{
                 "index": d.node_device, "device": d.device, "node_device": d.node_device,
                 "total": d.total, "free": d.free, "managed": d.managed,
@@ -1041,8 +1051,6 @@ class Client:
                     "last_restore_us": s.last_restore_us,
                 },
             }
-        finally:
-            lib.gpumem_status_free(p)
 
     def stats(self) -> Dict[str, Any]:
         """What the daemon did since it started (API 1.3), from one status
@@ -1053,16 +1061,8 @@ class Client:
         the pauses and resumes running now (``done`` False, with
         ``bytes_done`` of ``bytes_total`` so far), then the last 16 done,
         newest first. An older daemon gives zeros and empty lists."""
-        c = self._talk()
-        lib = self._lib
-        p = ctypes.POINTER(_native.Status)()
-        rc = lib.gpumem_status(c, ctypes.byref(p))
-        if rc < 0:
-            raise _last_error(lib, rc)
-        try:
-            return _figures(lib, p.contents)
-        finally:
-            lib.gpumem_status_free(p)
+        with self._results("gpumem_status", _native.Status, "gpumem_status_free") as s:
+            return _figures(self._lib, s)
 
     def share(self, tag: str, shared: bool = True) -> None:
         """Let every uid's buffers join ``tag`` (made if it does not
@@ -1080,21 +1080,13 @@ class Client:
     def list(self) -> List[Dict[str, Any]]:
         """The buffers this session may see (a controller sees all), as
         dicts with the keys of ``gpumemctl list --json``."""
-        c = self._talk()
         lib = self._lib
-        p = ctypes.POINTER(_native.BufferList)()
-        n = lib.gpumem_list(c, ctypes.byref(p))
-        if n < 0:
-            raise _last_error(lib, n)
-        try:
-            lst = p.contents
+        with self._results("gpumem_list", _native.BufferList, "gpumem_list_free") as lst:
             return [{
                 "id": b.id, "session": b.session_id, "pid": b.pid, "tag": _text(b.tag),
                 "device": b.device, "node_device": b.node_device, "size": b.bytes,
                 "flags": b.flags, "state": _text(lib.gpumem_state_name(b.state)),
             } for b in (lst.buffers[i][0] for i in range(lst.nbuffers))]
-        finally:
-            lib.gpumem_list_free(p)
 
     def close(self) -> None:
         """Disconnect: every buffer of this client is unmapped and freed by

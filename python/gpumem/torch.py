@@ -729,6 +729,25 @@ def _not_found(e: gpumem.Error) -> bool:
     return int(e.code) == int(gpumem.ErrorCode.NOT_FOUND)
 
 
+def _own_op(op: str, tags: Tuple[str, ...], devices: Optional[List[int]],
+            timeout: Optional[float], missing_ok: bool) -> Optional[gpumem.OpResult]:
+    """The default client's own-scope ``op`` ("pause", after the devices
+    are synchronized, or "resume") of ``tags``; None where ``missing_ok``
+    and it names nothing this process holds."""
+    _check_bool("missing_ok", missing_ok)
+    for t in tags:
+        _check_tag(t)
+    c = init()
+    if op == "pause":
+        _synchronize()
+    try:
+        return getattr(c, op)(*tags, devices=devices, timeout=timeout, own=True)
+    except gpumem.Error as e:
+        if missing_ok and _not_found(e):
+            return None
+        raise
+
+
 def pause(*tags: str, devices: Optional[List[int]] = None, timeout: Optional[float] = None,
           missing_ok: bool = False) -> Optional[gpumem.OpResult]:
     """Pause this process's own buffers of ``tags`` (none: every tag):
@@ -740,17 +759,7 @@ def pause(*tags: str, devices: Optional[List[int]] = None, timeout: Optional[flo
     Pausing what is paused changes nothing. Naming nothing this process
     holds raises gpumem.Error NOT_FOUND, or returns None with
     ``missing_ok=True``."""
-    _check_bool("missing_ok", missing_ok)
-    for t in tags:
-        _check_tag(t)
-    c = init()
-    _synchronize()
-    try:
-        return c.pause(*tags, devices=devices, timeout=timeout, own=True)
-    except gpumem.Error as e:
-        if missing_ok and _not_found(e):
-            return None
-        raise
+    return _own_op("pause", tags, devices, timeout, missing_ok)
 
 
 def resume(*tags: str, devices: Optional[List[int]] = None, timeout: Optional[float] = None,
@@ -760,16 +769,7 @@ def resume(*tags: str, devices: Optional[List[int]] = None, timeout: Optional[fl
     changes and gpumem.Error OUT_OF_MEMORY says how much is needed.
     Addresses are the same as before the pause; ``backup=True`` regions
     hold their contents again."""
-    _check_bool("missing_ok", missing_ok)
-    for t in tags:
-        _check_tag(t)
-    c = init()
-    try:
-        return c.resume(*tags, devices=devices, timeout=timeout, own=True)
-    except gpumem.Error as e:
-        if missing_ok and _not_found(e):
-            return None
-        raise
+    return _own_op("resume", tags, devices, timeout, missing_ok)
 
 
 def empty_cache(*tags: str) -> int:

@@ -8,10 +8,8 @@
 # download them: GPUMEM_NO_APT).
 set -eu
 cd "$(dirname "$0")/../.."
-unset MAKEFLAGS MFLAGS MAKELEVEL HIP
-o=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-hip.XXXXXX")
-trap 'rm -rf "$o"' EXIT INT TERM
-jobs=$(nproc 2>/dev/null || echo 2)
+. tests/build/lib.sh
+fresh_build hip
 
 fail() { echo "FAIL: check_hip_headers: $*"; exit 1; }
 

@@ -106,18 +106,23 @@ have=$(PKG_CONFIG_PATH="$stage$libdir/pkgconfig" pkg-config --modversion gpumem)
 [ "$have" = "$want" ] || fail "pkg-config --modversion gpumem says '$have', gpumem.h $want"
 cc -std=c11 -Wall -Wextra -Werror examples/worker.c $flags -o "$t/worker" || # $flags: words
   fail "examples/worker.c does not build against the install: cc ... $flags"
+# The loader path that puts $1 first and keeps the caller's LD_LIBRARY_PATH
+# after it (on some machines libprotobuf-c is found only through it).
+ldpath() { # $1: the libdir to load from first
+  echo "$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
 run_worker() { # $1: the libdir to load from
   rc=0
-  out=$(GPUMEM_SOCKET="$t/none.sock" LD_LIBRARY_PATH="$1" timeout 10 "$t/worker" 2>&1) || rc=$?
+  out=$(GPUMEM_SOCKET="$t/none.sock" LD_LIBRARY_PATH="$(ldpath "$1")" timeout 10 "$t/worker" 2>&1) || rc=$?
   [ "$rc" -eq 1 ] && echo "$out" | grep -q '^gpumem: ' &&
     ! echo "$out" | grep -q 'error while loading shared libraries' ||
     fail "installed example exited $rc: $out"
-  LD_LIBRARY_PATH="$1" ldd "$t/worker" | grep -q "libgpumem.so.1 => $1/libgpumem.so.1" ||
-    fail "the example does not load $1/libgpumem.so.1: $(LD_LIBRARY_PATH="$1" ldd "$t/worker")"
+  LD_LIBRARY_PATH="$(ldpath "$1")" ldd "$t/worker" | grep -q "libgpumem.so.1 => $1/libgpumem.so.1" ||
+    fail "the example does not load $1/libgpumem.so.1: $(LD_LIBRARY_PATH="$(ldpath "$1")" ldd "$t/worker")"
 }
 run_worker "$stage$libdir"
 # The installed programs run from there too.
-LD_LIBRARY_PATH="$stage$libdir" "$stage/usr/bin/gpumemctl" --help >/dev/null 2>&1 ||
+LD_LIBRARY_PATH="$(ldpath "$stage$libdir")" "$stage/usr/bin/gpumemctl" --help >/dev/null 2>&1 ||
   fail "installed gpumemctl --help failed"
 
 # Uninstall removes every file install put.

@@ -8,14 +8,9 @@
 # checked and rendering is skipped, saying so.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/build/lib.sh
 o=${GPUMEM_O:-build}
-t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-man.XXXXXX")
-trap 'rm -rf "$t"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-status=0
-fail() { echo "FAIL: check_man: $*"; status=1; }
+scratch man
 
 # The long options a program's --help names, one a line.
 options() { # $1: help text file

@@ -18,14 +18,9 @@
 # gpumemd --version and gpumemctl --version (its own and libgpumem's).
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/build/lib.sh
 o=${GPUMEM_O:-build}
-t=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-package.XXXXXX")
-trap 'rm -rf "$t"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-status=0
-fail() { echo "FAIL: check_package: $*"; status=1; }
+scratch package
 
 lib=$o/lib/libgpumem.so
 symfile=debian/libgpumem1.symbols
@@ -57,18 +52,16 @@ sed -n 's/^ \(([^)]*)\)\{0,1\}\([^@ ]*\)@\([^ ]*\) \([^ ]*\).*/\2 \3 \4/p' "$sym
 cut -d' ' -f1 "$t/listed.full" | sort -u > "$t/listed"
 [ -s "$t/listed" ] || fail "no symbols found in $symfile"
 
-for s in $(comm -23 "$t/exported" "$t/listed"); do
-  fail "$lib exports $s, which $symfile does not list (add ' $s@Base <upstream version that added it>')"
-done
-for s in $(comm -13 "$t/exported" "$t/listed"); do
-  fail "$symfile lists $s, which $lib does not export"
-done
-for s in $(comm -23 "$t/exported" "$t/declared"); do
-  fail "$lib exports $s, which include/gpumem.h does not declare GPUMEM_EXPORT"
-done
-for s in $(comm -13 "$t/exported" "$t/declared"); do
-  fail "include/gpumem.h declares $s, which $lib does not export"
-done
+# Fail for each symbol of the sorted list $1 that the list $2 lacks, saying
+# $3 with the symbol for each %s.
+lacks() {
+  for s in $(comm -23 "$1" "$2"); do fail "$(printf '%s\n' "$3" | sed "s/%s/$s/g")"; done
+}
+lacks "$t/exported" "$t/listed" \
+  "$lib exports %s, which $symfile does not list (add ' %s@Base <upstream version that added it>')"
+lacks "$t/listed" "$t/exported" "$symfile lists %s, which $lib does not export"
+lacks "$t/exported" "$t/declared" "$lib exports %s, which include/gpumem.h does not declare GPUMEM_EXPORT"
+lacks "$t/declared" "$t/exported" "include/gpumem.h declares %s, which $lib does not export"
 
 # Each symbol's version: @Base, an upstream version (no Debian revision,
 # which lintian refuses), no later than the header's.

@@ -6,10 +6,8 @@
 # output directory; and a plain make must never install anything.
 set -eu
 cd "$(dirname "$0")/../.."
-unset MAKEFLAGS MFLAGS MAKELEVEL HIP
-o=$(mktemp -d "${TMPDIR:-/tmp}/gpumemd-rebuild.XXXXXX")
-trap 'rm -rf "$o"' EXIT INT TERM
-jobs=$(nproc 2>/dev/null || echo 2)
+. tests/build/lib.sh
+fresh_build rebuild
 t0=$(date +%s)
 
 fail() { echo "FAIL: check_rebuild: $*"; exit 1; }

@@ -17,19 +17,11 @@
 #include "common/wire.h"
 #include "gpumem.h"
 #include "harness.h"
-
-#define MiB (1ull << 20)
-#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
-#define BACKUP GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP
+#include "scenario.h"
 
 static struct daemon d;
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { scene_stop(&d); }
 
 /* What a pause or resume moved, as these tests read it. */
 struct op_figures {
@@ -166,7 +158,7 @@ START_TEST(pause_without_room_for_a_backup_releases_nothing_of_it) {
   struct worker w;
   worker_start(&w, &d, "--tag", "weights", "--size", "256M", "--backup", NULL);
   struct peer raw;
-  peer_open(&raw, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  peer_open(&raw, &d, CONTROLLER);
   gpumem_client *c = controller();
   struct op_figures r;
   ck_assert_int_eq(pause_tag(c, "weights", &r), GPUMEM_E_OUT_OF_MEMORY);
@@ -198,8 +190,7 @@ END_TEST
 START_TEST(backup_memory_is_made_at_allocation) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf a, b, plain;
   peer_alloc(&w, "weights", 0, 32 * MiB, BACKUP, &a);
   peer_alloc(&w, "weights", 1, 16 * MiB, BACKUP, &b);
@@ -210,33 +201,19 @@ START_TEST(backup_memory_is_made_at_allocation) {
   ck_assert_uint_eq(s->status_reply->last_backup_bytes, 0); /* no pause made it */
   wire_env_free(s);
   /* A pause uses it: no more is made. */
-  peer_op(&c, false, "weights", 0, 0);
   struct pbuf both[] = {a, b};
-  peer_serve(&w, both, 2, 1);
-  wire_env *r;
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  wire_env *r = scene_served_reply(&c, &w, both, 2, false, "weights");
   ck_assert_uint_eq(r->op_reply->backup_bytes, 48 * MiB);
   wire_env_free(r);
   ck_assert_uint_eq(backup_ready(&c), 48 * MiB);
-  peer_op(&c, true, "weights", 0, 0);
-  peer_serve(&w, both, 2, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  scene_served(&c, &w, both, 2, true, "weights");
   a = both[0];
   b = both[1];
   /* Freed, their host memory goes. */
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  env.free = &fr;
   struct pbuf *bufs[] = {&a, &b};
   uint64_t left[] = {16 * MiB, 0};
   for (int i = 0; i < 2; i++) {
-    fr.buffer_id = bufs[i]->id;
-    env.id = w.next_id++;
-    peer_put(&w, &env, NULL, 0);
-    wire_env *fre = peer_get(&w, NULL);
-    ck_assert_int_eq(peer_reply_code(fre, NULL, 0), CODE(OK));
-    wire_env_free(fre);
+    ck_assert_int_eq(scene_free_code(&w, bufs[i]->id), CODE(OK));
     peer_unmap(bufs[i]);
     ck_assert_uint_eq(backup_ready(&c), left[i]);
   }
@@ -246,36 +223,13 @@ START_TEST(backup_memory_is_made_at_allocation) {
 }
 END_TEST
 
-/* Write a pattern of seed into the first len bytes of a raw buffer. */
-static void fill(const struct pbuf *b, uint64_t len, uint32_t seed) {
-  uint32_t *v = malloc(len);
-  for (uint64_t i = 0; i < len / 4; i++) v[i] = seed ^ (uint32_t)(i * 2654435761u);
-  ck_assert_int_eq(pwrite(b->fds[0], v, len, 0), (ssize_t)len);
-  free(v);
-}
-
-/* True if the first len bytes of a raw buffer hold the pattern of seed. */
-static bool holds(const struct pbuf *b, uint64_t len, uint32_t seed) {
-  uint32_t *v = malloc(len);
-  bool ok = pread(b->fds[0], v, len, 0) == (ssize_t)len;
-  for (uint64_t i = 0; ok && i < len / 4; i++) ok = v[i] == (seed ^ (uint32_t)(i * 2654435761u));
-  free(v);
-  return ok;
-}
-
 /* Answer one event for one raw buffer, however long the daemon's copies
  * take on a slow machine. */
 static void serve_one(struct peer *w, struct pbuf *b) {
   struct frame f;
   wire_env *e = peer_get_within(w, &f, 60000);
   ck_assert_ptr_nonnull(e);
-  if (e->body_case == GPUMEM__WIRE__ENVELOPE__BODY_UNMAP)
-    peer_unmap(b);
-  else
-    peer_take_remap(e, &f, b, 1);
-  frame_release(&f);
-  peer_ack(w, e->id, NULL, 0, NULL);
-  wire_env_free(e);
+  scene_serve_event(w, e, &f, b, 1);
 }
 
 /* Ask for a buffer without waiting for the reply. */
@@ -308,25 +262,8 @@ static void take_alloc(struct peer *w, struct pbuf *b) {
 
 /* Send a pause or resume of one tag, the worker's own buffers only. */
 static void send_own(struct peer *w, bool resume, const char *tag) {
-  Gpumem__Wire__PauseRequest pr = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
-  Gpumem__Wire__ResumeRequest rr = GPUMEM__WIRE__RESUME_REQUEST__INIT;
-  char *tags[] = {(char *)tag};
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = w->next_id++;
-  if (resume) {
-    rr.tags = tags;
-    rr.n_tags = 1;
-    rr.own = true;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
-    env.resume = &rr;
-  } else {
-    pr.tags = tags;
-    pr.n_tags = 1;
-    pr.own = true;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
-    env.pause = &pr;
-  }
-  peer_put(w, &env, NULL, 0);
+  const struct scene_scope own = {.own = true};
+  scene_send_scoped(w, resume, &tag, 1, &own);
 }
 
 /* The worker's own pause of one buffer, already sent: at its Unmap the
@@ -337,10 +274,8 @@ static uint64_t own_cycle(struct peer *w, const char *tag, struct pbuf *b, uint6
                           uint32_t seed) {
   wire_env *e = peer_get_within(w, NULL, 60000);
   ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
-  fill(b, len, seed);
-  peer_unmap(b);
-  peer_ack(w, e->id, NULL, 0, NULL);
-  wire_env_free(e);
+  scene_fill(b, len, seed);
+  scene_unmap_ack(w, e, b);
   wire_env *r = peer_get_within(w, NULL, 60000);
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   uint64_t backed = r->op_reply->backup_bytes;
@@ -350,7 +285,7 @@ static uint64_t own_cycle(struct peer *w, const char *tag, struct pbuf *b, uint6
   r = peer_get_within(w, NULL, 60000);
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   wire_env_free(r);
-  ck_assert(holds(b, len, seed));
+  ck_assert(scene_holds(b, len, seed));
   return backed;
 }
 
@@ -364,13 +299,10 @@ START_TEST(pause_racing_the_background_allocation_backs_up_right) {
   daemon_start(&d, NULL);
   unsetenv("UV_THREADPOOL_SIZE");
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf seed, big[4], small;
   peer_alloc(&w, "big", 0, 2 * MiB, 0, &seed);
-  peer_op(&c, false, "big", 0, 0);
-  peer_serve(&w, &seed, 1, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  scene_served(&c, &w, &seed, 1, false, "big");
   for (int i = 0; i < 4; i++)
     peer_alloc(&w, "big", 0, 256 * MiB, BACKUP | GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED,
                &big[i]);
@@ -414,8 +346,7 @@ static bool taken_split(uint64_t size, unsigned long long *background,
 START_TEST(pause_taking_a_running_job_makes_each_piece_once) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   uint64_t size = 512 * MiB, piece = 64 * MiB;
   struct pbuf big;
   send_alloc(&w, "big", 0, size);
@@ -444,9 +375,9 @@ END_TEST
 START_TEST(buffers_freed_while_their_backup_memory_is_made_leak_nothing) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  peer_open(&c, &d, CONTROLLER);
   /* A first BACKUP buffer starts the thread pool (its stacks count). */
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(&w, &d, WORKER);
   struct pbuf first;
   peer_alloc(&w, "warm", 0, 2 * MiB, BACKUP, &first);
   ck_assert(wait_ready(&c, 2 * MiB));
@@ -455,21 +386,11 @@ START_TEST(buffers_freed_while_their_backup_memory_is_made_leak_nothing) {
   ck_assert(wait_ready(&c, 0));
   unsigned long long vm0 = daemon_vm_kb();
   for (int round = 0; round < 4; round++) {
-    peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+    peer_open(&w, &d, WORKER);
     struct pbuf b[4];
     for (int i = 0; i < 4; i++) peer_alloc(&w, "weights", (unsigned)i % 2, 64 * MiB, BACKUP, &b[i]);
-    Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-    env.free = &fr;
-    for (int i = 0; i < 2; i++) { /* two freed, two go with the session */
-      fr.buffer_id = b[i].id;
-      env.id = w.next_id++;
-      peer_put(&w, &env, NULL, 0);
-      wire_env *r = peer_get(&w, NULL);
-      ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
-      wire_env_free(r);
-    }
+    for (int i = 0; i < 2; i++) /* two freed, two go with the session */
+      ck_assert_int_eq(scene_free_code(&w, b[i].id), CODE(OK));
     for (int i = 0; i < 4; i++) peer_unmap(&b[i]);
     peer_close(&w);
   }
@@ -484,7 +405,7 @@ START_TEST(buffers_freed_while_their_backup_memory_is_made_leak_nothing) {
     back = daemon_vm_kb() < vm0 + 32 * 1024; /* a backup left behind is 64 MiB */
   ck_assert_msg(back, "VmSize %llu kB, %llu kB before", daemon_vm_kb(), vm0);
   /* Stopped while a job runs: it waits for it and exits 0. */
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(&w, &d, WORKER);
   struct pbuf last;
   peer_alloc(&w, "weights", 0, 256 * MiB, BACKUP, &last);
   peer_unmap(&last);
@@ -570,8 +491,7 @@ END_TEST
 START_TEST(a_worker_cannot_resize_or_seal_its_chunks) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf a;
   peer_alloc(&w, "weights", 0, 8 * MiB, BACKUP, &a);
   ck_assert_uint_ge(a.nfds, 1);
@@ -591,12 +511,8 @@ START_TEST(a_worker_cannot_resize_or_seal_its_chunks) {
   ck_assert_int_eq(errno, EPERM);
   ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1);
   ck_assert_int_eq(errno, EPERM);
-  peer_op(&c, false, "weights", 0, 0);
-  peer_serve(&w, &a, 1, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
-  peer_op(&c, true, "weights", 0, 0);
-  peer_serve(&w, &a, 1, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  scene_served(&c, &w, &a, 1, false, "weights");
+  scene_served(&c, &w, &a, 1, true, "weights");
   m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, a.fds[0], 0);
   ck_assert_ptr_ne(m, MAP_FAILED);
   for (off_t i = 0; i < st.st_size; i += 4096) ck_assert_uint_eq(m[i], 0x5a);
@@ -608,7 +524,7 @@ START_TEST(a_worker_cannot_resize_or_seal_its_chunks) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("backup", 60, setup, teardown,
+  return HARNESS_RUN("backup", 60, NULL, teardown,
                      a_worker_cannot_resize_or_seal_its_chunks,
                      verified_backups_survive_and_are_reported,
                      backup_limit_refuses_at_allocation,

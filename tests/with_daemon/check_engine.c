@@ -19,32 +19,23 @@
 #include "common/frame.h"
 #include "common/wire.h"
 #include "harness.h"
-
-#define MiB (1024ull * 1024ull)
-#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
+#include "scenario.h"
 
 static struct daemon d;
 
 /* What the daemon process holds of the backend's memory. */
 static uint64_t daemon_bytes(void) { return memfd_bytes(&d.pid, 1); }
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { scene_stop(&d); }
 
 /* A worker that cannot unmap one buffer: the pause fails, names it, and
  * the buffer stays ACTIVE and held; the other one is released. */
 START_TEST(failed_unmap_fails_the_pause) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf b[2];
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[0]);
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[1]);
+  scene_alloc_n(&w, "kv", 0, 4 * MiB, 0, b, 2);
   peer_op(&c, false, "kv", 0, 0);
   wire_env *e = peer_event(&w, NULL);
   ck_assert_uint_eq(e->unmap->n_buffer_ids, 2);
@@ -76,9 +67,8 @@ END_TEST
 START_TEST(failed_remap_rolls_the_resume_back) {
   daemon_start(&d, NULL);
   struct peer w1, w2, c;
-  peer_open(&w1, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&w2, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  peer_open(&w1, &d, WORKER);
+  scene_open(&w2, &c, &d);
   struct pbuf b1, b2;
   peer_alloc(&w1, "kv", 0, 4 * MiB, 0, &b1);
   peer_alloc(&w2, "kv", 0, 6 * MiB, 0, &b2);
@@ -109,9 +99,7 @@ START_TEST(failed_remap_rolls_the_resume_back) {
   wire_env *rb = peer_event(&w1, NULL);
   ck_assert_int_eq(rb->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
   ck_assert_uint_eq(rb->unmap->buffer_ids[0], b1.id);
-  peer_unmap(&b1);
-  peer_ack(&w1, rb->id, NULL, 0, NULL);
-  wire_env_free(rb);
+  scene_unmap_ack(&w1, rb, &b1);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(BACKEND_ERROR));
   ck_assert_ptr_nonnull(strstr(r->error->message, "nothing resumed"));
   ck_assert_ptr_nonnull(strstr(r->error->message, "import failed"));
@@ -138,34 +126,25 @@ END_TEST
 START_TEST(missed_unmap_is_held_until_the_late_ack) {
   daemon_start(&d, "--ack-timeout", "200ms", NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
-  wire_env *e = peer_event(&w, NULL), *r;
+  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b), *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
   ck_assert_uint_eq(r->error->bytes_held, 8 * MiB);
   ck_assert_uint_eq(r->error->pids[0], (uint32_t)getpid());
   wire_env_free(r);
-  peer_op(&c, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
+  r = scene_op(&c, false, "kv", CODE(CLIENT_TIMEOUT));
   ck_assert_uint_eq(r->error->bytes_held, 8 * MiB);
   ck_assert_ptr_nonnull(strstr(r->error->message, "has not acknowledged"));
   wire_env_free(r);
-  peer_op(&c, true, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
+  r = scene_op(&c, true, "kv", CODE(CLIENT_TIMEOUT));
   ck_assert_ptr_nonnull(strstr(r->error->message, "nothing changed"));
   wire_env_free(r);
   ck_assert(peer_wait_tag(&c, "kv", GPUMEM__WIRE__BUFFER_STATE__PAUSING, 1));
   ck_assert_uint_eq(daemon_bytes(), 8 * MiB);
-  peer_unmap(&b);
-  peer_ack(&w, e->id, NULL, 0, NULL);
-  wire_env_free(e);
+  scene_unmap_ack(&w, e, &b);
   ck_assert(peer_wait_tag(&c, "kv", GPUMEM__WIRE__BUFFER_STATE__PAUSED, 0));
   ck_assert_uint_eq(daemon_bytes(), 0);
-  peer_op(&c, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  r = scene_op(&c, false, "kv", CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 0);
   wire_env_free(r);
   peer_close(&w);
@@ -179,25 +158,17 @@ END_TEST
 START_TEST(missed_remap_is_rolled_back_at_the_late_ack) {
   daemon_start(&d, "--ack-timeout", "200ms", NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
-  wire_env *e = peer_event(&w, NULL), *r;
-  peer_unmap(&b);
-  peer_ack(&w, e->id, NULL, 0, NULL);
-  wire_env_free(e);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-  wire_env_free(r);
+  scene_served(&c, &w, &b, 1, false, "kv");
   peer_op(&c, true, "kv", 0, 0);
   struct frame f;
-  e = peer_event(&w, &f);
+  wire_env *e = peer_event(&w, &f), *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
   ck_assert_ptr_nonnull(strstr(r->error->message, "nothing resumed"));
   wire_env_free(r);
-  peer_op(&c, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
+  r = scene_op(&c, false, "kv", CODE(CLIENT_TIMEOUT));
   ck_assert_uint_eq(r->error->bytes_held, 8 * MiB);
   wire_env_free(r);
   peer_take_remap(e, &f, &b, 1);
@@ -206,9 +177,7 @@ START_TEST(missed_remap_is_rolled_back_at_the_late_ack) {
   wire_env_free(e);
   e = peer_event(&w, NULL);
   ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
-  peer_unmap(&b);
-  peer_ack(&w, e->id, NULL, 0, NULL);
-  wire_env_free(e);
+  scene_unmap_ack(&w, e, &b);
   ck_assert(peer_wait_tag(&c, "kv", GPUMEM__WIRE__BUFFER_STATE__PAUSED, 0));
   ck_assert_uint_eq(daemon_bytes(), 0);
   peer_close(&w);
@@ -221,15 +190,11 @@ END_TEST
 START_TEST(device_subsets_keep_the_tag_state_true) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf b[2];
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b[0]);
   peer_alloc(&w, "kv", 1, 2 * MiB, 0, &b[1]);
-  wire_env *r;
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, b, 2, 1);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  wire_env *r = scene_served_reply(&c, &w, b, 2, false, "kv");
   ck_assert_uint_eq(r->op_reply->n_checks, 2);
   wire_env_free(r);
   /* Status keeps the last pause's figures: released, and the driver's rise. */
@@ -243,8 +208,7 @@ START_TEST(device_subsets_keep_the_tag_state_true) {
   }
   wire_env_free(st);
   peer_op(&c, true, "kv", 1u << 1, 0);
-  peer_serve(&w, b, 2, 1);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  r = scene_answer(&c, &w, b, 2);
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   wire_env_free(r);
   wire_env *s = peer_status(&c);
@@ -252,9 +216,7 @@ START_TEST(device_subsets_keep_the_tag_state_true) {
   ck_assert_int_eq(peer_tag(s, "kv")->state, GPUMEM__WIRE__BUFFER_STATE__PAUSED);
   wire_env_free(s);
   peer_op(&c, true, "kv", 1u << 0, 0);
-  peer_serve(&w, b, 2, 1);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-  wire_env_free(r);
+  wire_env_free(scene_answer(&c, &w, b, 2));
   s = peer_status(&c);
   ck_assert(!peer_tag(s, "kv")->mixed);
   ck_assert_int_eq(peer_tag(s, "kv")->state, GPUMEM__WIRE__BUFFER_STATE__ACTIVE);
@@ -271,9 +233,8 @@ END_TEST
 START_TEST(wrong_acks_are_refused) {
   daemon_start(&d, NULL);
   struct peer w1, w2, c;
-  peer_open(&w1, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&w2, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  peer_open(&w1, &d, WORKER);
+  scene_open(&w2, &c, &d);
   struct pbuf b;
   peer_alloc(&w1, "kv", 0, 2 * MiB, 0, &b);
   peer_ack(&w1, 999, NULL, 0, NULL);
@@ -309,12 +270,8 @@ END_TEST
 START_TEST(ack_without_unmap_is_caught) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
-  wire_env *e = peer_event(&w, NULL), *r;
+  wire_env *e = scene_pausing(&w, &c, &d, "kv", 4 * MiB, &b), *r;
   peer_ack(&w, e->id, NULL, 0, NULL); /* a lie: b's fd stays open */
   wire_env_free(e);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(NOT_RELEASED));
@@ -326,8 +283,7 @@ START_TEST(ack_without_unmap_is_caught) {
   wire_env_free(s);
   ck_assert_uint_eq(daemon_bytes(), 4 * MiB);
   peer_unmap(&b);
-  peer_op(&c, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  r = scene_op(&c, false, "kv", CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   wire_env_free(r);
   ck_assert_uint_eq(daemon_bytes(), 0);
@@ -341,23 +297,13 @@ END_TEST
 START_TEST(export_failure_leaves_everything_paused) {
   daemon_start(&d, "--chunk-size", "2M", NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf b[2];
-  peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b[0]);
-  peer_alloc(&w, "kv", 0, 8 * MiB, 0, &b[1]);
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, b, 2, 1);
-  wire_env *r;
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-  wire_env_free(r);
+  scene_alloc_n(&w, "kv", 0, 8 * MiB, 0, b, 2);
+  scene_served(&c, &w, b, 2, false, "kv");
   /* 8 chunks to create, 8 fds to export: leave room for 12. */
-  int maxfd, open_fds = proc_fds(d.pid, &maxfd);
-  struct rlimit rl = {(rlim_t)open_fds + 12, (rlim_t)open_fds + 12};
-  ck_assert_int_lt(maxfd, open_fds + 12);
-  ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, &rl, NULL), 0);
-  peer_op(&c, true, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(BACKEND_ERROR));
+  scene_cap_fds(d.pid, 12);
+  wire_env *r = scene_op(&c, true, "kv", CODE(BACKEND_ERROR));
   ck_assert_ptr_nonnull(strstr(r->error->message, "export"));
   ck_assert_ptr_nonnull(strstr(r->error->message, "nothing resumed"));
   wire_env_free(r);
@@ -378,21 +324,15 @@ END_TEST
 START_TEST(remaps_split_over_several_frames) {
   daemon_start(&d, "--chunk-size", "2M", NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   enum { N = 60 };
   static struct pbuf b[N];
-  for (size_t i = 0; i < N; i++) peer_alloc(&w, "kv", 0, 10 * MiB, 0, &b[i]); /* 5 chunks each */
-  wire_env *r;
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, b, N, 1);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-  wire_env_free(r);
+  scene_alloc_n(&w, "kv", 0, 10 * MiB, 0, b, N); /* 5 chunks each */
+  scene_served(&c, &w, b, N, false, "kv");
   peer_op(&c, true, "kv", 0, 0);
   peer_serve(&w, b, N, 1); /* 300 fds: the first frame carries at most 253 */
   ck_assert(!peer_waiting(&c));
-  peer_serve(&w, b, N, 1);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  wire_env *r = scene_answer(&c, &w, b, N);
   ck_assert_uint_eq(r->op_reply->buffers, N);
   wire_env_free(r);
   for (size_t i = 0; i < N; i++) peer_unmap(&b[i]);
@@ -406,8 +346,7 @@ END_TEST
 START_TEST(residual_memory_fails_a_pause_that_allows_less) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b);
   /* "Device memory" of our own: a memfd named as the daemon's device 0. */
@@ -450,7 +389,7 @@ END_TEST
 START_TEST(shutdown_is_announced) {
   daemon_start(&d, NULL);
   struct peer w;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(&w, &d, WORKER);
   kill(d.pid, SIGTERM);
   ck_assert_int_eq(peer_stray_error(&w), CODE(SHUTTING_DOWN));
   ck_assert_int_eq(daemon_stop(&d), 0);
@@ -459,7 +398,7 @@ START_TEST(shutdown_is_announced) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("engine", 20, setup, teardown, failed_unmap_fails_the_pause,
+  return HARNESS_RUN("engine", 20, NULL, teardown, failed_unmap_fails_the_pause,
                      failed_remap_rolls_the_resume_back, missed_unmap_is_held_until_the_late_ack,
                      missed_remap_is_rolled_back_at_the_late_ack,
                      device_subsets_keep_the_tag_state_true, wrong_acks_are_refused,

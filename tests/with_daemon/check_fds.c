@@ -17,11 +17,7 @@
 
 #include "gpumem.h"
 #include "harness.h"
-
-#define MiB (1024ull * 1024ull)
-#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
-#define WORKER GPUMEM__WIRE__ROLE__ROLE_WORKER
-#define CONTROLLER GPUMEM__WIRE__ROLE__ROLE_CONTROLLER
+#include "scenario.h"
 
 /* Under ASan everything is slower, and freed memory is held in a
  * quarantine: timing bounds are wider and peak memory is not judged. */
@@ -33,12 +29,7 @@
 
 static struct daemon d;
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { scene_stop(&d); }
 
 /* Lines in the daemon's log. */
 static int log_lines(void) {
@@ -96,9 +87,11 @@ static bool daemon_fds_become(int n) {
   return false;
 }
 
-/* Wait (up to 2 s) until the daemon's fd count is stable at its baseline
- * with one controller: the listener, the reserve, the controller... */
-static int daemon_baseline(struct peer *c) {
+/* Connect a controller c, then wait (up to 2 s) until the daemon's fd
+ * count is stable at its baseline with that one controller: the listener,
+ * the reserve, the controller...; that count. */
+static int open_baseline(struct peer *c) {
+  peer_open(c, &d, CONTROLLER);
   int maxfd, last = -1, same = 0;
   double end = now_ms() + 2000;
   while (now_ms() < end && same < 3) {
@@ -124,13 +117,7 @@ static void flood(struct peer *p, int n, int wait_ms) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
   env.free = &fr;
-  for (int i = 0; i < n; i++) {
-    env.id = p->next_id++;
-    size_t len;
-    uint8_t *bytes = wire_pack(&env, &len);
-    frame_writer_push(p->w, bytes, len, NULL, 0);
-    free(bytes);
-  }
+  scene_queue(p, &env, n);
   while (frame_writer_flush(p->w, p->fd) == -EAGAIN) {
     struct pollfd pf = {p->fd, POLLOUT, 0};
     if (poll(&pf, 1, wait_ms) != 1) break;
@@ -169,6 +156,32 @@ static wire_code ending_error(struct peer *p, char *why, size_t len) {
     }
     wire_env_free(r);
   }
+}
+
+/* Connect a controller c, then a worker deaf that sends 20000 requests
+ * and never reads the replies. */
+static void open_deaf(struct peer *c, struct peer *deaf) {
+  peer_open(c, &d, CONTROLLER);
+  peer_open(deaf, &d, WORKER);
+  flood(deaf, 20000, 200);
+}
+
+/* The daemon ends session p with LIMIT_EXCEEDED, its message saying why
+ * (words), and then its stream. */
+static void expect_cut(struct peer *p, const char *words) {
+  char why[256];
+  ck_assert_int_eq(ending_error(p, why, sizeof why), CODE(LIMIT_EXCEEDED));
+  ck_assert_msg(strstr(why, words), "%s", why);
+  ck_assert(peer_ended(p));
+}
+
+/* Close the session deaf, which was cut, and check through the
+ * controller c that nothing is left queued for it. */
+static void close_cut(struct peer *deaf, struct peer *c) {
+  peer_close(deaf);
+  wire_env *st = status_of(c);
+  ck_assert_uint_eq(st->status_reply->queued_bytes, 0);
+  wire_env_free(st);
 }
 
 /* Stop the daemon with SIGTERM and wait (up to ms) for it to exit; its
@@ -222,8 +235,7 @@ static void connect_many(int *fds, int n) {
 START_TEST(out_of_fds_the_daemon_backs_off_and_recovers) {
   daemon_start(&d, NULL);
   struct peer c;
-  peer_open(&c, &d, CONTROLLER);
-  daemon_baseline(&c);
+  open_baseline(&c);
   struct rlimit old = starve_daemon();
   int waiting[QUEUED];
   connect_many(waiting, QUEUED);
@@ -267,8 +279,7 @@ END_TEST
 START_TEST(sigterm_is_honoured_while_out_of_fds) {
   daemon_start(&d, NULL);
   struct peer c;
-  peer_open(&c, &d, CONTROLLER);
-  daemon_baseline(&c);
+  open_baseline(&c);
   starve_daemon();
   int waiting[QUEUED];
   connect_many(waiting, QUEUED);
@@ -308,15 +319,11 @@ END_TEST
 START_TEST(fds_parked_in_a_frame_are_limited_per_session) {
   daemon_start(&d, NULL);
   struct peer c, p;
-  peer_open(&c, &d, CONTROLLER);
-  int base = daemon_baseline(&c);
+  int base = open_baseline(&c);
   peer_open(&p, &d, WORKER);
   park_fds(&p, FRAME_MAX_FDS);
   park_more(&p, 10);
-  char why[256];
-  ck_assert_int_eq(ending_error(&p, why, sizeof why), CODE(LIMIT_EXCEEDED));
-  ck_assert_msg(strstr(why, "unfinished frame"), "%s", why);
-  ck_assert(peer_ended(&p));
+  expect_cut(&p, "unfinished frame");
   peer_close(&p);
   daemon_fds_become(base);
   peer_close(&c);
@@ -360,8 +367,7 @@ END_TEST
 START_TEST(unfinished_frames_time_out) {
   daemon_start(&d, "--frame-timeout", "300ms", NULL);
   struct peer c, slow, steady;
-  peer_open(&c, &d, CONTROLLER);
-  int base = daemon_baseline(&c);
+  int base = open_baseline(&c);
   peer_open(&slow, &d, WORKER);
   peer_open(&steady, &d, WORKER);
   park_fds(&slow, 5);
@@ -398,8 +404,7 @@ END_TEST
 START_TEST(status_says_how_many_fds_the_daemon_may_use_and_uses) {
   daemon_start(&d, NULL);
   struct peer c, p;
-  peer_open(&c, &d, CONTROLLER);
-  int base = daemon_baseline(&c);
+  int base = open_baseline(&c);
   struct rlimit rl;
   ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, NULL, &rl), 0);
   ck_assert_uint_eq(rl.rlim_cur, rl.rlim_max);
@@ -438,24 +443,16 @@ END_TEST
 START_TEST(unread_replies_are_capped_per_session) {
   daemon_start(&d, "--max-queued-per-session", "256K", NULL);
   struct peer c, deaf;
-  peer_open(&c, &d, CONTROLLER);
-  peer_open(&deaf, &d, WORKER);
-  flood(&deaf, 20000, 200);
+  open_deaf(&c, &deaf);
   ck_assert(log_wait("left unread", 3000));
   wire_env *st = status_of(&c);
   fprintf(stderr, "unread replies, one session: %llu bytes queued after the cut\n",
           (unsigned long long)st->status_reply->queued_bytes);
   ck_assert_uint_le(st->status_reply->queued_bytes, 256 * 1024);
   wire_env_free(st);
-  char why[256];
-  ck_assert_int_eq(ending_error(&deaf, why, sizeof why), CODE(LIMIT_EXCEEDED));
-  ck_assert_msg(strstr(why, "per session"), "%s", why);
-  ck_assert(peer_ended(&deaf));
+  expect_cut(&deaf, "per session");
   ck_assert_int_eq(daemon_log_count(&d, "left unread"), 1);
-  peer_close(&deaf);
-  st = status_of(&c);
-  ck_assert_uint_eq(st->status_reply->queued_bytes, 0);
-  wire_env_free(st);
+  close_cut(&deaf, &c);
   peer_close(&c);
 }
 END_TEST
@@ -465,17 +462,9 @@ END_TEST
 START_TEST(unread_replies_are_capped_in_total) {
   daemon_start(&d, "--max-queued-total", "512K", NULL);
   struct peer c, deaf;
-  peer_open(&c, &d, CONTROLLER);
-  peer_open(&deaf, &d, WORKER);
-  flood(&deaf, 20000, 200);
-  char why[256];
-  ck_assert_int_eq(ending_error(&deaf, why, sizeof why), CODE(LIMIT_EXCEEDED));
-  ck_assert_msg(strstr(why, "all sessions"), "%s", why);
-  ck_assert(peer_ended(&deaf));
-  peer_close(&deaf);
-  wire_env *st = status_of(&c);
-  ck_assert_uint_eq(st->status_reply->queued_bytes, 0);
-  wire_env_free(st);
+  open_deaf(&c, &deaf);
+  expect_cut(&deaf, "all sessions");
+  close_cut(&deaf, &c);
   peer_close(&c);
 }
 END_TEST
@@ -513,13 +502,7 @@ static void flood_list(struct peer *p, int n) {
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
   env.list = &lr;
-  for (int i = 0; i < n; i++) {
-    env.id = p->next_id++;
-    size_t len;
-    uint8_t *bytes = wire_pack(&env, &len);
-    frame_writer_push(p->w, bytes, len, NULL, 0);
-    free(bytes);
-  }
+  scene_queue(p, &env, n);
   frame_writer_flush(p->w, p->fd); /* a few KiB: the socket takes them */
 }
 
@@ -608,7 +591,7 @@ START_TEST(writers_count_into_a_total_and_drop_what_is_unsent) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("fds", 40, setup, teardown, out_of_fds_the_daemon_backs_off_and_recovers,
+  return HARNESS_RUN("fds", 40, NULL, teardown, out_of_fds_the_daemon_backs_off_and_recovers,
                      sigterm_is_honoured_while_out_of_fds,
                      sigterm_is_honoured_with_unfinished_frames_and_unread_replies,
                      fds_parked_in_a_frame_are_limited_per_session,

@@ -12,20 +12,11 @@
 #include <unistd.h>
 
 #include "harness.h"
-
-#define MiB (1024ull * 1024ull)
-#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
-#define WORKER GPUMEM__WIRE__ROLE__ROLE_WORKER
-#define CONTROLLER GPUMEM__WIRE__ROLE__ROLE_CONTROLLER
+#include "scenario.h"
 
 static struct daemon d;
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { scene_stop(&d); }
 
 /* Sockets among a process's fds. */
 static int sockets_of(pid_t pid) {
@@ -122,17 +113,8 @@ START_TEST(buffers_per_uid_are_limited) {
   ck_assert_uint_eq(s->status_reply->devices[0]->managed, 6 * MiB);
   wire_env_free(s);
   /* One freed: room for one. */
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = third.id;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  env.free = &fr;
-  env.id = b.next_id++;
   peer_unmap(&third);
-  peer_put(&b, &env, NULL, 0);
-  wire_env *r = peer_get(&b, NULL);
-  ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
-  wire_env_free(r);
+  ck_assert_int_eq(scene_free_code(&b, third.id), CODE(OK));
   ck_assert_int_eq(alloc_code(&b, "kv", 2 * MiB, 0), CODE(OK));
   peer_close(&a);
   peer_close(&b);
@@ -180,32 +162,21 @@ START_TEST(out_of_fds_the_daemon_refuses_and_recovers) {
   struct peer ctl;
   peer_open(&ctl, &d, CONTROLLER);
   settle(&ctl, 1);
-  int maxfd, open_fds = proc_fds(d.pid, &maxfd);
-  struct rlimit rl = {(rlim_t)open_fds + 4, (rlim_t)open_fds + 4};
-  ck_assert_int_lt(maxfd, open_fds + 4);
-  ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, &rl, NULL), 0);
+  int open_fds = scene_cap_fds(d.pid, 4);
   enum { N = 8 };
   struct peer p[N];
   int refused = 0;
-  for (int i = 0; i < N; i++) {
-    p[i] = (struct peer){.fd = raw_connect(&d), .r = frame_reader_create(WIRE_MAX_REPLY),
-                         .w = frame_writer_create(), .next_id = 1};
-    ck_assert_int_ge(p[i].fd, 0);
-  }
+  for (int i = 0; i < N; i++) peer_connect(&p[i], &d);
   /* Each connection is either served or closed at once. */
+  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
+  h.version_major = WIRE_VERSION_MAJOR;
+  h.role = WORKER;
+  h.name = "many";
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  env.hello = &h;
   for (int i = 0; i < N; i++) {
-    Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
-    h.version_major = WIRE_VERSION_MAJOR;
-    h.role = WORKER;
-    h.name = "many";
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-    env.id = 1;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
-    env.hello = &h;
-    size_t len;
-    uint8_t *bytes = wire_pack(&env, &len);
-    frame_writer_push(p[i].w, bytes, len, NULL, 0);
-    free(bytes);
+    scene_queue(&p[i], &env, 1); /* id 1, its first */
     frame_writer_flush(p[i].w, p[i].fd); /* may fail: refused */
     wire_env *r = peer_get(&p[i], NULL);
     if (!r) refused++;
@@ -218,7 +189,7 @@ START_TEST(out_of_fds_the_daemon_refuses_and_recovers) {
   wire_env *s = peer_status(&ctl);
   wire_env_free(s);
   for (int i = 0; i < N; i++) peer_close(&p[i]);
-  rl.rlim_cur = rl.rlim_max = (rlim_t)open_fds + 64;
+  struct rlimit rl = {(rlim_t)open_fds + 64, (rlim_t)open_fds + 64};
   prlimit(d.pid, RLIMIT_NOFILE, &rl, NULL); /* raising needs privilege: then fds freed suffice */
   struct peer again;
   peer_open(&again, &d, WORKER);
@@ -234,8 +205,7 @@ END_TEST
 START_TEST(ipc_legacy_buffers_never_pause) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, WORKER);
-  peer_open(&c, &d, CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf b[2];
   peer_alloc(&w, "kv", 0, 2 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY, &b[0]);
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b[1]);
@@ -243,9 +213,7 @@ START_TEST(ipc_legacy_buffers_never_pause) {
   wire_env *e = peer_event(&w, NULL), *r;
   ck_assert_uint_eq(e->unmap->n_buffer_ids, 1);
   ck_assert_uint_eq(e->unmap->buffer_ids[0], b[1].id);
-  peer_unmap(&b[1]);
-  peer_ack(&w, e->id, NULL, 0, NULL);
-  wire_env_free(e);
+  scene_unmap_ack(&w, e, &b[1]);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   ck_assert_uint_eq(r->op_reply->skipped, 1);
@@ -269,26 +237,12 @@ START_TEST(the_daemon_keeps_no_fd_behind) {
   struct pbuf b[3];
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[0]);
   peer_alloc(&w, "kv", 1, 4 * MiB, 0, &b[1]);
-  peer_alloc(&w, "w", 0, 2 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP, &b[2]);
-  wire_env *r;
+  peer_alloc(&w, "w", 0, 2 * MiB, BACKUP, &b[2]);
   for (int round = 0; round < 2; round++) {
-    peer_op(&c, false, "kv", 0, 0);
-    peer_serve(&w, b, 3, 1);
-    ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-    wire_env_free(r);
-    peer_op(&c, true, "kv", 0, 0);
-    peer_serve(&w, b, 3, 1);
-    ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-    wire_env_free(r);
+    scene_served(&c, &w, b, 3, false, "kv");
+    scene_served(&c, &w, b, 3, true, "kv");
   }
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = b[0].id;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = 77;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  env.free = &fr;
-  peer_put(&w, &env, NULL, 0);
-  r = peer_get(&w, NULL);
+  wire_env *r = scene_free(&w, b[0].id);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
   wire_env_free(r);
   for (int i = 0; i < 3; i++) peer_unmap(&b[i]);
@@ -301,7 +255,7 @@ START_TEST(the_daemon_keeps_no_fd_behind) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("limits", 20, setup, teardown, sessions_per_uid_are_limited,
+  return HARNESS_RUN("limits", 20, NULL, teardown, sessions_per_uid_are_limited,
                      buffers_per_session_are_limited, buffers_per_uid_are_limited,
                      oversized_frames_and_stray_fds_end_the_session,
                      out_of_fds_the_daemon_refuses_and_recovers, ipc_legacy_buffers_never_pause,

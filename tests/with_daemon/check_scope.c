@@ -12,22 +12,14 @@
 #include "common/frame.h"
 #include "common/wire.h"
 #include "harness.h"
+#include "scenario.h"
 
-#define MiB (1024ull * 1024ull)
-#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
-#define WORKER GPUMEM__WIRE__ROLE__ROLE_WORKER
-#define CONTROLLER GPUMEM__WIRE__ROLE__ROLE_CONTROLLER
 #define ACTIVE GPUMEM__WIRE__BUFFER_STATE__ACTIVE
 #define PAUSED GPUMEM__WIRE__BUFFER_STATE__PAUSED
 
 static struct daemon d;
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { scene_stop(&d); }
 
 /* What these processes hold of the backend's memory. */
 static uint64_t held_by(pid_t pid) { return memfd_bytes(&pid, 1); }
@@ -38,54 +30,37 @@ static void open_named(struct peer *p, int role, const char *name) {
   wire_env_free(peer_hello_as(p, role, name));
 }
 
-/* A scope as a test writes it. */
-struct scope {
-  bool own;
-  const uint32_t *pids;
-  size_t npids;
-  const char *prefix;
-  uint32_t timeout_ms;
-};
-
-/* Send a pause or resume of ntags tags (none: every tag) with a scope. */
-static void send_op(struct peer *p, bool resume, const char *const *tags, size_t ntags,
-                    const struct scope *sc) {
-  Gpumem__Wire__PauseRequest pr = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
-  Gpumem__Wire__ResumeRequest rr = GPUMEM__WIRE__RESUME_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
-  if (resume) {
-    rr.tags = (char **)tags;
-    rr.n_tags = ntags;
-    rr.own = sc->own;
-    rr.pids = (uint32_t *)sc->pids;
-    rr.n_pids = sc->npids;
-    rr.session_prefix = (char *)(sc->prefix ? sc->prefix : "");
-    rr.timeout_ms = sc->timeout_ms;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
-    env.resume = &rr;
-  } else {
-    pr.tags = (char **)tags;
-    pr.n_tags = ntags;
-    pr.own = sc->own;
-    pr.pids = (uint32_t *)sc->pids;
-    pr.n_pids = sc->npids;
-    pr.session_prefix = (char *)(sc->prefix ? sc->prefix : "");
-    pr.timeout_ms = sc->timeout_ms;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
-    env.pause = &pr;
-  }
-  peer_put(p, &env, NULL, 0);
+/* Connect worker w as engine-a-0, then a worker v named vname and a
+ * controller c named cname. */
+static void open_three(struct peer *w, struct peer *v, const char *vname, struct peer *c,
+                       const char *cname) {
+  open_named(w, WORKER, "engine-a-0");
+  open_named(v, WORKER, vname);
+  open_named(c, CONTROLLER, cname);
 }
 
-/* Send a scoped operation and wait for its answer (code, words in why). */
-static wire_code scoped_code(struct peer *p, bool resume, const char *tag, const struct scope *sc,
-                             char *why, size_t whylen) {
-  send_op(p, resume, tag ? &tag : NULL, tag ? 1 : 0, sc);
-  wire_env *r = peer_get(p, NULL);
-  wire_code code = peer_reply_code(r, why, whylen);
-  wire_env_free(r);
-  return code;
+/* A scoped request and the answer a test expects: its code, and words
+ * its message contains (has) or is (is); NULL: not looked at. */
+struct answer {
+  struct peer *p;
+  bool resume;
+  const char *tag; /* NULL: every tag */
+  struct scene_scope sc;
+  wire_code code;
+  const char *has, *is;
+};
+
+/* Send each request in turn and check its answer. */
+static void expect_answers(const struct answer *a, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    scene_send_scoped(a[i].p, a[i].resume, a[i].tag ? &a[i].tag : NULL, a[i].tag ? 1 : 0, &a[i].sc);
+    wire_env *r = peer_get(a[i].p, NULL);
+    char why[256];
+    ck_assert_int_eq(peer_reply_code(r, why, sizeof why), a[i].code);
+    wire_env_free(r);
+    if (a[i].has) ck_assert_msg(strstr(why, a[i].has), "%s", why);
+    if (a[i].is) ck_assert_str_eq(why, a[i].is);
+  }
 }
 
 /* A worker pauses or resumes its own buffers: it is the owner the daemon
@@ -94,44 +69,20 @@ static wire_code scoped_code(struct peer *p, bool resume, const char *tag, const
  * the reply in *out. */
 static wire_code own_op(struct peer *w, bool resume, const char *const *tags, size_t ntags,
                         struct pbuf *bufs, size_t n, wire_env **out) {
-  struct scope sc = {.own = true};
-  send_op(w, resume, tags, ntags, &sc);
+  struct scene_scope sc = {.own = true};
+  scene_send_scoped(w, resume, tags, ntags, &sc);
   for (;;) {
     struct frame f;
     wire_env *e = peer_get(w, &f);
     ck_assert_ptr_nonnull(e);
-    if (e->body_case == GPUMEM__WIRE__ENVELOPE__BODY_UNMAP) {
-      for (size_t i = 0; i < e->unmap->n_buffer_ids; i++)
-        for (size_t j = 0; j < n; j++)
-          if (bufs[j].id == e->unmap->buffer_ids[i]) peer_unmap(&bufs[j]);
-    } else if (e->body_case == GPUMEM__WIRE__ENVELOPE__BODY_REMAP) {
-      peer_take_remap(e, &f, bufs, n);
-    } else {
+    if (e->body_case != GPUMEM__WIRE__ENVELOPE__BODY_UNMAP &&
+        e->body_case != GPUMEM__WIRE__ENVELOPE__BODY_REMAP) {
       frame_release(&f);
       *out = e;
       return peer_reply_code(e, NULL, 0);
     }
-    frame_release(&f);
-    peer_ack(w, e->id, NULL, 0, NULL);
-    wire_env_free(e);
+    scene_serve_event(w, e, &f, bufs, n);
   }
-}
-
-/* Write a pattern derived from seed into a raw buffer's only chunk. */
-static void fill(const struct pbuf *b, uint64_t size, uint32_t seed) {
-  uint32_t *v = malloc(size);
-  for (uint64_t i = 0; i < size / 4; i++) v[i] = seed ^ (uint32_t)(i * 2654435761u);
-  ck_assert_int_eq(pwrite(b->fds[0], v, size, 0), (ssize_t)size);
-  free(v);
-}
-
-/* True if a raw buffer's only chunk holds the pattern of seed. */
-static bool holds(const struct pbuf *b, uint64_t size, uint32_t seed) {
-  uint32_t *v = malloc(size);
-  bool ok = pread(b->fds[0], v, size, 0) == (ssize_t)size;
-  for (uint64_t i = 0; ok && i < size / 4; i++) ok = v[i] == (seed ^ (uint32_t)(i * 2654435761u));
-  free(v);
-  return ok;
 }
 
 /* The state of buffer id as a controller's list shows it. */
@@ -172,8 +123,8 @@ START_TEST(worker_self_pause_releases_only_its_own_memory) {
   open_named(&w, WORKER, "engine-a-0");
   open_named(&c, CONTROLLER, "rl");
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP, &b);
-  fill(&b, 4 * MiB, 0xa11ce);
+  peer_alloc(&w, "kv", 0, 4 * MiB, BACKUP, &b);
+  scene_fill(&b, 4 * MiB, 0xa11ce);
   pid_t me = getpid();
   ck_assert_uint_eq(held_by(me), 4 * MiB);
   ck_assert_uint_eq(held_by(other.pid), 6 * MiB);
@@ -205,7 +156,7 @@ START_TEST(worker_self_pause_releases_only_its_own_memory) {
   ck_assert_uint_eq(r->op_reply->backup_bytes, 4 * MiB);
   wire_env_free(r);
   ck_assert_uint_eq(b.nfds, 1);
-  ck_assert(holds(&b, 4 * MiB, 0xa11ce));
+  ck_assert(scene_holds(&b, 4 * MiB, 0xa11ce));
   ck_assert_uint_eq(held_by(d.pid), 10 * MiB);
   ck_assert_int_eq(state_of(&c, b.id), ACTIVE);
   /* The other worker saw no event at all. */
@@ -221,9 +172,7 @@ END_TEST
 START_TEST(own_without_tags_pauses_all_the_workers_tags) {
   daemon_start(&d, NULL);
   struct peer w, v, c;
-  open_named(&w, WORKER, "engine-a-0");
-  open_named(&v, WORKER, "engine-b-0");
-  open_named(&c, CONTROLLER, "rl");
+  open_three(&w, &v, "engine-b-0", &c, "rl");
   struct pbuf mine[3], theirs;
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &mine[0]);
   peer_alloc(&w, "weights", 0, 4 * MiB, 0, &mine[1]);
@@ -266,8 +215,8 @@ START_TEST(controller_pause_by_pid_selects_one_session) {
   struct peer c;
   open_named(&c, CONTROLLER, "rl");
   uint32_t pid = (uint32_t)a.pid;
-  struct scope sc = {.pids = &pid, .npids = 1};
-  send_op(&c, false, (const char *[]){"kv"}, 1, &sc);
+  struct scene_scope sc = {.pids = &pid, .npids = 1};
+  scene_send_scoped(&c, false, (const char *[]){"kv"}, 1, &sc);
   wire_env *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 1);
@@ -279,7 +228,7 @@ START_TEST(controller_pause_by_pid_selects_one_session) {
   size_t total;
   ck_assert_uint_eq(count_state(&c, a.pid, PAUSED, &total), 1);
   ck_assert_uint_eq(count_state(&c, b.pid, ACTIVE, &total), 1);
-  send_op(&c, true, (const char *[]){"kv"}, 1, &sc);
+  scene_send_scoped(&c, true, (const char *[]){"kv"}, 1, &sc);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   wire_env_free(r);
@@ -303,8 +252,8 @@ START_TEST(controller_pause_by_prefix_selects_matching_names) {
   worker_start(&b0, &d, "--tag", "kv", "--size", "8M", "--name", "engine-b-0", NULL);
   struct peer c, late;
   open_named(&c, CONTROLLER, "rl");
-  struct scope sc = {.prefix = "engine-a-"};
-  send_op(&c, false, (const char *[]){"kv"}, 1, &sc);
+  struct scene_scope sc = {.prefix = "engine-a-"};
+  scene_send_scoped(&c, false, (const char *[]){"kv"}, 1, &sc);
   wire_env *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 2);
@@ -326,14 +275,13 @@ START_TEST(controller_pause_by_prefix_selects_matching_names) {
   peer_unmap(&x);
   peer_close(&late); /* its buffer goes with its session */
   /* Fully paused: refused. */
-  peer_op(&c, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  r = scene_op(&c, false, "kv", CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 1); /* engine-b-0's */
   wire_env_free(r);
   open_named(&late, WORKER, "engine-c-1");
   ck_assert_int_eq(peer_try_alloc(&late, "kv", 0, 2 * MiB, 0, &x), CODE(TAG_PAUSED));
   /* A scoped resume of engine-a-*: the tag is no longer fully paused. */
-  send_op(&c, true, (const char *[]){"kv"}, 1, &sc);
+  scene_send_scoped(&c, true, (const char *[]){"kv"}, 1, &sc);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
   ck_assert_uint_eq(r->op_reply->buffers, 2);
   wire_env_free(r);
@@ -342,8 +290,7 @@ START_TEST(controller_pause_by_prefix_selects_matching_names) {
   ck_assert_int_eq(peer_try_alloc(&late, "kv", 0, 2 * MiB, 0, &x), CODE(OK));
   peer_unmap(&x);
   peer_close(&late);
-  peer_op(&c, true, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  ck_assert_int_eq(scene_op_code(&c, true, "kv"), CODE(OK));
   peer_close(&c);
   ck_assert_int_eq(worker_stop(&a0, SIGTERM), 0);
   ck_assert_int_eq(worker_stop(&a1, SIGTERM), 0);
@@ -360,40 +307,35 @@ START_TEST(malformed_scopes_are_invalid) {
   open_named(&c, CONTROLLER, "rl");
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b);
-  char why[256];
-  uint32_t pids[WIRE_MAX_PIDS + 1];
+  uint32_t pids[WIRE_MAX_PIDS + 1], zero[2] = {(uint32_t)getpid(), 0};
   for (size_t i = 0; i <= WIRE_MAX_PIDS; i++) pids[i] = (uint32_t)getpid();
-  struct scope own_pids = {.own = true, .pids = pids, .npids = 1};
-  ck_assert_int_eq(scoped_code(&w, false, "kv", &own_pids, why, sizeof why),
-                   CODE(INVALID_ARGUMENT));
-  ck_assert_msg(strstr(why, "own"), "%s", why);
-  ck_assert_int_eq(scoped_code(&c, true, "kv", &own_pids, why, sizeof why),
-                   CODE(INVALID_ARGUMENT));
-  struct scope own_prefix = {.own = true, .prefix = "engine-"};
-  ck_assert_int_eq(scoped_code(&w, false, "kv", &own_prefix, why, sizeof why),
-                   CODE(INVALID_ARGUMENT));
-  struct scope many = {.pids = pids, .npids = WIRE_MAX_PIDS + 1};
-  ck_assert_int_eq(scoped_code(&c, false, "kv", &many, why, sizeof why), CODE(INVALID_ARGUMENT));
-  ck_assert_msg(strstr(why, "too many pids"), "%s", why);
-  pids[1] = 0;
-  struct scope zero = {.pids = pids, .npids = 2};
-  ck_assert_int_eq(scoped_code(&c, false, "kv", &zero, why, sizeof why), CODE(INVALID_ARGUMENT));
-  ck_assert_msg(strstr(why, "pid 0"), "%s", why);
-  const char *bad[] = {"engine\n", "engine\x1b[2J", "\xc3\x28", "\xed\xa0\x80", "\x7f"};
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    struct scope p = {.prefix = bad[i]};
-    ck_assert_int_eq(scoped_code(&c, false, "kv", &p, why, sizeof why), CODE(INVALID_ARGUMENT));
-    ck_assert_msg(strstr(why, "session_prefix"), "%s", why);
-  }
   char longname[WIRE_NAME_MAX + 2];
   memset(longname, 'e', sizeof longname - 1);
   longname[sizeof longname - 1] = '\0';
-  struct scope lp = {.prefix = longname};
-  ck_assert_int_eq(scoped_code(&c, false, "kv", &lp, why, sizeof why), CODE(INVALID_ARGUMENT));
+  const struct scene_scope own_pids = {.own = true, .pids = pids, .npids = 1};
+  const struct answer invalid[] = {
+      {&w, false, "kv", own_pids, CODE(INVALID_ARGUMENT), "own", NULL},
+      {&c, true, "kv", own_pids, CODE(INVALID_ARGUMENT), NULL, NULL},
+      {&w, false, "kv", {.own = true, .prefix = "engine-"}, CODE(INVALID_ARGUMENT), NULL, NULL},
+      {&c, false, "kv", {.pids = pids, .npids = WIRE_MAX_PIDS + 1}, CODE(INVALID_ARGUMENT),
+       "too many pids", NULL},
+      {&c, false, "kv", {.pids = zero, .npids = 2}, CODE(INVALID_ARGUMENT), "pid 0", NULL},
+  };
+  expect_answers(invalid, sizeof invalid / sizeof invalid[0]);
+  const char *bad[] = {"engine\n", "engine\x1b[2J", "\xc3\x28", "\xed\xa0\x80", "\x7f"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const struct answer a = {&c, false, "kv", {.prefix = bad[i]}, CODE(INVALID_ARGUMENT),
+                             "session_prefix", NULL};
+    expect_answers(&a, 1);
+  }
+  const struct answer too_long = {&c, false, "kv", {.prefix = longname}, CODE(INVALID_ARGUMENT),
+                                  NULL, NULL};
+  expect_answers(&too_long, 1);
   /* Nothing changed, and both sessions still work. */
   ck_assert_int_eq(state_of(&c, b.id), ACTIVE);
-  struct scope utf8 = {.prefix = "engine-\xc3\xa9"};
-  ck_assert_int_eq(scoped_code(&c, false, "kv", &utf8, why, sizeof why), CODE(NOT_FOUND));
+  const struct answer utf8 = {&c, false, "kv", {.prefix = "engine-\xc3\xa9"}, CODE(NOT_FOUND),
+                              NULL, NULL};
+  expect_answers(&utf8, 1);
   peer_unmap(&b);
   peer_close(&w);
   peer_close(&c);
@@ -408,16 +350,15 @@ START_TEST(workers_may_not_pause_other_sessions) {
   open_named(&v, WORKER, "engine-b-0");
   struct pbuf b;
   peer_alloc(&v, "kv", 0, 2 * MiB, 0, &b);
-  char why[256];
   uint32_t pid = (uint32_t)getpid();
-  struct scope by_pid = {.pids = &pid, .npids = 1}, by_name = {.prefix = "engine-b"}, none = {0};
-  ck_assert_int_eq(scoped_code(&w, false, "kv", &by_pid, why, sizeof why),
-                   CODE(PERMISSION_DENIED));
-  ck_assert_msg(strstr(why, "other sessions"), "%s", why);
-  ck_assert_int_eq(scoped_code(&w, true, "kv", &by_name, why, sizeof why),
-                   CODE(PERMISSION_DENIED));
-  ck_assert_int_eq(scoped_code(&w, false, "kv", &none, why, sizeof why), CODE(PERMISSION_DENIED));
-  ck_assert_int_eq(scoped_code(&w, false, NULL, &none, why, sizeof why), CODE(PERMISSION_DENIED));
+  const struct answer denied[] = {
+      {&w, false, "kv", {.pids = &pid, .npids = 1}, CODE(PERMISSION_DENIED), "other sessions",
+       NULL},
+      {&w, true, "kv", {.prefix = "engine-b"}, CODE(PERMISSION_DENIED), NULL, NULL},
+      {&w, false, "kv", {0}, CODE(PERMISSION_DENIED), NULL, NULL},
+      {&w, false, NULL, {0}, CODE(PERMISSION_DENIED), NULL, NULL},
+  };
+  expect_answers(denied, sizeof denied / sizeof denied[0]);
   ck_assert(!peer_waiting(&v)); /* nothing reached the owner */
   peer_unmap(&b);
   peer_close(&w);
@@ -430,38 +371,32 @@ END_TEST
 START_TEST(scopes_that_select_nothing_are_not_found) {
   daemon_start(&d, NULL);
   struct peer w, v, c;
-  open_named(&w, WORKER, "engine-a-0");
-  open_named(&v, WORKER, "engine-a-1");
-  open_named(&c, CONTROLLER, "engine-b-ctl"); /* a controller is not selected */
+  open_three(&w, &v, "engine-a-1", &c, "engine-b-ctl"); /* a controller is not selected */
   struct pbuf b[2];
   peer_alloc(&v, "kv", 0, 2 * MiB, 0, &b[0]);
   peer_alloc(&v, "weights", 0, 2 * MiB, 0, &b[1]);
   peer_unmap(&b[0]);
   peer_unmap(&b[1]);
-  char why[256];
   pid_t gone = fork();
   if (gone == 0) _exit(0);
   ck_assert_int_eq(waitpid(gone, NULL, 0), gone);
-  uint32_t pid = (uint32_t)gone;
-  struct scope by_pid = {.pids = &pid, .npids = 1}, by_name = {.prefix = "engine-b"};
-  ck_assert_int_eq(scoped_code(&c, false, "kv", &by_pid, why, sizeof why), CODE(NOT_FOUND));
-  char want[64];
-  snprintf(want, sizeof want, "no worker session with pid %u", pid);
-  ck_assert_str_eq(why, want);
-  ck_assert_int_eq(scoped_code(&c, true, NULL, &by_name, why, sizeof why), CODE(NOT_FOUND));
-  ck_assert_str_eq(why, "no worker session named 'engine-b*'");
-  uint32_t mine = (uint32_t)getpid();
-  struct scope both = {.pids = &mine, .npids = 1, .prefix = "engine-b"};
-  ck_assert_int_eq(scoped_code(&c, false, "kv", &both, why, sizeof why), CODE(NOT_FOUND));
-  snprintf(want, sizeof want, "no worker session with pid %u named 'engine-b*'", mine);
-  ck_assert_str_eq(why, want);
-  /* Unknown tags stay NOT_FOUND; so is a tag the session has nothing in. */
-  struct scope own = {.own = true};
-  ck_assert_int_eq(scoped_code(&c, false, "nope", &by_name, why, sizeof why), CODE(NOT_FOUND));
-  ck_assert_str_eq(why, "no tag 'nope'");
-  ck_assert_int_eq(scoped_code(&w, false, "kv", &own, why, sizeof why), CODE(NOT_FOUND));
-  ck_assert_str_eq(why, "this session has no buffers in tag 'kv'");
-  ck_assert_int_eq(scoped_code(&w, true, "weights", &own, why, sizeof why), CODE(NOT_FOUND));
+  uint32_t pid = (uint32_t)gone, mine = (uint32_t)getpid();
+  char no_pid[64], no_pid_name[64];
+  snprintf(no_pid, sizeof no_pid, "no worker session with pid %u", pid);
+  snprintf(no_pid_name, sizeof no_pid_name, "no worker session with pid %u named 'engine-b*'",
+           mine);
+  const struct scene_scope by_name = {.prefix = "engine-b"}, own = {.own = true};
+  const struct answer not_found[] = {
+      {&c, false, "kv", {.pids = &pid, .npids = 1}, CODE(NOT_FOUND), NULL, no_pid},
+      {&c, true, NULL, by_name, CODE(NOT_FOUND), NULL, "no worker session named 'engine-b*'"},
+      {&c, false, "kv", {.pids = &mine, .npids = 1, .prefix = "engine-b"}, CODE(NOT_FOUND), NULL,
+       no_pid_name},
+      /* Unknown tags stay NOT_FOUND; so is a tag the session has nothing in. */
+      {&c, false, "nope", by_name, CODE(NOT_FOUND), NULL, "no tag 'nope'"},
+      {&w, false, "kv", own, CODE(NOT_FOUND), NULL, "this session has no buffers in tag 'kv'"},
+      {&w, true, "weights", own, CODE(NOT_FOUND), NULL, NULL},
+  };
+  expect_answers(not_found, sizeof not_found / sizeof not_found[0]);
   /* Nothing moved. */
   wire_env *s = peer_status(&c);
   ck_assert_int_eq(peer_tag(s, "kv")->state, ACTIVE);
@@ -479,9 +414,7 @@ END_TEST
 START_TEST(unscoped_resume_resumes_what_scoped_pauses_paused) {
   daemon_start(&d, NULL);
   struct peer a, b, c;
-  open_named(&a, WORKER, "engine-a-0");
-  open_named(&b, WORKER, "engine-b-0");
-  open_named(&c, CONTROLLER, "rl");
+  open_three(&a, &b, "engine-b-0", &c, "rl");
   struct pbuf ab[2], bb[2];
   peer_alloc(&a, "kv", 0, 2 * MiB, 0, &ab[0]);
   peer_alloc(&a, "weights", 0, 4 * MiB, 0, &ab[1]);
@@ -491,14 +424,14 @@ START_TEST(unscoped_resume_resumes_what_scoped_pauses_paused) {
   wire_env *r;
   ck_assert_int_eq(own_op(&a, false, NULL, 0, ab, 2, &r), CODE(OK));
   wire_env_free(r);
-  struct scope sb = {.prefix = "engine-b"};
-  send_op(&c, false, (const char *[]){"kv"}, 1, &sb);
+  struct scene_scope sb = {.prefix = "engine-b"};
+  scene_send_scoped(&c, false, (const char *[]){"kv"}, 1, &sb);
   peer_serve(&b, bb, 2, 1);
   ck_assert_int_eq(peer_op_code(&c), CODE(OK));
   ck_assert_uint_eq(held_by(d.pid), 8 * MiB);
   /* A resume of every tag and every session. */
-  struct scope all = {0};
-  send_op(&c, true, NULL, 0, &all);
+  struct scene_scope all = {0};
+  scene_send_scoped(&c, true, NULL, 0, &all);
   peer_serve(&a, ab, 2, 1);
   peer_serve(&b, bb, 2, 1);
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
@@ -536,12 +469,11 @@ START_TEST(scoped_resume_with_a_stopped_owner_rolls_back) {
   worker_start(&b0, &d, "--tag", "kv", "--size", "8M", "--backup", "--name", "engine-b-0", NULL);
   struct peer c;
   open_named(&c, CONTROLLER, "rl");
-  peer_op(&c, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  ck_assert_int_eq(scene_op_code(&c, false, "kv"), CODE(OK));
   ck_assert_uint_eq(held_by(d.pid), 0);
   worker_freeze(&a0);
-  struct scope sa = {.prefix = "engine-a-", .timeout_ms = 500};
-  send_op(&c, true, (const char *[]){"kv"}, 1, &sa);
+  struct scene_scope sa = {.prefix = "engine-a-", .timeout_ms = 500};
+  scene_send_scoped(&c, true, (const char *[]){"kv"}, 1, &sa);
   wire_env *r;
   ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
   ck_assert_uint_eq(r->error->n_pids, 1);
@@ -564,8 +496,7 @@ START_TEST(scoped_resume_with_a_stopped_owner_rolls_back) {
   ck_assert_uint_eq(held_by(a0.pid) + held_by(a1.pid) + held_by(b0.pid), 0);
   /* Each engine-a worker checked its contents once when it mapped; now a
    * resume of every session brings all three back. */
-  peer_op(&c, true, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  ck_assert_int_eq(scene_op_code(&c, true, "kv"), CODE(OK));
   ck_assert(worker_wait_for(&a0, "contents kept", 2, 5000));
   ck_assert(worker_wait_for(&a1, "contents kept", 2, 5000));
   ck_assert(worker_wait_for(&b0, "contents kept", 1, 5000));
@@ -582,14 +513,12 @@ END_TEST
 START_TEST(worker_that_leaves_mid_self_pause_ends_cleanly) {
   daemon_start(&d, "--ack-timeout", "60s", NULL);
   struct peer w, v, c;
-  open_named(&w, WORKER, "engine-a-0");
-  open_named(&v, WORKER, "engine-b-0");
-  open_named(&c, CONTROLLER, "rl");
+  open_three(&w, &v, "engine-b-0", &c, "rl");
   struct pbuf b, keep;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   peer_alloc(&v, "kv", 0, 2 * MiB, 0, &keep);
-  struct scope own = {.own = true};
-  send_op(&w, false, (const char *[]){"kv"}, 1, &own);
+  struct scene_scope own = {.own = true};
+  scene_send_scoped(&w, false, (const char *[]){"kv"}, 1, &own);
   wire_env *e = peer_event(&w, NULL);
   wire_env_free(e);
   peer_unmap(&b);
@@ -610,7 +539,7 @@ START_TEST(worker_that_leaves_mid_self_pause_ends_cleanly) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("scope", 60, setup, teardown,
+  return HARNESS_RUN("scope", 60, NULL, teardown,
                      worker_self_pause_releases_only_its_own_memory,
                      own_without_tags_pauses_all_the_workers_tags,
                      controller_pause_by_pid_selects_one_session,

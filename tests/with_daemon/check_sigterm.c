@@ -28,12 +28,7 @@
 #include "common/frame.h"
 #include "common/wire.h"
 #include "harness.h"
-
-#define MiB (1024ull * 1024ull)
-#define CODE(x) GPUMEM__WIRE__ERROR_CODE__##x
-#define WORKER GPUMEM__WIRE__ROLE__ROLE_WORKER
-#define CONTROLLER GPUMEM__WIRE__ROLE__ROLE_CONTROLLER
-#define BACKUP GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP
+#include "scenario.h"
 
 /* Under ASan everything is slower: the deadlines are wider. */
 #if defined(__SANITIZE_ADDRESS__)
@@ -240,13 +235,7 @@ static void send_requests(struct peer *p, bool status, int n) {
     env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
     env.list = &lr;
   }
-  for (int i = 0; i < n; i++) {
-    env.id = p->next_id++;
-    size_t len;
-    uint8_t *bytes = wire_pack(&env, &len);
-    ck_assert_int_eq(frame_writer_push(p->w, bytes, len, NULL, 0), 0);
-    free(bytes);
-  }
+  ck_assert_int_eq(scene_queue(p, &env, n), 0);
   int rc;
   while ((rc = frame_writer_flush(p->w, p->fd)) == -EAGAIN) {
     struct pollfd pf = {p->fd, POLLOUT, 0};
@@ -276,6 +265,39 @@ static void fill_output_queue(struct peer *p, struct peer *c, uint64_t total) {
   }
 }
 
+/* A raw worker w holding one buffer b (4 MiB of kv), then a controller c
+ * and, unless NULL, a second controller, watch, that looks on. */
+static void open_watched(struct peer *w, struct pbuf *b, struct peer *c, struct peer *watch) {
+  peer_open(w, &d, WORKER);
+  peer_alloc(w, "kv", 0, 4 * MiB, 0, b);
+  peer_open(c, &d, CONTROLLER);
+  if (watch) peer_open(watch, &d, CONTROLLER);
+}
+
+/* Take w's next event, which must be of kind body, and leave it
+ * unanswered (its fds closed); how many fds came with it. */
+static size_t leave_event(struct peer *w, int body) {
+  struct frame f;
+  wire_env *e = peer_event(w, &f);
+  ck_assert_int_eq(e->body_case, body);
+  size_t nfds = f.nfds;
+  wire_env_free(e);
+  frame_release(&f);
+  return nfds;
+}
+
+/* Once watch sees kv in state st with one buffer in transit, SIGTERM in
+ * that state: the operation c asked for as req is answered SHUTTING_DOWN,
+ * then c, w and watch are told. */
+static void stop_mid_op(struct peer *w, struct peer *c, uint64_t req, struct peer *watch, int st,
+                        const char *state) {
+  ck_assert(peer_wait_tag(watch, "kv", st, 1));
+  stop_and_check(SIGTERM, PROMPT_MS, state, NULL, 0);
+  ck_assert_int_eq(expect_told(c, req).req_code, CODE(SHUTTING_DOWN));
+  expect_told(w, 0);
+  expect_told(watch, 0);
+}
+
 /* Idle, nobody connected: exit 0 at once, socket gone. */
 START_TEST(idle_with_no_sessions) {
   daemon_start(&d, NULL);
@@ -291,9 +313,7 @@ START_TEST(workers_holding_active_buffers) {
   worker_start(&workers[0], &d, "--tag", "kv", "--size", "8M", "--count", "2", NULL);
   struct peer w, c;
   struct pbuf b;
-  peer_open(&w, &d, WORKER);
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_open(&c, &d, CONTROLLER);
+  open_watched(&w, &b, &c, NULL);
   ck_assert_uint_eq(sessions_seen(&c), 3);
   stop_and_check(SIGTERM, PROMPT_MS, "workers holding buffers", &workers[0].pid, 1);
   expect_told(&w, 0);
@@ -315,22 +335,11 @@ START_TEST(mid_pause_waiting_for_an_unmap_ack) {
   daemon_start(&d, NULL);
   struct peer w, c, watch;
   struct pbuf b;
-  peer_open(&w, &d, WORKER);
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_open(&c, &d, CONTROLLER);
-  peer_open(&watch, &d, CONTROLLER);
+  open_watched(&w, &b, &c, &watch);
   uint64_t req = c.next_id;
   peer_op(&c, false, "kv", 0, 0);
-  struct frame f;
-  wire_env *e = peer_event(&w, &f); /* the Unmap, never acked */
-  ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
-  wire_env_free(e);
-  frame_release(&f);
-  ck_assert(peer_wait_tag(&watch, "kv", GPUMEM__WIRE__BUFFER_STATE__PAUSING, 1));
-  stop_and_check(SIGTERM, PROMPT_MS, "mid-pause", NULL, 0);
-  ck_assert_int_eq(expect_told(&c, req).req_code, CODE(SHUTTING_DOWN));
-  expect_told(&w, 0);
-  expect_told(&watch, 0);
+  leave_event(&w, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP); /* the Unmap, never acked */
+  stop_mid_op(&w, &c, req, &watch, GPUMEM__WIRE__BUFFER_STATE__PAUSING, "mid-pause");
   peer_unmap(&b);
   peer_close(&w);
   peer_close(&c);
@@ -344,26 +353,13 @@ START_TEST(mid_resume_waiting_for_a_remap_ack) {
   daemon_start(&d, NULL);
   struct peer w, c, watch;
   struct pbuf b;
-  peer_open(&w, &d, WORKER);
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_open(&c, &d, CONTROLLER);
-  peer_open(&watch, &d, CONTROLLER);
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, &b, 1, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  open_watched(&w, &b, &c, &watch);
+  scene_served(&c, &w, &b, 1, false, "kv");
   uint64_t req = c.next_id;
   peer_op(&c, true, "kv", 0, 0);
-  struct frame f;
-  wire_env *e = peer_event(&w, &f); /* the Remap with its fds, never acked */
-  ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_REMAP);
-  ck_assert_uint_ge(f.nfds, 1);
-  wire_env_free(e);
-  frame_release(&f);
-  ck_assert(peer_wait_tag(&watch, "kv", GPUMEM__WIRE__BUFFER_STATE__RESUMING, 1));
-  stop_and_check(SIGTERM, PROMPT_MS, "mid-resume", NULL, 0);
-  ck_assert_int_eq(expect_told(&c, req).req_code, CODE(SHUTTING_DOWN));
-  expect_told(&w, 0);
-  expect_told(&watch, 0);
+  /* the Remap with its fds, never acked */
+  ck_assert_uint_ge(leave_event(&w, GPUMEM__WIRE__ENVELOPE__BODY_REMAP), 1);
+  stop_mid_op(&w, &c, req, &watch, GPUMEM__WIRE__BUFFER_STATE__RESUMING, "mid-resume");
   peer_close(&w);
   peer_close(&c);
   peer_close(&watch);
@@ -572,9 +568,7 @@ START_TEST(sigint_once) {
   daemon_start(&d, NULL);
   struct peer w, c;
   struct pbuf b;
-  peer_open(&w, &d, WORKER);
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_open(&c, &d, CONTROLLER);
+  open_watched(&w, &b, &c, NULL);
   stop_and_check(SIGINT, PROMPT_MS, "SIGINT", NULL, 0);
   struct ending e = expect_told(&w, 0);
   ck_assert_msg(strstr(e.words, strsignal(SIGINT)), "notice: %s", e.words);

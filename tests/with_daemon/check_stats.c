@@ -16,15 +16,11 @@
 #include "common/wire.h"
 #include "gpumem.h"
 #include "harness.h"
-
-#define MiB (1ull << 20)
+#include "scenario.h"
 
 static struct daemon d;
 
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { scene_stop(&d); }
 
 /* A controller of the library, connected to d. */
 static gpumem_client *controller(void) {
@@ -113,13 +109,7 @@ static uint64_t unix_ms(void) {
  * returns the daemon's elapsed_us. */
 static uint64_t op_served(struct peer *c, struct peer *w, struct pbuf *b, size_t n, bool resume,
                           const char *tag) {
-  if (tag)
-    peer_op(c, resume, tag, 0, 0);
-  else
-    peer_op_tags(c, resume, NULL, 0, 0, 0);
-  peer_serve(w, b, n, 1);
-  wire_env *r;
-  ck_assert_int_eq(peer_op_wait(c, &r), GPUMEM__WIRE__ERROR_CODE__OK);
+  wire_env *r = scene_served_reply(c, w, b, n, resume, tag);
   uint64_t us = r->op_reply->elapsed_us;
   wire_env_free(r);
   return us;
@@ -132,11 +122,9 @@ static uint64_t op_served(struct peer *c, struct peer *w, struct pbuf *b, size_t
 START_TEST(counts_bytes_durations_and_records_are_exact) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf b[2];
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[0]);
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[1]);
+  scene_alloc_n(&w, "kv", 0, 4 * MiB, 0, b, 2);
   gpumem_client *lc = controller();
   struct gpumem_status *s = status_of(lc);
   /* Nothing yet: OK counts at 0 for both kinds, empty histograms. */
@@ -154,8 +142,7 @@ START_TEST(counts_bytes_durations_and_records_are_exact) {
   us[1] = op_served(&c, &w, b, 2, true, "kv");
   us[2] = op_served(&c, &w, b, 2, false, "kv");
   us[3] = op_served(&c, &w, b, 2, true, NULL); /* every tag */
-  peer_op(&c, false, "kv_cahce", 0, 0);
-  ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__NOT_FOUND);
+  ck_assert_int_eq(scene_op_code(&c, false, "kv_cahce"), CODE(NOT_FOUND));
   s = status_of(lc);
   ck_assert_uint_eq(ops(s, "pause", "OK"), 2);
   ck_assert_uint_eq(ops(s, "pause", "NOT_FOUND"), 1);
@@ -225,7 +212,7 @@ START_TEST(a_pause_in_flight_shows_its_progress_to_another_connection) {
   worker_start(&slow, &d, "--tag", "kv", "--size", "6M", "--name", "slow", NULL);
   worker_freeze(&slow);
   struct peer c;
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  peer_open(&c, &d, CONTROLLER);
   uint64_t t0 = unix_ms();
   peer_op(&c, false, "kv", 0, 0);
   gpumem_client *lc = controller();
@@ -251,7 +238,7 @@ START_TEST(a_pause_in_flight_shows_its_progress_to_another_connection) {
   gpumem_status_free(s);
   ck_assert_int_eq(kill(slow.pid, SIGCONT), 0);
   wire_env *reply;
-  ck_assert_int_eq(peer_op_wait(&c, &reply), GPUMEM__WIRE__ERROR_CODE__OK);
+  ck_assert_int_eq(peer_op_wait(&c, &reply), CODE(OK));
   s = status_of(lc);
   ck_assert_uint_eq(s->nrecent_ops, 1);
   r = s->recent_ops[0];
@@ -277,16 +264,15 @@ END_TEST
 START_TEST(a_resume_in_flight_counts_what_owners_mapped) {
   daemon_start(&d, "--ack-timeout", "30s", NULL);
   struct peer w1, w2, c;
-  peer_open(&w1, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&w2, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  peer_open(&w1, &d, WORKER);
+  scene_open(&w2, &c, &d);
   struct pbuf b1, b2;
   peer_alloc(&w1, "kv", 0, 2 * MiB, 0, &b1);
   peer_alloc(&w2, "kv", 0, 8 * MiB, 0, &b2);
   peer_op(&c, false, "kv", 0, 0);
   peer_serve(&w1, &b1, 1, 1);
   peer_serve(&w2, &b2, 1, 1);
-  ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__OK);
+  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
   peer_op(&c, true, "kv", 0, 0);
   peer_serve(&w1, &b1, 1, 1);
   struct frame f;
@@ -305,7 +291,7 @@ START_TEST(a_resume_in_flight_counts_what_owners_mapped) {
   frame_release(&f);
   peer_ack(&w2, ev->id, NULL, 0, NULL);
   wire_env_free(ev);
-  ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__OK);
+  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
   s = status_of(lc);
   r = s->recent_ops[0];
   ck_assert_int_eq(r->done, 1);
@@ -329,8 +315,7 @@ END_TEST
 START_TEST(failures_count_what_really_happened) {
   daemon_start(&d, "--ack-timeout", "300ms", NULL);
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  scene_open(&w, &c, &d);
   struct pbuf b[2];
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b[0]);
   peer_alloc(&w, "kv", 0, 6 * MiB, 0, &b[1]);
@@ -340,7 +325,7 @@ START_TEST(failures_count_what_really_happened) {
   peer_unmap(&b[0]);
   peer_ack(&w, ev->id, &b[1].id, 1, "busy");
   wire_env_free(ev);
-  ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED);
+  ck_assert_int_eq(peer_op_code(&c), CODE(NOT_RELEASED));
   gpumem_client *lc = controller();
   struct gpumem_status *s = status_of(lc);
   const struct gpumem_op_record *r = s->recent_ops[0];
@@ -359,7 +344,7 @@ START_TEST(failures_count_what_really_happened) {
   frame_release(&f);
   peer_ack(&w, ev->id, &b[0].id, 1, "no room");
   wire_env_free(ev);
-  ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR);
+  ck_assert_int_eq(peer_op_code(&c), CODE(BACKEND_ERROR));
   s = status_of(lc);
   r = s->recent_ops[0];
   ck_assert_str_eq(r->op, "resume");
@@ -372,7 +357,7 @@ START_TEST(failures_count_what_really_happened) {
   /* A pause that times out, then the late ack. */
   peer_op(&c, false, "kv", 0, 0);
   ev = peer_event(&w, NULL);
-  ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT);
+  ck_assert_int_eq(peer_op_code(&c), CODE(CLIENT_TIMEOUT));
   s = status_of(lc);
   r = s->recent_ops[0];
   ck_assert_int_eq(r->result, GPUMEM_E_CLIENT_TIMEOUT);
@@ -380,9 +365,7 @@ START_TEST(failures_count_what_really_happened) {
   ck_assert_uint_eq(r->bytes_total, 6 * MiB);
   ck_assert_uint_eq(s->bytes_released, 2 * MiB);
   gpumem_status_free(s);
-  peer_unmap(&b[1]);
-  peer_ack(&w, ev->id, NULL, 0, NULL);
-  wire_env_free(ev);
+  scene_unmap_ack(&w, ev, &b[1]);
   double end = now_ms() + 5000;
   for (;;) {
     s = status_of(lc);
@@ -405,12 +388,11 @@ END_TEST
 START_TEST(the_record_keeps_the_last_16) {
   daemon_start(&d, NULL);
   struct peer c;
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  peer_open(&c, &d, CONTROLLER);
   char tag[20][16];
   for (int i = 0; i < 20; i++) {
     snprintf(tag[i], sizeof tag[i], "t%d", i);
-    peer_op(&c, i % 2, tag[i], 0, 0);
-    ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__NOT_FOUND);
+    ck_assert_int_eq(scene_op_code(&c, i % 2, tag[i]), CODE(NOT_FOUND));
   }
   gpumem_client *lc = controller();
   struct gpumem_status *s = status_of(lc);
@@ -438,28 +420,19 @@ END_TEST
 START_TEST(errors_are_counted_by_code) {
   daemon_start(&d, "--max-sessions-per-uid", "3", NULL);
   struct peer c, w, over;
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(&c, &d, CONTROLLER);
+  peer_open(&w, &d, WORKER);
   gpumem_client *lc = controller();
   peer_connect(&over, &d);
-  ck_assert_int_eq(peer_stray_error(&over), GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED);
+  ck_assert_int_eq(peer_stray_error(&over), CODE(LIMIT_EXCEEDED));
   peer_close(&over);
-  peer_op(&c, false, "nope", 0, 0);
-  ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__NOT_FOUND);
+  ck_assert_int_eq(scene_op_code(&c, false, "nope"), CODE(NOT_FOUND));
   peer_op(&c, false, "nope", 1ull << 40, 0);
-  ck_assert_int_eq(peer_op_code(&c), GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT);
+  ck_assert_int_eq(peer_op_code(&c), CODE(INVALID_ARGUMENT));
   struct pbuf b;
-  ck_assert_int_eq(peer_try_alloc(&c, "kv", 0, MiB, 0, &b), GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED);
-  peer_op(&w, false, "kv", 0, 0);
-  ck_assert_int_eq(peer_op_code(&w), GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED);
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = 12345;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = w.next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  env.free = &fr;
-  peer_put(&w, &env, NULL, 0);
-  ck_assert_int_eq(peer_op_code(&w), GPUMEM__WIRE__ERROR_CODE__NOT_FOUND);
+  ck_assert_int_eq(peer_try_alloc(&c, "kv", 0, MiB, 0, &b), CODE(PERMISSION_DENIED));
+  ck_assert_int_eq(scene_op_code(&w, false, "kv"), CODE(PERMISSION_DENIED));
+  ck_assert_int_eq(scene_free_code(&w, 12345), CODE(NOT_FOUND));
   struct gpumem_status *s = status_of(lc);
   ck_assert_uint_eq(errors(s, "NOT_FOUND"), 2);
   ck_assert_uint_eq(errors(s, "INVALID_ARGUMENT"), 1);

@@ -1,7 +1,7 @@
 /* Time for deadlines: milliseconds on the monotonic clock, which is also
- * the clock of every condition variable the library waits on. */
-#ifndef GPUMEM_CLIENT_CLOCK_H
-#define GPUMEM_CLIENT_CLOCK_H
+ * the clock of every condition variable the library and gpumemctl wait on. */
+#ifndef GPUMEM_CLOCK_H
+#define GPUMEM_CLOCK_H
 
 #include <pthread.h>
 #include <time.h>
