@@ -4,6 +4,8 @@
 
 #include <time.h>
 
+#include "common/clock.h"
+
 /* A background piece starts only once the other driver calls that change
  * something (not queries) have been quiet this long: a burst of
  * allocations (about half a millisecond apart) runs whole before the
@@ -24,11 +26,7 @@ static uint64_t mono_ns(void) {
  * clock. */
 void vmm_gate_init(struct vmm_gate *g) {
   pthread_mutex_init(&g->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&g->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  clock_cond_init(&g->cv);
 }
 
 /* Free a gate nobody waits at. */
