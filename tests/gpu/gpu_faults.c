@@ -664,7 +664,8 @@ static void stopped_worker(void) {
   const uint64_t each = 4 * unit; /* 4 x 1 GiB per worker */
   char buf[1024], tb[256];
   struct two t;
-  bool started = two_start(&t, "stopped worker", tag, "4", "stop", (const char *[]){"healthy", "stopped"}, NULL);
+  bool started =
+      two_start(&t, "stopped worker", tag, "4", "stop", (const char *[]){"healthy", "stopped"}, NULL);
   pid_t h = t.pid[0], w = t.pid[1];
   const char *oh = t.out[0], *ow = t.out[1];
   uint64_t fb = t.fb;
@@ -757,31 +758,50 @@ out:
 
 /* ---- 2. workers killed during a pause and during a resume ---- */
 
-static void killed_in_pause(void) {
-  begin("killed during pause");
-  const char *tag = "f_killp";
-  const uint64_t each = 4 * unit;
-  char buf[1024], tb[256];
-  struct bg *b = NULL;
-  struct gpumem_op_report *r = NULL;
+/* A kill check: its two workers (victim and survivor, 4 buffers each),
+ * its tag, and what its steps leave for the end to let go of. */
+struct kill {
   struct two t;
-  bool started = two_start(&t, "killed during pause", tag, "4", "killp", victim_survivor, NULL);
-  const char *os = t.out[1];
-  if (!started) goto out;
-  uint64_t f1 = settled_free();
-  if (!stop_child(t.pid[0])) {
-    check(false, "killed during pause: setup", "pid %d did not stop", (int)t.pid[0]);
-    goto out;
+  const char *tag;
+  uint64_t each, f1; /* a worker's bytes; the driver's free bytes with both */
+  struct bg *b;      /* the operation the victim is killed in */
+  struct gpumem_op_report *r;
+};
+
+/* Run a kill check (name, tag, output prefix): its workers started and,
+ * once the driver's figure settled, steps; then all let go of and the
+ * device checked clean. */
+static void kill_check(const char *name, const char *tag, const char *prefix,
+                       void (*steps)(struct kill *k)) {
+  begin(name);
+  struct kill k = {.tag = tag, .each = 4 * unit};
+  if (two_start(&k.t, name, tag, "4", prefix, victim_survivor, NULL)) {
+    k.f1 = settled_free();
+    steps(&k);
   }
-  b = bg_start(false, tag, 20000);
+  gpumem_op_report_free(k.r);
+  bg_free(k.b);
+  killed_end(&k.t);
+}
+
+/* The victim killed while a pause waits for it. */
+static void pause_steps(struct kill *k) {
+  const char *tag = k->tag, *os = k->t.out[1];
+  const uint64_t each = k->each, f1 = k->f1;
+  char buf[1024], tb[256];
+  if (!stop_child(k->t.pid[0])) {
+    check(false, "killed during pause: setup", "pid %d did not stop", (int)k->t.pid[0]);
+    return;
+  }
+  k->b = bg_start(false, tag, 20000);
   /* In flight: the survivor's buffers paused, the victim's still PAUSING. */
   struct tagview v = wait_transit(tag, 4, 4, 10000);
-  bool inflight = v.found && v.t.transit_buffers == 4 && v.t.paused_buffers == 4 && b &&
-                  !atomic_load(&b->done);
-  printf("pause in flight: %s; killing pid %d\n", tag_words(&v, tb, sizeof tb), (int)t.pid[0]);
-  pid_t vpid = t.pid[0];
+  bool inflight = v.found && v.t.transit_buffers == 4 && v.t.paused_buffers == 4 &&
+                  k->b && !atomic_load(&k->b->done);
+  printf("pause in flight: %s; killing pid %d\n", tag_words(&v, tb, sizeof tb), (int)k->t.pid[0]);
+  pid_t vpid = k->t.pid[0];
   int ek;
-  bool answered = kill_victim(&t, b, "pause", &ek);
+  bool answered = kill_victim(&k->t, k->b, "pause", &ek);
   uint64_t f2 = wait_free_ge(f1 + 2 * each - slack(8), 15000);
   check(inflight && answered && f2 + slack(8) >= f1 + 2 * each,
         "killed during pause: the driver gets its memory back",
@@ -796,7 +816,7 @@ static void killed_in_pause(void) {
         "killed during pause: no tag stuck in transition", "%s; the victim's session %s",
         tag_words(&v, tb, sizeof tb), gone ? "is gone" : "is still there");
   uint64_t f3 = settled_free();
-  int rc = op(true, tag, 30000, 0, &r);
+  int rc = op(true, tag, 30000, 0, &k->r);
   int vs = wait_count(os, "verified buffer", 4, 60000);
   uint64_t f4 = settled_free();
   v = tag_status(tag);
@@ -804,51 +824,41 @@ static void killed_in_pause(void) {
             v.t.buffers == 4 && f3 >= f4 + each - slack(4),
         "killed during pause: the survivor resumes and verifies",
         "%s; driver free %.3f -> %.3f GiB: dropped %.3f GiB (its %.3f GiB); verified %d/4; %s",
-        words(rc, r, buf, sizeof buf), gib(f3), gib(f4), sgib(f3, f4), gib(each), vs,
+        words(rc, k->r, buf, sizeof buf), gib(f3), gib(f4), sgib(f3, f4), gib(each), vs,
         tag_words(&v, tb, sizeof tb));
-out:
-  gpumem_op_report_free(r);
-  bg_free(b);
-  killed_end(&t);
 }
 
-static void killed_in_resume(void) {
-  begin("killed during resume");
-  const char *tag = "f_killr";
-  const uint64_t each = 4 * unit;
+/* The victim killed while a resume waits for it. */
+static void resume_steps(struct kill *k) {
+  const char *tag = k->tag, *os = k->t.out[1];
+  const uint64_t each = k->each, f1 = k->f1;
   char buf[1024], tb[256];
-  struct bg *b = NULL;
-  struct gpumem_op_report *r = NULL;
-  struct two t;
-  bool started = two_start(&t, "killed during resume", tag, "4", "killr", victim_survivor, NULL);
-  const char *os = t.out[1];
-  if (!started) goto out;
-  uint64_t f1 = settled_free();
-  int rc = op(false, tag, 10000, 0, &r);
+  int rc = op(false, tag, 10000, 0, &k->r);
   uint64_t fp = wait_free_ge(f1 + 2 * each - slack(8), 15000);
   if (rc != 0 || fp + slack(8) < f1 + 2 * each) {
     check(false, "killed during resume: setup", "pause: %s; driver free %.3f -> %.3f GiB",
-          words(rc, r, buf, sizeof buf), gib(f1), gib(fp));
-    goto out;
+          words(rc, k->r, buf, sizeof buf), gib(f1), gib(fp));
+    return;
   }
-  gpumem_op_report_free(r);
-  r = NULL;
-  if (!stop_child(t.pid[0])) {
-    check(false, "killed during resume: setup", "pid %d did not stop", (int)t.pid[0]);
-    goto out;
+  gpumem_op_report_free(k->r);
+  k->r = NULL;
+  if (!stop_child(k->t.pid[0])) {
+    check(false, "killed during resume: setup", "pid %d did not stop", (int)k->t.pid[0]);
+    return;
   }
-  b = bg_start(true, tag, 20000);
+  k->b = bg_start(true, tag, 20000);
   /* In flight: every buffer RESUMING (the victim cannot ack), and the
    * survivor has mapped and checked its buffers. */
   struct tagview v = wait_transit(tag, 8, 0, 10000);
   int vs0 = wait_count(os, "verified buffer", 4, 30000);
   v = tag_status(tag);
-  bool inflight = v.found && v.t.transit_buffers == 8 && vs0 == 4 && b && !atomic_load(&b->done);
+  bool inflight =
+      v.found && v.t.transit_buffers == 8 && vs0 == 4 && k->b && !atomic_load(&k->b->done);
   printf("resume in flight: %s; survivor verified %d/4; killing pid %d\n",
-         tag_words(&v, tb, sizeof tb), vs0, (int)t.pid[0]);
-  pid_t vpid = t.pid[0];
+         tag_words(&v, tb, sizeof tb), vs0, (int)k->t.pid[0]);
+  pid_t vpid = k->t.pid[0];
   int ek;
-  bool answered = kill_victim(&t, b, "resume", &ek);
+  bool answered = kill_victim(&k->t, k->b, "resume", &ek);
   /* What the resume made for the victim must go back: only the
    * survivor's 4 GiB may be taken since the pause. */
   uint64_t f2 = wait_free_ge(fp - each - slack(4), 15000);
@@ -863,11 +873,11 @@ static void killed_in_resume(void) {
     /* The daemon may also have rolled the resume back: then the rest must
      * resume now. */
     again = true;
-    rc = op(true, tag, 30000, 0, &r);
+    rc = op(true, tag, 30000, 0, &k->r);
     printf("the tag was PAUSED after the failed resume; resumed again: %s\n",
-           words(rc, r, buf, sizeof buf));
-    gpumem_op_report_free(r);
-    r = NULL;
+           words(rc, k->r, buf, sizeof buf));
+    gpumem_op_report_free(k->r);
+    k->r = NULL;
   }
   v = wait_tag(tag, GPUMEM_ACTIVE, 0, 5000);
   struct gpumem_session_status ss;
@@ -882,13 +892,13 @@ static void killed_in_resume(void) {
         again ? 8 : 4);
   /* The survivor's buffers stay consistent: one more round. */
   uint64_t f3 = settled_free();
-  rc = op(false, tag, 10000, 0, &r);
+  rc = op(false, tag, 10000, 0, &k->r);
   uint64_t f4 = wait_free_ge(f3 + each - slack(4), 15000);
   char buf2[1024];
-  words(rc, r, buf2, sizeof buf2);
-  gpumem_op_report_free(r);
-  r = NULL;
-  int rc2 = op(true, tag, 30000, 0, &r);
+  words(rc, k->r, buf2, sizeof buf2);
+  gpumem_op_report_free(k->r);
+  k->r = NULL;
+  int rc2 = op(true, tag, 30000, 0, &k->r);
   int vs2 = wait_count(os, "verified buffer", vs1 + 4, 60000);
   uint64_t f5 = settled_free();
   v = tag_status(tag);
@@ -896,12 +906,8 @@ static void killed_in_resume(void) {
             vs2 == vs1 + 4 && count_in(os, "FAILED") == 0 && v.t.state == GPUMEM_ACTIVE,
         "killed during resume: the survivor pauses and resumes again",
         "pause: %s, driver free %.3f -> %.3f GiB; resume: %s, -> %.3f GiB; verified %d more; %s",
-        buf2, gib(f3), gib(f4), words(rc2, r, buf, sizeof buf), gib(f5), vs2 - vs1,
+        buf2, gib(f3), gib(f4), words(rc2, k->r, buf, sizeof buf), gib(f5), vs2 - vs1,
         tag_words(&v, tb, sizeof tb));
-out:
-  gpumem_op_report_free(r);
-  bg_free(b);
-  killed_end(&t);
 }
 
 /* ---- 3. memory held outside the daemon, by pid ---- */
@@ -1194,8 +1200,8 @@ int main(int argc, char **argv) {
   }
   double t0 = now_ms();
   stopped_worker();
-  killed_in_pause();
-  killed_in_resume();
+  kill_check("killed during pause", "f_killp", "killp", pause_steps);
+  kill_check("killed during resume", "f_killr", "killr", resume_steps);
   residual_by_pid();
   daemon_restart();
   current_check = "daemon stops";
