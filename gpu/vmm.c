@@ -4,8 +4,8 @@
 #include "vmm.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
