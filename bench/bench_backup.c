@@ -79,36 +79,15 @@ static pid_t backup_daemon(const char *bin, const char *backend, uint64_t dev_by
   return bench_daemon(bin, sock, extra);
 }
 
-/* What a pause or resume copied. */
-struct op_figures {
-  uint64_t bytes, backup_bytes, backup_us, elapsed_us;
-};
-
-/* Pause or resume one tag through the client library and keep its
- * figures. */
-static int op_tag(gpumem_client *c, bool resume, const char *tag, struct op_figures *r) {
-  struct gpumem_op_report *rep = NULL;
-  int rc = resume ? gpumem_resume(c, &tag, 1, NULL, 0, NULL, &rep)
-                  : gpumem_pause(c, &tag, 1, NULL, 0, NULL, &rep);
-  memset(r, 0, sizeof *r);
-  if (rep) {
-    r->bytes = rep->bytes;
-    r->backup_bytes = rep->backup_bytes;
-    r->backup_us = rep->backup_us;
-    r->elapsed_us = rep->elapsed_us;
-  }
-  gpumem_op_report_free(rep);
-  return rc;
+/* Pause one tag through the client library; its report (which the caller
+ * frees) in *rep, there whenever the call succeeded. */
+static int op_pause(gpumem_client *c, const char *tag, struct gpumem_op_report **rep) {
+  return gpumem_pause(c, &tag, 1, NULL, 0, NULL, rep);
 }
 
-/* Pause one tag. */
-static int op_pause(gpumem_client *c, const char *tag, struct op_figures *r) {
-  return op_tag(c, false, tag, r);
-}
-
-/* Resume one tag. */
-static int op_resume(gpumem_client *c, const char *tag, struct op_figures *r) {
-  return op_tag(c, true, tag, r);
+/* Resume one tag, its report in *rep as op_pause gives it. */
+static int op_resume(gpumem_client *c, const char *tag, struct gpumem_op_report **rep) {
+  return gpumem_resume(c, &tag, 1, NULL, 0, NULL, rep);
 }
 
 /* GB/s of the daemon's backups and restores of a BACKUP buffer. */
@@ -125,12 +104,15 @@ static void daemon_copy(const char *bin, const char *backend, uint64_t size, uns
     die("setup", gpumem_last_error());
   double a[16], r2[16];
   for (unsigned r = 0; r < rounds + 1; r++) {
-    struct op_figures p, q;
+    struct gpumem_op_report *p = NULL, *q = NULL;
     if (op_pause(c, "weights", &p) < 0 || op_resume(c, "weights", &q) < 0)
       die("pause/resume", gpumem_last_error());
-    if (r == 0) continue; /* a warm-up, as for the plain copy */
-    a[r - 1] = (double)p.backup_bytes / (double)p.backup_us / 1e3;
-    r2[r - 1] = (double)q.backup_bytes / (double)q.backup_us / 1e3;
+    if (r > 0) { /* the first is a warm-up, as for the plain copy */
+      a[r - 1] = (double)p->backup_bytes / (double)p->backup_us / 1e3;
+      r2[r - 1] = (double)q->backup_bytes / (double)q->backup_us / 1e3;
+    }
+    gpumem_op_report_free(p);
+    gpumem_op_report_free(q);
   }
   gpumem_free(w, b);
   gpumem_disconnect(w);
@@ -259,11 +241,13 @@ static void alloc_compare(const char *bin, const char *backend, uint64_t size, d
 
 /* Milliseconds of one pause of the tag (and the resume after it, untimed). */
 static double timed_pause(gpumem_client *c, const char *tag) {
-  struct op_figures p, q;
+  struct gpumem_op_report *p = NULL, *q = NULL;
   uint64_t t0 = bench_ns();
   if (op_pause(c, tag, &p) < 0) die("pause", gpumem_last_error());
   double ms = (double)(bench_ns() - t0) / 1e6;
   if (op_resume(c, tag, &q) < 0) die("resume", gpumem_last_error());
+  gpumem_op_report_free(p);
+  gpumem_op_report_free(q);
   return ms;
 }
 
