@@ -83,10 +83,11 @@ int vmm_open_state(const struct vmm_vendor *v, struct vmm_once *once, size_t siz
 }
 
 /* Let go of every context still held and free the state. */
-void vmm_close(struct vmm *m) {
+void vmm_close_state(struct vmm *m) {
   for (int d = 0; d < GPUMEM_MAX_DEVICES; d++)
     if (m->ctx_refs[d]) m->v->ctx_release(d);
   vmm_free(m);
+  free(m);
 }
 
 /* Turn a vendor status into -ENOMEM/-EIO, saying which call failed. */

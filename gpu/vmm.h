@@ -91,8 +91,9 @@ int vmm_open(struct vmm *m, const struct vmm_vendor *v, char *err, size_t errlen
 int vmm_open_state(const struct vmm_vendor *v, struct vmm_once *once, size_t size, void **state,
                    char *err, size_t errlen);
 
-/* Let go of every context m still holds and free what it has. */
-void vmm_close(struct vmm *m);
+/* Let go of every context m still holds and free what it has and the
+ * state it begins (from vmm_open_state). */
+void vmm_close_state(struct vmm *m);
 
 /* Turn a vendor status into -ENOMEM/-EIO, saying which call failed (its
  * name without the vendor's prefix: "MemMap"). */

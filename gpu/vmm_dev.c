@@ -31,9 +31,8 @@ static int vmm_open_dev(const struct gpudev_ops *self, const struct gpudev_optio
 /* Let go of every context still held and free the state. */
 static void vmm_close_dev(void *state) {
   struct vmm_dev *x = state;
-  vmm_close(&x->m);
   vmm_gate_destroy(&x->gate);
-  free(x);
+  vmm_close_state(&x->m);
 }
 
 /* Number of devices. */

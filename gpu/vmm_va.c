@@ -38,9 +38,8 @@ static int vmm_open_va(const struct gpuva_ops *self, void **state, char *err, si
 /* Let go of the contexts held and free the state. */
 static void vmm_close_va(void *state) {
   struct vmm_va *x = state;
-  vmm_close(&x->m);
   pthread_mutex_destroy(&x->mu);
-  free(x);
+  vmm_close_state(&x->m);
 }
 
 /* A call begins: dev's context is held (from the first call on) and
