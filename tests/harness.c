@@ -20,16 +20,29 @@
 
 static int fds_at_setup;
 
-/* Open fds of this process. */
-int harness_fd_count(void) {
-  DIR *d = opendir("/proc/self/fd");
+/* Walk the fds of process pid: visit each with its number and link target. */
+int proc_fd_each(pid_t pid, proc_fd_visitor *visit, void *arg) {
+  char path[64], link[512];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *dir = opendir(path);
+  if (!dir) return -1;
   int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own fd */
+  for (struct dirent *de; (de = readdir(dir));) {
+    if (de->d_name[0] == '.') continue;
+    int fd = atoi(de->d_name);
+    if (pid == getpid() && fd == dirfd(dir)) continue; /* our own listing's fd is not ours */
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
+    ssize_t len = readlink(path, link, sizeof link - 1);
+    link[len > 0 ? len : 0] = '\0';
+    n++;
+    if (visit) visit(fd, link, arg);
+  }
+  closedir(dir);
+  return n;
 }
+
+/* Open fds of this process. */
+int harness_fd_count(void) { return proc_fd_each(getpid(), NULL, NULL); }
 
 /* Run one suite with Check: every test forks, has a timeout and the
  * fixture, which by default fails tests that leak fds. */
@@ -316,18 +329,37 @@ int worker_stop(struct worker *w, int sig) {
 }
 
 
+enum { MEMFD_SEEN_MAX = 4096 };
+
+/* Memfds seen so far: each inode once, with the larger of its figures. */
+struct memfd_seen {
+  unsigned long long inos[MEMFD_SEEN_MAX];
+  uint64_t bytes[MEMFD_SEEN_MAX];
+  size_t n;
+  pid_t pid; /* the process whose fds are walked */
+};
+
 /* Record an inode's bytes once, keeping the larger figure. */
-static void note_inode(unsigned long long *inos, uint64_t *bytes, size_t *n, size_t max,
-                       unsigned long long ino, uint64_t b) {
-  for (size_t i = 0; i < *n; i++)
-    if (inos[i] == ino) {
-      if (b > bytes[i]) bytes[i] = b;
+static void note_inode(struct memfd_seen *m, unsigned long long ino, uint64_t b) {
+  for (size_t i = 0; i < m->n; i++)
+    if (m->inos[i] == ino) {
+      if (b > m->bytes[i]) m->bytes[i] = b;
       return;
     }
-  if (*n < max) {
-    inos[*n] = ino;
-    bytes[(*n)++] = b;
+  if (m->n < MEMFD_SEEN_MAX) {
+    m->inos[m->n] = ino;
+    m->bytes[m->n++] = b;
   }
+}
+
+/* Record the blocks of an fd that is one of the backend's memfds. */
+static void note_memfd_fd(int fd, const char *target, void *arg) {
+  struct memfd_seen *m = arg;
+  char path[64];
+  struct stat st;
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)m->pid, fd);
+  if (strstr(target, "/memfd:gpumem-host-") && stat(path, &st) == 0)
+    note_inode(m, (unsigned long long)st.st_ino, (uint64_t)st.st_blocks * 512);
 }
 
 /* Bytes of the backend's memfds ("gpumem-host-...") that these processes hold
@@ -335,25 +367,12 @@ static void note_inode(unsigned long long *inos, uint64_t *bytes, size_t *n, siz
  * for memory the daemon and its workers keep, whatever else the machine
  * runs. */
 uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
-  enum { MAX = 4096 };
-  static unsigned long long inos[MAX];
-  static uint64_t bytes[MAX];
-  size_t n = 0;
-  char path[300], link[256], line[512];
+  static struct memfd_seen m;
+  m.n = 0;
+  char path[64], line[512];
   for (size_t p = 0; p < npids; p++) {
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)pids[p]);
-    DIR *dir = opendir(path);
-    for (struct dirent *de; dir && (de = readdir(dir));) {
-      snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)pids[p], de->d_name);
-      ssize_t len = readlink(path, link, sizeof link - 1);
-      if (len <= 0) continue;
-      link[len] = '\0';
-      struct stat st;
-      if (strstr(link, "/memfd:gpumem-host-") && stat(path, &st) == 0)
-        note_inode(inos, bytes, &n, MAX, (unsigned long long)st.st_ino,
-                   (uint64_t)st.st_blocks * 512);
-    }
-    if (dir) closedir(dir);
+    m.pid = pids[p];
+    proc_fd_each(pids[p], note_memfd_fd, &m);
     snprintf(path, sizeof path, "/proc/%d/maps", (int)pids[p]);
     FILE *f = fopen(path, "re");
     while (f && fgets(line, sizeof line, f)) {
@@ -361,12 +380,12 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
       if (!strstr(line, "/memfd:gpumem-host-") ||
           sscanf(line, "%llx-%llx %*s %*s %*s %llu", &lo, &hi, &ino) != 3)
         continue;
-      note_inode(inos, bytes, &n, MAX, ino, hi - lo);
+      note_inode(&m, ino, hi - lo);
     }
     if (f) fclose(f);
   }
   uint64_t sum = 0;
-  for (size_t i = 0; i < n; i++) sum += bytes[i];
+  for (size_t i = 0; i < m.n; i++) sum += m.bytes[i];
   return sum;
 }
 
@@ -737,20 +756,16 @@ wire_code peer_stray_error(struct peer *p) {
   return code;
 }
 
-/* Open fds of a process, and the highest one. */
-int proc_fds(pid_t pid, int *maxfd) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-  DIR *dir = opendir(path);
-  int n = 0;
-  *maxfd = -1;
-  for (struct dirent *de; dir && (de = readdir(dir));) {
-    if (de->d_name[0] == '.') continue;
-    int fd = atoi(de->d_name);
-    if (pid != getpid() || fd != dirfd(dir)) n++; /* our own listing's fd is not ours */
-    if (fd > *maxfd) *maxfd = fd;
-  }
-  if (dir) closedir(dir);
-  return n;
+/* Keep the highest fd number seen in *(int *)arg. */
+static void note_max_fd(int fd, const char *target, void *arg) {
+  (void)target;
+  int *maxfd = arg;
+  if (fd > *maxfd) *maxfd = fd;
 }
 
+/* Open fds of a process, and the highest one. */
+int proc_fds(pid_t pid, int *maxfd) {
+  *maxfd = -1;
+  int n = proc_fd_each(pid, note_max_fd, maxfd);
+  return n < 0 ? 0 : n;
+}

@@ -9,7 +9,6 @@
  * they said before. Raw protocol peers send exactly the bytes and fds each
  * attack needs. */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -68,37 +67,33 @@ static int daemon_fds(void) {
   return n;
 }
 
+enum { FD_LIST_MAX = 4096 }; /* bytes of daemon_fd_list's text */
+
+/* Append " fd->target" to the FD_LIST_MAX string buffer arg. */
+static void list_fd(int fd, const char *target, void *arg) {
+  char *out = arg, entry[600];
+  snprintf(entry, sizeof entry, " %d->%s", fd, target);
+  strncat(out, entry, FD_LIST_MAX - strlen(out) - 1);
+}
+
 /* The daemon's fds as "n->target" words (static buffer), for messages. */
 static const char *daemon_fd_list(void) {
-  static char out[4096];
-  char path[320], link[256], entry[600];
+  static char out[FD_LIST_MAX];
   out[0] = '\0';
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)d.pid);
-  DIR *dir = opendir(path);
-  for (struct dirent *de; dir && (de = readdir(dir));) {
-    if (de->d_name[0] == '.') continue;
-    snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)d.pid, de->d_name);
-    ssize_t n = readlink(path, link, sizeof link - 1);
-    link[n > 0 ? n : 0] = '\0';
-    snprintf(entry, sizeof entry, " %s->%s", de->d_name, link);
-    strncat(out, entry, sizeof out - strlen(out) - 1);
-  }
-  if (dir) closedir(dir);
+  proc_fd_each(d.pid, list_fd, out);
   return out;
+}
+
+/* Count in *(int *)arg an fd that is a socket. */
+static void count_socket(int fd, const char *target, void *arg) {
+  (void)fd;
+  *(int *)arg += strncmp(target, "socket:", 7) == 0;
 }
 
 /* Sockets the daemon holds (the listener and one per session). */
 static int daemon_sockets(void) {
-  char path[320], link[256];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)d.pid);
-  DIR *dir = opendir(path);
   int n = 0;
-  for (struct dirent *de; dir && (de = readdir(dir));) {
-    snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)d.pid, de->d_name);
-    ssize_t len = readlink(path, link, sizeof link - 1);
-    if (len > 0 && strncmp(link, "socket:", 7) == 0) n++;
-  }
-  if (dir) closedir(dir);
+  proc_fd_each(d.pid, count_socket, &n);
   return n;
 }
 

@@ -13,7 +13,6 @@
  * is written there and the process exits 1). Timings are printed, never
  * judged. */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -861,20 +860,16 @@ static uint64_t proc_status_bytes(const char *key) {
   return kb * 1024;
 }
 
+/* Count in *(int *)arg an fd that is one of the host backend's memfds. */
+static void count_memfd(int fd, const char *target, void *arg) {
+  (void)fd;
+  *(int *)arg += strstr(target, "memfd:gpumem-host-") != NULL;
+}
+
 /* The daemon's fds that are the host backend's memfds. */
 static int daemon_memfds(void) {
-  char path[320], link[256];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)d.pid);
-  DIR *dir = opendir(path);
   int n = 0;
-  for (struct dirent *de; dir && (de = readdir(dir));) {
-    snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)d.pid, de->d_name);
-    ssize_t len = readlink(path, link, sizeof link - 1);
-    if (len <= 0) continue;
-    link[len] = '\0';
-    n += strstr(link, "memfd:gpumem-host-") != NULL;
-  }
-  if (dir) closedir(dir);
+  proc_fd_each(d.pid, count_memfd, &n);
   return n;
 }
 
