@@ -391,37 +391,93 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
 
 /* --- the raw protocol peer --- */
 
-/* Send a message with fds (consumed). */
-void peer_put(struct peer *p, const wire_env *env, const int *fds, size_t nfds) {
+/* Make a peer of a socket (owned from now on) with a reader of frames up to max_len. */
+void peer_attach(struct peer *p, int fd, size_t max_len) {
+  p->fd = fd;
+  p->r = frame_reader_create(max_len);
+  p->w = frame_writer_create();
+  p->next_id = 1;
+  p->err = 0;
+}
+
+/* Queue a message with fds (consumed); a failure is kept for peer_flush. */
+bool peer_push(struct peer *p, const wire_env *env, const int *fds, size_t nfds) {
   size_t len;
   uint8_t *bytes = wire_pack(env, &len);
-  ck_assert_int_eq(frame_writer_push(p->w, bytes, len, fds, nfds), 0);
+  int rc = bytes ? frame_writer_push(p->w, bytes, len, fds, nfds) : -ENOMEM;
   free(bytes);
+  if (rc < 0 && !p->err) p->err = rc;
+  return rc == 0;
+}
+
+/* Send what the socket takes now. */
+int peer_flush(struct peer *p) { return p->err ? p->err : frame_writer_flush(p->w, p->fd); }
+
+/* Send everything queued, waiting up to ms (-1: no limit) for room. */
+int peer_flush_within(struct peer *p, int ms) {
+  double end = now_ms() + ms;
   int rc;
-  while ((rc = frame_writer_flush(p->w, p->fd)) == -EAGAIN) {
+  while ((rc = peer_flush(p)) == -EAGAIN) {
+    int left = ms < 0 ? -1 : (int)(end - now_ms());
+    if (ms >= 0 && left <= 0) break;
     struct pollfd pf = {p->fd, POLLOUT, 0};
-    poll(&pf, 1, 5000);
+    poll(&pf, 1, left);
   }
-  ck_assert_int_eq(rc, 0);
+  return rc;
+}
+
+/* Send a message with fds (consumed). */
+void peer_put(struct peer *p, const wire_env *env, const int *fds, size_t nfds) {
+  ck_assert(peer_push(p, env, fds, nfds));
+  ck_assert_int_eq(peer_flush_within(p, 5000), 0);
+}
+
+/* Read once what the socket has: 1, 0 at end of stream, or the error. */
+int peer_fill(struct peer *p) {
+  ssize_t got = frame_reader_fill(p->r, p->fd);
+  if (got == 0 || got == -ECONNRESET) return 0;
+  return got > 0 || got == -EAGAIN ? 1 : (int)got;
+}
+
+/* The next whole message already read (NULL if none yet or bad: *err says). */
+wire_env *peer_next(struct peer *p, struct frame *f, int *err) {
+  int rc = frame_reader_next(p->r, f);
+  *err = rc < 0 ? rc : 0;
+  if (rc <= 0) return NULL;
+  wire_env *env = wire_unpack(f->data, f->len);
+  if (!env) {
+    frame_release(f);
+    *err = -EBADMSG;
+  }
+  return env;
+}
+
+/* Wait up to ms (-1: no limit) for the next message: 1 (*env), 0 at the
+ * end of stream, -ETIMEDOUT or another error. */
+int peer_await(struct peer *p, struct frame *f, int ms, wire_env **env) {
+  double end = now_ms() + ms;
+  for (;;) {
+    int err;
+    if ((*env = peer_next(p, f, &err))) return 1;
+    if (err) return err;
+    struct pollfd pf = {p->fd, POLLIN, 0};
+    int left = ms < 0 ? -1 : (int)(end - now_ms());
+    if ((ms >= 0 && left <= 0) || poll(&pf, 1, left) != 1) return -ETIMEDOUT;
+    int rc = peer_fill(p);
+    if (rc <= 0) return rc;
+  }
 }
 
 /* The next message within ms; its fds go to keep (NULL: closed). NULL at
  * end of stream (closed or reset); any other read error fails the test. */
 wire_env *peer_get_within(struct peer *p, struct frame *keep, int ms) {
   struct frame f;
-  for (;;) {
-    int rc = frame_reader_next(p->r, &f);
-    ck_assert_int_ge(rc, 0);
-    if (rc == 1) break;
-    struct pollfd pf = {p->fd, POLLIN, 0};
-    int wait = harness_patience_ms(ms);
-    ck_assert_msg(poll(&pf, 1, wait) == 1, "nothing from gpumemd in %d ms", wait);
-    ssize_t got = frame_reader_fill(p->r, p->fd);
-    if (got == 0 || got == -ECONNRESET) return NULL;
-    ck_assert(got > 0 || got == -EAGAIN);
-  }
-  wire_env *env = wire_unpack(f.data, f.len);
-  ck_assert_ptr_nonnull(env);
+  wire_env *env;
+  int wait = harness_patience_ms(ms);
+  int rc = peer_await(p, &f, wait, &env);
+  ck_assert_msg(rc != -ETIMEDOUT, "nothing from gpumemd in %d ms", wait);
+  ck_assert_int_ge(rc, 0);
+  if (rc == 0) return NULL;
   if (keep) {
     *keep = f;
     free(keep->data);
@@ -445,29 +501,22 @@ bool peer_waiting(struct peer *p) {
  * are skipped). */
 bool peer_ended(struct peer *p) {
   double end = now_ms() + 3000;
-  while (now_ms() < end) {
+  for (;;) {
     struct frame f;
-    int rc = frame_reader_next(p->r, &f);
-    if (rc < 0) return false;
-    if (rc == 1) {
-      frame_release(&f);
-      continue;
-    }
-    struct pollfd pf = {p->fd, POLLIN, 0};
-    if (poll(&pf, 1, 100) != 1) continue;
-    ssize_t got = frame_reader_fill(p->r, p->fd);
-    if (got == 0 || got == -ECONNRESET) return true;
+    wire_env *env;
+    int left = (int)(end - now_ms());
+    int rc = left > 0 ? peer_await(p, &f, left, &env) : -ETIMEDOUT;
+    if (rc != 1) return rc == 0;
+    wire_env_free(env);
+    frame_release(&f);
   }
-  return false;
 }
 
 /* Connect without saying hello. */
 void peer_connect(struct peer *p, const struct daemon *d) {
-  p->fd = raw_connect(d);
-  ck_assert_int_ge(p->fd, 0);
-  p->r = frame_reader_create(WIRE_MAX_REPLY);
-  p->w = frame_writer_create();
-  p->next_id = 1;
+  int fd = raw_connect(d);
+  ck_assert_int_ge(fd, 0);
+  peer_attach(p, fd, WIRE_MAX_REPLY);
 }
 
 /* Say hello in a role; the HelloReply. */
@@ -476,10 +525,10 @@ wire_env *peer_hello(struct peer *p, int role) {
                        role == GPUMEM__WIRE__ROLE__ROLE_WORKER ? "raw-worker" : "raw-ctl");
 }
 
-/* Say hello in a role under a name; returns the HelloReply. */
-wire_env *peer_hello_as(struct peer *p, int role, const char *name) {
+/* Queue a Hello in a role under a name at a major version; its request id. */
+uint64_t peer_push_hello(struct peer *p, int role, const char *name, uint32_t major) {
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
-  h.version_major = WIRE_VERSION_MAJOR;
+  h.version_major = major;
   h.version_minor = WIRE_VERSION_MINOR;
   h.role = role;
   h.name = (char *)name;
@@ -487,7 +536,14 @@ wire_env *peer_hello_as(struct peer *p, int role, const char *name) {
   env.id = p->next_id++;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
   env.hello = &h;
-  peer_put(p, &env, NULL, 0);
+  peer_push(p, &env, NULL, 0);
+  return env.id;
+}
+
+/* Say hello in a role under a name; returns the HelloReply. */
+wire_env *peer_hello_as(struct peer *p, int role, const char *name) {
+  peer_push_hello(p, role, name, WIRE_VERSION_MAJOR);
+  ck_assert_int_eq(peer_flush_within(p, 5000), 0);
   wire_env *r = peer_get(p, NULL);
   ck_assert_ptr_nonnull(r);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
@@ -500,11 +556,44 @@ void peer_open(struct peer *p, const struct daemon *d, int role) {
   wire_env_free(peer_hello(p, role));
 }
 
-/* Close a peer. */
+/* Close a peer (again: nothing). */
 void peer_close(struct peer *p) {
-  close(p->fd);
+  if (p->fd >= 0) close(p->fd);
   frame_reader_destroy(p->r);
   frame_writer_destroy(p->w);
+  *p = (struct peer){.fd = -1};
+}
+
+/* Listen on a fresh socket path in a fresh directory under /tmp. */
+void peer_listen(struct listener *l, const char *name) {
+  snprintf(l->dir, sizeof l->dir, "/tmp/%s.XXXXXX", name);
+  ck_assert_ptr_nonnull(mkdtemp(l->dir));
+  snprintf(l->path, sizeof l->path, "%s/sock", l->dir);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", l->path);
+  l->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(l->fd, 0);
+  ck_assert_int_eq(bind(l->fd, (struct sockaddr *)&addr, sizeof addr), 0);
+  ck_assert_int_eq(listen(l->fd, 8), 0);
+}
+
+/* Take the next connection into p (what p had is closed first). */
+void peer_accept(struct peer *p, const struct listener *l) {
+  peer_close(p);
+  peer_attach(p, accept4(l->fd, NULL, NULL, SOCK_CLOEXEC), WIRE_MAX_REQUEST);
+}
+
+/* Stop listening: close the socket (again: nothing) and remove its path. */
+void peer_unlisten(struct listener *l) {
+  if (l->fd >= 0) close(l->fd);
+  l->fd = -1;
+  unlink(l->path);
+}
+
+/* Stop listening and remove the directory too. */
+void peer_listen_close(struct listener *l) {
+  peer_unlisten(l);
+  rmdir(l->dir);
 }
 
 /* The code of a reply: OK, or the Error's code (its message into why). */
@@ -518,10 +607,9 @@ wire_code peer_reply_code(const wire_env *r, char *why, size_t whylen) {
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
-/* Allocate a buffer, keeping its chunk fds; the reply's code (b zeroed if
- * not OK). */
-wire_code peer_try_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size,
-                         uint32_t flags, struct pbuf *b) {
+/* Queue an alloc; its request id. */
+uint64_t peer_push_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size,
+                         uint32_t flags) {
   Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
   a.tag = (char *)tag;
   a.device = dev;
@@ -531,11 +619,32 @@ wire_code peer_try_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t
   env.id = p->next_id++;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
   env.alloc = &a;
-  peer_put(p, &env, NULL, 0);
+  peer_push(p, &env, NULL, 0);
+  return env.id;
+}
+
+/* Queue a free of a buffer; its request id. */
+uint64_t peer_push_free(struct peer *p, uint64_t buffer) {
+  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
+  fr.buffer_id = buffer;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = p->next_id++;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  env.free = &fr;
+  peer_push(p, &env, NULL, 0);
+  return env.id;
+}
+
+/* Allocate a buffer, keeping its chunk fds; the reply's code (b zeroed if
+ * not OK). */
+wire_code peer_try_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size,
+                         uint32_t flags, struct pbuf *b) {
+  uint64_t id = peer_push_alloc(p, tag, dev, size, flags);
+  ck_assert_int_eq(peer_flush_within(p, 5000), 0);
   struct frame f;
   wire_env *r = peer_get(p, &f);
   ck_assert_ptr_nonnull(r);
-  ck_assert_uint_eq(r->id, env.id);
+  ck_assert_uint_eq(r->id, id);
   wire_code code = peer_reply_code(r, NULL, 0);
   memset(b, 0, sizeof *b);
   if (code == GPUMEM__WIRE__ERROR_CODE__OK) {
@@ -567,8 +676,8 @@ void peer_unmap(struct pbuf *b) {
   b->nfds = 0;
 }
 
-/* Acknowledge an event with any code (even one outside the enum). */
-void peer_ack_code(struct peer *p, uint64_t event, int code, const uint64_t *failed,
+/* Queue an ack of an event with any code and failed buffers. */
+void peer_push_ack(struct peer *p, uint64_t event, int code, const uint64_t *failed,
                    size_t nfailed, const char *why) {
   Gpumem__Wire__EventAck a = GPUMEM__WIRE__EVENT_ACK__INIT;
   a.code = code;
@@ -579,7 +688,14 @@ void peer_ack_code(struct peer *p, uint64_t event, int code, const uint64_t *fai
   env.id = event;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ACK;
   env.ack = &a;
-  peer_put(p, &env, NULL, 0);
+  peer_push(p, &env, NULL, 0);
+}
+
+/* Acknowledge an event with any code (even one outside the enum). */
+void peer_ack_code(struct peer *p, uint64_t event, int code, const uint64_t *failed,
+                   size_t nfailed, const char *why) {
+  peer_push_ack(p, event, code, failed, nfailed, why);
+  ck_assert_int_eq(peer_flush_within(p, 5000), 0);
 }
 
 /* Acknowledge an event, naming failed buffers (code OK if none). */

@@ -123,12 +123,26 @@ int daemon_log_count(const struct daemon *d, const char *text);
 #include "common/frame.h"
 #include "common/wire.h"
 
-/* A raw peer (worker or controller): a socket with its own frame reader and writer. */
+/* A raw peer (worker or controller, or the daemon's side of a session a
+ * test accepts): a socket with its own frame reader and writer. It sends
+ * one message at a time (peer_put) or queues many to flush (peer_push,
+ * peer_flush), and reads blocking (peer_get) or without blocking
+ * (peer_fill, peer_next). The peer_* calls that do not say they assert
+ * return what failed instead, for processes without Check. */
 struct peer {
   int fd;
   frame_reader *r;
   frame_writer *w;
   uint64_t next_id;
+  int err; /* the first push that failed (negative errno), told by peer_flush */
+};
+
+/* A listening socket at path, in its own directory dir, for a test that
+ * plays the daemon: its connections become peers with peer_accept. */
+struct listener {
+  char dir[64];
+  char path[96];
+  int fd;
 };
 
 /* A buffer a raw worker holds: its id and the chunk fds it "maps". */
@@ -138,8 +152,71 @@ struct pbuf {
   size_t nfds;
 };
 
+/* Make a peer of a socket fd (owned from now on; -1 for none), reading
+ * frames up to max_len (WIRE_MAX_REPLY from a daemon, WIRE_MAX_REQUEST
+ * from a client); its first request id is 1. */
+void peer_attach(struct peer *p, int fd, size_t max_len);
+
 /* Connect to d without saying hello. */
 void peer_connect(struct peer *p, const struct daemon *d);
+
+/* Listen on a fresh socket path, in a fresh directory /tmp/<name>.XXXXXX
+ * (the test fails if it cannot). */
+void peer_listen(struct listener *l, const char *name);
+
+/* Accept the next connection into p, closing what p held first (p is a
+ * closed peer or {.fd = -1}); the peer reads requests. Nothing asserted:
+ * p->fd is -1 if accept failed. */
+void peer_accept(struct peer *p, const struct listener *l);
+
+/* Close the listening socket (again: nothing) and remove its path, so
+ * that connecting fails; the directory stays. */
+void peer_unlisten(struct listener *l);
+
+/* peer_unlisten, and remove the directory. */
+void peer_listen_close(struct listener *l);
+
+/* Queue a message with fds (consumed) for peer_flush. False if it could
+ * not be queued; that error is kept and the next flush returns it. */
+bool peer_push(struct peer *p, const wire_env *env, const int *fds, size_t nfds);
+
+/* Send what the socket takes now: 0 when all is sent, -EAGAIN when the
+ * socket is full, or a negative errno (the daemon went away, a failed push). */
+int peer_flush(struct peer *p);
+
+/* Send everything queued, waiting up to ms (-1: no limit) for room: 0,
+ * -EAGAIN if there was no room in time, or peer_flush's error. */
+int peer_flush_within(struct peer *p, int ms);
+
+/* Read once what the socket has, without blocking: 1 (something or
+ * nothing there), 0 at end of stream (closed or reset), or a negative errno. */
+int peer_fill(struct peer *p);
+
+/* The next whole message already read, with its fds in *f (the caller
+ * releases f), or NULL: none yet (*err 0), or a bad frame (*err
+ * -EMSGSIZE) or one that is no message (*err -EBADMSG). */
+wire_env *peer_next(struct peer *p, struct frame *f, int *err);
+
+/* Wait up to ms (-1: no limit) for the next message: 1 with it in *env
+ * and its fds in *f, 0 at end of stream, -ETIMEDOUT, or peer_next's or
+ * peer_fill's error. */
+int peer_await(struct peer *p, struct frame *f, int ms, wire_env **env);
+
+/* Queue a Hello in a role under a name, at version major (minor ours);
+ * its request id. */
+uint64_t peer_push_hello(struct peer *p, int role, const char *name, uint32_t major);
+
+/* Queue an AllocRequest; its request id. */
+uint64_t peer_push_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size,
+                         uint32_t flags);
+
+/* Queue a FreeRequest of a buffer; its request id. */
+uint64_t peer_push_free(struct peer *p, uint64_t buffer);
+
+/* Queue an ack of an event with any code and failed buffers (why: NULL
+ * for none). */
+void peer_push_ack(struct peer *p, uint64_t event, int code, const uint64_t *failed,
+                   size_t nfailed, const char *why);
 
 /* Say hello in a role (GPUMEM__WIRE__ROLE__...); the HelloReply (free it
  * with wire_env_free). */
@@ -151,10 +228,11 @@ wire_env *peer_hello_as(struct peer *p, int role, const char *name);
 /* Connect to d and say hello in a role (GPUMEM__WIRE__ROLE__...). */
 void peer_open(struct peer *p, const struct daemon *d, int role);
 
-/* Close a peer. */
+/* Close a peer; it is left {.fd = -1}, which closing again leaves alone. */
 void peer_close(struct peer *p);
 
-/* Send a message with fds (consumed). */
+/* Send a message with fds (consumed), waiting for room (the test fails
+ * if it cannot). */
 void peer_put(struct peer *p, const wire_env *env, const int *fds, size_t nfds);
 
 /* The next message within ms (the test fails if none comes); its fds go

@@ -207,11 +207,9 @@ START_TEST(recycled_pid_is_never_signalled) {
   ck_assert_int_eq(pipe2(out, O_CLOEXEC), 0);
   ck_assert_int_eq(pipe2(hold_w, O_CLOEXEC), 0);
   ck_assert_int_eq(pipe2(hold_v, O_CLOEXEC), 0);
-  struct peer w = {.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  struct peer w;
+  peer_attach(&w, socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), WIRE_MAX_REPLY);
   ck_assert_int_ge(w.fd, 0);
-  w.r = frame_reader_create(WIRE_MAX_REPLY);
-  w.w = frame_writer_create();
-  w.next_id = 1;
   /* The worker connects (the daemon records its pid) and waits. */
   pid_t worker = ns_child(out[1], hold_w[0], w.fd), wpid, vpid;
   ck_assert_int_eq(read(out[0], &wpid, sizeof wpid), sizeof wpid);
