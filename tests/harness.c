@@ -706,9 +706,9 @@ void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfa
                 failed, nfailed, why);
 }
 
-/* Send a pause or resume of tags (devmask: devices 0-63, 0 for all). */
-void peer_op_tags(struct peer *c, bool resume, const char *const *tags, size_t ntags,
-                  uint64_t devmask, uint64_t max_residual) {
+/* Queue a pause or resume of tags (devmask: devices 0-63, 0 for all). */
+void peer_push_op_tags(struct peer *c, bool resume, const char *const *tags, size_t ntags,
+                       uint64_t devmask, uint64_t max_residual) {
   uint32_t devs[64];
   size_t ndev = 0;
   for (unsigned i = 0; i < 64; i++)
@@ -733,7 +733,14 @@ void peer_op_tags(struct peer *c, bool resume, const char *const *tags, size_t n
     env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
     env.pause = &pr;
   }
-  peer_put(c, &env, NULL, 0);
+  peer_push(c, &env, NULL, 0);
+}
+
+/* Send a pause or resume of tags (devmask: devices 0-63, 0 for all). */
+void peer_op_tags(struct peer *c, bool resume, const char *const *tags, size_t ntags,
+                  uint64_t devmask, uint64_t max_residual) {
+  peer_push_op_tags(c, resume, tags, ntags, devmask, max_residual);
+  ck_assert_int_eq(peer_flush_within(c, 5000), 0);
 }
 
 /* Send a pause or resume of one tag. */

@@ -276,6 +276,10 @@ void peer_ack_code(struct peer *p, uint64_t event, int code, const uint64_t *fai
 void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfailed,
               const char *why);
 
+/* Queue a pause or resume of ntags tags, as peer_op_tags sends it. */
+void peer_push_op_tags(struct peer *c, bool resume, const char *const *tags, size_t ntags,
+                       uint64_t devmask, uint64_t max_residual);
+
 /* Send a pause or resume of ntags tags, as given (devmask: bit mask of
  * devices 0-63, 0 for all). */
 void peer_op_tags(struct peer *c, bool resume, const char *const *tags, size_t ntags,
