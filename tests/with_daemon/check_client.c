@@ -28,87 +28,52 @@
 
 #define MIB (1ull << 20)
 
-/* The fake daemon: one listening socket and the connection it accepted. */
+/* The fake daemon: a listening socket and the connection it accepted,
+ * the daemon's side of a harness peer. */
 struct fake {
-  char dir[64], path[96];
-  int lfd, fd;
-  frame_reader *r;
-  frame_writer *w;
+  struct listener l;
+  struct peer p;
 };
 
 /* Listen on a fresh socket path. */
 static void fake_listen(struct fake *f) {
-  memset(f, 0, sizeof *f);
-  f->fd = -1;
-  snprintf(f->dir, sizeof f->dir, "/tmp/gpumem-client.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(f->dir));
-  snprintf(f->path, sizeof f->path, "%s/sock", f->dir);
-  struct sockaddr_un addr = {.sun_family = AF_UNIX};
-  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", f->path);
-  f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ck_assert_int_ge(f->lfd, 0);
-  ck_assert_int_eq(bind(f->lfd, (struct sockaddr *)&addr, sizeof addr), 0);
-  ck_assert_int_eq(listen(f->lfd, 8), 0);
+  peer_listen(&f->l, "gpumem-client");
+  f->p = (struct peer){.fd = -1};
 }
 
 /* Accept the next connection (the previous one is closed first). */
-static void fake_accept(struct fake *f) {
-  if (f->fd >= 0) close(f->fd);
-  frame_reader_destroy(f->r);
-  frame_writer_destroy(f->w);
-  f->fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
-  f->r = frame_reader_create(WIRE_MAX_REQUEST);
-  f->w = frame_writer_create();
-}
+static void fake_accept(struct fake *f) { peer_accept(&f->p, &f->l); }
 
 /* Close the connection (not the listening socket). */
-static void fake_hangup(struct fake *f) {
-  if (f->fd >= 0) close(f->fd);
-  f->fd = -1;
-  frame_reader_destroy(f->r);
-  frame_writer_destroy(f->w);
-  f->r = NULL;
-  f->w = NULL;
+static void fake_hangup(struct fake *f) { peer_close(&f->p); }
+
+/* Close the connection and stop listening: no daemon is there any more. */
+static void fake_vanish(struct fake *f) {
+  peer_close(&f->p);
+  peer_unlisten(&f->l);
 }
 
 /* Close everything and remove the directory. */
 static void fake_close(struct fake *f) {
-  fake_hangup(f);
-  if (f->lfd >= 0) close(f->lfd);
-  f->lfd = -1;
-  unlink(f->path);
-  rmdir(f->dir);
+  peer_close(&f->p);
+  peer_listen_close(&f->l);
 }
 
 /* The next message from the client (NULL at end of stream); its fds go
  * to fr, which the caller releases. */
 static wire_env *fake_recv(struct fake *f, struct frame *fr) {
-  for (;;) {
-    if (frame_reader_next(f->r, fr) > 0) return wire_unpack(fr->data, fr->len);
-    struct pollfd p = {f->fd, POLLIN, 0};
-    poll(&p, 1, -1);
-    ssize_t n = frame_reader_fill(f->r, f->fd);
-    if (n == 0 || (n < 0 && n != -EAGAIN)) return NULL;
-  }
+  wire_env *env;
+  return peer_await(&f->p, fr, -1, &env) == 1 ? env : NULL;
 }
 
-/* Queue a message with fds (consumed); sent by fake_flush. */
+/* Queue a message with fds (consumed), declaring them; sent by fake_flush. */
 static void fake_push(struct fake *f, wire_env *env, const int *fds, size_t nfds) {
   env->fd_count = (uint32_t)nfds;
-  size_t len;
-  uint8_t *b = wire_pack(env, &len);
-  frame_writer_push(f->w, b, len, fds, nfds);
-  free(b);
+  peer_push(&f->p, env, fds, nfds);
 }
 
 /* Send everything queued. */
-static void fake_flush(struct fake *f) {
-  int rc;
-  while ((rc = frame_writer_flush(f->w, f->fd)) == -EAGAIN) {
-    struct pollfd p = {f->fd, POLLOUT, 0};
-    poll(&p, 1, -1);
-  }
-}
+static void fake_flush(struct fake *f) { peer_flush_within(&f->p, -1); }
 
 /* Send one message now. */
 static void fake_send(struct fake *f, wire_env *env, const int *fds, size_t nfds) {
@@ -402,7 +367,7 @@ START_TEST(test_unmap_right_after_alloc_reply_unmaps) {
   struct script s;
   script_start(&s, run_race);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "race", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "race", GPUMEM_ROLE_WORKER, 0, &c), 0);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
   await(&s, 1);
@@ -459,7 +424,7 @@ START_TEST(test_event_acks_name_what_failed) {
   struct script s;
   script_start(&s, run_truth);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "truth", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "truth", GPUMEM_ROLE_WORKER, 0, &c), 0);
   await(&s, 1);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, GPUMEM_ALLOW_PAUSED, &b), 0);
@@ -528,10 +493,7 @@ static void run_error0(struct script *s) {
   EXPECT(s, fake_hello(&s->f));
   hold(s, 1);
   send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "too many buffers for uid 0");
-  fake_hangup(&s->f);
-  close(s->f.lfd);
-  s->f.lfd = -1;
-  unlink(s->f.path);
+  fake_vanish(&s->f);
 }
 
 /* An error the daemon sends outside a request (id 0) reaches the next
@@ -542,7 +504,7 @@ START_TEST(test_error_outside_request_is_reported) {
   struct conn_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   script_start(&s, run_error0);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "err0", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "err0", GPUMEM_ROLE_WORKER, 0, &c), 0);
   gpumem_set_connection_hook(c, on_conn, &l);
   release(&s, 1);
   conn_wait(&l, 1, 0);
@@ -582,7 +544,7 @@ START_TEST(test_refused_session_says_why) {
   struct script s;
   script_start(&s, run_refuse);
   gpumem_client *c = NULL;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_WORKER, 0, &c),
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "refused", GPUMEM_ROLE_WORKER, 0, &c),
                    GPUMEM_E_LIMIT);
   ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: too many sessions for this uid"),
                 "%s", gpumem_last_error());
@@ -641,7 +603,7 @@ START_TEST(test_refusal_read_before_the_send_failure_is_reported) {
   struct script s;
   script_start(&s, run_refuse_first);
   gpumem_client *c = NULL;
-  int rc = gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_CONTROLLER,
+  int rc = gpumem_connect(s.f.l.path, "refused", GPUMEM_ROLE_CONTROLLER,
                           GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT |
                               GPUMEM_CONNECT_NODE_DEVICES, &c);
   ck_assert_msg(rc == GPUMEM_E_LIMIT, "%d (%s): %s", rc, gpumem_error_name(rc),
@@ -691,10 +653,7 @@ static void run_limit_then_close(struct script *s) {
   fake_accept(&s->f);
   EXPECT(s, fake_hello(&s->f));
   send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "session cut: 64 MiB unread");
-  fake_hangup(&s->f);
-  close(s->f.lfd);
-  s->f.lfd = -1;
-  unlink(s->f.path);
+  fake_vanish(&s->f);
   reach(s, 1);
 }
 
@@ -705,7 +664,7 @@ START_TEST(test_request_after_unread_refusal_reports_the_daemon) {
   struct script s;
   script_start(&s, run_limit_then_close);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "cut", GPUMEM_ROLE_WORKER,
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "cut", GPUMEM_ROLE_WORKER,
                                   GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT, &c),
                    0);
   await(&s, 1);
@@ -734,10 +693,7 @@ static void run_vanish(struct script *s) {
   fake_accept(&s->f);
   EXPECT(s, fake_hello(&s->f));
   EXPECT(s, recv_alloc(&s->f) != 0);
-  fake_hangup(&s->f);
-  close(s->f.lfd);
-  s->f.lfd = -1;
-  unlink(s->f.path);
+  fake_vanish(&s->f);
 }
 
 /* A request in flight when the connection ends fails with
@@ -746,7 +702,7 @@ START_TEST(test_request_in_flight_fails_on_loss) {
   struct script s;
   script_start(&s, run_vanish);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "vanish", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "vanish", GPUMEM_ROLE_WORKER, 0, &c), 0);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_DISCONNECTED);
   ck_assert_msg(strstr(gpumem_last_error(), "gpumemd closed the connection"), "%s",
@@ -763,7 +719,7 @@ START_TEST(test_no_reconnect_flag) {
   script_start(&s, run_error0);
   gpumem_client *c;
   ck_assert_int_eq(
-      gpumem_connect(s.f.path, "once", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD |
+      gpumem_connect(s.f.l.path, "once", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD |
                      GPUMEM_CONNECT_NO_RECONNECT, &c), 0);
   release(&s, 1);
   int rc;
@@ -854,7 +810,7 @@ START_TEST(test_restart_re_registers_buffers) {
   struct conn_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   script_start(&s, run_restart);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "restart", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "restart", GPUMEM_ROLE_WORKER, 0, &c), 0);
   gpumem_set_connection_hook(c, on_conn, &l);
   gpumem_buffer *a, *p;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &a), 0);
@@ -908,7 +864,7 @@ START_TEST(test_dispatch_reconnects_without_thread) {
   script_start(&s, run_bounce);
   gpumem_client *c;
   ck_assert_int_eq(
-      gpumem_connect(s.f.path, "loop", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c), 0);
+      gpumem_connect(s.f.l.path, "loop", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c), 0);
   release(&s, 1);
   ck_assert_int_eq(gpumem_dispatch(c, -1), GPUMEM_E_DISCONNECTED);
   ck_assert_int_eq(gpumem_fd(c), -1);
@@ -1127,7 +1083,7 @@ START_TEST(test_scopes_and_devices_reach_the_daemon_as_meant) {
   struct script s;
   script_start(&s, run_recorder);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "rec", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "rec", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
   ck_assert_uint_eq(gpumem_device_count(c), 2);
   const char *tag = "kv";
   uint32_t pids[] = {7, 8}, zero[] = {0};
@@ -1299,7 +1255,7 @@ START_TEST(test_unanswered_requests_time_out_and_late_replies_are_handled) {
   struct script s;
   script_start(&s, run_late);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "late", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "late", GPUMEM_ROLE_WORKER, 0, &c), 0);
   gpumem_set_request_timeout(c, 200);
   gpumem_buffer *b = NULL;
   double t0 = now_ms();
@@ -1423,7 +1379,7 @@ START_TEST(test_refused_late_free_keeps_the_buffer_and_retries) {
   struct script s;
   script_start(&s, run_refused_free);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "refused", GPUMEM_ROLE_WORKER, 0, &c), 0);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
   void *va = gpumem_buffer_ptr(b);
@@ -1494,7 +1450,7 @@ START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
   struct script s;
   script_start(&s, run_deaf);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "deaf", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "deaf", GPUMEM_ROLE_WORKER, 0, &c), 0);
   struct losses l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   gpumem_set_connection_hook(c, on_loss, &l);
   await(&s, 1);
@@ -1587,7 +1543,7 @@ START_TEST(test_trim_returns_bytes_when_some_buffers_stay) {
   struct script s;
   script_start(&s, run_trim);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "trim", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "trim", GPUMEM_ROLE_WORKER, 0, &c), 0);
   void *a, *b;
   ck_assert_int_eq(gpumem_malloc(c, "a", 0, MIB, 0, &a), 0);
   ck_assert_int_eq(gpumem_malloc(c, "b", 0, MIB, 0, &b), 0);
@@ -1642,7 +1598,7 @@ START_TEST(test_no_thread_request_handles_events_while_waiting) {
   struct script s;
   script_start(&s, run_self_pause);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "self", GPUMEM_ROLE_WORKER,
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "self", GPUMEM_ROLE_WORKER,
                                   GPUMEM_CONNECT_NO_THREAD, &c), 0);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
