@@ -3,6 +3,7 @@
  * after a pause, status --json), and against a scripted daemon that gives
  * the answers a real one gives only when things go wrong (NOT_RELEASED with
  * pids and bytes held, a shortfall, a process holding memory outside). */
+#include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -220,25 +221,11 @@ END_TEST
 
 /* --- against a scripted daemon --- */
 
-/* Read exactly len bytes; false at end of file or on error. */
-static bool read_full(int fd, void *buf, size_t len) {
-  for (size_t n = 0; n < len;) {
-    ssize_t k = read(fd, (char *)buf + n, len - n);
-    if (k <= 0) return false;
-    n += (size_t)k;
-  }
-  return true;
-}
-
 /* Send one envelope as a frame (no fds). */
-static void fake_send(int fd, uint64_t id, wire_env *env) {
+static void fake_send(struct peer *p, uint64_t id, wire_env *env) {
   env->id = id;
   env->fd_count = 0;
-  size_t len;
-  uint8_t *bytes = wire_pack(env, &len);
-  uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
-  if (write(fd, hdr, 4) != 4 || write(fd, bytes, len) != (ssize_t)len) _exit(3);
-  free(bytes);
+  if (!peer_push(p, env, NULL, 0) || peer_flush_within(p, -1) != 0) _exit(3);
 }
 
 /* Record what a pause or resume asked for, for the test to read. */
@@ -269,7 +256,7 @@ static void fake_record(const char *path, const wire_env *req) {
 }
 
 /* Serve one client: greet it, then answer each request until it goes. */
-static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status) {
+static void fake_serve(struct peer *p, const char *asked, wire_env *op, wire_env *status) {
   /* Four devices, which this process sees under the same numbers. */
   Gpumem__Wire__DeviceInfo dev[4];
   Gpumem__Wire__DeviceInfo *devs[4];
@@ -291,28 +278,26 @@ static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status
   hr.n_devices = 4;
   hr.session_id = 1;
   for (;;) {
-    uint8_t hdr[4];
-    if (!read_full(fd, hdr, 4)) return;
-    size_t len = (size_t)hdr[0] | (size_t)hdr[1] << 8 | (size_t)hdr[2] << 16 | (size_t)hdr[3] << 24;
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf || !read_full(fd, buf, len)) _exit(4);
-    wire_env *req = wire_unpack(buf, len);
-    free(buf);
-    if (!req) _exit(5);
+    struct frame fr;
+    wire_env *req;
+    int rc = peer_await(p, &fr, -1, &req);
+    if (rc == 0) return;
+    if (rc < 0) _exit(rc == -EBADMSG ? 5 : 4);
+    frame_release(&fr);
     wire_env hello = GPUMEM__WIRE__ENVELOPE__INIT;
     switch (req->body_case) {
     case GPUMEM__WIRE__ENVELOPE__BODY_HELLO:
       hello.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
       hello.hello_reply = &hr;
-      fake_send(fd, req->id, &hello);
+      fake_send(p, req->id, &hello);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE:
     case GPUMEM__WIRE__ENVELOPE__BODY_RESUME:
       fake_record(asked, req);
-      fake_send(fd, req->id, op);
+      fake_send(p, req->id, op);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
-      fake_send(fd, req->id, status);
+      fake_send(p, req->id, status);
       break;
     default:
       _exit(6);
@@ -349,10 +334,11 @@ static void fake_start_as(struct fake *f, uid_t uid, wire_env *op, wire_env *sta
     if (write(ready[1], "r", 1) != 1) _exit(9);
     close(ready[1]);
     for (;;) {
-      int fd = accept(lfd, NULL, NULL);
-      if (fd < 0) _exit(2);
-      fake_serve(fd, f->asked, op, status);
-      close(fd);
+      struct peer p;
+      peer_attach(&p, accept4(lfd, NULL, NULL, SOCK_CLOEXEC), WIRE_MAX_REQUEST);
+      if (p.fd < 0) _exit(2);
+      fake_serve(&p, f->asked, op, status);
+      peer_close(&p);
     }
   }
   close(ready[1]);

@@ -1202,21 +1202,11 @@ START_TEST(ack_twice_back_to_back) {
     peer_op(&c, false, order ? "b" : "a", 0, 0);
     wire_env *e = peer_event(&w, NULL), *r;
     if (order == 0) peer_unmap(&b); /* true OK first, then a false failure */
-    Gpumem__Wire__EventAck ok = GPUMEM__WIRE__EVENT_ACK__INIT, bad = GPUMEM__WIRE__EVENT_ACK__INIT;
-    ok.message = bad.message = "";
-    bad.code = CODE(BACKEND_ERROR);
-    wire_env a1 = GPUMEM__WIRE__ENVELOPE__INIT, a2 = GPUMEM__WIRE__ENVELOPE__INIT;
-    a1.id = a2.id = e->id;
-    a1.body_case = a2.body_case = BODY(ACK);
-    a1.ack = order == 0 ? &ok : &bad;
-    a2.ack = order == 0 ? &bad : &ok;
-    size_t l1, l2;
-    uint8_t *p1 = wire_pack(&a1, &l1), *p2 = wire_pack(&a2, &l2);
-    ck_assert_int_eq(frame_writer_push(w.w, p1, l1, NULL, 0), 0);
-    ck_assert_int_eq(frame_writer_push(w.w, p2, l2, NULL, 0), 0);
-    free(p1);
-    free(p2);
-    ck_assert_int_eq(frame_writer_flush(w.w, w.fd), 0);
+    int first = order == 0 ? CODE(OK) : CODE(BACKEND_ERROR);
+    int second = order == 0 ? CODE(BACKEND_ERROR) : CODE(OK);
+    peer_push_ack(&w, e->id, first, NULL, 0, NULL);
+    peer_push_ack(&w, e->id, second, NULL, 0, NULL);
+    ck_assert_int_eq(peer_flush(&w), 0); /* both in one write */
     wire_env_free(e);
     wire_code got = peer_op_wait(&c, &r);
     wire_env_free(r);
@@ -1466,13 +1456,9 @@ START_TEST(sigterm_with_stuck_peers) {
   fcntl(glut.fd, F_SETFL, fcntl(glut.fd, F_GETFL) | O_NONBLOCK);
   for (int i = 0; i < 20000; i++) {
     env.id = glut.next_id++;
-    size_t len;
-    uint8_t *bytes = wire_pack(&env, &len);
-    frame_writer_push(glut.w, bytes, len, NULL, 0);
-    free(bytes);
+    peer_push(&glut, &env, NULL, 0);
   }
-  double end = now_ms() + 3000;
-  while (frame_writer_flush(glut.w, glut.fd) == -EAGAIN && now_ms() < end) pause_ms(1);
+  peer_flush_within(&glut, 3000);
   uint8_t partial[] = {100, 0, 0, 0, 0x08};
   ck_assert_int_eq(write(half.fd, partial, sizeof partial), (ssize_t)sizeof partial);
   /* The daemon has answered something of the glut: it is busy with it. */
