@@ -84,31 +84,35 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-/* Path of a built program. */
-const char *harness_bin(const char *name) {
-  static char path[4][512];
-  static int next;
+/* The build directory: $GPUMEM_BUILD, else "build". */
+static const char *build_dir(void) {
   const char *build = getenv("GPUMEM_BUILD");
-  char *p = path[next++ % 4];
-  snprintf(p, sizeof path[0], "%s/bin/%s", build ? build : "build", name);
-  return p;
+  return build ? build : "build";
 }
 
 /* The build directory whose programs user nobody runs. */
 static const char *others_build(void) {
   const char *copy = getenv("GPUMEM_OTHERS_BUILD");
-  const char *build = getenv("GPUMEM_BUILD");
-  return copy && *copy ? copy : build ? build : "build";
+  return copy && *copy ? copy : build_dir();
 }
 
-/* Path of a built program that user nobody can run. */
-const char *harness_others_bin(const char *name) {
-  static char path[4][512];
+/* "dir/sub/name" in one of eight buffers used in turn. */
+static const char *path_in(const char *dir, const char *sub, const char *name) {
+  static char path[8][512];
   static int next;
-  char *p = path[next++ % 4];
-  snprintf(p, sizeof path[0], "%s/bin/%s", others_build(), name);
+  char *p = path[next++ % 8];
+  snprintf(p, sizeof path[0], "%s/%s%s", dir, sub, name);
   return p;
 }
+
+/* A path in the build directory. */
+const char *harness_built(const char *rel) { return path_in(build_dir(), "", rel); }
+
+/* Path of a built program. */
+const char *harness_bin(const char *name) { return path_in(build_dir(), "bin/", name); }
+
+/* Path of a built program that user nobody can run. */
+const char *harness_others_bin(const char *name) { return path_in(others_build(), "bin/", name); }
 
 /* Whether root may run the build's programs as nobody, asked of the
  * kernel as nobody. */
@@ -154,13 +158,27 @@ static pid_t spawn(const char *const *argv, const char *out) {
   return pid;
 }
 
+/* Copy NULL-terminated string arguments into out, NULL-terminated. */
+void harness_collect_args(const char **out, size_t max, va_list ap) {
+  size_t n = 0;
+  for (const char *a; n + 1 < max && (a = va_arg(ap, const char *));) out[n++] = a;
+  out[n] = NULL;
+}
+
+/* gpumemd's argv for a test daemon on socket, then extra. */
+void daemon_argv(const char **argv, const char *socket, const char *const *extra) {
+  const char *base[] = {harness_bin("gpumemd"), "--socket", socket, "--log-level", "debug",
+                        "--backend", "host"};
+  size_t n = 0;
+  for (; n < sizeof base / sizeof base[0]; n++) argv[n] = base[n];
+  for (; extra && *extra && n < DAEMON_ARGV_MAX - 1; extra++) argv[n++] = *extra;
+  argv[n] = NULL;
+}
+
 /* Start gpumemd on an existing socket path. */
 pid_t daemon_spawn(const char *socket, const char *log, const char *const *extra) {
-  const char *argv[32] = {harness_bin("gpumemd"), "--socket", socket, "--log-level", "debug",
-                          "--backend", "host"};
-  int n = 7;
-  for (; extra && *extra && n < 31; extra++) argv[n++] = *extra;
-  argv[n] = NULL;
+  const char *argv[DAEMON_ARGV_MAX];
+  daemon_argv(argv, socket, extra);
   return spawn(argv, log);
 }
 
@@ -207,30 +225,38 @@ int daemon_log_count(const struct daemon *d, const char *text) {
   return n;
 }
 
-/* Start gpumemd and wait until it answers. */
-void daemon_start(struct daemon *d, ...) {
-  snprintf(d->dir, sizeof d->dir, "/tmp/gpumemd-test.XXXXXX");
+/* Make a daemon's directory and name its socket and log in it. */
+void daemon_paths(struct daemon *d, const char *name) {
+  snprintf(d->dir, sizeof d->dir, "/tmp/%s.XXXXXX", name);
   ck_assert_ptr_nonnull(mkdtemp(d->dir));
   snprintf(d->socket, sizeof d->socket, "%s/sock", d->dir);
   snprintf(d->log, sizeof d->log, "%s/daemon.log", d->dir);
-  const char *extra[24];
-  int n = 0;
-  va_list ap;
-  va_start(ap, d);
-  for (const char *a; n < 23 && (a = va_arg(ap, const char *));) extra[n++] = a;
-  va_end(ap);
-  extra[n] = NULL;
-  d->pid = daemon_spawn(d->socket, d->log, extra);
+}
+
+/* Wait (up to 5 s) until the daemon answers; false if it exits first. */
+bool daemon_wait_ready(struct daemon *d) {
   for (int i = 0; i < 500; i++) {
     int fd = raw_connect(d);
     if (fd >= 0) {
       close(fd);
-      return;
+      return true;
     }
-    if (waitpid(d->pid, NULL, WNOHANG) == d->pid) break;
-    sleep_ms(10);
+    if (waitpid(d->pid, NULL, WNOHANG) == d->pid) return false;
+    sleep_ms(10); /* polling for the socket: nothing tells when it listens */
   }
-  ck_abort_msg("gpumemd did not start; see %s", d->log);
+  return false;
+}
+
+/* Start gpumemd and wait until it answers. */
+void daemon_start(struct daemon *d, ...) {
+  daemon_paths(d, "gpumemd-test");
+  const char *extra[24];
+  va_list ap;
+  va_start(ap, d);
+  harness_collect_args(extra, 24, ap);
+  va_end(ap);
+  d->pid = daemon_spawn(d->socket, d->log, extra);
+  ck_assert_msg(daemon_wait_ready(d), "gpumemd did not start; see %s", d->log);
 }
 
 /* Stop the daemon with SIGTERM. */
@@ -281,9 +307,7 @@ static void worker_spawnv(struct worker *w, const struct daemon *d, va_list ap) 
   static int seq;
   snprintf(w->out, sizeof w->out, "%s/worker%d.out", d->dir, seq++);
   const char *argv[32] = {harness_bin("gpumem-worker"), "--socket", d->socket};
-  int n = 3;
-  for (const char *a; n < 31 && (a = va_arg(ap, const char *));) argv[n++] = a;
-  argv[n] = NULL;
+  harness_collect_args(argv + 3, 32 - 3, ap);
   w->pid = spawn(argv, w->out);
 }
 

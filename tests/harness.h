@@ -3,6 +3,7 @@
 #define GPUMEM_TEST_HARNESS_H
 
 #include <check.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -44,8 +45,13 @@ struct daemon {
   char log[128];
 };
 
-/* Path of a built program ("gpumemd", "gpumem-worker", ...). */
+/* Path of a built program ("gpumemd", "gpumem-worker", ...). The paths
+ * harness_bin, harness_others_bin and harness_built return stay valid for
+ * the next seven such calls. */
 const char *harness_bin(const char *name);
+
+/* A path in the build directory ("lib/libgpumem_preload.so", ...). */
+const char *harness_built(const char *rel);
 
 /* Path of a built program that user nobody (65534) can run: a copy in
  * $GPUMEM_OTHERS_BUILD, which tests/run.sh makes when the build directory
@@ -60,6 +66,25 @@ bool harness_others_can_run(const char *test);
 /* Start gpumemd with extra arguments (NULL-terminated) and wait until it
  * answers. Fails the test if it does not. */
 void daemon_start(struct daemon *d, ...);
+
+/* Copy a NULL-terminated list of string arguments into out, at most max
+ * - 1 of them, and end it with NULL. */
+void harness_collect_args(const char **out, size_t max, va_list ap);
+
+/* The most entries (with the NULL) of daemon_argv's argv. */
+enum { DAEMON_ARGV_MAX = 32 };
+
+/* gpumemd's argv (DAEMON_ARGV_MAX entries) for a test daemon on socket:
+ * debug log, host backend, then extra (NULL-terminated; NULL: none). */
+void daemon_argv(const char **argv, const char *socket, const char *const *extra);
+
+/* Make d's own directory /tmp/<name>.XXXXXX and name its socket and log
+ * in it (no daemon yet). */
+void daemon_paths(struct daemon *d, const char *name);
+
+/* Wait (up to 5 s) until d->pid answers on d's socket; false if it exited
+ * first or did not answer. */
+bool daemon_wait_ready(struct daemon *d);
 
 /* Start gpumemd on an existing socket path; returns its pid (no wait). */
 pid_t daemon_spawn(const char *socket, const char *log, const char *const *argv_extra);

@@ -40,11 +40,8 @@ static void teardown(void) {
  * process group) that runs gpumemd on d's socket; -1 where namespaces
  * may not be made here. */
 static pid_t spawn_in_pidns(const struct daemon *dm, const char *const *extra) {
-  const char *argv[32] = {harness_bin("gpumemd"), "--socket", dm->socket, "--log-level",
-                          "debug", "--backend", "host"};
-  int n = 7;
-  for (; extra && *extra && n < 31; extra++) argv[n++] = *extra;
-  argv[n] = NULL;
+  const char *argv[DAEMON_ARGV_MAX];
+  daemon_argv(argv, dm->socket, extra);
   pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, 0);
   if (pid == 0) {
     setpgid(0, 0);
@@ -64,17 +61,12 @@ static pid_t spawn_in_pidns(const struct daemon *dm, const char *const *extra) {
 /* Start gpumemd in a pid namespace of its own and wait until it answers;
  * false (nothing started) where namespaces may not be made. */
 static bool daemon_start_pidns(struct daemon *dm, ...) {
-  snprintf(dm->dir, sizeof dm->dir, "/tmp/gpumemd-pidfd.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(dm->dir));
-  snprintf(dm->socket, sizeof dm->socket, "%s/sock", dm->dir);
-  snprintf(dm->log, sizeof dm->log, "%s/daemon.log", dm->dir);
+  daemon_paths(dm, "gpumemd-pidfd");
   const char *extra[24];
-  int n = 0;
   va_list ap;
   va_start(ap, dm);
-  for (const char *a; n < 23 && (a = va_arg(ap, const char *));) extra[n++] = a;
+  harness_collect_args(extra, 24, ap);
   va_end(ap);
-  extra[n] = NULL;
   dm->pid = spawn_in_pidns(dm, extra);
   if (dm->pid < 0) {
     fprintf(stderr, "pid namespaces unavailable (%s): case skipped\n", strerror(errno));
@@ -82,17 +74,8 @@ static bool daemon_start_pidns(struct daemon *dm, ...) {
     daemon_stop(dm);
     return false;
   }
-  for (int i = 0; i < 500; i++) {
-    int fd = raw_connect(dm);
-    if (fd >= 0) {
-      close(fd);
-      return true;
-    }
-    ck_assert_msg(waitpid(dm->pid, NULL, WNOHANG) == 0, "gpumemd exited; see %s", dm->log);
-    usleep(10000); /* polling for the socket, as daemon_start does */
-  }
-  ck_abort_msg("gpumemd did not start; see %s", dm->log);
-  return false;
+  ck_assert_msg(daemon_wait_ready(dm), "gpumemd did not start; see %s", dm->log);
+  return true;
 }
 
 /* True while the daemon runs (not exited, not killed). */

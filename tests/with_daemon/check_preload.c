@@ -40,22 +40,12 @@ struct app {
   char reply[256];
 };
 
-/* A path in the build directory. */
-static const char *built(const char *rel) {
-  static char path[2][512];
-  static int next;
-  const char *build = getenv("GPUMEM_BUILD");
-  char *p = path[next++ % 2];
-  snprintf(p, sizeof path[0], "%s/%s", build ? build : "build", rel);
-  return p;
-}
-
 /* Start the program at path (with argument arg unless NULL) against
  * socket, with extra "NAME=value" settings. */
 static void app_startv(struct app *a, const char *path, const char *arg, const char *socket,
                        va_list ap) {
   static char preload[600], sock[600];
-  snprintf(preload, sizeof preload, "LD_PRELOAD=%s", built("lib/libgpumem_preload.so"));
+  snprintf(preload, sizeof preload, "LD_PRELOAD=%s", harness_built("lib/libgpumem_preload.so"));
   snprintf(sock, sizeof sock, "GPUMEM_SOCKET=%s", socket);
   const char *env[256];
   size_t n = 0;
@@ -94,7 +84,7 @@ static void app_startv(struct app *a, const char *path, const char *arg, const c
 static void app_start(struct app *a, const char *socket, ...) {
   va_list ap;
   va_start(ap, socket);
-  app_startv(a, built("tests/preload_app"), NULL, socket, ap);
+  app_startv(a, harness_built("tests/preload_app"), NULL, socket, ap);
   va_end(ap);
 }
 
@@ -107,7 +97,7 @@ static void user_start(struct app *a, const char *socket, ...) {
   self[n] = '\0';
   va_list ap;
   va_start(ap, socket);
-  app_startv(a, self, built("tests/libcudart_stub.so"), socket, ap);
+  app_startv(a, self, harness_built("tests/libcudart_stub.so"), socket, ap);
   va_end(ap);
 }
 
