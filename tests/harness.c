@@ -549,11 +549,12 @@ wire_env *peer_hello(struct peer *p, int role) {
                        role == GPUMEM__WIRE__ROLE__ROLE_WORKER ? "raw-worker" : "raw-ctl");
 }
 
-/* Queue a Hello in a role under a name at a major version; its request id. */
-uint64_t peer_push_hello(struct peer *p, int role, const char *name, uint32_t major) {
+/* Queue a Hello in a role under a name at a version; its request id. */
+uint64_t peer_push_hello(struct peer *p, int role, const char *name, uint32_t major,
+                         uint32_t minor) {
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
   h.version_major = major;
-  h.version_minor = WIRE_VERSION_MINOR;
+  h.version_minor = minor;
   h.role = role;
   h.name = (char *)name;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
@@ -566,10 +567,8 @@ uint64_t peer_push_hello(struct peer *p, int role, const char *name, uint32_t ma
 
 /* Say hello in a role under a name; returns the HelloReply. */
 wire_env *peer_hello_as(struct peer *p, int role, const char *name) {
-  peer_push_hello(p, role, name, WIRE_VERSION_MAJOR);
-  ck_assert_int_eq(peer_flush_within(p, 5000), 0);
-  wire_env *r = peer_get(p, NULL);
-  ck_assert_ptr_nonnull(r);
+  peer_push_hello(p, role, name, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
+  wire_env *r = peer_answer(p);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
   return r;
 }
@@ -818,17 +817,22 @@ void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size
   }
 }
 
-/* Send a request with an empty body and return its reply, which must be
- * of kind want. */
-/* Send a request and take its reply, of any kind. */
-wire_env *peer_call(struct peer *p, wire_env *env) {
-  env->id = p->next_id++;
-  peer_put(p, env, NULL, 0);
+/* Send what is queued and take the next message, of any kind. */
+wire_env *peer_answer(struct peer *p) {
+  ck_assert_int_eq(peer_flush_within(p, 5000), 0);
   wire_env *r = peer_get(p, NULL);
   ck_assert_ptr_nonnull(r);
   return r;
 }
 
+/* Send a request and take its reply, of any kind. */
+wire_env *peer_call(struct peer *p, wire_env *env) {
+  env->id = p->next_id++;
+  ck_assert(peer_push(p, env, NULL, 0));
+  return peer_answer(p);
+}
+
+/* Send a request and return its reply, which must be of kind want. */
 static wire_env *peer_ask(struct peer *c, wire_env *env, Gpumem__Wire__Envelope__BodyCase want) {
   wire_env *r = peer_call(c, env);
   ck_assert_int_eq(r->body_case, want);

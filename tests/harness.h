@@ -227,9 +227,10 @@ wire_env *peer_next(struct peer *p, struct frame *f, int *err);
  * peer_fill's error. */
 int peer_await(struct peer *p, struct frame *f, int ms, wire_env **env);
 
-/* Queue a Hello in a role under a name, at version major (minor ours);
- * its request id. */
-uint64_t peer_push_hello(struct peer *p, int role, const char *name, uint32_t major);
+/* Queue a Hello in a role under a name, at version major.minor; its
+ * request id. */
+uint64_t peer_push_hello(struct peer *p, int role, const char *name, uint32_t major,
+                         uint32_t minor);
 
 /* Queue an AllocRequest; its request id. */
 uint64_t peer_push_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size,
@@ -329,6 +330,10 @@ void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size
 
 /* Answer every event of one operation: unmaps close, remaps take fds. */
 void peer_serve(struct peer *w, struct pbuf *bufs, size_t n, size_t events);
+
+/* Send what is queued (peer_push_...) and take the next message, of any
+ * kind (the test fails if none comes); its fds are closed. */
+wire_env *peer_answer(struct peer *p);
 
 /* Send a request (its id set here) and take the reply, of any kind (the
  * test fails if none comes). */

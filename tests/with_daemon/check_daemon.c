@@ -156,7 +156,7 @@ static wire_code raw_call(struct peer *p, const wire_env *env, char *text) {
 /* Connect and send a Hello in a role at a major version (its reply not read). */
 static void raw_hello(struct peer *p, int role, uint32_t major) {
   peer_connect(p, &d);
-  peer_push_hello(p, role, "raw", major);
+  peer_push_hello(p, role, "raw", major, 0);
   ck_assert_int_eq(peer_flush_within(p, 5000), 0);
 }
 

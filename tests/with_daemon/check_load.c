@@ -175,7 +175,7 @@ static wire_env *conn_wait(struct peer *c, struct frame *f, int ms) {
 /* Connect and say Hello, waiting for the answer. */
 static void conn_open(struct peer *c, int role, const char *name) {
   conn_connect(c);
-  peer_push_hello(c, role, name, WIRE_VERSION_MAJOR);
+  peer_push_hello(c, role, name, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
   conn_flush_all(c);
   struct frame f;
   wire_env *r = conn_wait(c, &f, 5000);
@@ -292,7 +292,7 @@ static void session_start(struct session *s, int child, int k) {
   s->seed = (unsigned)(child * 7919 + k * 104729 + 1);
   s->drop_on_close = k % 5 == 4;
   s->pending = REQ_HELLO;
-  s->pending_id = peer_push_hello(&s->c, WORKER, name, WIRE_VERSION_MAJOR);
+  s->pending_id = peer_push_hello(&s->c, WORKER, name, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
 }
 
 /* Record one alloc round trip. */

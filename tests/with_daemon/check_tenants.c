@@ -141,13 +141,8 @@ START_TEST(another_uid_cannot_join_a_tag) {
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   wire_env_free(r);
   /* The refusal names the owner and the way out. */
-  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  q.tag = "kv";
-  q.size = 2 * MiB;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &q;
-  r = peer_call(&bob, &env);
+  peer_push_alloc(&bob, "kv", 0, 2 * MiB, 0);
+  r = peer_answer(&bob);
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(PERMISSION_DENIED));
   ck_assert_msg(strstr(why, "belongs to uid 1000") && strstr(why, "gpumemctl share kv"), "%s",
                 why);
@@ -306,13 +301,8 @@ START_TEST(quotas_hold_across_sessions) {
   peer_serve(&a1, &x, 1, 1);
   ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
   /* Paused, its bytes still count: a resume must find room in the quota. */
-  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  q.tag = "other";
-  q.size = 4 * MiB;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &q;
-  wire_env *r = peer_call(&a2, &env);
+  peer_push_alloc(&a2, "other", 0, 4 * MiB, 0);
+  wire_env *r = peer_answer(&a2);
   char why[256];
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
   ck_assert_msg(strstr(why, "uid 1000 holds 6.00 MiB on device 0") &&
@@ -320,10 +310,8 @@ START_TEST(quotas_hold_across_sessions) {
                 "%s", why);
   wire_env_free(r);
   peer_alloc(&a2, "other", 1, 4 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP, &y);
-  q.size = 2 * MiB;
-  q.device = 1;
-  q.flags = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP;
-  r = peer_call(&a2, &env);
+  peer_push_alloc(&a2, "other", 1, 2 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP);
+  r = peer_answer(&a2);
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
   ck_assert_msg(strstr(why, "--max-backup-bytes-per-uid"), "%s", why);
   wire_env_free(r);
@@ -445,12 +433,8 @@ START_TEST(names_come_free_and_default_is_shared) {
   peer_op(&ctl, false, "kv", 0, 0);
   peer_serve(&alice, &a, 1, 1);
   ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = a.id;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  env.free = &fr;
-  wire_env *r = peer_call(&alice, &env);
+  peer_push_free(&alice, a.id);
+  wire_env *r = peer_answer(&alice);
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   wire_env_free(r);
   ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 2 * MiB, 0, &b), CODE(PERMISSION_DENIED));
@@ -477,17 +461,9 @@ END_TEST
 /* Allocate one-chunk buffers as a worker until the daemon refuses;
  * returns how many it took, the refusal's words in why. */
 static int alloc_until_refused(struct peer *w, const char *tag, char *why, size_t len) {
-  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  q.tag = (char *)tag;
-  q.size = 4096;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &q;
   for (int n = 0; n < 100000; n++) {
-    env.id = w->next_id++;
-    peer_put(w, &env, NULL, 0);
-    wire_env *r = peer_get(w, NULL); /* its chunk fd is closed: the daemon keeps its own */
-    ck_assert_ptr_nonnull(r);
+    peer_push_alloc(w, tag, 0, 4096, 0);
+    wire_env *r = peer_answer(w); /* its chunk fd is closed: the daemon keeps its own */
     wire_code code = peer_reply_code(r, why, len);
     wire_env_free(r);
     if (code) {
@@ -571,14 +547,8 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   ck_assert_int_ge(fd, 0);
   close(fd);
   open_as(&bob, BOB, WORKER);
-  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  q.tag = "kv";
-  q.size = 2 * MiB;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = bob.next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &q;
-  peer_put(&bob, &env, NULL, 0);
+  uint64_t waiting = peer_push_alloc(&bob, "kv", 0, 2 * MiB, 0);
+  ck_assert_int_eq(peer_flush_within(&bob, 5000), 0);
   wire_env *st = peer_status(&bob); /* answered first: the allocation waits */
   /* The status says that the grace runs, how long more, and who waits. */
   ck_assert_uint_gt(st->status_reply->grace_left_ms, 0);
@@ -589,15 +559,9 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   /* A controller's pause of the tag not yet re-registered says why. */
   struct peer ctl;
   open_as(&ctl, 0, CONTROLLER);
-  Gpumem__Wire__PauseRequest pq = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
-  char *kv_tags[1] = {"kv"};
-  pq.tags = kv_tags;
-  pq.n_tags = 1;
-  wire_env pe = GPUMEM__WIRE__ENVELOPE__INIT;
-  pe.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
-  pe.pause = &pq;
+  peer_op(&ctl, false, "kv", 0, 0);
   char why[256];
-  wire_env *pr = peer_call(&ctl, &pe);
+  wire_env *pr = peer_answer(&ctl);
   ck_assert_int_eq(peer_reply_code(pr, why, sizeof why), CODE(NOT_FOUND));
   ck_assert_msg(strstr(why, "no tag 'kv' yet: the re-registration grace runs") &&
                     strstr(why, "(1 waiting)"),
@@ -626,7 +590,7 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "%s", why);
   wire_env_free(r);
   r = peer_get_within(&bob, NULL, 15000); /* once the grace is over */
-  ck_assert_int_eq(r->id, env.id);
+  ck_assert_int_eq(r->id, waiting);
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(PERMISSION_DENIED));
   ck_assert_msg(strstr(why, "belongs to uid 1000"), "%s", why);
   wire_env_free(r);
@@ -648,12 +612,8 @@ START_TEST(a_worker_is_not_told_whose_residual_it_is) {
   open_as(&mallory, BOB, WORKER);
   struct pbuf a, m;
   peer_alloc(&alice, "kv", 0, 8 * MiB, 0, &a);
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = a.id;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  env.free = &fr;
-  wire_env *r = peer_call(&alice, &env); /* freed, but its chunk stays held here: outside gpumemd */
+  peer_push_free(&alice, a.id);
+  wire_env *r = peer_answer(&alice); /* freed, but its chunk stays held here: outside gpumemd */
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   wire_env_free(r);
   peer_alloc(&mallory, "m", 0, 2 * MiB, 0, &m);
@@ -727,15 +687,8 @@ START_TEST(status_and_list_come_in_pages) {
   /* A 1.3 client knows no pages: it gets everything in one reply. */
   struct peer old;
   peer_connect(&old, &d);
-  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
-  h.version_major = WIRE_VERSION_MAJOR;
-  h.version_minor = 3;
-  h.role = CONTROLLER;
-  h.name = "old";
-  wire_env he = GPUMEM__WIRE__ENVELOPE__INIT;
-  he.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
-  he.hello = &h;
-  wire_env_free(peer_call(&old, &he));
+  peer_push_hello(&old, CONTROLLER, "old", WIRE_VERSION_MAJOR, 3);
+  wire_env_free(peer_answer(&old));
   wire_env *st = status_page(&old, 0, 0, 3);
   ck_assert_uint_eq(st->status_reply->n_tags, 11);
   ck_assert_uint_eq(st->status_reply->n_sessions, 7);
