@@ -415,6 +415,14 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
 
 /* --- the raw protocol peer --- */
 
+/* An envelope with an id and the kind of its body. */
+wire_env peer_env(uint64_t id, Gpumem__Wire__Envelope__BodyCase body) {
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = id;
+  env.body_case = body;
+  return env;
+}
+
 /* Make a peer of a socket (owned from now on) with a reader of frames up to max_len. */
 void peer_attach(struct peer *p, int fd, size_t max_len) {
   p->fd = fd;
@@ -557,9 +565,7 @@ uint64_t peer_push_hello(struct peer *p, int role, const char *name, uint32_t ma
   h.version_minor = minor;
   h.role = role;
   h.name = (char *)name;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  wire_env env = peer_env(p->next_id++, GPUMEM__WIRE__ENVELOPE__BODY_HELLO);
   env.hello = &h;
   peer_push(p, &env, NULL, 0);
   return env.id;
@@ -638,9 +644,7 @@ uint64_t peer_push_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t
   a.device = dev;
   a.size = size;
   a.flags = flags;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  wire_env env = peer_env(p->next_id++, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC);
   env.alloc = &a;
   peer_push(p, &env, NULL, 0);
   return env.id;
@@ -650,9 +654,7 @@ uint64_t peer_push_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t
 uint64_t peer_push_free(struct peer *p, uint64_t buffer) {
   Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
   fr.buffer_id = buffer;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  wire_env env = peer_env(p->next_id++, GPUMEM__WIRE__ENVELOPE__BODY_FREE);
   env.free = &fr;
   peer_push(p, &env, NULL, 0);
   return env.id;
@@ -707,9 +709,7 @@ void peer_push_ack(struct peer *p, uint64_t event, int code, const uint64_t *fai
   a.message = (char *)(why ? why : "");
   a.failed_ids = (uint64_t *)failed;
   a.n_failed_ids = nfailed;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = event;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ACK;
+  wire_env env = peer_env(event, GPUMEM__WIRE__ENVELOPE__BODY_ACK);
   env.ack = &a;
   peer_push(p, &env, NULL, 0);
 }
@@ -729,6 +729,12 @@ void peer_ack(struct peer *p, uint64_t event, const uint64_t *failed, size_t nfa
                 failed, nfailed, why);
 }
 
+/* Point a PauseRequest or a ResumeRequest (two types with the same scope
+ * fields: a macro, as C has no other way to share this) at tags and devices. */
+#define OP_SCOPE(req, tags_, ntags_, devs_, ndevs_)                                      \
+  ((req).tags = (char **)(tags_), (req).n_tags = (ntags_), (req).devices = (devs_),     \
+   (req).n_devices = (ndevs_))
+
 /* Queue a pause or resume of tags (devmask: devices 0-63, 0 for all). */
 void peer_push_op_tags(struct peer *c, bool resume, const char *const *tags, size_t ntags,
                        uint64_t devmask, uint64_t max_residual) {
@@ -738,22 +744,14 @@ void peer_push_op_tags(struct peer *c, bool resume, const char *const *tags, siz
     if (devmask & (1ull << i)) devs[ndev++] = i;
   Gpumem__Wire__PauseRequest pr = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   Gpumem__Wire__ResumeRequest rr = GPUMEM__WIRE__RESUME_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c->next_id++;
+  wire_env env = peer_env(c->next_id++, resume ? GPUMEM__WIRE__ENVELOPE__BODY_RESUME
+                                                : GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   if (resume) {
-    rr.tags = (char **)tags;
-    rr.n_tags = ntags;
-    rr.devices = devs;
-    rr.n_devices = ndev;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
+    OP_SCOPE(rr, tags, ntags, devs, ndev);
     env.resume = &rr;
   } else {
-    pr.tags = (char **)tags;
-    pr.n_tags = ntags;
-    pr.devices = devs;
-    pr.n_devices = ndev;
+    OP_SCOPE(pr, tags, ntags, devs, ndev);
     pr.max_residual = max_residual;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
     env.pause = &pr;
   }
   peer_push(c, &env, NULL, 0);
@@ -842,8 +840,7 @@ static wire_env *peer_ask(struct peer *c, wire_env *env, Gpumem__Wire__Envelope_
 /* A status as the daemon sends it (raw). */
 wire_env *peer_status(struct peer *c) {
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS);
   env.status = &sr;
   return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
 }
@@ -851,8 +848,7 @@ wire_env *peer_status(struct peer *c) {
 /* A list as the daemon sends it (raw). */
 wire_env *peer_list(struct peer *c) {
   Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_LIST);
   env.list = &lr;
   return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
 }

@@ -148,6 +148,12 @@ int daemon_log_count(const struct daemon *d, const char *text);
 #include "common/frame.h"
 #include "common/wire.h"
 
+/* An envelope with an id (0: none yet, or outside any request) and the
+ * kind of its body, which the caller then points the body's member at:
+ *   wire_env env = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC);
+ *   env.alloc = &request; */
+wire_env peer_env(uint64_t id, Gpumem__Wire__Envelope__BodyCase body);
+
 /* A raw peer (worker or controller, or the daemon's side of a session a
  * test accepts): a socket with its own frame reader and writer. It sends
  * one message at a time (peer_put) or queues many to flush (peer_push,

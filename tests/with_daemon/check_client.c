@@ -103,9 +103,7 @@ static bool fake_hello_devices(struct fake *f, const char *const *bus, size_t n)
     r.granularity = 2 * MIB;
     r.devices = dp;
     r.n_devices = n;
-    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-    out.id = in->id;
-    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
+    wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
     out.hello_reply = &r;
     fake_send(f, &out, NULL, 0);
   }
@@ -140,9 +138,7 @@ static void push_alloc_reply(struct fake *f, uint64_t id, uint64_t bid, bool pau
   r.state = paused ? GPUMEM__WIRE__BUFFER_STATE__PAUSED : GPUMEM__WIRE__BUFFER_STATE__ACTIVE;
   r.chunk_sizes = &size;
   r.n_chunk_sizes = 1;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY);
   out.alloc_reply = &r;
   int fd = paused ? -1 : chunk(size);
   fake_push(f, &out, &fd, paused ? 0 : 1);
@@ -153,9 +149,7 @@ static void push_unmap(struct fake *f, uint64_t eid, uint64_t *ids, size_t n) {
   Gpumem__Wire__UnmapEvent u = GPUMEM__WIRE__UNMAP_EVENT__INIT;
   u.buffer_ids = ids;
   u.n_buffer_ids = n;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = eid;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
+  wire_env out = peer_env(eid, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
   out.unmap = &u;
   fake_push(f, &out, NULL, 0);
 }
@@ -174,9 +168,7 @@ static void send_remap(struct fake *f, uint64_t eid, uint64_t *ids, size_t n, in
   Gpumem__Wire__RemapEvent r = GPUMEM__WIRE__REMAP_EVENT__INIT;
   r.entries = ep;
   r.n_entries = n;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = eid;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
+  wire_env out = peer_env(eid, GPUMEM__WIRE__ENVELOPE__BODY_REMAP);
   out.remap = &r;
   fake_send(f, &out, fds, n);
 }
@@ -186,8 +178,7 @@ static void send_error0(struct fake *f, wire_code code, const char *text) {
   Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
   e.code = code;
   e.message = (char *)text;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  wire_env out = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   out.error = &e;
   fake_send(f, &out, NULL, 0);
 }
@@ -201,9 +192,7 @@ static uint64_t answer_free(struct fake *f) {
     id = in->free->buffer_id;
     Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
     r.bytes = 2 * MIB;
-    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-    out.id = in->id;
-    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
+    wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
     out.free_reply = &r;
     fake_send(f, &out, NULL, 0);
   }
@@ -781,9 +770,7 @@ static void run_restart(struct script *s) {
     Gpumem__Wire__AdoptReply r = GPUMEM__WIRE__ADOPT_REPLY__INIT;
     r.buffer_ids = ids;
     r.n_buffer_ids = a->n_buffers;
-    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-    out.id = in->id;
-    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY;
+    wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY);
     out.adopt_reply = &r;
     fake_push(&s->f, &out, NULL, 0);
     /* The new daemon pauses the mapped buffer by its new id at once. */
@@ -986,9 +973,7 @@ static void answer_op(struct fake *f, uint64_t id) {
   r.n_checks = 1;
   r.detail = &tp;
   r.n_detail = 1;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
   out.op_reply = &r;
   fake_send(f, &out, NULL, 0);
 }
@@ -1017,9 +1002,7 @@ static void answer_status(struct fake *f, uint64_t id) {
   r.processes = &pp;
   r.n_processes = 1;
   r.processes_known = true;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   out.status_reply = &r;
   fake_send(f, &out, NULL, 0);
 }
@@ -1034,9 +1017,7 @@ static void answer_list(struct fake *f, uint64_t id) {
   Gpumem__Wire__ListReply r = GPUMEM__WIRE__LIST_REPLY__INIT;
   r.buffers = &bp;
   r.n_buffers = 1;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
   out.list_reply = &r;
   fake_send(f, &out, NULL, 0);
 }
@@ -1237,9 +1218,7 @@ static void run_late(struct script *s) {
   reach(s, 4);
   hold(s, 5);
   Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = fid;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
+  wire_env out = peer_env(fid, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
   out.free_reply = &r;
   fake_send(&s->f, &out, NULL, 0);
   reach(s, 6);
@@ -1297,9 +1276,7 @@ static void push_error(struct fake *f, uint64_t id, wire_code code, const char *
   Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
   e.code = code;
   e.message = (char *)text;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   out.error = &e;
   fake_push(f, &out, NULL, 0);
 }
@@ -1359,9 +1336,7 @@ static void run_refused_free(struct script *s) {
   EXPECT(s, fid != 0);
   reach(s, 3);
   Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = fid;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
+  wire_env out = peer_env(fid, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
   out.free_reply = &r;
   fake_send(&s->f, &out, NULL, 0);
   reach(s, 4);
@@ -1521,9 +1496,7 @@ static void run_trim(struct script *s) {
       push_error(&s->f, in->id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, "buffer is PAUSING");
     } else if (ok) {
       Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-      wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-      out.id = in->id;
-      out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
+      wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
       out.free_reply = &r;
       fake_push(&s->f, &out, NULL, 0);
     }

@@ -284,11 +284,10 @@ static void fake_serve(struct peer *p, const char *asked, wire_env *op, wire_env
     if (rc == 0) return;
     if (rc < 0) _exit(rc == -EBADMSG ? 5 : 4);
     frame_release(&fr);
-    wire_env hello = GPUMEM__WIRE__ENVELOPE__INIT;
+    wire_env hello = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
+    hello.hello_reply = &hr;
     switch (req->body_case) {
     case GPUMEM__WIRE__ENVELOPE__BODY_HELLO:
-      hello.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
-      hello.hello_reply = &hr;
       fake_send(p, req->id, &hello);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE:
@@ -382,8 +381,7 @@ START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
   e.bytes_held = 8 * GiB;
   e.checks = checks;
   e.n_checks = 1;
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   op.error = &e;
   fake_start(&fk, &op, NULL);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --max-residual 1G --timeout 500ms kv"), 1);
@@ -432,8 +430,7 @@ START_TEST(the_library_reports_failures_whole) {
   e.bytes_held = 70 * MiB;
   e.checks = checks;
   e.n_checks = 1;
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   op.error = &e;
   fake_start(&fk, &op, NULL);
   gpumem_client *c;
@@ -478,8 +475,7 @@ END_TEST
 START_TEST(pause_and_resume_select_sessions) {
   Gpumem__Wire__OpReply ok = GPUMEM__WIRE__OP_REPLY__INIT;
   ok.buffers = 1;
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
   op.op_reply = &ok;
   fake_start(&fk, &op, NULL);
   static const char *const usage[] = {
@@ -575,8 +571,7 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   sr.processes = procs;
   sr.n_processes = 3;
   sr.processes_known = true;
-  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
-  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   st.status_reply = &sr;
   fake_start(&fk, NULL, &st);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
@@ -631,8 +626,7 @@ START_TEST(status_says_when_the_driver_gives_no_per_process_figures) {
   sr.granularity = 2 * MiB;
   sr.sessions = sessions;
   sr.n_sessions = 1;
-  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
-  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   st.status_reply = &sr;
   fake_start(&fk, NULL, &st);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
@@ -728,8 +722,7 @@ START_TEST(timeout_takes_durations) {
   Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
   e.code = GPUMEM__WIRE__ERROR_CODE__NOT_FOUND;
   e.message = "no tag";
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   op.error = &e;
   fake_start(&fk, &op, NULL);
   static const struct {
@@ -777,8 +770,7 @@ START_TEST(names_are_escaped_whatever_bytes_they_hold) {
   sr.n_sessions = 1;
   sr.tags = tags;
   sr.n_tags = 1;
-  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
-  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   st.status_reply = &sr;
   fake_start(&fk, NULL, &st);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
@@ -820,8 +812,7 @@ START_TEST(controllers_open_no_gpu_backend) {
   Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
   sr.backend = "cuda";
   sr.granularity = 2 * MiB;
-  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
-  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   st.status_reply = &sr;
   fake_backend = "cuda";
   fake_start(&fk, NULL, &st);
@@ -1000,8 +991,7 @@ START_TEST(daemon_words_cannot_forge_lines) {
   Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
   e.code = GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED;
   e.message = "worker 7: done\ngpumemctl: paused 7 buffers, 64.0 GiB\x1b[2K";
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   op.error = &e;
   fake_start(&fk, &op, NULL);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause kv"), 1);
@@ -1027,8 +1017,7 @@ START_TEST(a_daemon_another_user_runs_is_not_trusted) {
   Gpumem__Wire__OpReply ok = GPUMEM__WIRE__OP_REPLY__INIT;
   ok.buffers = 7;
   ok.bytes = 64 * GiB;
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
   op.op_reply = &ok;
   fake_start_as(&fk, 65534, &op, NULL);
   char asked[512], want[512];

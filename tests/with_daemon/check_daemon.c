@@ -435,9 +435,7 @@ START_TEST(bad_requests_get_clear_errors) {
   struct worker w;
   worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
   Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = 3;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  wire_env env = peer_env(3, GPUMEM__WIRE__ENVELOPE__BODY_FREE);
   env.free = &fr;
   fr.buffer_id = 999;
   ck_assert_int_eq(raw_call(&fd, &env, text), CODE(NOT_FOUND));
@@ -668,9 +666,7 @@ START_TEST(controller_disconnect_does_not_stop_a_pause) {
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   p.tags = tags;
   p.n_tags = 1;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = 2;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  wire_env env = peer_env(2, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   env.pause = &p;
   peer_put(&fd, &env, NULL, 0);
   peer_close(&fd);

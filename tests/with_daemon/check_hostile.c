@@ -228,10 +228,8 @@ static uint64_t adopt_send(struct peer *p, const struct abuf *b, size_t n, const
   Gpumem__Wire__AdoptRequest a = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
   a.buffers = ptrs;
   a.n_buffers = n;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
+  wire_env env = peer_env(p->next_id++, BODY(ADOPT));
   env.fd_count = fd_count < 0 ? (uint32_t)nfds : (uint32_t)fd_count;
-  env.body_case = BODY(ADOPT);
   env.adopt = &a;
   peer_put(p, &env, fds, nfds);
   free(bufs);
@@ -981,9 +979,7 @@ END_TEST
 /* Messages until a status reply on p (sent now): how many were errors. */
 static int errors_until_status(struct peer *p) {
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
-  env.body_case = BODY(STATUS);
+  wire_env env = peer_env(p->next_id++, BODY(STATUS));
   env.status = &sr;
   peer_put(p, &env, NULL, 0);
   int errors = 0;
@@ -1310,9 +1306,7 @@ START_TEST(pause_names_twice_count_once) {
   pr.n_tags = 1;
   pr.devices = devs;
   pr.n_devices = 4;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c.next_id++;
-  env.body_case = BODY(PAUSE);
+  wire_env env = peer_env(c.next_id++, BODY(PAUSE));
   env.pause = &pr;
   peer_put(&c, &env, NULL, 0);
   peer_serve(&w, &b, 1, 1);
@@ -1448,8 +1442,7 @@ START_TEST(sigterm_with_stuck_peers) {
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b);
   /* 20000 list requests, never read. */
   Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = BODY(LIST);
+  wire_env env = peer_env(0, BODY(LIST));
   env.list = &lr;
   int sndbuf = 1 << 20;
   setsockopt(glut.fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);

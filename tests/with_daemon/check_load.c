@@ -597,10 +597,8 @@ static void hostile_garbage(int k) {
   if (k % 4 == 2) {
     send_raw(c.fd, huge, sizeof huge, NULL, 0);
   } else if (k % 4 == 3) {
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
     Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
-    env.id = 1;
-    env.body_case = BODY(STATUS);
+    wire_env env = peer_env(1, BODY(STATUS));
     env.status = &sr;
     peer_push(&c, &env, NULL, 0);
     conn_flush_all(&c);

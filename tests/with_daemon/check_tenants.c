@@ -58,8 +58,7 @@ static wire_code share(struct peer *c, const char *tag, bool shared) {
   Gpumem__Wire__ShareRequest q = GPUMEM__WIRE__SHARE_REQUEST__INIT;
   q.tag = (char *)tag;
   q.shared = shared;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_SHARE);
   env.share = &q;
   wire_env *r = peer_call(c, &env);
   wire_code code = peer_reply_code(r, NULL, 0);
@@ -73,8 +72,7 @@ static wire_env *status_page(struct peer *c, uint64_t tags, uint64_t sessions, u
   q.tag_cursor = tags;
   q.session_cursor = sessions;
   q.limit = limit;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS);
   env.status = &q;
   wire_env *r = peer_call(c, &env);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
@@ -86,8 +84,7 @@ static wire_env *list_page(struct peer *c, uint64_t after, uint32_t limit) {
   Gpumem__Wire__ListRequest q = GPUMEM__WIRE__LIST_REQUEST__INIT;
   q.after = after;
   q.limit = limit;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_LIST);
   env.list = &q;
   wire_env *r = peer_call(c, &env);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
@@ -357,9 +354,7 @@ static void own_pause(struct peer *w, const char *tag, uint32_t timeout_ms) {
   q.n_tags = 1;
   q.own = true;
   q.timeout_ms = timeout_ms;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = w->next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  wire_env env = peer_env(w->next_id++, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   env.pause = &q;
   peer_put(w, &env, NULL, 0);
 }
@@ -579,10 +574,8 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   Gpumem__Wire__AdoptRequest ar = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
   ar.buffers = &abp;
   ar.n_buffers = 1;
-  wire_env ae = GPUMEM__WIRE__ENVELOPE__INIT;
-  ae.id = alice.next_id++;
+  wire_env ae = peer_env(alice.next_id++, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
   ae.fd_count = 1;
-  ae.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
   ae.adopt = &ar;
   int give = dup(a.fds[0]);
   peer_put(&alice, &ae, &give, 1);
@@ -620,9 +613,7 @@ START_TEST(a_worker_is_not_told_whose_residual_it_is) {
   Gpumem__Wire__PauseRequest q = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   q.own = true;
   q.max_residual = 1;
-  wire_env pe = GPUMEM__WIRE__ENVELOPE__INIT;
-  pe.id = mallory.next_id++;
-  pe.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  wire_env pe = peer_env(mallory.next_id++, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   pe.pause = &q;
   peer_put(&mallory, &pe, NULL, 0);
   peer_serve(&mallory, &m, 1, 1);
@@ -725,8 +716,7 @@ static void adopt_paused(struct peer *w, size_t first, size_t n) {
   Gpumem__Wire__AdoptRequest q = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
   q.buffers = ptrs;
   q.n_buffers = n;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
   env.adopt = &q;
   wire_env *r = peer_call(w, &env);
   char why[256];
