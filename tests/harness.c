@@ -140,21 +140,24 @@ bool harness_others_can_run(const char *test) {
   return false;
 }
 
+/* In a forked child: exec argv with stdout and stderr into out. */
+void harness_exec(const char *const *argv, const char *out) {
+  int fd = open(out, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd >= 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+    close(fd);
+  }
+  close_range(3, ~0u, 0); /* nothing inherited: fd figures are the program's own */
+  execv(argv[0], (char *const *)argv);
+  _exit(127);
+}
+
 /* Exec with stdout and stderr into a file. */
 static pid_t spawn(const char *const *argv, const char *out) {
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    int fd = open(out, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    close_range(3, ~0u, 0); /* nothing inherited: fd figures are the program's own */
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
-  }
+  if (pid == 0) harness_exec(argv, out);
   return pid;
 }
 
@@ -781,6 +784,17 @@ wire_code peer_op_wait(struct peer *c, wire_env **out) {
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
+/* The controller's answer: OK, for these buffers and bytes. */
+void peer_op_ok(struct peer *c, uint64_t buffers, uint64_t bytes) {
+  wire_env *r;
+  wire_code code = peer_op_wait(c, &r);
+  ck_assert_msg(code == GPUMEM__WIRE__ERROR_CODE__OK, "operation: %s: %s", wire_code_name(code),
+                code ? r->error->message : "");
+  ck_assert_uint_eq(r->op_reply->buffers, buffers);
+  ck_assert_uint_eq(r->op_reply->bytes, bytes);
+  wire_env_free(r);
+}
+
 /* The controller's answer: its code only. */
 wire_code peer_op_code(struct peer *c) {
   wire_env *r;
@@ -908,6 +922,26 @@ static void note_max_fd(int fd, const char *target, void *arg) {
   (void)target;
   int *maxfd = arg;
   if (fd > *maxfd) *maxfd = fd;
+}
+
+/* A text to look for in fds' targets, and how many have it. */
+struct fd_text_count {
+  const char *text;
+  int n;
+};
+
+/* Count an fd whose target contains the text (arg: a struct fd_text_count). */
+static void count_fd_with(int fd, const char *target, void *arg) {
+  struct fd_text_count *c = arg;
+  (void)fd;
+  c->n += strstr(target, c->text) != NULL;
+}
+
+/* Open fds of a process whose target contains text. */
+int proc_fds_with(pid_t pid, const char *text) {
+  struct fd_text_count c = {text, 0};
+  proc_fd_each(pid, count_fd_with, &c);
+  return c.n;
 }
 
 /* Open fds of a process, and the highest one. */

@@ -86,6 +86,10 @@ void daemon_paths(struct daemon *d, const char *name);
  * first or did not answer. */
 bool daemon_wait_ready(struct daemon *d);
 
+/* In a forked child: exec argv[0] with stdout and stderr appended to the
+ * file out and no other fd inherited; exits 127 if exec fails. */
+_Noreturn void harness_exec(const char *const *argv, const char *out);
+
 /* Start gpumemd on an existing socket path; returns its pid (no wait). */
 pid_t daemon_spawn(const char *socket, const char *log, const char *const *argv_extra);
 
@@ -325,6 +329,10 @@ void peer_op(struct peer *c, bool resume, const char *tag, uint64_t devmask,
  * in *out). Free *out with wire_env_free. */
 wire_code peer_op_wait(struct peer *c, wire_env **out);
 
+/* The controller's answer, which must be OK (else the test fails with
+ * the Error's words) for this many buffers and bytes. */
+void peer_op_ok(struct peer *c, uint64_t buffers, uint64_t bytes);
+
 /* The controller's answer, as peer_op_wait, but only its code. */
 wire_code peer_op_code(struct peer *c);
 
@@ -362,5 +370,9 @@ wire_code peer_stray_error(struct peer *p);
 
 /* Open fds of a process, and the highest one. */
 int proc_fds(pid_t pid, int *maxfd);
+
+/* Open fds of a process whose target contains text ("socket:",
+ * "memfd:gpumem-host-", ...). */
+int proc_fds_with(pid_t pid, const char *text);
 
 #endif

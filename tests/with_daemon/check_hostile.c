@@ -84,18 +84,8 @@ static const char *daemon_fd_list(void) {
   return out;
 }
 
-/* Count in *(int *)arg an fd that is a socket. */
-static void count_socket(int fd, const char *target, void *arg) {
-  (void)fd;
-  *(int *)arg += strncmp(target, "socket:", 7) == 0;
-}
-
 /* Sockets the daemon holds (the listener and one per session). */
-static int daemon_sockets(void) {
-  int n = 0;
-  proc_fd_each(d.pid, count_socket, &n);
-  return n;
-}
+static int daemon_sockets(void) { return proc_fds_with(d.pid, "socket:"); }
 
 /* Start the daemon and give it a bounded time to close daemon_start's
  * probe connection (it sometimes keeps it longer: fd figures below count
@@ -1310,21 +1300,12 @@ START_TEST(pause_names_twice_count_once) {
   env.pause = &pr;
   peer_put(&c, &env, NULL, 0);
   peer_serve(&w, &b, 1, 1);
-  wire_env *r;
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-  ck_assert_uint_eq(r->op_reply->buffers, 1);
-  ck_assert_uint_eq(r->op_reply->bytes, 4 * MiB);
-  wire_env_free(r);
+  peer_op_ok(&c, 1, 4 * MiB);
   ck_assert_uint_eq(daemon_bytes(), 0);
   for (int resume = 1; resume >= 0; resume--) {
-    peer_op_tags(&c, resume, kv, 3, 0, 0);
+    peer_op_tags(&c, resume, kv, 3, 0, 0); /* of {kv,kv,kv} */
     peer_serve(&w, &b, 1, 1);
-    wire_code got = peer_op_wait(&c, &r);
-    ck_assert_msg(got == CODE(OK), "%s of {kv,kv,kv}: %s: %s", resume ? "resume" : "pause",
-                  wire_code_name(got), got ? r->error->message : "");
-    ck_assert_uint_eq(r->op_reply->buffers, 1);
-    ck_assert_uint_eq(r->op_reply->bytes, 4 * MiB);
-    wire_env_free(r);
+    peer_op_ok(&c, 1, 4 * MiB);
   }
   peer_unmap(&b);
   peer_close(&w);

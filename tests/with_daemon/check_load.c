@@ -759,18 +759,8 @@ static uint64_t proc_status_bytes(const char *key) {
   return kb * 1024;
 }
 
-/* Count in *(int *)arg an fd that is one of the host backend's memfds. */
-static void count_memfd(int fd, const char *target, void *arg) {
-  (void)fd;
-  *(int *)arg += strstr(target, "memfd:gpumem-host-") != NULL;
-}
-
 /* The daemon's fds that are the host backend's memfds. */
-static int daemon_memfds(void) {
-  int n = 0;
-  proc_fd_each(d.pid, count_memfd, &n);
-  return n;
-}
+static int daemon_memfds(void) { return proc_fds_with(d.pid, "memfd:gpumem-host-"); }
 
 /* The daemon's open fds. */
 static int daemon_fds(void) {

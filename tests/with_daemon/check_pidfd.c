@@ -45,15 +45,7 @@ static pid_t spawn_in_pidns(const struct daemon *dm, const char *const *extra) {
   pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, 0);
   if (pid == 0) {
     setpgid(0, 0);
-    int fd = open(dm->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    close_range(3, ~0u, 0);
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
+    harness_exec(argv, dm->log);
   }
   return pid;
 }
