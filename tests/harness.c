@@ -416,6 +416,38 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
   return sum;
 }
 
+/* --- what libgpumem's connection hook saw --- */
+
+/* Record a connection event and wake the waiter. */
+void conn_events_hook(gpumem_client *c, int event, int code, const char *words, size_t count,
+                      void *user) {
+  (void)c;
+  struct conn_events *e = user;
+  pthread_mutex_lock(&e->mu);
+  if (event == GPUMEM_CONN_LOST && e->lost++ == 0)
+    snprintf(e->first_loss, sizeof e->first_loss, "%s", words);
+  if (event == GPUMEM_CONN_RESTORED) e->restored++;
+  e->code = code;
+  e->count = count;
+  snprintf(e->words, sizeof e->words, "%s", words);
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Wait up to 20 s for that many losses and restorations. */
+bool conn_events_wait(struct conn_events *e, int lost, int restored) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 20;
+  pthread_mutex_lock(&e->mu);
+  while ((e->lost < lost || e->restored < restored) &&
+         pthread_cond_timedwait(&e->cv, &e->mu, &until) == 0)
+    continue;
+  bool ok = e->lost >= lost && e->restored >= restored;
+  pthread_mutex_unlock(&e->mu);
+  return ok;
+}
+
 /* --- the raw protocol peer --- */
 
 /* An envelope with an id and the kind of its body. */

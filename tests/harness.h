@@ -147,6 +147,37 @@ ssize_t raw_sendmsg(int sock, const void *bytes, size_t len, const int *fds, siz
 int daemon_log_count(const struct daemon *d, const char *text);
 
 
+/* --- what libgpumem's connection hook saw --- */
+
+#include <pthread.h>
+
+#include "gpumem.h"
+
+/* What a connection hook saw: gpumem_set_connection_hook(c,
+ * conn_events_hook, &e) with e = CONN_EVENTS_INIT. Read the fields under
+ * mu, or once the events a test waits for have all come. */
+struct conn_events {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int lost, restored; /* events of each kind */
+  int code;           /* the last event's code, */
+  size_t count;       /* count */
+  char words[512];    /* and words */
+  char first_loss[512]; /* the words of the first loss */
+};
+
+#define CONN_EVENTS_INIT {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER}
+
+/* The hook (a gpumem_conn_hook): records the event in user, a struct
+ * conn_events, and wakes its waiter. */
+void conn_events_hook(gpumem_client *c, int event, int code, const char *words, size_t count,
+                      void *user);
+
+/* Wait (up to 20 s) until e saw at least lost losses and restored
+ * restorations; false if they did not come. */
+bool conn_events_wait(struct conn_events *e, int lost, int restored);
+
+
 /* --- a raw protocol peer, to drive the daemon exactly as a test needs --- */
 
 #include "common/frame.h"

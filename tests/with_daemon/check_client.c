@@ -445,36 +445,6 @@ START_TEST(test_event_acks_name_what_failed) {
 }
 END_TEST
 
-/* What the connection hook saw. */
-struct conn_log {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int lost, restored, code;
-  size_t count;
-  char words[512];
-};
-
-static void on_conn(gpumem_client *c, int event, int code, const char *words, size_t count,
-                    void *user) {
-  (void)c;
-  struct conn_log *l = user;
-  pthread_mutex_lock(&l->mu);
-  if (event == GPUMEM_CONN_LOST) l->lost++;
-  if (event == GPUMEM_CONN_RESTORED) l->restored++;
-  l->code = code;
-  l->count = count;
-  snprintf(l->words, sizeof l->words, "%s", words);
-  pthread_cond_broadcast(&l->cv);
-  pthread_mutex_unlock(&l->mu);
-}
-
-/* Wait until the hook saw lost and restored events. */
-static void conn_wait(struct conn_log *l, int lost, int restored) {
-  pthread_mutex_lock(&l->mu);
-  while (l->lost < lost || l->restored < restored) pthread_cond_wait(&l->cv, &l->mu);
-  pthread_mutex_unlock(&l->mu);
-}
-
 /* Script: an error outside any request, then the connection ends and the
  * socket stays silent (no daemon comes back). */
 static void run_error0(struct script *s) {
@@ -490,13 +460,13 @@ static void run_error0(struct script *s) {
  * library tries to reconnect. */
 START_TEST(test_error_outside_request_is_reported) {
   struct script s;
-  struct conn_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  struct conn_events l = CONN_EVENTS_INIT;
   script_start(&s, run_error0);
   gpumem_client *c;
   ck_assert_int_eq(gpumem_connect(s.f.l.path, "err0", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  gpumem_set_connection_hook(c, on_conn, &l);
+  gpumem_set_connection_hook(c, conn_events_hook, &l);
   release(&s, 1);
-  conn_wait(&l, 1, 0);
+  ck_assert(conn_events_wait(&l, 1, 0));
   ck_assert_int_eq(l.code, GPUMEM_E_DISCONNECTED);
   ck_assert_msg(strstr(l.words, "LIMIT_EXCEEDED: too many buffers for uid 0"), "%s", l.words);
   gpumem_buffer *b;
@@ -794,22 +764,22 @@ static void run_restart(struct script *s) {
  * with its memory), takes the new ids, and answers events by them. */
 START_TEST(test_restart_re_registers_buffers) {
   struct script s;
-  struct conn_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  struct conn_events l = CONN_EVENTS_INIT;
   script_start(&s, run_restart);
   gpumem_client *c;
   ck_assert_int_eq(gpumem_connect(s.f.l.path, "restart", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  gpumem_set_connection_hook(c, on_conn, &l);
+  gpumem_set_connection_hook(c, conn_events_hook, &l);
   gpumem_buffer *a, *p;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &a), 0);
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, GPUMEM_ALLOW_PAUSED, &p), 0);
   memset(gpumem_buffer_ptr(a), 0xab, 2 * MIB);
   await(&s, 1);
   release(&s, 2);
-  conn_wait(&l, 1, 0);
+  ck_assert(conn_events_wait(&l, 1, 0));
   ck_assert_int_eq(l.code, GPUMEM_E_SHUTTING_DOWN);
   ck_assert_msg(strstr(l.words, "SHUTTING_DOWN: gpumemd is stopping; reconnecting"), "%s",
                 l.words);
-  conn_wait(&l, 1, 1);
+  ck_assert(conn_events_wait(&l, 1, 1));
   ck_assert_msg(l.code == 0, "%s", l.words);
   ck_assert_int_eq(l.count, 2);
   await(&s, 3);
@@ -1396,27 +1366,6 @@ static void run_deaf(struct script *s) {
   }
 }
 
-/* Connection events for a hook: losses counted, the waiter woken. */
-struct losses {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int lost;
-  char words[400];
-};
-
-/* Count a lost connection. */
-static void on_loss(gpumem_client *c, int event, int code, const char *words, size_t count,
-                    void *user) {
-  (void)c;
-  (void)code;
-  (void)count;
-  struct losses *l = user;
-  pthread_mutex_lock(&l->mu);
-  if (event == GPUMEM_CONN_LOST && l->lost++ == 0) snprintf(l->words, sizeof l->words, "%s", words);
-  pthread_cond_broadcast(&l->cv);
-  pthread_mutex_unlock(&l->mu);
-}
-
 /* A daemon that reads nothing: requests fail with GPUMEM_E_TIMEOUT within
  * the request timeout even once the socket is full (they are then not
  * sent at all), and an ack that cannot be sent for that long drops the
@@ -1426,8 +1375,8 @@ START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
   script_start(&s, run_deaf);
   gpumem_client *c;
   ck_assert_int_eq(gpumem_connect(s.f.l.path, "deaf", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  struct losses l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-  gpumem_set_connection_hook(c, on_loss, &l);
+  struct conn_events l = CONN_EVENTS_INIT;
+  gpumem_set_connection_hook(c, conn_events_hook, &l);
   await(&s, 1);
   int small = 4096;
   ck_assert_int_eq(setsockopt(gpumem_fd(c), SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
@@ -1457,17 +1406,14 @@ START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
   ck_assert_msg(now_ms() - t0 < 2000, "alloc took %.0f ms", now_ms() - t0);
   /* The ack of an Unmap cannot be sent: the connection is dropped. */
   release(&s, 2);
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 20;
+  conn_events_wait(&l, 1, 0);
   pthread_mutex_lock(&l.mu);
-  while (l.lost < 1 && pthread_cond_timedwait(&l.cv, &l.mu, &until) == 0) continue;
   int lost = l.lost;
   pthread_mutex_unlock(&l.mu);
   ck_assert_int_eq(lost, 1);
-  ck_assert_msg(strstr(l.words, "gpumemd closed the connection") ||
-                    strstr(l.words, "read nothing"),
-                "%s", l.words);
+  ck_assert_msg(strstr(l.first_loss, "gpumemd closed the connection") ||
+                    strstr(l.first_loss, "read nothing"),
+                "%s", l.first_loss);
   release(&s, 4);
   gpumem_disconnect(c);
   script_end(&s);

@@ -286,50 +286,13 @@ START_TEST(slab_shrinks_to_fit_a_full_device) {
 }
 END_TEST
 
-/* Connection events seen by a hook: how many losses and restorations. */
-struct conn_events {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int lost, restored;
-  size_t count; /* buffers re-registered at the last restoration */
-};
-
-/* Count a connection event and wake the waiter. */
-static void on_conn(gpumem_client *c, int event, int code, const char *words, size_t count,
-                    void *user) {
-  (void)c;
-  (void)code;
-  (void)words;
-  struct conn_events *e = user;
-  pthread_mutex_lock(&e->mu);
-  if (event == GPUMEM_CONN_LOST) e->lost++;
-  if (event == GPUMEM_CONN_RESTORED) {
-    e->restored++;
-    e->count = count;
-  }
-  pthread_cond_broadcast(&e->cv);
-  pthread_mutex_unlock(&e->mu);
-}
-
-/* Wait up to 20 s until *n reaches 1. */
-static bool await_event(struct conn_events *e, int *n) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 20;
-  pthread_mutex_lock(&e->mu);
-  while (*n < 1 && pthread_cond_timedwait(&e->cv, &e->mu, &until) == 0) continue;
-  bool ok = *n >= 1;
-  pthread_mutex_unlock(&e->mu);
-  return ok;
-}
-
 /* While the daemon is away, a free that empties a slab keeps the slab
  * (the daemon cannot take it); the new daemon adopts every slab, the
  * allocations stay usable, and trim then gives the empty ones back. */
 START_TEST(slabs_survive_a_daemon_restart) {
   gpumem_client *w = fresh_worker();
-  struct conn_events e = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-  gpumem_set_connection_hook(w, on_conn, &e);
+  struct conn_events e = CONN_EVENTS_INIT;
+  gpumem_set_connection_hook(w, conn_events_hook, &e);
   void *p[3];
   for (int k = 0; k < 3; k++) {
     ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &p[k]), 0);
@@ -338,7 +301,7 @@ START_TEST(slabs_survive_a_daemon_restart) {
   ck_assert_int_eq(gpumem_free_ptr(w, p[0]), 0); /* the 64 MiB slab: empty, kept */
   kill(d.pid, SIGKILL);
   waitpid(d.pid, NULL, 0);
-  ck_assert(await_event(&e, &e.lost));
+  ck_assert(conn_events_wait(&e, 1, 0));
   /* Empties the 128 MiB slab: the smaller empty one would go back, but
    * there is no daemon to take it. */
   ck_assert_int_eq(gpumem_free_ptr(w, p[1]), 0);
@@ -352,7 +315,7 @@ START_TEST(slabs_survive_a_daemon_restart) {
   ck_assert_uint_eq(stats(w).daemon_allocs, 2);
   fill(p[0], 9, 40 * MiB);
   d.pid = daemon_spawn(d.socket, d.log, NULL);
-  ck_assert(await_event(&e, &e.restored));
+  ck_assert(conn_events_wait(&e, 0, 1));
   ck_assert_uint_eq(e.count, 2);
   ck_assert(holds(p[0], 9, 40 * MiB));
   pid_t dp = d.pid;
@@ -685,18 +648,18 @@ END_TEST
  * already in them; pools the new daemon took serve as before. */
 START_TEST(slabs_a_restarted_daemon_did_not_take_serve_nothing) {
   gpumem_client *w = fresh_worker();
-  struct conn_events e = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-  gpumem_set_connection_hook(w, on_conn, &e);
+  struct conn_events e = CONN_EVENTS_INIT;
+  gpumem_set_connection_hook(w, conn_events_hook, &e);
   void *p0, *p1, *q;
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &p0), 0);
   ck_assert_int_eq(gpumem_malloc(w, "kv", 1, MiB, 0, &p1), 0);
   fill(p1, 1, MiB);
   kill(d.pid, SIGKILL);
   waitpid(d.pid, NULL, 0);
-  ck_assert(await_event(&e, &e.lost));
+  ck_assert(conn_events_wait(&e, 1, 0));
   const char *one_device[] = {"--host-devices", "1", NULL};
   d.pid = daemon_spawn(d.socket, d.log, one_device);
-  ck_assert(await_event(&e, &e.restored));
+  ck_assert(conn_events_wait(&e, 0, 1));
   ck_assert_uint_eq(e.count, 1);
   ck_assert_int_ne(gpumem_malloc(w, "kv", 1, MiB, 0, &q), 0);
   ck_assert_int_ne(gpumem_malloc(w, "kv", 1, MiB, GPUMEM_ALLOW_PAUSED, &q), 0);
