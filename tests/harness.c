@@ -250,16 +250,32 @@ bool daemon_wait_ready(struct daemon *d) {
   return false;
 }
 
+/* Start gpumemd through start in a fresh directory and wait until it
+ * answers; false if start could not start it. */
+bool daemon_startv(struct daemon *d, const char *name, daemon_spawner *start, va_list ap) {
+  daemon_paths(d, name);
+  const char *extra[24];
+  harness_collect_args(extra, 24, ap);
+  d->pid = start(d, extra);
+  if (d->pid < 0) {
+    d->pid = 0;
+    return false;
+  }
+  ck_assert_msg(daemon_wait_ready(d), "gpumemd did not start; see %s", d->log);
+  return true;
+}
+
+/* Spawn gpumemd plainly on d's socket and log. */
+static pid_t spawn_plain(const struct daemon *d, const char *const *extra) {
+  return daemon_spawn(d->socket, d->log, extra);
+}
+
 /* Start gpumemd and wait until it answers. */
 void daemon_start(struct daemon *d, ...) {
-  daemon_paths(d, "gpumemd-test");
-  const char *extra[24];
   va_list ap;
   va_start(ap, d);
-  harness_collect_args(extra, 24, ap);
+  daemon_startv(d, "gpumemd-test", spawn_plain, ap);
   va_end(ap);
-  d->pid = daemon_spawn(d->socket, d->log, extra);
-  ck_assert_msg(daemon_wait_ready(d), "gpumemd did not start; see %s", d->log);
 }
 
 /* Stop the daemon with SIGTERM. */

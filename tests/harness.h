@@ -90,6 +90,15 @@ bool daemon_wait_ready(struct daemon *d);
  * file out and no other fd inherited; exits 127 if exec fails. */
 _Noreturn void harness_exec(const char *const *argv, const char *out);
 
+/* What starts a test daemon's process on d's socket and log with extra
+ * arguments (NULL-terminated): its pid, or -1 (errno set) where it cannot. */
+typedef pid_t daemon_spawner(const struct daemon *d, const char *const *extra);
+
+/* Start gpumemd as daemon_start does, in a fresh directory
+ * /tmp/<name>.XXXXXX, but through start and with the arguments in ap:
+ * false (d->pid 0, errno from start) if start could not start it. */
+bool daemon_startv(struct daemon *d, const char *name, daemon_spawner *start, va_list ap);
+
 /* Start gpumemd on an existing socket path; returns its pid (no wait). */
 pid_t daemon_spawn(const char *socket, const char *log, const char *const *argv_extra);
 

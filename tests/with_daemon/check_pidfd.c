@@ -53,21 +53,15 @@ static pid_t spawn_in_pidns(const struct daemon *dm, const char *const *extra) {
 /* Start gpumemd in a pid namespace of its own and wait until it answers;
  * false (nothing started) where namespaces may not be made. */
 static bool daemon_start_pidns(struct daemon *dm, ...) {
-  daemon_paths(dm, "gpumemd-pidfd");
-  const char *extra[24];
   va_list ap;
   va_start(ap, dm);
-  harness_collect_args(extra, 24, ap);
+  bool started = daemon_startv(dm, "gpumemd-pidfd", spawn_in_pidns, ap);
   va_end(ap);
-  dm->pid = spawn_in_pidns(dm, extra);
-  if (dm->pid < 0) {
+  if (!started) {
     fprintf(stderr, "pid namespaces unavailable (%s): case skipped\n", strerror(errno));
-    dm->pid = 0;
     daemon_stop(dm);
-    return false;
   }
-  ck_assert_msg(daemon_wait_ready(dm), "gpumemd did not start; see %s", dm->log);
-  return true;
+  return started;
 }
 
 /* True while the daemon runs (not exited, not killed). */
