@@ -915,6 +915,14 @@ wire_env *peer_list(struct peer *c) {
   return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
 }
 
+/* The number of buffers a list names. */
+size_t peer_list_count(struct peer *c) {
+  wire_env *l = peer_list(c);
+  size_t n = l->list_reply->n_buffers;
+  wire_env_free(l);
+  return n;
+}
+
 /* A tag in a status; the test fails if there is none. */
 const Gpumem__Wire__TagInfo *peer_tag(const wire_env *st, const char *name) {
   for (size_t i = 0; i < st->status_reply->n_tags; i++)

@@ -399,6 +399,9 @@ wire_env *peer_status(struct peer *c);
 /* A list as the daemon sends it. */
 wire_env *peer_list(struct peer *c);
 
+/* The number of buffers a list (peer_list) names. */
+size_t peer_list_count(struct peer *c);
+
 /* A tag in a status (the test fails if there is none). */
 const Gpumem__Wire__TagInfo *peer_tag(const wire_env *st, const char *name);
 

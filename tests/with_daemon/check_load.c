@@ -816,9 +816,7 @@ static void holdings_read(struct peer *c, struct holdings *h) {
   h->fds_parked = s->fds_parked;
   h->queued_bytes = s->queued_bytes;
   wire_env_free(st);
-  wire_env *l = peer_list(c);
-  h->buffers = l->list_reply->n_buffers;
-  wire_env_free(l);
+  h->buffers = peer_list_count(c);
   h->fds = daemon_fds();
   h->memfds = daemon_memfds();
   h->memfd_bytes = memfd_bytes(&d.pid, 1);

@@ -83,6 +83,15 @@ static void spawn_journal(bool wrong, const char *const *extra) {
   d.pid = daemon_spawn(d.socket, d.log, extra);
 }
 
+/* Run the daemon once under a journal stream (another file's when
+ * wrong) until it answers, stop it (it must exit 0); its log's text. */
+static const char *journal_run_log(bool wrong) {
+  spawn_journal(wrong, NULL);
+  wait_ready();
+  ck_assert_int_eq(stop(), 0);
+  return log_text();
+}
+
 /* Whether every line of text matches the extended regex re; at least one
  * line must be there. */
 static bool every_line_matches(const char *text, const char *re) {
@@ -104,10 +113,7 @@ static bool every_line_matches(const char *text, const char *re) {
 
 /* Under journald: "<6>" info, "<7>" debug, no time, no level word. */
 START_TEST(journal_lines_carry_syslog_priorities) {
-  spawn_journal(false, NULL);
-  wait_ready();
-  ck_assert_int_eq(stop(), 0);
-  const char *buf = log_text();
+  const char *buf = journal_run_log(false);
   ck_assert_msg(every_line_matches(buf, "^<[3467]>[^<]"), "%s", buf);
   ck_assert_msg(strstr(buf, "<6>") && strstr(buf, "<7>"), "%s", buf);
   ck_assert_msg(!strstr(buf, "gpumemd[") && !strstr(buf, "[info]"), "%s", buf);
@@ -129,10 +135,7 @@ END_TEST
 /* A JOURNAL_STREAM that names another file (stderr redirected after
  * systemd started the shell) leaves the lines as they always were. */
 START_TEST(journal_stream_of_another_file_is_ignored) {
-  spawn_journal(true, NULL);
-  wait_ready();
-  ck_assert_int_eq(stop(), 0);
-  const char *buf = log_text();
+  const char *buf = journal_run_log(true);
   ck_assert_msg(every_line_matches(buf, "^gpumemd\\[(error|warn|info|debug)\\]: "), "%s", buf);
 }
 END_TEST
