@@ -435,7 +435,7 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
 /* --- what libgpumem's connection hook saw --- */
 
 /* Record a connection event and wake the waiter. */
-void conn_events_hook(gpumem_client *c, int event, int code, const char *words, size_t count,
+static void conn_events_hook(gpumem_client *c, int event, int code, const char *words, size_t count,
                       void *user) {
   (void)c;
   struct conn_events *e = user;
@@ -448,6 +448,12 @@ void conn_events_hook(gpumem_client *c, int event, int code, const char *words, 
   snprintf(e->words, sizeof e->words, "%s", words);
   pthread_cond_broadcast(&e->cv);
   pthread_mutex_unlock(&e->mu);
+}
+
+/* Record c's connection events in e. */
+void conn_events_watch(struct conn_events *e, gpumem_client *c) {
+  *e = (struct conn_events){.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  gpumem_set_connection_hook(c, conn_events_hook, e);
 }
 
 /* Wait up to 20 s for that many losses and restorations. */

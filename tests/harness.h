@@ -162,8 +162,7 @@ int daemon_log_count(const struct daemon *d, const char *text);
 
 #include "gpumem.h"
 
-/* What a connection hook saw: gpumem_set_connection_hook(c,
- * conn_events_hook, &e) with e = CONN_EVENTS_INIT. Read the fields under
+/* What a connection hook saw (conn_events_watch). Read the fields under
  * mu, or once the events a test waits for have all come. */
 struct conn_events {
   pthread_mutex_t mu;
@@ -175,12 +174,8 @@ struct conn_events {
   char first_loss[512]; /* the words of the first loss */
 };
 
-#define CONN_EVENTS_INIT {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER}
-
-/* The hook (a gpumem_conn_hook): records the event in user, a struct
- * conn_events, and wakes its waiter. */
-void conn_events_hook(gpumem_client *c, int event, int code, const char *words, size_t count,
-                      void *user);
+/* Record c's connection events in e from now on (e starts empty). */
+void conn_events_watch(struct conn_events *e, gpumem_client *c);
 
 /* Wait (up to 20 s) until e saw at least lost losses and restored
  * restorations; false if they did not come. */

@@ -460,11 +460,11 @@ static void run_error0(struct script *s) {
  * library tries to reconnect. */
 START_TEST(test_error_outside_request_is_reported) {
   struct script s;
-  struct conn_events l = CONN_EVENTS_INIT;
+  struct conn_events l;
   script_start(&s, run_error0);
   gpumem_client *c;
   ck_assert_int_eq(gpumem_connect(s.f.l.path, "err0", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  gpumem_set_connection_hook(c, conn_events_hook, &l);
+  conn_events_watch(&l, c);
   release(&s, 1);
   ck_assert(conn_events_wait(&l, 1, 0));
   ck_assert_int_eq(l.code, GPUMEM_E_DISCONNECTED);
@@ -764,11 +764,11 @@ static void run_restart(struct script *s) {
  * with its memory), takes the new ids, and answers events by them. */
 START_TEST(test_restart_re_registers_buffers) {
   struct script s;
-  struct conn_events l = CONN_EVENTS_INIT;
+  struct conn_events l;
   script_start(&s, run_restart);
   gpumem_client *c;
   ck_assert_int_eq(gpumem_connect(s.f.l.path, "restart", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  gpumem_set_connection_hook(c, conn_events_hook, &l);
+  conn_events_watch(&l, c);
   gpumem_buffer *a, *p;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &a), 0);
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, GPUMEM_ALLOW_PAUSED, &p), 0);
@@ -1375,8 +1375,8 @@ START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
   script_start(&s, run_deaf);
   gpumem_client *c;
   ck_assert_int_eq(gpumem_connect(s.f.l.path, "deaf", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  struct conn_events l = CONN_EVENTS_INIT;
-  gpumem_set_connection_hook(c, conn_events_hook, &l);
+  struct conn_events l;
+  conn_events_watch(&l, c);
   await(&s, 1);
   int small = 4096;
   ck_assert_int_eq(setsockopt(gpumem_fd(c), SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);

@@ -291,8 +291,8 @@ END_TEST
  * allocations stay usable, and trim then gives the empty ones back. */
 START_TEST(slabs_survive_a_daemon_restart) {
   gpumem_client *w = fresh_worker();
-  struct conn_events e = CONN_EVENTS_INIT;
-  gpumem_set_connection_hook(w, conn_events_hook, &e);
+  struct conn_events e;
+  conn_events_watch(&e, w);
   void *p[3];
   for (int k = 0; k < 3; k++) {
     ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &p[k]), 0);
@@ -648,8 +648,8 @@ END_TEST
  * already in them; pools the new daemon took serve as before. */
 START_TEST(slabs_a_restarted_daemon_did_not_take_serve_nothing) {
   gpumem_client *w = fresh_worker();
-  struct conn_events e = CONN_EVENTS_INIT;
-  gpumem_set_connection_hook(w, conn_events_hook, &e);
+  struct conn_events e;
+  conn_events_watch(&e, w);
   void *p0, *p1, *q;
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &p0), 0);
   ck_assert_int_eq(gpumem_malloc(w, "kv", 1, MiB, 0, &p1), 0);
