@@ -351,6 +351,27 @@ static void fake_start(struct fake *f, wire_env *op, wire_env *status) {
   fake_start_as(f, (uid_t)-1, op, status);
 }
 
+/* Start the scripted daemon (as uid; (uid_t)-1: as this process)
+ * answering every pause and resume with error, or with reply if error is
+ * NULL. */
+static void fake_answering(uid_t uid, Gpumem__Wire__Error *error, Gpumem__Wire__OpReply *reply) {
+  wire_env op = peer_env(0, error ? GPUMEM__WIRE__ENVELOPE__BODY_ERROR
+                                  : GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
+  if (error)
+    op.error = error;
+  else
+    op.op_reply = reply;
+  fake_start_as(&fk, uid, &op, NULL);
+}
+
+/* An Error with a code and words. */
+static Gpumem__Wire__Error error_of(wire_code code, const char *message) {
+  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
+  e.code = code;
+  e.message = (char *)message;
+  return e;
+}
+
 /* Canned answers: a device check with a shortfall and residual. */
 static Gpumem__Wire__DeviceCheck check0 = GPUMEM__WIRE__DEVICE_CHECK__INIT;
 static Gpumem__Wire__DeviceCheck *checks[] = {&check0};
@@ -366,24 +387,30 @@ static void canned_check(void) {
   check0.residual_known = true;
 }
 
+/* A failure that names the pids that hold buffers (one each) and bytes,
+ * with the canned device check. */
+static Gpumem__Wire__Error held_error(wire_code code, const char *message, uint32_t *pids,
+                                      size_t npids, uint64_t bytes) {
+  canned_check();
+  Gpumem__Wire__Error e = error_of(code, message);
+  e.pids = pids;
+  e.n_pids = npids;
+  e.buffers_held = npids;
+  e.bytes_held = bytes;
+  e.checks = checks;
+  e.n_checks = 1;
+  return e;
+}
+
 /* A pause that could not release everything: exit status 1, and stderr
  * gives the code, the daemon's words, the pids and bytes still held, and
  * what the driver shows; the request carried --max-residual. */
 START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
-  canned_check();
   uint32_t pids[] = {4121, 4122};
-  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
-  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED;
-  e.message = "2 buffers of tag kv were not released";
-  e.pids = pids;
-  e.n_pids = 2;
-  e.buffers_held = 2;
-  e.bytes_held = 8 * GiB;
-  e.checks = checks;
-  e.n_checks = 1;
-  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
-  op.error = &e;
-  fake_start(&fk, &op, NULL);
+  Gpumem__Wire__Error e =
+      held_error(GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "2 buffers of tag kv were not released",
+                 pids, 2, 8 * GiB);
+  fake_answering((uid_t)-1, &e, NULL);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --max-residual 1G --timeout 500ms kv"), 1);
   ck_assert_msg(strstr(err_buf, "pause failed: NOT_RELEASED: 2 buffers of tag kv were not released"),
                 "%s", err_buf);
@@ -418,21 +445,11 @@ END_TEST
  * every pid, the bytes held and the checks (and the old summary still
  * gets the pids). */
 START_TEST(the_library_reports_failures_whole) {
-  canned_check();
   uint32_t pids[70];
   for (unsigned i = 0; i < 70; i++) pids[i] = 1000 + i;
-  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
-  e.code = GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT;
-  e.message = "70 workers did not answer";
-  e.pids = pids;
-  e.n_pids = 70;
-  e.buffers_held = 70;
-  e.bytes_held = 70 * MiB;
-  e.checks = checks;
-  e.n_checks = 1;
-  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
-  op.error = &e;
-  fake_start(&fk, &op, NULL);
+  Gpumem__Wire__Error e = held_error(GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
+                                     "70 workers did not answer", pids, 70, 70 * MiB);
+  fake_answering((uid_t)-1, &e, NULL);
   gpumem_client *c;
   ck_assert_int_eq(gpumem_connect(fk.socket, "t", GPUMEM_ROLE_CONTROLLER,
                                   GPUMEM_CONNECT_NO_THREAD, &c), 0);
@@ -475,9 +492,7 @@ END_TEST
 START_TEST(pause_and_resume_select_sessions) {
   Gpumem__Wire__OpReply ok = GPUMEM__WIRE__OP_REPLY__INIT;
   ok.buffers = 1;
-  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
-  op.op_reply = &ok;
-  fake_start(&fk, &op, NULL);
+  fake_answering((uid_t)-1, NULL, &ok);
   static const char *const usage[] = {
       "pause", "resume", "pause --all kv", "status --all", "status --pid 5",
       "list --session-prefix x", "pause --pid 0 kv", "pause --pid x kv", "pause --pid -3 kv",
@@ -719,12 +734,8 @@ END_TEST
 /* --timeout takes the daemon's duration syntax (500ms, 10s, 2m; a plain
  * number is seconds) and rejects anything else as a usage error. */
 START_TEST(timeout_takes_durations) {
-  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
-  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_FOUND;
-  e.message = "no tag";
-  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
-  op.error = &e;
-  fake_start(&fk, &op, NULL);
+  Gpumem__Wire__Error e = error_of(GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag");
+  fake_answering((uid_t)-1, &e, NULL);
   static const struct {
     const char *arg;
     const char *ms;
@@ -988,12 +999,9 @@ END_TEST
  * escape sequence in them cannot forge a line or rewrite the terminal; in
  * JSON they stay as sent, as one valid string. */
 START_TEST(daemon_words_cannot_forge_lines) {
-  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
-  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED;
-  e.message = "worker 7: done\ngpumemctl: paused 7 buffers, 64.0 GiB\x1b[2K";
-  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
-  op.error = &e;
-  fake_start(&fk, &op, NULL);
+  Gpumem__Wire__Error e = error_of(GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+                                   "worker 7: done\ngpumemctl: paused 7 buffers, 64.0 GiB\x1b[2K");
+  fake_answering((uid_t)-1, &e, NULL);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause kv"), 1);
   ck_assert_msg(!strstr(err_buf, "\ngpumemctl: paused") && !strchr(err_buf, '\x1b'), "%s",
                 err_buf);
@@ -1017,9 +1025,7 @@ START_TEST(a_daemon_another_user_runs_is_not_trusted) {
   Gpumem__Wire__OpReply ok = GPUMEM__WIRE__OP_REPLY__INIT;
   ok.buffers = 7;
   ok.bytes = 64 * GiB;
-  wire_env op = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
-  op.op_reply = &ok;
-  fake_start_as(&fk, 65534, &op, NULL);
+  fake_answering(65534, NULL, &ok);
   char asked[512], want[512];
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause kv"), 1);
   snprintf(want, sizeof want, "gpumemctl: the socket %s is owned by uid 65534 (nobody), "

@@ -42,6 +42,13 @@ static gpumem_client *fresh_worker(void) {
   return client(GPUMEM_ROLE_WORKER);
 }
 
+/* fresh_worker, its connection events recorded in e. */
+static gpumem_client *fresh_watched_worker(struct conn_events *e) {
+  gpumem_client *w = fresh_worker();
+  conn_events_watch(e, w);
+  return w;
+}
+
 /* Free each of n allocations (each free must succeed). */
 static void free_each(gpumem_client *w, void *const *p, size_t n) {
   for (size_t k = 0; k < n; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
@@ -290,9 +297,8 @@ END_TEST
  * (the daemon cannot take it); the new daemon adopts every slab, the
  * allocations stay usable, and trim then gives the empty ones back. */
 START_TEST(slabs_survive_a_daemon_restart) {
-  gpumem_client *w = fresh_worker();
   struct conn_events e;
-  conn_events_watch(&e, w);
+  gpumem_client *w = fresh_watched_worker(&e);
   void *p[3];
   for (int k = 0; k < 3; k++) {
     ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &p[k]), 0);
@@ -647,9 +653,8 @@ END_TEST
  * pause could not release them. They stay mapped for the allocations
  * already in them; pools the new daemon took serve as before. */
 START_TEST(slabs_a_restarted_daemon_did_not_take_serve_nothing) {
-  gpumem_client *w = fresh_worker();
   struct conn_events e;
-  conn_events_watch(&e, w);
+  gpumem_client *w = fresh_watched_worker(&e);
   void *p0, *p1, *q;
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &p0), 0);
   ck_assert_int_eq(gpumem_malloc(w, "kv", 1, MiB, 0, &p1), 0);
