@@ -364,6 +364,26 @@ static void fake_answering(uid_t uid, Gpumem__Wire__Error *error, Gpumem__Wire__
   fake_start_as(&fk, uid, &op, NULL);
 }
 
+/* Start the scripted daemon answering status requests with sr, of the
+ * host backend on 2 MiB granules. */
+static void fake_status(Gpumem__Wire__StatusReply *sr) {
+  sr->backend = "host";
+  sr->granularity = 2 * MiB;
+  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
+  st.status_reply = sr;
+  fake_start(&fk, NULL, &st);
+}
+
+/* A worker's session in a status. */
+static Gpumem__Wire__SessionInfo worker_session(uint64_t id, uint32_t pid, const char *name) {
+  Gpumem__Wire__SessionInfo s = GPUMEM__WIRE__SESSION_INFO__INIT;
+  s.id = id;
+  s.pid = pid;
+  s.name = (char *)name;
+  s.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  return s;
+}
+
 /* An Error with a code and words. */
 static Gpumem__Wire__Error error_of(wire_code code, const char *message) {
   Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
@@ -550,11 +570,7 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   wt.paused_bytes = 1 * GiB;
   wt.mixed = true;
   Gpumem__Wire__TagInfo *tags[] = {&kv, &wt};
-  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
-  s1.id = 7;
-  s1.pid = 4121;
-  s1.name = "sglang-tp3";
-  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  Gpumem__Wire__SessionInfo s1 = worker_session(7, 4121, "sglang-tp3");
   s1.residual = 55942366003ull; /* 52.1 GiB */
   s1.residual_known = true;
   Gpumem__Wire__SessionInfo *sessions[] = {&s1};
@@ -575,8 +591,6 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   p3.used = p3.managed = 1 * GiB;
   p3.name = "quiet";
   Gpumem__Wire__ProcessMemory *procs[] = {&p1, &p2, &p3};
-  sr.backend = "host";
-  sr.granularity = 2 * MiB;
   sr.devices = dvs;
   sr.n_devices = 1;
   sr.tags = tags;
@@ -586,9 +600,7 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   sr.processes = procs;
   sr.n_processes = 3;
   sr.processes_known = true;
-  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
-  st.status_reply = &sr;
-  fake_start(&fk, NULL, &st);
+  fake_status(&sr);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
   /* unmanaged = 80 - 20 free - 1 reserved - 40 managed */
   ck_assert_msg(strstr(out_buf, "3         80.0 GiB    20.0 GiB    1.00 GiB    40.0 GiB    19.0 GiB"),
@@ -631,19 +643,11 @@ END_TEST
  * of naming nobody, and residuals read "unknown". */
 START_TEST(status_says_when_the_driver_gives_no_per_process_figures) {
   Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
-  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
-  s1.id = 1;
-  s1.pid = 10;
-  s1.name = "w";
-  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  Gpumem__Wire__SessionInfo s1 = worker_session(1, 10, "w");
   Gpumem__Wire__SessionInfo *sessions[] = {&s1};
-  sr.backend = "host";
-  sr.granularity = 2 * MiB;
   sr.sessions = sessions;
   sr.n_sessions = 1;
-  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
-  st.status_reply = &sr;
-  fake_start(&fk, NULL, &st);
+  fake_status(&sr);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
   ck_assert_msg(strstr(out_buf, "the driver gives no per-process figures"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "unknown"), "%s", out_buf);
@@ -763,27 +767,19 @@ END_TEST
  * escape them as \xNN, JSON stays valid, metrics stay one line each. */
 START_TEST(names_are_escaped_whatever_bytes_they_hold) {
   Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
-  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
-  s1.id = 1;
-  s1.pid = 10;
-  s1.name = "r0\x1b[2J\n\xff";
-  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  Gpumem__Wire__SessionInfo s1 = worker_session(1, 10, "r0\x1b[2J\n\xff");
   Gpumem__Wire__SessionInfo *sessions[] = {&s1};
   Gpumem__Wire__TagInfo t1 = GPUMEM__WIRE__TAG_INFO__INIT;
   t1.name = "kv\x07\"\\\xc3";
   t1.transit_buffers = 1;
   t1.mixed = 1;
   Gpumem__Wire__TagInfo *tags[] = {&t1};
-  sr.backend = "host";
   sr.version = "9.9.9\x1b";
-  sr.granularity = 2 * MiB;
   sr.sessions = sessions;
   sr.n_sessions = 1;
   sr.tags = tags;
   sr.n_tags = 1;
-  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
-  st.status_reply = &sr;
-  fake_start(&fk, NULL, &st);
+  fake_status(&sr);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
   for (const char *p = out_buf; *p; p++)
     ck_assert_msg((unsigned char)*p >= 0x20 || *p == '\n', "raw control byte 0x%02x in: %s",
