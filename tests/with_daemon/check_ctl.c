@@ -97,6 +97,15 @@ static int ctl(const char *dir, const char *socket, const char *args) {
   return ctl_as("", dir, socket, args);
 }
 
+/* Run gpumemctl as ctl does: it must exit with status and say text, on
+ * stdout if status is 0, else on stderr. */
+static void ctl_says(const char *dir, const char *socket, const char *args, int status,
+                     const char *text) {
+  ck_assert_int_eq(ctl(dir, socket, args), status);
+  const char *said = status == 0 ? out_buf : err_buf;
+  ck_assert_msg(strstr(said, text), "%s", said);
+}
+
 /* Check the last stdout with a Python expression over `j`, its JSON; the
  * exit status of python3 (0: parsed and true). */
 static int json_check(const char *dir, const char *expr) {
@@ -127,10 +136,8 @@ START_TEST(unknown_tag_is_not_found_and_fails) {
   daemon_start(&d, NULL);
   struct worker w;
   worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv_cahce"), 1);
-  ck_assert_msg(strstr(err_buf, "pause failed: NOT_FOUND"), "%s", err_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv_cahce"), 1);
-  ck_assert_msg(strstr(err_buf, "resume failed: NOT_FOUND"), "%s", err_buf);
+  ctl_says(d.dir, d.socket, "pause kv_cahce", 1, "pause failed: NOT_FOUND");
+  ctl_says(d.dir, d.socket, "resume kv_cahce", 1, "resume failed: NOT_FOUND");
   ck_assert_int_eq(ctl(d.dir, d.socket, "--json pause kv_cahce"), 1);
   ck_assert_int_eq(json_check(d.dir, "j['error']['code']=='NOT_FOUND' and j['buffers']==0"), 0);
   /* The real tag is untouched. */
@@ -146,14 +153,12 @@ START_TEST(pause_and_resume_print_the_driver_checks) {
   daemon_start(&d, NULL);
   struct worker w;
   worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--count", "2", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 0);
-  ck_assert_msg(strstr(out_buf, "paused 2 buffers, 16.0 MiB"), "%s", out_buf);
+  ctl_says(d.dir, d.socket, "pause kv", 0, "paused 2 buffers, 16.0 MiB");
   ck_assert_msg(strstr(out_buf, "device 0: released 16.0 MiB, driver shows 16.0 MiB more free"),
                 "%s", out_buf);
   ck_assert_msg(!strstr(out_buf, "does not show as free"), "%s", out_buf);
   ck_assert(worker_wait_for(&w, "paused buffer", 2, 5000));
-  ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv"), 0);
-  ck_assert_msg(strstr(out_buf, "resumed 2 buffers, 16.0 MiB"), "%s", out_buf);
+  ctl_says(d.dir, d.socket, "resume kv", 0, "resumed 2 buffers, 16.0 MiB");
   ck_assert_msg(strstr(out_buf, "device 0: took 16.0 MiB, driver shows 16.0 MiB less free"),
                 "%s", out_buf);
   ck_assert(worker_wait_for(&w, "resumed buffer", 2, 5000));
@@ -209,12 +214,9 @@ START_TEST(max_residual_is_a_pause_option) {
   daemon_start(&d, NULL);
   struct worker w;
   worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause --max-residual lots kv"), 2);
-  ck_assert_msg(strstr(err_buf, "invalid size"), "%s", err_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "resume --max-residual 1G kv"), 2);
-  ck_assert_msg(strstr(err_buf, "pause only"), "%s", err_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause --max-residual 1T kv"), 0);
-  ck_assert_msg(strstr(out_buf, "paused 1 buffers"), "%s", out_buf);
+  ctl_says(d.dir, d.socket, "pause --max-residual lots kv", 2, "invalid size");
+  ctl_says(d.dir, d.socket, "resume --max-residual 1G kv", 2, "pause only");
+  ctl_says(d.dir, d.socket, "pause --max-residual 1T kv", 0, "paused 1 buffers");
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST
@@ -648,8 +650,7 @@ START_TEST(status_says_when_the_driver_gives_no_per_process_figures) {
   sr.sessions = sessions;
   sr.n_sessions = 1;
   fake_status(&sr);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
-  ck_assert_msg(strstr(out_buf, "the driver gives no per-process figures"), "%s", out_buf);
+  ctl_says(fk.dir, fk.socket, "status", 0, "the driver gives no per-process figures");
   ck_assert_msg(strstr(out_buf, "unknown"), "%s", out_buf);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
   ck_assert_int_eq(json_check(fk.dir, "j['processes_known'] is False and j['processes']==[]"
@@ -823,8 +824,7 @@ START_TEST(controllers_open_no_gpu_backend) {
   st.status_reply = &sr;
   fake_backend = "cuda";
   fake_start(&fk, NULL, &st);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
-  ck_assert_msg(strstr(out_buf, "backend cuda"), "%s", out_buf);
+  ctl_says(fk.dir, fk.socket, "status", 0, "backend cuda");
   const unsigned flags = GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT;
   const unsigned node = flags | GPUMEM_CONNECT_NODE_DEVICES;
   gpumem_client *c = NULL;
@@ -868,10 +868,8 @@ START_TEST(status_shows_the_grace_while_it_runs) {
   ck_assert_msg(strstr(out_buf, " s left; allocations in new tags wait for it (1 waiting)\n") &&
                     strstr(out_buf, "\nre-registration grace: "),
                 "%s", out_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
-  ck_assert_msg(strstr(out_buf, "\ngpumem_grace_waiting 1\n"), "%s", out_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 1);
-  ck_assert_msg(strstr(err_buf, "no tag 'kv' yet: the re-registration grace runs"), "%s", err_buf);
+  ctl_says(d.dir, d.socket, "metrics", 0, "\ngpumem_grace_waiting 1\n");
+  ctl_says(d.dir, d.socket, "pause kv", 1, "no tag 'kv' yet: the re-registration grace runs");
   worker_stop(&w, SIGKILL); /* still waiting in its allocation */
   ck_assert_int_eq(daemon_stop(&d), 0);
   daemon_start(&d, NULL);
@@ -886,8 +884,7 @@ START_TEST(metrics_say_up_and_paused_and_count_workers) {
   daemon_start(&d, NULL);
   struct worker w;
   worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
-  ck_assert_msg(strstr(out_buf, "\ngpumem_up 1\n"), "%s", out_buf);
+  ctl_says(d.dir, d.socket, "metrics", 0, "\ngpumem_up 1\n");
   ck_assert_msg(strstr(out_buf, "\ngpumem_sessions 1\n"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "\ngpumem_tag_paused{tag=\"kv\"} 0\n"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "\ngpumem_tag_bytes{tag=\"kv\"} 4194304\n"), "%s", out_buf);
