@@ -128,6 +128,14 @@ static int json_check(const char *dir, const char *expr) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* Run gpumemctl as ctl does: it must exit with status, and its JSON on
+ * stdout make the Python expression expr true (json_check). */
+static void ctl_json(const char *dir, const char *socket, const char *args, int status,
+                     const char *expr) {
+  ck_assert_int_eq(ctl(dir, socket, args), status);
+  ck_assert_int_eq(json_check(dir, expr), 0);
+}
+
 /* --- against a real daemon and real workers --- */
 
 /* A typo is not a success: an unknown tag is NOT_FOUND, exit status 1,
@@ -138,11 +146,11 @@ START_TEST(unknown_tag_is_not_found_and_fails) {
   worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
   ctl_says(d.dir, d.socket, "pause kv_cahce", 1, "pause failed: NOT_FOUND");
   ctl_says(d.dir, d.socket, "resume kv_cahce", 1, "resume failed: NOT_FOUND");
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json pause kv_cahce"), 1);
-  ck_assert_int_eq(json_check(d.dir, "j['error']['code']=='NOT_FOUND' and j['buffers']==0"), 0);
+  ctl_json(d.dir, d.socket, "--json pause kv_cahce", 1,
+           "j['error']['code']=='NOT_FOUND' and j['buffers']==0");
   /* The real tag is untouched. */
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(d.dir, "[t['state'] for t in j['tags'] if t['name']=='kv']==['ACTIVE']"), 0);
+  ctl_json(d.dir, d.socket, "--json status", 0,
+           "[t['state'] for t in j['tags'] if t['name']=='kv']==['ACTIVE']");
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST
@@ -162,15 +170,13 @@ START_TEST(pause_and_resume_print_the_driver_checks) {
   ck_assert_msg(strstr(out_buf, "device 0: took 16.0 MiB, driver shows 16.0 MiB less free"),
                 "%s", out_buf);
   ck_assert(worker_wait_for(&w, "resumed buffer", 2, 5000));
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json pause kv"), 0);
-  ck_assert_int_eq(json_check(d.dir,
-                              "j['error'] is None and j['buffers']==2 and j['bytes']==16777216"
-                              " and [(c['device'],c['released'],c['shortfall'])"
-                              " for c in j['checks']]==[(0,16777216,0)]"
-                              " and j['checks'][0]['free_after']-j['checks'][0]['free_before']"
-                              "==16777216 and 'residual_known' in j['checks'][0]"
-                              " and sum(x['bytes'] for x in j['details'])==16777216"),
-                   0);
+  ctl_json(d.dir, d.socket, "--json pause kv", 0,
+           "j['error'] is None and j['buffers']==2 and j['bytes']==16777216"
+           " and [(c['device'],c['released'],c['shortfall'])"
+           " for c in j['checks']]==[(0,16777216,0)]"
+           " and j['checks'][0]['free_after']-j['checks'][0]['free_before']"
+           "==16777216 and 'residual_known' in j['checks'][0]"
+           " and sum(x['bytes'] for x in j['details'])==16777216");
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST
@@ -180,25 +186,23 @@ START_TEST(status_json_carries_every_figure) {
   daemon_start(&d, NULL);
   struct worker w;
   worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--name", "rank0", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(d.dir,
-                              "j['backend']=='host' and j['granularity']>0"
-                              " and all(set(x)>={'index','device','node_device','total','free',"
-                              "'managed','unmanaged','reserved','daemon_context','bus_id'}"
-                              " and x['index']==x['node_device']==x['device'] for x in j['devices'])"
-                              " and j['devices'][0]['managed']==8388608"
-                              " and all(set(t)>={'name','state','buffers','bytes','paused_buffers',"
-                              "'paused_bytes','backup_bytes','mixed','transit_buffers',"
-                              "'transit_bytes'} for t in j['tags'])"
-                              " and [(t['state'],t['mixed'],t['transit_buffers']) for t in j['tags']"
-                              " if t['name']=='kv']==[('ACTIVE',False,0)]"
-                              " and all(set(s)>={'id','pid','uid','name','role','buffers','bytes',"
-                              "'residual','residual_known'} for s in j['sessions'])"
-                              " and any(s['name']=='rank0' for s in j['sessions'])"
-                              " and isinstance(j['processes'],list)"
-                              " and isinstance(j['processes_known'],bool)"
-                              " and 'reserved' in j['backups']"),
-                   0);
+  ctl_json(d.dir, d.socket, "--json status", 0,
+           "j['backend']=='host' and j['granularity']>0"
+           " and all(set(x)>={'index','device','node_device','total','free',"
+           "'managed','unmanaged','reserved','daemon_context','bus_id'}"
+           " and x['index']==x['node_device']==x['device'] for x in j['devices'])"
+           " and j['devices'][0]['managed']==8388608"
+           " and all(set(t)>={'name','state','buffers','bytes','paused_buffers',"
+           "'paused_bytes','backup_bytes','mixed','transit_buffers',"
+           "'transit_bytes'} for t in j['tags'])"
+           " and [(t['state'],t['mixed'],t['transit_buffers']) for t in j['tags']"
+           " if t['name']=='kv']==[('ACTIVE',False,0)]"
+           " and all(set(s)>={'id','pid','uid','name','role','buffers','bytes',"
+           "'residual','residual_known'} for s in j['sessions'])"
+           " and any(s['name']=='rank0' for s in j['sessions'])"
+           " and isinstance(j['processes'],list)"
+           " and isinstance(j['processes_known'],bool)"
+           " and 'reserved' in j['backups']");
   /* The words say who holds memory outside gpumemd, or that nobody can tell. */
   ck_assert_int_eq(ctl(d.dir, d.socket, "status"), 0);
   ck_assert_msg(strstr(out_buf, "RESERVED") && strstr(out_buf, "OUTSIDE"), "%s", out_buf);
@@ -450,16 +454,14 @@ START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
   slurp(fk.asked, asked, sizeof asked);
   ck_assert_msg(strstr(asked, "pause max_residual=1 timeout=0 tags=kv\n"), "%s", asked);
   /* The same in JSON, on stdout, for scripts. */
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json pause kv"), 1);
-  ck_assert_int_eq(json_check(fk.dir,
-                              "j['error']=={'code':'NOT_RELEASED','message':'2 buffers of tag kv "
-                              "were not released','pids':[4121,4122],'buffers_held':2,"
-                              "'bytes_held':8589934592,'bytes_needed':0,'bytes_free':0}"
-                              " and j['checks']==[{'device':0,'node_device':0,'released':8589934592,"
-                              "'free_before':10737418240,'free_after':15032385536,"
-                              "'shortfall':4294967296,'residual':1073741824,"
-                              "'residual_known':True}]"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json pause kv", 1,
+           "j['error']=={'code':'NOT_RELEASED','message':'2 buffers of tag kv "
+           "were not released','pids':[4121,4122],'buffers_held':2,"
+           "'bytes_held':8589934592,'bytes_needed':0,'bytes_free':0}"
+           " and j['checks']==[{'device':0,'node_device':0,'released':8589934592,"
+           "'free_before':10737418240,'free_after':15032385536,"
+           "'shortfall':4294967296,'residual':1073741824,"
+           "'residual_known':True}]");
 }
 END_TEST
 
@@ -532,8 +534,7 @@ START_TEST(pause_and_resume_select_sessions) {
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --all --pid 41 --pid 42 --session-prefix rank"),
                    0);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "resume --session-prefix sglang- --device 1 kv"), 0);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json resume --all"), 0);
-  ck_assert_int_eq(json_check(fk.dir, "j['buffers']==1 and j['error'] is None"), 0);
+  ctl_json(fk.dir, fk.socket, "--json resume --all", 0, "j['buffers']==1 and j['error'] is None");
   char asked[512];
   slurp(fk.asked, asked, sizeof asked);
   ck_assert_str_eq(asked, "pause max_residual=0 timeout=0 tags= all pids=41,42 prefix=rank\n"
@@ -620,18 +621,16 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   ck_assert_msg(strstr(out_buf, "weights: mixed, 1 of 2 buffers paused"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "sglang-tp3                 0         0 B    52.1 GiB"), "%s",
                 out_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(fk.dir,
-                              "j['devices'][0]['reserved']==1073741824"
-                              " and j['devices'][0]['unmanaged']==19*1073741824"
-                              " and j['processes_known'] is True and len(j['processes'])==3"
-                              " and j['processes'][1]=={'pid':4121,'device':3,'node_device':3,'used':55942366003,"
-                              "'managed':0,'residual':55942366003,'session_id':7,"
-                              "'name':'sglang-tp3'}"
-                              " and j['tags'][0]['transit_bytes']==8*1073741824"
-                              " and j['tags'][1]['mixed'] is True"
-                              " and j['sessions'][0]['residual']==55942366003"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json status", 0,
+           "j['devices'][0]['reserved']==1073741824"
+           " and j['devices'][0]['unmanaged']==19*1073741824"
+           " and j['processes_known'] is True and len(j['processes'])==3"
+           " and j['processes'][1]=={'pid':4121,'device':3,'node_device':3,'used':55942366003,"
+           "'managed':0,'residual':55942366003,'session_id':7,"
+           "'name':'sglang-tp3'}"
+           " and j['tags'][0]['transit_bytes']==8*1073741824"
+           " and j['tags'][1]['mixed'] is True"
+           " and j['sessions'][0]['residual']==55942366003");
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "metrics"), 0);
   ck_assert_msg(strstr(out_buf, "gpumem_process_residual_bytes{pid=\"4121\",device=\"3\","
                                 "name=\"sglang-tp3\"} 55942366003"),
@@ -652,10 +651,9 @@ START_TEST(status_says_when_the_driver_gives_no_per_process_figures) {
   fake_status(&sr);
   ctl_says(fk.dir, fk.socket, "status", 0, "the driver gives no per-process figures");
   ck_assert_msg(strstr(out_buf, "unknown"), "%s", out_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(fk.dir, "j['processes_known'] is False and j['processes']==[]"
-                                      " and j['sessions'][0]['residual_known'] is False"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json status", 0,
+           "j['processes_known'] is False and j['processes']==[]"
+           " and j['sessions'][0]['residual_known'] is False");
 }
 END_TEST
 
@@ -789,11 +787,10 @@ START_TEST(names_are_escaped_whatever_bytes_they_hold) {
   ck_assert_msg(strstr(out_buf, "r0\\x1b[2J\\x0a\\xff"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "kv\\x07\"\\\\\\xc3"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "gpumemd 9.9.9\\x1b, backend host"), "%s", out_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(fk.dir, "j['sessions'][0]['name'].startswith('r0\\x1b[2J\\n')"
-                                      " and j['tags'][0]['name'].startswith('kv\\x07\"\\\\')"
-                                      " and len(j['tags'][0]['name'])==6"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json status", 0,
+           "j['sessions'][0]['name'].startswith('r0\\x1b[2J\\n')"
+           " and j['tags'][0]['name'].startswith('kv\\x07\"\\\\')"
+           " and len(j['tags'][0]['name'])==6");
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "metrics"), 0);
   for (const char *p = out_buf; *p; p++)
     ck_assert_msg((unsigned char)*p >= 0x20 || *p == '\n', "raw control byte in: %s", out_buf);
@@ -875,8 +872,7 @@ START_TEST(status_shows_the_grace_while_it_runs) {
   daemon_start(&d, NULL);
   ck_assert_int_eq(ctl(d.dir, d.socket, "status"), 0);
   ck_assert_msg(!strstr(out_buf, "grace"), "%s", out_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(d.dir, "j['grace']=={'left_ms':0,'waiting':0}"), 0);
+  ctl_json(d.dir, d.socket, "--json status", 0, "j['grace']=={'left_ms':0,'waiting':0}");
 }
 END_TEST
 
@@ -1001,10 +997,9 @@ START_TEST(daemon_words_cannot_forge_lines) {
   ck_assert_msg(strstr(err_buf, "gpumemctl: pause failed: NOT_RELEASED: worker 7: "
                                 "done\\x0agpumemctl: paused 7 buffers, 64.0 GiB\\x1b[2K\n"),
                 "%s", err_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json pause kv"), 1);
-  ck_assert_int_eq(json_check(fk.dir, "j['error']['message']=='worker 7: done\\ngpumemctl: "
-                                      "paused 7 buffers, 64.0 GiB\\x1b[2K'"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json pause kv", 1,
+           "j['error']['message']=='worker 7: done\\ngpumemctl: "
+           "paused 7 buffers, 64.0 GiB\\x1b[2K'");
 }
 END_TEST
 
@@ -1025,10 +1020,9 @@ START_TEST(a_daemon_another_user_runs_is_not_trusted) {
            "expected root: refusing to trust it", fk.socket);
   ck_assert_msg(strstr(err_buf, want), "%s", err_buf);
   ck_assert_msg(!strstr(out_buf, "paused"), "%s", out_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json resume --all"), 1);
-  ck_assert_int_eq(json_check(fk.dir, "j['error']['code']=='UNTRUSTED' and "
-                                      "'refusing to trust it' in j['error']['message']"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json resume --all", 1,
+           "j['error']['code']=='UNTRUSTED' and "
+           "'refusing to trust it' in j['error']['message']");
   slurp(fk.asked, asked, sizeof asked);
   ck_assert_str_eq(asked, "");
   /* Named, it is trusted. */
