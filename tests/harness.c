@@ -338,13 +338,27 @@ void worker_spawn(struct worker *w, const struct daemon *d, ...) {
   va_end(ap);
 }
 
+/* Start a worker with the arguments in ap and wait for its "ready" line. */
+static void worker_startv(struct worker *w, const struct daemon *d, va_list ap) {
+  worker_spawnv(w, d, ap);
+  ck_assert_msg(worker_wait_for(w, "ready", 1, 20000), "worker not ready: %s", worker_output(w));
+}
+
 /* Start a worker and wait for its "ready" line. */
 void worker_start(struct worker *w, const struct daemon *d, ...) {
   va_list ap;
   va_start(ap, d);
-  worker_spawnv(w, d, ap);
+  worker_startv(w, d, ap);
   va_end(ap);
-  ck_assert_msg(worker_wait_for(w, "ready", 1, 20000), "worker not ready: %s", worker_output(w));
+}
+
+/* Start gpumemd and one worker against it, waiting for both. */
+void daemon_with_worker(struct daemon *d, struct worker *w, ...) {
+  daemon_start(d, NULL);
+  va_list ap;
+  va_start(ap, w);
+  worker_startv(w, d, ap);
+  va_end(ap);
 }
 
 /* A wait for what should happen at once, stretched for busy machines. */

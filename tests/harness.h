@@ -115,6 +115,10 @@ struct worker {
  * and wait for its "ready" line. */
 void worker_start(struct worker *w, const struct daemon *d, ...);
 
+/* Start gpumemd with no extra arguments (daemon_start) and a worker
+ * against it with these (worker_start, NULL-terminated), waiting for both. */
+void daemon_with_worker(struct daemon *d, struct worker *w, ...);
+
 /* Start gpumem-worker as worker_start does, without waiting for it. */
 void worker_spawn(struct worker *w, const struct daemon *d, ...);
 

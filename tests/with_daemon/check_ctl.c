@@ -141,9 +141,8 @@ static void ctl_json(const char *dir, const char *socket, const char *args, int 
 /* A typo is not a success: an unknown tag is NOT_FOUND, exit status 1,
  * for pause and resume, in words and in JSON. */
 START_TEST(unknown_tag_is_not_found_and_fails) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
   ctl_says(d.dir, d.socket, "pause kv_cahce", 1, "pause failed: NOT_FOUND");
   ctl_says(d.dir, d.socket, "resume kv_cahce", 1, "resume failed: NOT_FOUND");
   ctl_json(d.dir, d.socket, "--json pause kv_cahce", 1,
@@ -158,9 +157,8 @@ END_TEST
 /* Pause and resume say per device what the daemon released or took and
  * what the driver shows; on the host backend the two agree exactly. */
 START_TEST(pause_and_resume_print_the_driver_checks) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--count", "2", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "8M", "--count", "2", NULL);
   ctl_says(d.dir, d.socket, "pause kv", 0, "paused 2 buffers, 16.0 MiB");
   ck_assert_msg(strstr(out_buf, "device 0: released 16.0 MiB, driver shows 16.0 MiB more free"),
                 "%s", out_buf);
@@ -183,9 +181,8 @@ END_TEST
 
 /* status --json parses and carries the new figures next to the old keys. */
 START_TEST(status_json_carries_every_figure) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--name", "rank0", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "8M", "--name", "rank0", NULL);
   ctl_json(d.dir, d.socket, "--json status", 0,
            "j['backend']=='host' and j['granularity']>0"
            " and all(set(x)>={'index','device','node_device','total','free',"
@@ -215,9 +212,8 @@ END_TEST
 /* --max-residual takes a size and belongs to pause alone; a limit no
  * device is near lets the pause through. */
 START_TEST(max_residual_is_a_pause_option) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
   ctl_says(d.dir, d.socket, "pause --max-residual lots kv", 2, "invalid size");
   ctl_says(d.dir, d.socket, "resume --max-residual 1G kv", 2, "pause only");
   ctl_says(d.dir, d.socket, "pause --max-residual 1T kv", 0, "paused 1 buffers");
@@ -877,9 +873,8 @@ START_TEST(status_shows_the_grace_while_it_runs) {
 END_TEST
 
 START_TEST(metrics_say_up_and_paused_and_count_workers) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
   ctl_says(d.dir, d.socket, "metrics", 0, "\ngpumem_up 1\n");
   ck_assert_msg(strstr(out_buf, "\ngpumem_sessions 1\n"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "\ngpumem_tag_paused{tag=\"kv\"} 0\n"), "%s", out_buf);
@@ -919,9 +914,8 @@ static int shell(const char *dir, const char *cmd) {
  * the errors answered; counters never go down; and promtool (where it
  * is installed) takes the whole output. */
 START_TEST(metrics_count_operations_and_pass_promtool) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
   for (int i = 0; i < 2; i++) {
     ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 0);
     ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv"), 0);

@@ -222,9 +222,8 @@ START_TEST(pause_releases_memory_and_resume_takes_it_again) {
 END_TEST
 
 START_TEST(backup_buffers_keep_their_contents) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "weights", "--size", "24M", "--count", "3", "--backup", NULL);
+  daemon_with_worker(&d, &w, "--tag", "weights", "--size", "24M", "--count", "3", "--backup", NULL);
   gpumem_client *c = controller();
   struct op_sum r;
   for (int round = 1; round <= 2; round++) {
@@ -388,9 +387,8 @@ END_TEST
 
 /* One client's garbage ends that client only. */
 START_TEST(garbage_client_is_dropped_and_others_carry_on) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
   struct peer fd;
   peer_connect(&fd, &d);
   uint8_t junk[] = {5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff};
@@ -631,9 +629,8 @@ START_TEST(allocations_in_a_paused_tag) {
 END_TEST
 
 START_TEST(pause_and_resume_are_idempotent) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", "--count", "2", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", "--count", "2", NULL);
   gpumem_client *c = controller();
   struct op_sum r;
   ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
@@ -657,9 +654,8 @@ END_TEST
 
 /* The operation goes on when the controller that asked for it is gone. */
 START_TEST(controller_disconnect_does_not_stop_a_pause) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "8M", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "8M", NULL);
   struct peer fd;
   raw_hello(&fd, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
   char *tags[] = {"kv"};
