@@ -72,6 +72,12 @@ void harness_fd_teardown(void) {
                 fds_at_setup, now);
 }
 
+/* Stop the test's daemon if it runs, then check fds. */
+void harness_daemon_teardown(struct daemon *d) {
+  if (d->pid) ck_assert_int_eq(daemon_stop(d), 0);
+  harness_fd_teardown();
+}
+
 /* Milliseconds on the monotonic clock. */
 double now_ms(void) {
   struct timespec ts;

@@ -45,6 +45,10 @@ struct daemon {
   char log[128];
 };
 
+/* A teardown's work for a suite with one daemon d: stop it if it still
+ * runs (it must exit 0), then harness_fd_teardown. */
+void harness_daemon_teardown(struct daemon *d);
+
 /* Path of a built program ("gpumemd", "gpumem-worker", ...). The paths
  * harness_bin, harness_others_bin and harness_built return stay valid for
  * the next seven such calls. */

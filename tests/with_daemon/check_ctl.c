@@ -43,8 +43,6 @@ static const char *fake_backend = "host";
 /* What gpumemctl printed, and where the files go. */
 static char out_buf[1 << 16], err_buf[1 << 16];
 
-static void setup(void) { harness_fd_setup(); }
-
 /* Stop the scripted daemon and remove its directory. */
 static void fake_stop(struct fake *f) {
   if (f->pid > 0) {
@@ -61,9 +59,8 @@ static void fake_stop(struct fake *f) {
 }
 
 static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
   fake_stop(&fk);
-  harness_fd_teardown();
+  harness_daemon_teardown(&d);
 }
 
 /* Read a file into buf (empty if it is missing). */
@@ -1078,7 +1075,7 @@ START_TEST(metrics_leave_out_gpumemctl_own_worker_session) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("ctl", 60, setup, teardown,
+  return HARNESS_RUN("ctl", 60, NULL, teardown,
                      unknown_tag_is_not_found_and_fails, pause_and_resume_select_sessions,
                      pause_and_resume_print_the_driver_checks,
                      status_json_carries_every_figure,

@@ -175,12 +175,7 @@ static bool raw_closed(struct peer *p) {
   return r == NULL;
 }
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* --- tests --- */
 
@@ -756,7 +751,7 @@ START_TEST(one_client_from_many_threads) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("daemon", 60, setup, teardown,
+  return HARNESS_RUN("daemon", 60, NULL, teardown,
                      pause_releases_memory_and_resume_takes_it_again,
                      backup_buffers_keep_their_contents,
                      killed_worker_gives_its_memory_back,

@@ -262,10 +262,7 @@ static void setup(void) {
   harness_fd_setup();
 }
 
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* ======================= AdoptRequest ======================= */
 

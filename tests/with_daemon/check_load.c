@@ -1017,10 +1017,7 @@ END_TEST
 
 /* Stop the daemon (it must exit 0: under ASan that includes LeakSanitizer)
  * and check for fd leaks here. */
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 int main(void) {
   return HARNESS_RUN("load", 120, harness_fd_setup, teardown,

@@ -29,12 +29,7 @@
 
 static struct daemon d;
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* Fork a child as the first process of a new pid namespace (in its own
  * process group) that runs gpumemd on d's socket; -1 where namespaces
@@ -284,7 +279,7 @@ START_TEST(connection_pins_its_peer) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("pidfd", 30, setup, teardown, unseen_pid_is_never_signalled_and_its_session_ends,
+  return HARNESS_RUN("pidfd", 30, NULL, teardown, unseen_pid_is_never_signalled_and_its_session_ends,
                      recycled_pid_is_never_signalled, pidfd_open_fallback_checks_the_credentials,
                      connection_pins_its_peer);
 }

@@ -18,14 +18,8 @@
 
 static struct daemon d;
 
-/* Count fds before each test. */
-static void setup(void) { harness_fd_setup(); }
-
 /* Stop the test's daemon and check that no fd leaked. */
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* Connect in a role (workers with their event thread). */
 static gpumem_client *client(int role) {
@@ -740,7 +734,7 @@ END_TEST
 
 /* Run the suite. */
 int main(void) {
-  return HARNESS_RUN("pool", 60, setup, teardown, mallocs_are_aligned_and_disjoint,
+  return HARNESS_RUN("pool", 60, NULL, teardown, mallocs_are_aligned_and_disjoint,
                      bad_mallocs_are_refused, free_ptr_frees_only_what_starts_there,
                      pause_releases_pooled_memory_and_resume_keeps_it,
                      trim_gives_empty_slabs_back, slab_shrinks_to_fit_a_full_device,

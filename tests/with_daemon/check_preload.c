@@ -24,14 +24,8 @@ extern char **environ;
 
 static struct daemon d;
 
-/* Count fds before each test. */
-static void setup(void) { harness_fd_setup(); }
-
 /* Stop the test's daemon and check that no fd leaked. */
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* The program under LD_PRELOAD, with pipes to its stdin and stdout. */
 struct app {
@@ -443,7 +437,7 @@ static int user_mode(const char *lib) {
 /* Run the suite (or, with --user LIB, user_mode). */
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--user")) return user_mode(argv[2]);
-  return HARNESS_RUN("preload", 60, setup, teardown, cuda_malloc_is_served_by_the_daemon,
+  return HARNESS_RUN("preload", 60, NULL, teardown, cuda_malloc_is_served_by_the_daemon,
                      pause_of_the_default_tag_releases_the_program_memory,
                      refused_allocations_are_out_of_memory,
                      foreign_pointers_and_zero_sizes_reach_the_runtime,
