@@ -87,20 +87,38 @@ static const char *daemon_fd_list(void) {
 /* Sockets the daemon holds (the listener and one per session). */
 static int daemon_sockets(void) { return proc_fds_with(d.pid, "socket:"); }
 
-/* Start the daemon and give it a bounded time to close daemon_start's
- * probe connection (it sometimes keeps it longer: fd figures below count
- * sockets apart for that reason). */
-static void daemon_up(const char *arg, ...) {
-  const char *args[16] = {0};
-  int n = 0;
-  va_list ap;
-  va_start(ap, arg);
-  for (const char *a = arg; a && n < 15; a = va_arg(ap, const char *)) args[n++] = a;
-  va_end(ap);
+/* Start the daemon with up to 8 arguments (NULL-terminated) and give it
+ * a bounded time to close daemon_start's probe connection (it sometimes
+ * keeps it longer: fd figures below count sockets apart for that reason). */
+static void daemon_upv(const char *const *args) {
   daemon_start(&d, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7],
                NULL);
   double end = now_ms() + 1000;
   while (daemon_sockets() != 1 && now_ms() < end) pause_ms(5);
+}
+
+/* daemon_upv with the arguments given here. */
+static void daemon_up(const char *arg, ...) {
+  const char *args[16] = {arg};
+  if (arg) {
+    va_list ap;
+    va_start(ap, arg);
+    harness_collect_args(args + 1, 15, ap);
+    va_end(ap);
+  }
+  daemon_upv(args);
+}
+
+/* daemon_upv with these arguments, then a controller c and a worker w. */
+static void up_pair(struct peer *c, struct peer *w, ...) {
+  const char *args[16] = {0};
+  va_list ap;
+  va_start(ap, w);
+  harness_collect_args(args, 16, ap);
+  va_end(ap);
+  daemon_upv(args);
+  open_peer(c, CONTROLLER);
+  open_peer(w, WORKER);
 }
 
 /* What the daemon process holds of the backend's memory. */
@@ -175,12 +193,18 @@ static int memfd_named(const char *name, uint64_t size, bool commit, unsigned mf
   return fd;
 }
 
+/* The name the host backend gives the memfds of the daemon's device dev
+ * (a static buffer, which the next call and chunk rewrite). */
+static const char *dev_memfd_name(unsigned dev) {
+  static char name[128];
+  snprintf(name, sizeof name, "gpumem-%s", bus[dev]);
+  return name;
+}
+
 /* A chunk as the host backend makes them: a committed memfd named for the
  * daemon's device dev. */
 static int chunk(unsigned dev, uint64_t size) {
-  char name[128];
-  snprintf(name, sizeof name, "gpumem-%s", bus[dev]);
-  return memfd_named(name, size, true, MFD_ALLOW_SEALING);
+  return memfd_named(dev_memfd_name(dev), size, true, MFD_ALLOW_SEALING);
 }
 
 /* One buffer of an AdoptRequest. */
@@ -263,6 +287,15 @@ static void setup(void) {
 }
 
 static void teardown(void) { harness_daemon_teardown(&d); }
+
+/* up_pair, a 4 MiB buffer of tag kv on device 0 for w, and c's pause of
+ * kv: the Unmap w now has to answer (its fds in *f). */
+static wire_env *unmap_pending(struct peer *c, struct peer *w, struct pbuf *b, struct frame *f) {
+  up_pair(c, w, NULL);
+  peer_alloc(w, "kv", 0, 4 * MiB, 0, b);
+  peer_op(c, false, "kv", 0, 0);
+  return peer_event(w, f);
+}
 
 /* ======================= AdoptRequest ======================= */
 
@@ -443,10 +476,8 @@ END_TEST
  * on a paused buffer. Each is a PROTOCOL_ERROR that ends the session and
  * closes every fd; other sessions and the memory are untouched. */
 START_TEST(adopt_with_wrong_fd_counts) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf keep;
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &keep);
   struct snap s;
@@ -511,14 +542,12 @@ END_TEST
 
 /* fds that are not the backend's memory: refused, closed, nothing owned. */
 START_TEST(adopt_fds_of_the_wrong_kind) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct abuf a = ONE("kv", 0, 2 * MiB);
-  char name[160], dir[] = "/tmp/gpumem-hostile.XXXXXX", path[400];
+  char dir[] = "/tmp/gpumem-hostile.XXXXXX", path[400];
   ck_assert_ptr_nonnull(mkdtemp(dir));
-  snprintf(name, sizeof name, "gpumem-%s", bus[0]);
+  const char *name = dev_memfd_name(0);
   for (int attack = 0; attack < 11; attack++) {
     int fd = -1, sv[2], pp[2];
     const char *what = "";
@@ -594,10 +623,8 @@ END_TEST
 /* The backend's memory of the wrong device or size, or split otherwise
  * than the request says. */
 START_TEST(adopt_memfds_of_the_wrong_device_or_size) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct abuf a = ONE("kv", 0, 4 * MiB);
   int fd = chunk(1, 4 * MiB);
   refused(&w, &c, &a, 1, &fd, 1, CODE(INVALID_ARGUMENT), "device 1's memory said to be device 0's");
@@ -628,10 +655,8 @@ END_TEST
 /* Sizes the daemon would never have made: zero, not a multiple of the
  * granularity, larger than the device, overflowing, unmatched. */
 START_TEST(adopt_sizes_that_cannot_be) {
-  daemon_up("--host-device-size", "64M", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--host-device-size", "64M", NULL);
   struct abuf a = ONE("kv", 0, 0);
   refused(&w, &c, &a, 1, (int[]){chunk(0, 0)}, 1, CODE(INVALID_ARGUMENT), "size 0");
   a.paused = true;
@@ -670,10 +695,8 @@ END_TEST
  * which could never be resumed) is INVALID_ARGUMENT, and so are two paused
  * buffers of 2^63 bytes whose sum would wrap; nothing is adopted. */
 START_TEST(adopt_paused_larger_than_the_device) {
-  daemon_up("--host-device-size", "64M", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--host-device-size", "64M", NULL);
   struct abuf a = ONE("kv", 0, 128 * MiB);
   a.paused = true;
   refused(&w, &c, &a, 1, NULL, 0, CODE(INVALID_ARGUMENT), "paused, 128 MiB on a 64 MiB device");
@@ -690,10 +713,8 @@ END_TEST
  * buffer, a state that cannot exist, are INVALID_ARGUMENT; nothing is
  * adopted. */
 START_TEST(adopt_flags_an_alloc_refuses) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct abuf a = ONE("kv", 0, 2 * MiB);
   a.flags = 8;
   refused(&w, &c, &a, 1, (int[]){chunk(0, 2 * MiB)}, 1, CODE(INVALID_ARGUMENT), "flag 0x8");
@@ -717,10 +738,8 @@ END_TEST
 /* BACKUP buffers adopted reserve host memory like allocated ones: past
  * --backup-limit the adopt is refused as an alloc would be. */
 START_TEST(adopt_backup_beyond_the_limit) {
-  daemon_up("--backup-limit", "4M", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--backup-limit", "4M", NULL);
   struct pbuf x;
   ck_assert_int_eq(peer_try_alloc(&w, "kv", 0, 8 * MiB, F_BACKUP, &x), CODE(LIMIT_EXCEEDED));
   struct abuf a = ONE("kv", 0, 8 * MiB);
@@ -748,12 +767,9 @@ END_TEST
 /* A memfd sealed against writes cannot be device memory that a worker
  * maps writable; refused. */
 START_TEST(adopt_sealed_memfd) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
-  char name[128];
-  snprintf(name, sizeof name, "gpumem-%s", bus[0]);
+  up_pair(&c, &w, NULL);
+  const char *name = dev_memfd_name(0);
   struct abuf a = ONE("kv", 0, 2 * MiB);
   int fd = memfd_named(name, 2 * MiB, true, MFD_ALLOW_SEALING);
   ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0);
@@ -769,12 +785,9 @@ END_TEST
 /* A memfd of the right name and size that holds no memory: the daemon
  * must not count memory that does not exist; refused. */
 START_TEST(adopt_uncommitted_memfd) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
-  char name[128];
-  snprintf(name, sizeof name, "gpumem-%s", bus[0]);
+  up_pair(&c, &w, NULL);
+  const char *name = dev_memfd_name(0);
   struct abuf a = ONE("kv", 0, 4 * MiB);
   int fd = memfd_named(name, 4 * MiB, false, MFD_ALLOW_SEALING);
   refused(&w, &c, &a, 1, &fd, 1, CODE(INVALID_ARGUMENT), "an uncommitted memfd");
@@ -790,10 +803,8 @@ END_TEST
 /* The same memory twice in one request (two fds of one memfd) would be
  * counted twice and released twice: refused. */
 START_TEST(adopt_the_same_memfd_twice) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct abuf a[2] = {ONE("kv", 0, 2 * MiB), ONE("other", 0, 2 * MiB)};
   int fd = chunk(0, 2 * MiB);
   int fds[2] = {fd, dup(fd)};
@@ -846,10 +857,8 @@ END_TEST
 /* An adopt that fails on its last buffer, or its first, leaves nothing
  * behind: no buffer, no tag, no memory, every fd of the frame closed. */
 START_TEST(adopt_that_fails_half_way_leaves_nothing) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   enum { N = 100 };
   static struct abuf a[N];
   static int fds[N];
@@ -877,10 +886,8 @@ END_TEST
  * pass it is refused whole. A frame over the request limit ends the
  * session. */
 START_TEST(adopt_more_buffers_than_allowed) {
-  daemon_up("--max-buffers-per-session", "8", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--max-buffers-per-session", "8", NULL);
   static struct abuf a[3000];
   for (int i = 0; i < 3000; i++) {
     a[i] = (struct abuf)ONE("kv", 0, 2 * MiB);
@@ -937,10 +944,8 @@ END_TEST
 /* Adopted memory beyond the device's size: the adopt that does not fit
  * is refused whole (its first two buffers fit). */
 START_TEST(adopt_beyond_the_device) {
-  daemon_up("--host-device-size", "8M", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--host-device-size", "8M", NULL);
   struct abuf a[3] = {ONE("kv", 0, 4 * MiB), ONE("kv", 0, 4 * MiB), ONE("kv", 0, 4 * MiB)};
   struct snap s;
   take_snap(&c, &s);
@@ -979,10 +984,8 @@ static int errors_until_status(struct peer *p) {
  * 64 KiB request must not buy thousands of replies); the rest of the ack
  * stands. */
 START_TEST(ack_failed_ids_repeated_and_by_thousands) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b[2];
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[0]);
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[1]);
@@ -1030,15 +1033,10 @@ END_TEST
  * is refused at the edge with a clear error; the pause waits for a proper
  * ack, which settles it, and no forged line reaches the log. */
 START_TEST(ack_messages_cannot_forge_log_lines) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
   struct frame f;
-  wire_env *e = peer_event(&w, &f);
+  wire_env *e = unmap_pending(&c, &w, &b, &f);
   const char *lies[] = {"busy\ngpumemd[info]: pause kv: 0 buffers, forged", "\xff\xfe not text",
                         "bell\x07", "c1 \xc2\x85 next line"};
   for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
@@ -1070,15 +1068,10 @@ END_TEST
  * are never cut in the middle of a character: the error stays UTF-8 that
  * a strict proto3 parser takes. */
 START_TEST(errors_cut_at_a_character) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
   struct frame f;
-  wire_env *e = peer_event(&w, &f);
+  wire_env *e = unmap_pending(&c, &w, &b, &f);
   char words[WIRE_MAX_MESSAGE + 1] = "";
   for (size_t i = 0; i + 2 <= WIRE_MAX_MESSAGE; i += 2) strcat(words, "\xc3\xa9"); /* é */
   peer_unmap(&b);
@@ -1137,10 +1130,8 @@ START_TEST(process_names_are_made_valid_text) {
 END_TEST
 
 START_TEST(ack_with_absurd_codes) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   const int codes[] = {9999, -1, INT32_MAX, CODE(SHUTTING_DOWN)};
@@ -1169,10 +1160,8 @@ END_TEST
 /* Two acks for one event in one write: the first one counts, the second
  * is NOT_FOUND, whichever way round. */
 START_TEST(ack_twice_back_to_back) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   for (int order = 0; order < 2; order++) {
     struct pbuf b;
     peer_alloc(&w, order ? "b" : "a", 0, 4 * MiB, 0, &b);
@@ -1231,10 +1220,8 @@ END_TEST
  * exists (a typo in a list must not look like success), and change
  * nothing; a tag named twice, or a device named twice, counts once. */
 START_TEST(pause_and_resume_of_unknown_tags) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   struct snap s;
@@ -1274,10 +1261,8 @@ END_TEST
  * naming {"kv","kv","kv"} of a worker with one 4 MiB buffer sends one
  * event and answers OK with 1 buffer and 4 MiB. */
 START_TEST(pause_names_twice_count_once) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   const char *kv[] = {"kv", "kv", "kv"};
@@ -1308,10 +1293,8 @@ END_TEST
  * what it released (the tag is PAUSED, the memory gone), and says so;
  * UINT64_MAX allows anything. */
 START_TEST(pause_with_max_residual) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   const char *kv[] = {"kv"};
@@ -1322,9 +1305,7 @@ START_TEST(pause_with_max_residual) {
   peer_serve(&w, &b, 1, 1);
   ck_assert_int_eq(peer_op_code(&c), CODE(OK));
   /* 6 MiB of "device 0" held outside the daemon by this process. */
-  char name[128];
-  snprintf(name, sizeof name, "gpumem-%s", bus[0]);
-  int out = memfd_named(name, 6 * MiB, true, 0);
+  int out = memfd_named(dev_memfd_name(0), 6 * MiB, true, 0);
   peer_op_tags(&c, false, kv, 1, 0, 1);
   peer_serve(&w, &b, 1, 1);
   wire_env *r;
@@ -1369,10 +1350,8 @@ static int daemon_exit_within(int ms) {
  * the daemon exits 0 at once, not after the ack timeout; the worker keeps
  * its memory. */
 START_TEST(sigterm_answers_the_operation_in_flight) {
-  daemon_up("--ack-timeout", "60s", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--ack-timeout", "60s", NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   peer_op(&c, false, "kv", 0, 0);
