@@ -87,8 +87,8 @@ static const char *daemon_fd_list(void) {
 /* Sockets the daemon holds (the listener and one per session). */
 static int daemon_sockets(void) { return proc_fds_with(d.pid, "socket:"); }
 
-/* Start the daemon with up to 8 arguments (NULL-terminated) and give it
- * a bounded time to close daemon_start's probe connection (it sometimes
+/* Start the daemon with the arguments in args (NULL-terminated, at least
+ * 8 entries: 8 are passed on) and give it a bounded time to close daemon_start's probe connection (it sometimes
  * keeps it longer: fd figures below count sockets apart for that reason). */
 static void daemon_upv(const char *const *args) {
   daemon_start(&d, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7],
@@ -97,17 +97,8 @@ static void daemon_upv(const char *const *args) {
   while (daemon_sockets() != 1 && now_ms() < end) pause_ms(5);
 }
 
-/* daemon_upv with the arguments given here. */
-static void daemon_up(const char *arg, ...) {
-  const char *args[16] = {arg};
-  if (arg) {
-    va_list ap;
-    va_start(ap, arg);
-    harness_collect_args(args + 1, 15, ap);
-    va_end(ap);
-  }
-  daemon_upv(args);
-}
+/* daemon_upv with no arguments. */
+static void daemon_up(void) { daemon_upv((const char *const[16]){NULL}); }
 
 /* daemon_upv with these arguments, then a controller c and a worker w. */
 static void up_pair(struct peer *c, struct peer *w, ...) {
@@ -303,7 +294,7 @@ static wire_env *unmap_pending(struct peer *c, struct peer *w, struct pbuf *b, s
  * hands over is owned (status, list, memfds), paused by its new id, freed,
  * resumed; ids are new and distinct. */
 START_TEST(adopted_memory_is_owned_paused_and_resumed) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer w, c;
   open_peer(&w, WORKER);
   open_peer(&c, CONTROLLER);
@@ -368,7 +359,7 @@ static void restart(struct peer *w) {
 /* A daemon stopped with SIGTERM answers, and the next one on the socket
  * adopts the memory the worker kept (the raw version of a restart). */
 START_TEST(restart_then_adopt_by_hand) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer w;
   open_peer(&w, WORKER);
   struct pbuf b;
@@ -399,7 +390,7 @@ END_TEST
  * its owner gets it back. Needs root, to be another uid. */
 START_TEST(adopt_of_another_uids_memory) {
   if (geteuid() != 0) return;
-  daemon_up(NULL);
+  daemon_up();
   struct peer w;
   open_peer(&w, WORKER);
   struct pbuf b;
@@ -435,7 +426,7 @@ END_TEST
 /* Before Hello an adopt ends the session (PROTOCOL_ERROR) and every fd it
  * carried is closed; nothing is adopted. */
 START_TEST(adopt_before_hello) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer c, x;
   open_peer(&c, CONTROLLER);
   struct snap s;
@@ -457,7 +448,7 @@ END_TEST
 
 /* A controller does not own buffers: PERMISSION_DENIED, fds closed. */
 START_TEST(adopt_as_controller) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer c, c2;
   open_peer(&c, CONTROLLER);
   open_peer(&c2, CONTROLLER);
@@ -825,10 +816,8 @@ END_TEST
  * alloc reply) is refused, alone or after good buffers, from its owner or
  * another session; the live buffer is untouched and still pauses. */
 START_TEST(adopt_memory_the_daemon_holds) {
-  daemon_up(NULL);
   struct peer c, w, w2;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   open_peer(&w2, WORKER);
   struct pbuf b;
   peer_alloc(&w, "kv", 1, 4 * MiB, 0, &b);
@@ -1091,7 +1080,7 @@ END_TEST
 /* A process may give itself any bytes as a name (prctl); when it holds
  * device memory outside gpumemd, the status names it in valid text. */
 START_TEST(process_names_are_made_valid_text) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer c;
   open_peer(&c, CONTROLLER);
   int ready[2];
@@ -1189,10 +1178,8 @@ END_TEST
 /* Another session's ack naming the owner's buffer as failed, and an ack of
  * event 0: NOT_FOUND to the sender, nothing else; the owner's ack counts. */
 START_TEST(ack_for_another_sessions_event) {
-  daemon_up(NULL);
   struct peer c, w1, w2;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w1, WORKER);
+  up_pair(&c, &w1, NULL);
   open_peer(&w2, WORKER);
   struct pbuf b;
   peer_alloc(&w1, "kv", 0, 4 * MiB, 0, &b);
@@ -1384,10 +1371,8 @@ END_TEST
  * it), one that sent half a frame, and one that sent an adopt with fds and
  * waits: the daemon still exits 0 promptly. */
 START_TEST(sigterm_with_stuck_peers) {
-  daemon_up(NULL);
   struct peer glut, half, w;
-  open_peer(&glut, CONTROLLER);
-  open_peer(&half, WORKER);
+  up_pair(&glut, &half, NULL);
   open_peer(&w, WORKER);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b);
