@@ -887,6 +887,17 @@ wire_env *peer_event(struct peer *w, struct frame *f) {
   return e;
 }
 
+/* Open a worker and a controller, give the worker a kv buffer, pause kv:
+ * the worker's first event. */
+wire_env *peer_pause_pending(const struct daemon *d, struct peer *w, struct peer *c,
+                             uint64_t size, struct pbuf *b) {
+  peer_open(w, d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  peer_open(c, d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  peer_alloc(w, "kv", 0, size, 0, b);
+  peer_op(c, false, "kv", 0, 0);
+  return peer_event(w, NULL);
+}
+
 /* Take a Remap's fds into the buffers it names ("map" them). */
 void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size_t n) {
   size_t at = 0;

@@ -382,6 +382,12 @@ wire_code peer_op_code(struct peer *c);
 /* The next event for a worker, with its fds kept in *f (NULL: closed). */
 wire_env *peer_event(struct peer *w, struct frame *f);
 
+/* Open a worker w and then a controller c of d, allocate w a buffer b of
+ * size bytes of tag kv on device 0, send c's pause of kv, and return the
+ * event that w gets for it (its fds closed; free it with wire_env_free). */
+wire_env *peer_pause_pending(const struct daemon *d, struct peer *w, struct peer *c,
+                             uint64_t size, struct pbuf *b);
+
 /* Take a Remap's fds into the buffers it names ("map" them). */
 void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size_t n);
 

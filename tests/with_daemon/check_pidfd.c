@@ -79,12 +79,8 @@ START_TEST(unseen_pid_is_never_signalled_and_its_session_ends) {
   if (!daemon_start_pidns(&d, "--ack-timeout", "200ms", "--timeout-policy", "kill", NULL))
     return;
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
-  wire_env *e = peer_event(&w, NULL); /* the Unmap, never acked */
+  wire_env *e = peer_pause_pending(&d, &w, &c, 4 * MiB, &b); /* the Unmap, never acked */
   ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
   wire_env_free(e);
   wire_env *r;
