@@ -869,6 +869,15 @@ void peer_op_ok(struct peer *c, uint64_t buffers, uint64_t bytes) {
   wire_env_free(r);
 }
 
+/* A pause or resume of one tag on every device that w's n buffers serve
+ * (one event), answered OK. */
+void peer_op_served(struct peer *c, bool resume, const char *tag, struct peer *w,
+                    struct pbuf *bufs, size_t n) {
+  peer_op(c, resume, tag, 0, 0);
+  peer_serve(w, bufs, n, 1);
+  ck_assert_int_eq(peer_op_code(c), GPUMEM__WIRE__ERROR_CODE__OK);
+}
+
 /* The controller's answer: its code only. */
 wire_code peer_op_code(struct peer *c) {
   wire_env *r;

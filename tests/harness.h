@@ -379,6 +379,11 @@ void peer_op_ok(struct peer *c, uint64_t buffers, uint64_t bytes);
 /* The controller's answer, as peer_op_wait, but only its code. */
 wire_code peer_op_code(struct peer *c);
 
+/* c pauses (resume: resumes) tag on every device, w answers the one
+ * event with its n buffers (peer_serve), and the answer must be OK. */
+void peer_op_served(struct peer *c, bool resume, const char *tag, struct peer *w,
+                    struct pbuf *bufs, size_t n);
+
 /* The next event for a worker, with its fds kept in *f (NULL: closed). */
 wire_env *peer_event(struct peer *w, struct frame *f);
 

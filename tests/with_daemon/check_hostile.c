@@ -320,13 +320,9 @@ START_TEST(adopted_memory_is_owned_paused_and_resumed) {
   ck_assert_uint_eq(daemon_bytes(), 8 * MiB);
   struct pbuf bufs[3] = {own, {.id = ids[0], .fds = {mine[0]}, .nfds = 1},
                          {.id = ids[1], .fds = {mine[1]}, .nfds = 1}};
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, bufs, 3, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op_served(&c, false, "kv", &w, bufs, 3);
   ck_assert_uint_eq(daemon_bytes(), 0);
-  peer_op(&c, true, "kv", 0, 0);
-  peer_serve(&w, bufs, 3, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op_served(&c, true, "kv", &w, bufs, 3);
   ck_assert_uint_eq(daemon_bytes(), 14 * MiB);
   for (int i = 0; i < 3; i++) peer_unmap(&bufs[i]);
   peer_close(&w);
@@ -833,9 +829,7 @@ START_TEST(adopt_memory_the_daemon_holds) {
   struct abuf two[3] = {ONE("new", 1, 2 * MiB), ONE("new", 0, 2 * MiB), ONE("new", 1, 4 * MiB)};
   refused(&w2, &c, two, 3, (int[]){chunk(1, 2 * MiB), chunk(0, 2 * MiB), dup(b.fds[0])}, 3,
           CODE(INVALID_ARGUMENT), "good buffers, then a live buffer's chunk");
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, &b, 1, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op_served(&c, false, "kv", &w, &b, 1);
   ck_assert_uint_eq(daemon_bytes(), 0);
   peer_close(&w);
   peer_close(&w2);
@@ -1007,9 +1001,7 @@ START_TEST(ack_failed_ids_repeated_and_by_thousands) {
   ck_assert_msg(errors <= 1, "%d errors for one ack", errors);
   ck_assert_uint_eq(daemon_bytes(), 4 * MiB);
   peer_unmap(&b[1]);
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, b, 2, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op_served(&c, false, "kv", &w, b, 2);
   ck_assert_uint_eq(daemon_bytes(), 0);
   peer_close(&w);
   peer_close(&c);

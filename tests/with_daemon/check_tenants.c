@@ -117,9 +117,7 @@ START_TEST(another_uid_cannot_join_a_tag) {
   peer_alloc(&alice, "kv", 0, 40 * MiB, 0, &a);
   char why[256];
   ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 2 * MiB, 0, &x), CODE(PERMISSION_DENIED));
-  peer_op(&ctl, false, "kv", 0, 0);
-  peer_serve(&alice, &a, 1, 1);
-  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  peer_op_served(&ctl, false, "kv", &alice, &a, 1);
   /* Paused, the tag still refuses bob's buffers that would start paused
    * and then need room on resume. */
   ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 40 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED,
@@ -235,9 +233,7 @@ START_TEST(workers_see_only_their_own) {
   peer_alloc(&alice, "alice-kv", 0, 2 * MiB, 0, &a);
   peer_alloc(&alice2, "alice-kv", 1, 4 * MiB, 0, &a2);
   peer_alloc(&bob, "bob-secret", 0, 2 * MiB, 0, &b);
-  peer_op(&ctl, false, "bob-secret", 0, 0);
-  peer_serve(&bob, &b, 1, 1);
-  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  peer_op_served(&ctl, false, "bob-secret", &bob, &b, 1);
   wire_env *st = peer_status(&alice);
   const Gpumem__Wire__StatusReply *s = st->status_reply;
   ck_assert_uint_eq(s->n_sessions, 2);
@@ -294,9 +290,7 @@ START_TEST(quotas_hold_across_sessions) {
   open_as(&ctl, 0, CONTROLLER);
   struct pbuf x, y, z;
   peer_alloc(&a1, "kv", 0, 6 * MiB, 0, &x);
-  peer_op(&ctl, false, "kv", 0, 0);
-  peer_serve(&a1, &x, 1, 1);
-  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  peer_op_served(&ctl, false, "kv", &a1, &x, 1);
   /* Paused, its bytes still count: a resume must find room in the quota. */
   peer_push_alloc(&a2, "other", 0, 4 * MiB, 0);
   wire_env *r = peer_answer(&a2);
@@ -425,9 +419,7 @@ START_TEST(names_come_free_and_default_is_shared) {
   open_as(&ctl, 0, CONTROLLER);
   struct pbuf a, b;
   peer_alloc(&alice, "kv", 0, 2 * MiB, 0, &a);
-  peer_op(&ctl, false, "kv", 0, 0);
-  peer_serve(&alice, &a, 1, 1);
-  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  peer_op_served(&ctl, false, "kv", &alice, &a, 1);
   peer_push_free(&alice, a.id);
   wire_env *r = peer_answer(&alice);
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
