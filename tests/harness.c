@@ -939,10 +939,18 @@ wire_env *peer_call(struct peer *p, wire_env *env) {
 }
 
 /* Send a request and return its reply, which must be of kind want. */
-static wire_env *peer_ask(struct peer *c, wire_env *env, Gpumem__Wire__Envelope__BodyCase want) {
+wire_env *peer_ask(struct peer *c, wire_env *env, Gpumem__Wire__Envelope__BodyCase want) {
   wire_env *r = peer_call(c, env);
   ck_assert_int_eq(r->body_case, want);
   return r;
+}
+
+/* Send a request; its reply's code (its words into why). */
+wire_code peer_call_code(struct peer *p, wire_env *env, char *why, size_t whylen) {
+  wire_env *r = peer_call(p, env);
+  wire_code code = peer_reply_code(r, why, whylen);
+  wire_env_free(r);
+  return code;
 }
 
 /* A status as the daemon sends it (raw). */

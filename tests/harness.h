@@ -407,6 +407,13 @@ wire_env *peer_answer(struct peer *p);
  * test fails if none comes). */
 wire_env *peer_call(struct peer *p, wire_env *env);
 
+/* peer_call, and the reply must be of kind want. */
+wire_env *peer_ask(struct peer *c, wire_env *env, Gpumem__Wire__Envelope__BodyCase want);
+
+/* peer_call, and only the reply's code (peer_reply_code: its words into
+ * why unless NULL). */
+wire_code peer_call_code(struct peer *p, wire_env *env, char *why, size_t whylen);
+
 /* A status as the daemon sends it. */
 wire_env *peer_status(struct peer *c);
 

@@ -60,10 +60,7 @@ static wire_code share(struct peer *c, const char *tag, bool shared) {
   q.shared = shared;
   wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_SHARE);
   env.share = &q;
-  wire_env *r = peer_call(c, &env);
-  wire_code code = peer_reply_code(r, NULL, 0);
-  wire_env_free(r);
-  return code;
+  return peer_call_code(c, &env, NULL, 0);
 }
 
 /* One status page at these cursors, at most limit of each list. */
@@ -74,9 +71,7 @@ static wire_env *status_page(struct peer *c, uint64_t tags, uint64_t sessions, u
   q.limit = limit;
   wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS);
   env.status = &q;
-  wire_env *r = peer_call(c, &env);
-  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
-  return r;
+  return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
 }
 
 /* One list page after a buffer id. */
@@ -86,9 +81,7 @@ static wire_env *list_page(struct peer *c, uint64_t after, uint32_t limit) {
   q.limit = limit;
   wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_LIST);
   env.list = &q;
-  wire_env *r = peer_call(c, &env);
-  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
-  return r;
+  return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
 }
 
 /* Whether a status lists a tag. */
@@ -710,10 +703,8 @@ static void adopt_paused(struct peer *w, size_t first, size_t n) {
   q.n_buffers = n;
   wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
   env.adopt = &q;
-  wire_env *r = peer_call(w, &env);
   char why[256];
-  ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "%s", why);
-  wire_env_free(r);
+  ck_assert_msg(peer_call_code(w, &env, why, sizeof why) == CODE(OK), "%s", why);
   free(bufs);
   free(ptrs);
   free(tags);
