@@ -309,6 +309,24 @@ static void script_end(struct script *s) {
   pthread_cond_destroy(&s->cv);
 }
 
+/* Start a fake daemon running run and connect to it in a role under a
+ * name (the connection must succeed). */
+static gpumem_client *script_connect(struct script *s, void (*run)(struct script *),
+                                     const char *name, int role) {
+  script_start(s, run);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s->f.l.path, name, role, 0, &c), 0);
+  return c;
+}
+
+/* Disconnect c, end the script, and fail unless every step of it went as
+ * expected. */
+static void script_finish(struct script *s, gpumem_client *c) {
+  gpumem_disconnect(c);
+  script_end(s);
+  ck_assert_msg(s->ok, "%s", s->note);
+}
+
 /* Fail the script's check unless cond holds. */
 #define EXPECT(s, cond)                                                         \
   do {                                                                          \
@@ -354,9 +372,7 @@ static void run_race(struct script *s) {
  * the ack says done and the memory really is unmapped. */
 START_TEST(test_unmap_right_after_alloc_reply_unmaps) {
   struct script s;
-  script_start(&s, run_race);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "race", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_race, "race", GPUMEM_ROLE_WORKER);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
   await(&s, 1);
@@ -369,9 +385,7 @@ START_TEST(test_unmap_right_after_alloc_reply_unmaps) {
   ck_assert_int_eq(gpumem_free(c, b), 0);
   await(&s, 2);
   ck_assert_int_eq(s.ids[0], 7);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -411,9 +425,7 @@ static void run_truth(struct script *s) {
  * did map are not named. */
 START_TEST(test_event_acks_name_what_failed) {
   struct script s;
-  script_start(&s, run_truth);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "truth", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_truth, "truth", GPUMEM_ROLE_WORKER);
   await(&s, 1);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, GPUMEM_ALLOW_PAUSED, &b), 0);
@@ -438,9 +450,7 @@ START_TEST(test_event_acks_name_what_failed) {
   ck_assert(maps_memfd_at(gpumem_buffer_ptr(b)));
   memset(gpumem_buffer_ptr(b), 0x5a, 2 * MIB);
   ck_assert_int_eq(gpumem_free(c, b), 0);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
   ck_assert_int_eq(s.ids[0], 7);
 }
 END_TEST
@@ -461,9 +471,7 @@ static void run_error0(struct script *s) {
 START_TEST(test_error_outside_request_is_reported) {
   struct script s;
   struct conn_events l;
-  script_start(&s, run_error0);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "err0", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_error0, "err0", GPUMEM_ROLE_WORKER);
   conn_events_watch(&l, c);
   release(&s, 1);
   ck_assert(conn_events_wait(&l, 1, 0));
@@ -480,9 +488,7 @@ START_TEST(test_error_outside_request_is_reported) {
   char buf[256];
   ck_assert_int_eq(gpumem_daemon_error(c, buf, sizeof buf), GPUMEM_E_LIMIT);
   ck_assert_str_eq(buf, "LIMIT_EXCEEDED: too many buffers for uid 0");
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -641,9 +647,7 @@ START_TEST(test_request_after_unread_refusal_reports_the_daemon) {
   ck_assert_int_eq(gpumem_dispatch(c, 0), GPUMEM_E_DISCONNECTED);
   ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: session cut: 64 MiB unread"), "%s",
                 gpumem_last_error());
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -659,16 +663,12 @@ static void run_vanish(struct script *s) {
  * GPUMEM_E_DISCONNECTED instead of waiting for ever. */
 START_TEST(test_request_in_flight_fails_on_loss) {
   struct script s;
-  script_start(&s, run_vanish);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "vanish", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_vanish, "vanish", GPUMEM_ROLE_WORKER);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_DISCONNECTED);
   ck_assert_msg(strstr(gpumem_last_error(), "gpumemd closed the connection"), "%s",
                 gpumem_last_error());
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -765,9 +765,7 @@ static void run_restart(struct script *s) {
 START_TEST(test_restart_re_registers_buffers) {
   struct script s;
   struct conn_events l;
-  script_start(&s, run_restart);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "restart", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_restart, "restart", GPUMEM_ROLE_WORKER);
   conn_events_watch(&l, c);
   gpumem_buffer *a, *p;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &a), 0);
@@ -794,9 +792,7 @@ START_TEST(test_restart_re_registers_buffers) {
   await(&s, 4);
   ck_assert_int_eq(s.ids[0], 70);
   ck_assert_int_eq(s.ids[1], 80);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -829,9 +825,7 @@ START_TEST(test_dispatch_reconnects_without_thread) {
   while ((rc = gpumem_dispatch(c, 100)) != 0) ck_assert_int_eq(rc, GPUMEM_E_DISCONNECTED);
   ck_assert_int_ge(gpumem_fd(c), 0);
   await(&s, 2);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1032,9 +1026,7 @@ static void run_recorder(struct script *s) {
  * caller's smaller options struct is read only as far as it goes. */
 START_TEST(test_scopes_and_devices_reach_the_daemon_as_meant) {
   struct script s;
-  script_start(&s, run_recorder);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "rec", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_recorder, "rec", GPUMEM_ROLE_CONTROLLER);
   ck_assert_uint_eq(gpumem_device_count(c), 2);
   const char *tag = "kv";
   uint32_t pids[] = {7, 8}, zero[] = {0};
@@ -1137,9 +1129,7 @@ START_TEST(test_scopes_and_devices_reach_the_daemon_as_meant) {
   ck_assert_uint_eq(l->buffers[0]->node_device, 1);
   ck_assert_str_eq(l->buffers[0]->tag, "kv");
   gpumem_list_free(l);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
   ck_assert_str_eq(s.log, "pause own=0 pids=7,8 prefix=rank devices=1 tags=kv timeout=500\n"
                           "resume own=1 pids= prefix= devices= tags= timeout=0\n"
                           "pause own=0 pids= prefix= devices= tags=kv timeout=0\n"
@@ -1202,9 +1192,7 @@ static void run_late(struct script *s) {
  * releases its buffer when the answer comes. */
 START_TEST(test_unanswered_requests_time_out_and_late_replies_are_handled) {
   struct script s;
-  script_start(&s, run_late);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "late", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_late, "late", GPUMEM_ROLE_WORKER);
   gpumem_set_request_timeout(c, 200);
   gpumem_buffer *b = NULL;
   double t0 = now_ms();
@@ -1235,9 +1223,7 @@ START_TEST(test_unanswered_requests_time_out_and_late_replies_are_handled) {
   await(&s, 6);
   ck_assert(own_memfds_gone());
   ck_assert(!maps_memfd_at(va));
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1322,9 +1308,7 @@ static void run_refused_free(struct script *s) {
  * memory go. For the caller the buffer is gone from the timeout on. */
 START_TEST(test_refused_late_free_keeps_the_buffer_and_retries) {
   struct script s;
-  script_start(&s, run_refused_free);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "refused", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_refused_free, "refused", GPUMEM_ROLE_WORKER);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
   void *va = gpumem_buffer_ptr(b);
@@ -1339,9 +1323,7 @@ START_TEST(test_refused_late_free_keeps_the_buffer_and_retries) {
   ck_assert_msg(s.acks[0].code == 0, "ack %d: %s", s.acks[0].code, s.acks[0].message);
   await(&s, 4);
   ck_assert(own_memfds_gone());
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1372,9 +1354,7 @@ static void run_deaf(struct script *s) {
  * connection. */
 START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
   struct script s;
-  script_start(&s, run_deaf);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "deaf", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_deaf, "deaf", GPUMEM_ROLE_WORKER);
   struct conn_events l;
   conn_events_watch(&l, c);
   await(&s, 1);
@@ -1415,9 +1395,7 @@ START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
                     strstr(l.first_loss, "read nothing"),
                 "%s", l.first_loss);
   release(&s, 4);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1460,9 +1438,7 @@ static void run_trim(struct script *s) {
  * the next trim gives it back. */
 START_TEST(test_trim_returns_bytes_when_some_buffers_stay) {
   struct script s;
-  script_start(&s, run_trim);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.l.path, "trim", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_trim, "trim", GPUMEM_ROLE_WORKER);
   void *a, *b;
   ck_assert_int_eq(gpumem_malloc(c, "a", 0, MIB, 0, &a), 0);
   ck_assert_int_eq(gpumem_malloc(c, "b", 0, MIB, 0, &b), 0);
@@ -1478,9 +1454,7 @@ START_TEST(test_trim_returns_bytes_when_some_buffers_stay) {
   ck_assert_int_eq(gpumem_pool_stats(c, &st), 0);
   ck_assert_uint_eq(st.pooled_buffers, 0);
   ck_assert(own_memfds_gone());
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1532,9 +1506,7 @@ START_TEST(test_no_thread_request_handles_events_while_waiting) {
   ck_assert_int_eq(gpumem_buffer_mapped(b), 0);
   ck_assert(!maps_memfd_at(va));
   ck_assert_int_eq(gpumem_free(c, b), 0);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
   ck_assert_int_eq(s.acks[0].id, 200);
   ck_assert_msg(s.acks[0].code == 0, "ack %d: %s", s.acks[0].code, s.acks[0].message);
   ck_assert_int_eq(s.ids[0], 5);
