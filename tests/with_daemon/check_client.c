@@ -193,6 +193,15 @@ static void send_error0(struct fake *f, wire_code code, const char *text) {
   fake_send(f, &out, NULL, 0);
 }
 
+/* Queue a FreeReply to request id that gave bytes back. */
+static void push_free_reply(struct fake *f, uint64_t id, uint64_t bytes) {
+  Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
+  r.bytes = bytes;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
+  out.free_reply = &r;
+  fake_push(f, &out, NULL, 0);
+}
+
 /* Answer a FreeRequest. */
 static uint64_t answer_free(struct fake *f) {
   struct frame fr;
@@ -200,11 +209,8 @@ static uint64_t answer_free(struct fake *f) {
   uint64_t id = 0;
   if (in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE) {
     id = in->free->buffer_id;
-    Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-    r.bytes = 2 * MIB;
-    wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
-    out.free_reply = &r;
-    fake_send(f, &out, NULL, 0);
+    push_free_reply(f, in->id, 2 * MIB);
+    fake_flush(f);
   }
   wire_env_free(in);
   if (in) frame_release(&fr);
@@ -1183,10 +1189,8 @@ static void run_late(struct script *s) {
   if (in) frame_release(&fr);
   reach(s, 4);
   hold(s, 5);
-  Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-  wire_env out = peer_env(fid, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
-  out.free_reply = &r;
-  fake_send(&s->f, &out, NULL, 0);
+  push_free_reply(&s->f, fid, 0);
+  fake_flush(&s->f);
   reach(s, 6);
   EXPECT(s, fake_ended(&s->f));
 }
@@ -1296,10 +1300,8 @@ static void run_refused_free(struct script *s) {
   fid = recv_free_of(&s->f, bid);
   EXPECT(s, fid != 0);
   reach(s, 3);
-  Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-  wire_env out = peer_env(fid, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
-  out.free_reply = &r;
-  fake_send(&s->f, &out, NULL, 0);
+  push_free_reply(&s->f, fid, 0);
+  fake_flush(&s->f);
   reach(s, 4);
   EXPECT(s, fake_ended(&s->f));
 }
@@ -1422,10 +1424,7 @@ static void run_trim(struct script *s) {
     if (ok && i == 1) {
       push_error(&s->f, in->id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, "buffer is PAUSING");
     } else if (ok) {
-      Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-      wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
-      out.free_reply = &r;
-      fake_push(&s->f, &out, NULL, 0);
+      push_free_reply(&s->f, in->id, 0);
     }
     fake_flush(&s->f);
     wire_env_free(in);
