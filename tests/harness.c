@@ -571,7 +571,10 @@ int peer_await(struct peer *p, struct frame *f, int ms, wire_env **env) {
     if (err) return err;
     struct pollfd pf = {p->fd, POLLIN, 0};
     int left = ms < 0 ? -1 : (int)(end - now_ms());
-    if ((ms >= 0 && left <= 0) || poll(&pf, 1, left) != 1) return -ETIMEDOUT;
+    if (ms >= 0 && left <= 0) return -ETIMEDOUT;
+    int ready = poll(&pf, 1, left);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready != 1) return -ETIMEDOUT;
     int rc = peer_fill(p);
     if (rc <= 0) return rc;
   }

@@ -175,10 +175,10 @@ int daemon_log_count(const struct daemon *d, const char *text);
 struct conn_events {
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int lost, restored; /* events of each kind */
-  int code;           /* the last event's code, */
-  size_t count;       /* count */
-  char words[512];    /* and words */
+  int lost, restored;   /* events of each kind */
+  int code;             /* the last event's code, count and words */
+  size_t count;
+  char words[512];
   char first_loss[512]; /* the words of the first loss */
 };
 

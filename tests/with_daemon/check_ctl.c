@@ -58,6 +58,7 @@ static void fake_stop(struct fake *f) {
   }
 }
 
+/* Stop the scripted daemon and the test's daemon, then check fds. */
 static void teardown(void) {
   fake_stop(&fk);
   harness_daemon_teardown(&d);

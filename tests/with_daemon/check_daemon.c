@@ -175,6 +175,7 @@ static bool raw_closed(struct peer *p) {
   return r == NULL;
 }
 
+/* Stop the test's daemon and check that no fd leaked. */
 static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* --- tests --- */

@@ -277,6 +277,7 @@ static void setup(void) {
   harness_fd_setup();
 }
 
+/* Stop the test's daemon and check that no fd leaked. */
 static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* up_pair, a 4 MiB buffer of tag kv on device 0 for w, and c's pause of

@@ -29,6 +29,7 @@
 
 static struct daemon d;
 
+/* Stop the test's daemon and check that no fd leaked. */
 static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* Fork a child as the first process of a new pid namespace (in its own
