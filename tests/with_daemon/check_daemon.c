@@ -168,11 +168,27 @@ static wire_code raw_alloc(struct peer *p, const char *tag, unsigned dev, uint64
   return raw_reply(p, text);
 }
 
+/* Connect, say Hello in a role, and take the HelloReply. */
+static void raw_session(struct peer *p, int role) {
+  raw_hello(p, role, WIRE_VERSION_MAJOR);
+  wire_env_free(raw_read(p));
+}
+
 /* True when the daemon closed the connection. */
 static bool raw_closed(struct peer *p) {
   wire_env *r = raw_read(p);
   wire_env_free(r);
   return r == NULL;
+}
+
+/* The reply to p's last request is an Error of code, then the daemon
+ * ends the session; p is closed. */
+static void raw_ends_with(struct peer *p, wire_code code) {
+  wire_env *r = raw_read(p);
+  ck_assert_int_eq(r->error->code, code);
+  wire_env_free(r);
+  ck_assert(raw_closed(p));
+  peer_close(p);
 }
 
 /* Stop the test's daemon and check that no fd leaked. */
@@ -410,8 +426,7 @@ START_TEST(bad_requests_get_clear_errors) {
   daemon_start(&d, "--host-device-size", "256M", NULL);
   char text[256];
   struct peer fd;
-  raw_hello(&fd, GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
-  wire_env_free(raw_read(&fd));
+  raw_session(&fd, GPUMEM__WIRE__ROLE__ROLE_WORKER);
   ck_assert_int_eq(raw_alloc(&fd, "", 0, MiB, text), CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(text, "invalid tag"));
   ck_assert_int_eq(raw_alloc(&fd, "kv cache", 0, MiB, NULL), CODE(INVALID_ARGUMENT));
@@ -449,8 +464,7 @@ START_TEST(bad_requests_get_clear_errors) {
   ck_assert_int_eq(raw_alloc(&fd, "kv", 0, MiB, NULL), CODE(OK));
   /* Controllers do not allocate; devices are checked. */
   struct peer cfd;
-  raw_hello(&cfd, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
-  wire_env_free(raw_read(&cfd));
+  raw_session(&cfd, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
   ck_assert_int_eq(raw_alloc(&cfd, "kv", 0, MiB, NULL), CODE(PERMISSION_DENIED));
   uint32_t dev = 9;
   p.n_tags = 1;
@@ -476,33 +490,19 @@ START_TEST(bad_requests_get_clear_errors) {
   ck_assert(raw_closed(&x));
   peer_close(&x);
   raw_hello(&x, GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR + 1);
-  wire_env *r = raw_read(&x);
-  ck_assert_int_eq(r->error->code, CODE(VERSION_MISMATCH));
-  wire_env_free(r);
-  ck_assert(raw_closed(&x));
-  peer_close(&x);
-  raw_hello(&x, GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
-  wire_env_free(raw_read(&x));
+  raw_ends_with(&x, CODE(VERSION_MISMATCH));
+  raw_session(&x, GPUMEM__WIRE__ROLE__ROLE_WORKER);
   int spare = dup(1);
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
   env.status = &sr;
   env.fd_count = 1;
   peer_put(&x, &env, &spare, 1);
-  r = raw_read(&x);
-  ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
-  wire_env_free(r);
-  ck_assert(raw_closed(&x));
-  peer_close(&x);
-  raw_hello(&x, GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
-  wire_env_free(raw_read(&x));
+  raw_ends_with(&x, CODE(PROTOCOL_ERROR));
+  raw_session(&x, GPUMEM__WIRE__ROLE__ROLE_WORKER);
   uint8_t huge[4] = {0, 0, 0, 0x10}; /* 256 MiB */
   ck_assert_int_eq(write(x.fd, huge, 4), 4);
-  r = raw_read(&x);
-  ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
-  wire_env_free(r);
-  ck_assert(raw_closed(&x));
-  peer_close(&x);
+  raw_ends_with(&x, CODE(PROTOCOL_ERROR));
   /* Nothing leaked into the registry: the worker's buffer and ours. */
   gpumem_client *c = controller();
   struct gpumem_list *list;
