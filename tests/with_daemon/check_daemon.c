@@ -401,17 +401,17 @@ END_TEST
 START_TEST(garbage_client_is_dropped_and_others_carry_on) {
   struct worker w;
   daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
-  struct peer fd;
-  peer_connect(&fd, &d);
+  struct peer raw;
+  peer_connect(&raw, &d);
   uint8_t junk[] = {5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff};
-  ck_assert_int_eq(write(fd.fd, junk, sizeof junk), (ssize_t)sizeof junk);
-  wire_env *r = raw_read(&fd);
+  ck_assert_int_eq(write(raw.fd, junk, sizeof junk), (ssize_t)sizeof junk);
+  wire_env *r = raw_read(&raw);
   ck_assert_ptr_nonnull(r);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
   wire_env_free(r);
-  ck_assert(raw_closed(&fd));
-  peer_close(&fd);
+  ck_assert(raw_closed(&raw));
+  peer_close(&raw);
   gpumem_client *c = controller();
   ck_assert_int_eq(pause_tag(c, "kv", NULL), 0);
   ck_assert_int_eq(resume_tag(c, "kv", NULL), 0);
@@ -425,20 +425,20 @@ END_TEST
 START_TEST(bad_requests_get_clear_errors) {
   daemon_start(&d, "--host-device-size", "256M", NULL);
   char text[256];
-  struct peer fd;
-  raw_session(&fd, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  ck_assert_int_eq(raw_alloc(&fd, "", 0, MiB, text), CODE(INVALID_ARGUMENT));
+  struct peer raw;
+  raw_session(&raw, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  ck_assert_int_eq(raw_alloc(&raw, "", 0, MiB, text), CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(text, "invalid tag"));
-  ck_assert_int_eq(raw_alloc(&fd, "kv cache", 0, MiB, NULL), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv cache", 0, MiB, NULL), CODE(INVALID_ARGUMENT));
   char longtag[80];
   memset(longtag, 'a', sizeof longtag - 1);
   longtag[79] = '\0';
-  ck_assert_int_eq(raw_alloc(&fd, longtag, 0, MiB, NULL), CODE(INVALID_ARGUMENT));
-  ck_assert_int_eq(raw_alloc(&fd, "kv", 0, 0, text), CODE(INVALID_ARGUMENT));
-  ck_assert_int_eq(raw_alloc(&fd, "kv", 0, 257 * MiB, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, longtag, 0, MiB, NULL), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 0, 0, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 0, 257 * MiB, text), CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(text, "larger than device"));
-  ck_assert_int_eq(raw_alloc(&fd, "kv", 0, UINT64_MAX, NULL), CODE(INVALID_ARGUMENT));
-  ck_assert_int_eq(raw_alloc(&fd, "kv", 7, MiB, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 0, UINT64_MAX, NULL), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 7, MiB, text), CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(text, "device 7 out of range"));
   /* Unknown and foreign buffer ids look the same. */
   struct worker w;
@@ -447,9 +447,9 @@ START_TEST(bad_requests_get_clear_errors) {
   wire_env env = peer_env(3, GPUMEM__WIRE__ENVELOPE__BODY_FREE);
   env.free = &fr;
   fr.buffer_id = 999;
-  ck_assert_int_eq(raw_call(&fd, &env, text), CODE(NOT_FOUND));
+  ck_assert_int_eq(raw_call(&raw, &env, text), CODE(NOT_FOUND));
   fr.buffer_id = 1; /* the worker's */
-  ck_assert_int_eq(raw_call(&fd, &env, text), CODE(NOT_FOUND));
+  ck_assert_int_eq(raw_call(&raw, &env, text), CODE(NOT_FOUND));
   /* Workers do not pause. */
   char *tags[] = {"kv"};
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
@@ -457,20 +457,20 @@ START_TEST(bad_requests_get_clear_errors) {
   p.n_tags = 1;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
   env.pause = &p;
-  ck_assert_int_eq(raw_call(&fd, &env, text), CODE(PERMISSION_DENIED));
+  ck_assert_int_eq(raw_call(&raw, &env, text), CODE(PERMISSION_DENIED));
   p.n_tags = 0; /* every tag: still not a worker's to pause */
-  ck_assert_int_eq(raw_call(&fd, &env, text), CODE(PERMISSION_DENIED));
+  ck_assert_int_eq(raw_call(&raw, &env, text), CODE(PERMISSION_DENIED));
   /* The session is still fine. */
-  ck_assert_int_eq(raw_alloc(&fd, "kv", 0, MiB, NULL), CODE(OK));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 0, MiB, NULL), CODE(OK));
   /* Controllers do not allocate; devices are checked. */
-  struct peer cfd;
-  raw_session(&cfd, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
-  ck_assert_int_eq(raw_alloc(&cfd, "kv", 0, MiB, NULL), CODE(PERMISSION_DENIED));
+  struct peer raw_ctl;
+  raw_session(&raw_ctl, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  ck_assert_int_eq(raw_alloc(&raw_ctl, "kv", 0, MiB, NULL), CODE(PERMISSION_DENIED));
   uint32_t dev = 9;
   p.n_tags = 1;
   p.devices = &dev;
   p.n_devices = 1;
-  ck_assert_int_eq(raw_call(&cfd, &env, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_call(&raw_ctl, &env, text), CODE(INVALID_ARGUMENT));
   /* Hello twice ends the session. */
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
   h.version_major = WIRE_VERSION_MAJOR;
@@ -478,9 +478,9 @@ START_TEST(bad_requests_get_clear_errors) {
   h.name = "";
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
   env.hello = &h;
-  ck_assert_int_eq(raw_call(&cfd, &env, NULL), CODE(PROTOCOL_ERROR));
-  ck_assert(raw_closed(&cfd));
-  peer_close(&cfd);
+  ck_assert_int_eq(raw_call(&raw_ctl, &env, NULL), CODE(PROTOCOL_ERROR));
+  ck_assert(raw_closed(&raw_ctl));
+  peer_close(&raw_ctl);
   /* So do a request before Hello, a wrong major version, fds on a
    * request, and an oversized frame. */
   struct peer x;
@@ -509,7 +509,7 @@ START_TEST(bad_requests_get_clear_errors) {
   ck_assert_int_eq(gpumem_list(c, &list), 2);
   gpumem_list_free(list);
   gpumem_disconnect(c);
-  peer_close(&fd);
+  peer_close(&raw);
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST
@@ -652,16 +652,16 @@ END_TEST
 START_TEST(controller_disconnect_does_not_stop_a_pause) {
   struct worker w;
   daemon_with_worker(&d, &w, "--tag", "kv", "--size", "8M", NULL);
-  struct peer fd;
-  raw_hello(&fd, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
+  struct peer raw;
+  raw_hello(&raw, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
   char *tags[] = {"kv"};
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   p.tags = tags;
   p.n_tags = 1;
   wire_env env = peer_env(2, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   env.pause = &p;
-  peer_put(&fd, &env, NULL, 0);
-  peer_close(&fd);
+  peer_put(&raw, &env, NULL, 0);
+  peer_close(&raw);
   ck_assert(worker_wait_for(&w, "paused buffer", 1, 3000));
   gpumem_client *c = controller();
   ck_assert(wait_paused(c, "kv", 1, 8 * MiB));
