@@ -352,6 +352,12 @@ static void script_finish(struct script *s, gpumem_client *c) {
     }                                                                           \
   } while (0)
 
+/* Accept the client's connection and answer its Hello (fake_hello). */
+static void script_greet(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+}
+
 /* True if this process maps a memfd of the host backend at va. */
 static bool maps_memfd_at(const void *va) {
   FILE *m = fopen("/proc/self/maps", "r");
@@ -368,8 +374,7 @@ static bool maps_memfd_at(const void *va) {
 
 /* Script: the AllocReply and an Unmap of that buffer in one write. */
 static void run_race(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f), bid = 7;
   EXPECT(s, id != 0);
   push_alloc_reply(&s->f, id, bid, false);
@@ -405,8 +410,7 @@ END_TEST
 
 /* Script: unknown ids, a remap that cannot map, a remap half unknown. */
 static void run_truth(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t unknown[2] = {42, 43};
   push_unmap(&s->f, 101, unknown, 2);
   fake_flush(&s->f);
@@ -470,8 +474,7 @@ END_TEST
 /* Script: an error outside any request, then the connection ends and the
  * socket stays silent (no daemon comes back). */
 static void run_error0(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   hold(s, 1);
   send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "too many buffers for uid 0");
   fake_vanish(&s->f);
@@ -627,8 +630,7 @@ END_TEST
 /* Script: greet, then say why outside any request and close; then tell
  * the test. */
 static void run_limit_then_close(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "session cut: 64 MiB unread");
   fake_vanish(&s->f);
   reach(s, 1);
@@ -665,8 +667,7 @@ END_TEST
 
 /* Script: take an alloc, never answer, go away. */
 static void run_vanish(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   EXPECT(s, recv_alloc(&s->f) != 0);
   fake_vanish(&s->f);
 }
@@ -711,8 +712,7 @@ END_TEST
 /* Script: two buffers (one mapped, one paused), SHUTTING_DOWN, then a new
  * daemon on the same socket that adopts them with new ids. */
 static void run_restart(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f);
   push_alloc_reply(&s->f, id, 7, false);
   fake_flush(&s->f);
@@ -722,8 +722,7 @@ static void run_restart(struct script *s) {
   reach(s, 1);
   hold(s, 2);
   send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, "gpumemd is stopping");
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   struct frame fr;
   wire_env *in = fake_recv(&s->f, &fr);
   EXPECT(s, in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
@@ -810,12 +809,10 @@ END_TEST
 
 /* Script: go away, then come back (no buffers to adopt). */
 static void run_bounce(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   hold(s, 1);
   fake_hangup(&s->f);
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   reach(s, 2);
   struct frame fr;
   wire_env *in = fake_recv(&s->f, &fr);
@@ -1166,8 +1163,7 @@ static bool own_memfds_gone(void) {
  * take the free the library sends for it; then leave a free unanswered
  * until the test says. */
 static void run_late(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f);
   EXPECT(s, id != 0);
   reach(s, 1);
@@ -1263,8 +1259,7 @@ static uint64_t recv_free_of(struct fake *f, uint64_t bid) {
  * write; take the ack and the free sent again (in either order), refuse
  * that too, and free the buffer at the third try. */
 static void run_refused_free(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f), bid = 11;
   EXPECT(s, id != 0);
   push_alloc_reply(&s->f, id, bid, false);
@@ -1336,8 +1331,7 @@ END_TEST
  * Unmap event and again read nothing until the test says; then read
  * until the client goes. */
 static void run_deaf(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   reach(s, 1);
   hold(s, 2);
   uint64_t bid = 99;
@@ -1408,8 +1402,7 @@ END_TEST
  * first free with FreeReply and the second with WRONG_STATE; the next free
  * gets a FreeReply. */
 static void run_trim(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   for (uint64_t bid = 21; bid <= 22; bid++) {
     uint64_t id = recv_alloc(&s->f);
     EXPECT(s, id != 0);
@@ -1461,8 +1454,7 @@ END_TEST
 /* Script: the client pauses its own tag; the daemon sends this session
  * the Unmap and answers the pause only after the ack. */
 static void run_self_pause(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f), bid = 5;
   EXPECT(s, id != 0);
   push_alloc_reply(&s->f, id, bid, false);
