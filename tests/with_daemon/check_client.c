@@ -193,13 +193,13 @@ static void send_error0(struct fake *f, wire_code code, const char *text) {
   fake_send(f, &out, NULL, 0);
 }
 
-/* Queue a FreeReply to request id that gave bytes back. */
-static void push_free_reply(struct fake *f, uint64_t id, uint64_t bytes) {
+/* Send a FreeReply to request id that gave bytes back. */
+static void send_free_reply(struct fake *f, uint64_t id, uint64_t bytes) {
   Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
   r.bytes = bytes;
   wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
   out.free_reply = &r;
-  fake_push(f, &out, NULL, 0);
+  fake_send(f, &out, NULL, 0);
 }
 
 /* Answer a FreeRequest. */
@@ -209,8 +209,7 @@ static uint64_t answer_free(struct fake *f) {
   uint64_t id = 0;
   if (in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE) {
     id = in->free->buffer_id;
-    push_free_reply(f, in->id, 2 * MIB);
-    fake_flush(f);
+    send_free_reply(f, in->id, 2 * MIB);
   }
   wire_env_free(in);
   if (in) frame_release(&fr);
@@ -1185,8 +1184,7 @@ static void run_late(struct script *s) {
   if (in) frame_release(&fr);
   reach(s, 4);
   hold(s, 5);
-  push_free_reply(&s->f, fid, 0);
-  fake_flush(&s->f);
+  send_free_reply(&s->f, fid, 0);
   reach(s, 6);
   EXPECT(s, fake_ended(&s->f));
 }
@@ -1295,8 +1293,7 @@ static void run_refused_free(struct script *s) {
   fid = recv_free_of(&s->f, bid);
   EXPECT(s, fid != 0);
   reach(s, 3);
-  push_free_reply(&s->f, fid, 0);
-  fake_flush(&s->f);
+  send_free_reply(&s->f, fid, 0);
   reach(s, 4);
   EXPECT(s, fake_ended(&s->f));
 }
@@ -1417,7 +1414,7 @@ static void run_trim(struct script *s) {
     if (ok && i == 1) {
       push_error(&s->f, in->id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, "buffer is PAUSING");
     } else if (ok) {
-      push_free_reply(&s->f, in->id, 0);
+      send_free_reply(&s->f, in->id, 0);
     }
     fake_flush(&s->f);
     wire_env_free(in);
