@@ -118,6 +118,14 @@ static bool wait_sessions(gpumem_client *c, size_t n) {
   return false;
 }
 
+/* What gpumem_list returns for c (the buffers it lists), the list freed. */
+static int listed(gpumem_client *c) {
+  struct gpumem_list *list;
+  int n = gpumem_list(c, &list);
+  if (n >= 0) gpumem_list_free(list);
+  return n;
+}
+
 /* The pointer printed on the first line that starts with prefix and id. */
 static void ptr_of(const struct worker *w, const char *what, unsigned long long id, char *out) {
   char key[64];
@@ -505,9 +513,7 @@ START_TEST(bad_requests_get_clear_errors) {
   raw_ends_with(&x, CODE(PROTOCOL_ERROR));
   /* Nothing leaked into the registry: the worker's buffer and ours. */
   gpumem_client *c = controller();
-  struct gpumem_list *list;
-  ck_assert_int_eq(gpumem_list(c, &list), 2);
-  gpumem_list_free(list);
+  ck_assert_int_eq(listed(c), 2);
   gpumem_disconnect(c);
   peer_close(&raw);
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
@@ -743,9 +749,7 @@ START_TEST(one_client_from_many_threads) {
     pthread_join(tid[i], NULL);
     ck_assert_int_eq(t[i].failures, 0);
   }
-  struct gpumem_list *list;
-  ck_assert_int_eq(gpumem_list(w, &list), 1);
-  gpumem_list_free(list);
+  ck_assert_int_eq(listed(w), 1);
   gpumem_disconnect(c);
   gpumem_disconnect(w);
 }
