@@ -88,8 +88,9 @@ static const char *daemon_fd_list(void) {
 static int daemon_sockets(void) { return proc_fds_with(d.pid, "socket:"); }
 
 /* Start the daemon with the arguments in args (NULL-terminated, at least
- * 8 entries: 8 are passed on) and give it a bounded time to close daemon_start's probe connection (it sometimes
- * keeps it longer: fd figures below count sockets apart for that reason). */
+ * 8 entries: 8 are passed on) and give it a bounded time to close
+ * daemon_start's probe connection (it sometimes keeps it longer: fd
+ * figures below count sockets apart for that reason). */
 static void daemon_upv(const char *const *args) {
   daemon_start(&d, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7],
                NULL);

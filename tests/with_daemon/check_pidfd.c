@@ -276,7 +276,8 @@ START_TEST(connection_pins_its_peer) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("pidfd", 30, NULL, teardown, unseen_pid_is_never_signalled_and_its_session_ends,
+  return HARNESS_RUN("pidfd", 30, NULL, teardown,
+                     unseen_pid_is_never_signalled_and_its_session_ends,
                      recycled_pid_is_never_signalled, pidfd_open_fallback_checks_the_credentials,
                      connection_pins_its_peer);
 }
