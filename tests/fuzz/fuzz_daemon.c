@@ -297,6 +297,15 @@ static void auto_ack(struct conn *c, const wire_env *ev) {
   c->acks[c->nacks++] = (struct ack){ev->id, failed};
 }
 
+/* An envelope with an id and the kind of its body (the caller points the
+ * body's member at it). */
+static wire_env envelope(uint64_t id, Gpumem__Wire__Envelope__BodyCase body) {
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = id;
+  env.body_case = body;
+  return env;
+}
+
 /* Send the queued automatic acks: OK, or (auto_ack 2) a failure naming
  * the event's first buffer. */
 static void send_acks(struct world *w, struct conn *c) {
@@ -310,9 +319,7 @@ static void send_acks(struct world *w, struct conn *c) {
       a.failed_ids = &k.failed;
       a.n_failed_ids = k.failed != 0;
     }
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-    env.id = k.event;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ACK;
+    wire_env env = envelope(k.event, GPUMEM__WIRE__ENVELOPE__BODY_ACK);
     env.ack = &a;
     send_env(w, c, &env, NULL, 0, false);
   }
@@ -651,8 +658,7 @@ static void act_hello(struct world *w, struct conn *c, struct in *in, struct how
   m.version_major = (b & 4) ? u8(in) : WIRE_VERSION_MAJOR;
   m.version_minor = WIRE_VERSION_MINOR;
   m.name = str(in, name, sizeof name);
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
+  wire_env env = envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_HELLO);
   env.hello = &m;
   send_how(w, c, &env, h, NULL, 0);
 }
@@ -666,8 +672,7 @@ static void act_alloc(struct world *w, struct conn *c, struct in *in, struct how
   m.device = b & 0x80 ? u32(in) : b % (NDEV + 1);
   m.size = size_of(in);
   m.flags = b & 0x40 ? u32(in) : (b >> 2) & 7;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
+  wire_env env = envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC);
   env.alloc = &m;
   send_how(w, c, &env, h, NULL, 0);
 }
@@ -676,8 +681,7 @@ static void act_alloc(struct world *w, struct conn *c, struct in *in, struct how
 static void act_free(struct world *w, struct conn *c, struct in *in, struct how *h) {
   Gpumem__Wire__FreeRequest m = GPUMEM__WIRE__FREE_REQUEST__INIT;
   m.buffer_id = buffer_id(c, in);
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  wire_env env = envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_FREE);
   env.free = &m;
   send_how(w, c, &env, h, NULL, 0);
 }
@@ -697,20 +701,19 @@ static void act_op(struct world *w, struct conn *c, struct in *in, struct how *h
   bool own = b & 0x40;
   char *pre = b & 0x80 ? str(in, prefix, sizeof prefix) : (char *)"";
   uint64_t residual = (t & 0x40) ? u64(in) : 0;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  wire_env env = envelope(0, resume ? GPUMEM__WIRE__ENVELOPE__BODY_RESUME
+                                    : GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   Gpumem__Wire__ResumeRequest r = GPUMEM__WIRE__RESUME_REQUEST__INIT;
   if (resume) {
     r.tags = tags, r.n_tags = ntags, r.devices = devs, r.n_devices = ndevs;
     r.timeout_ms = timeout, r.pids = pids, r.n_pids = npids, r.own = own;
     r.session_prefix = pre;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_RESUME;
     env.resume = &r;
   } else {
     p.tags = tags, p.n_tags = ntags, p.devices = devs, p.n_devices = ndevs;
     p.timeout_ms = timeout, p.pids = pids, p.n_pids = npids, p.own = own;
     p.session_prefix = pre, p.max_residual = residual;
-    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
     env.pause = &p;
   }
   send_how(w, c, &env, h, NULL, 0);
@@ -732,8 +735,7 @@ static void act_ack(struct world *w, struct conn *c, struct in *in, struct how *
   if (!(b & 0x40) && c->nevents) h->id = c->events[c->nevents - 1 - h->id % c->nevents];
   if (b & 0x20) /* "unmap" first: the client lets go of what it holds */
     for (size_t i = 0; i < c->nids; i++) drop_held(c, c->ids[i]);
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ACK;
+  wire_env env = envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_ACK);
   env.ack = &a;
   send_how(w, c, &env, h, NULL, 0);
 }
@@ -803,8 +805,7 @@ static void act_adopt(struct world *w, struct conn *c, struct in *in, struct how
   Gpumem__Wire__AdoptRequest m = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
   m.buffers = pb;
   m.n_buffers = n;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
+  wire_env env = envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
   env.adopt = &m;
   send_how(w, c, &env, h, fds, nfds);
 }

@@ -28,87 +28,62 @@
 
 #define MIB (1ull << 20)
 
-/* The fake daemon: one listening socket and the connection it accepted. */
+/* The fake daemon: a listening socket and the connection it accepted,
+ * the daemon's side of a harness peer. */
 struct fake {
-  char dir[64], path[96];
-  int lfd, fd;
-  frame_reader *r;
-  frame_writer *w;
+  struct listener l;
+  struct peer p;
 };
 
 /* Listen on a fresh socket path. */
 static void fake_listen(struct fake *f) {
-  memset(f, 0, sizeof *f);
-  f->fd = -1;
-  snprintf(f->dir, sizeof f->dir, "/tmp/gpumem-client.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(f->dir));
-  snprintf(f->path, sizeof f->path, "%s/sock", f->dir);
-  struct sockaddr_un addr = {.sun_family = AF_UNIX};
-  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", f->path);
-  f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ck_assert_int_ge(f->lfd, 0);
-  ck_assert_int_eq(bind(f->lfd, (struct sockaddr *)&addr, sizeof addr), 0);
-  ck_assert_int_eq(listen(f->lfd, 8), 0);
+  peer_listen(&f->l, "gpumem-client");
+  f->p = (struct peer){.fd = -1};
 }
 
 /* Accept the next connection (the previous one is closed first). */
-static void fake_accept(struct fake *f) {
-  if (f->fd >= 0) close(f->fd);
-  frame_reader_destroy(f->r);
-  frame_writer_destroy(f->w);
-  f->fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
-  f->r = frame_reader_create(WIRE_MAX_REQUEST);
-  f->w = frame_writer_create();
-}
+static void fake_accept(struct fake *f) { peer_accept(&f->p, &f->l); }
 
 /* Close the connection (not the listening socket). */
-static void fake_hangup(struct fake *f) {
-  if (f->fd >= 0) close(f->fd);
-  f->fd = -1;
-  frame_reader_destroy(f->r);
-  frame_writer_destroy(f->w);
-  f->r = NULL;
-  f->w = NULL;
+static void fake_hangup(struct fake *f) { peer_close(&f->p); }
+
+/* Close the connection and stop listening: no daemon is there any more. */
+static void fake_vanish(struct fake *f) {
+  peer_close(&f->p);
+  peer_unlisten(&f->l);
 }
 
 /* Close everything and remove the directory. */
 static void fake_close(struct fake *f) {
-  fake_hangup(f);
-  if (f->lfd >= 0) close(f->lfd);
-  f->lfd = -1;
-  unlink(f->path);
-  rmdir(f->dir);
+  peer_close(&f->p);
+  peer_listen_close(&f->l);
 }
 
 /* The next message from the client (NULL at end of stream); its fds go
  * to fr, which the caller releases. */
 static wire_env *fake_recv(struct fake *f, struct frame *fr) {
-  for (;;) {
-    if (frame_reader_next(f->r, fr) > 0) return wire_unpack(fr->data, fr->len);
-    struct pollfd p = {f->fd, POLLIN, 0};
-    poll(&p, 1, -1);
-    ssize_t n = frame_reader_fill(f->r, f->fd);
-    if (n == 0 || (n < 0 && n != -EAGAIN)) return NULL;
-  }
+  wire_env *env;
+  return peer_await(&f->p, fr, -1, &env) == 1 ? env : NULL;
 }
 
-/* Queue a message with fds (consumed); sent by fake_flush. */
+/* True if the client ends the connection before it sends anything more. */
+static bool fake_ended(struct fake *f) {
+  struct frame fr;
+  wire_env *more = fake_recv(f, &fr);
+  if (!more) return true;
+  wire_env_free(more);
+  frame_release(&fr);
+  return false;
+}
+
+/* Queue a message with fds (consumed), declaring them; sent by fake_flush. */
 static void fake_push(struct fake *f, wire_env *env, const int *fds, size_t nfds) {
   env->fd_count = (uint32_t)nfds;
-  size_t len;
-  uint8_t *b = wire_pack(env, &len);
-  frame_writer_push(f->w, b, len, fds, nfds);
-  free(b);
+  peer_push(&f->p, env, fds, nfds);
 }
 
 /* Send everything queued. */
-static void fake_flush(struct fake *f) {
-  int rc;
-  while ((rc = frame_writer_flush(f->w, f->fd)) == -EAGAIN) {
-    struct pollfd p = {f->fd, POLLOUT, 0};
-    poll(&p, 1, -1);
-  }
-}
+static void fake_flush(struct fake *f) { peer_flush_within(&f->p, -1); }
 
 /* Send one message now. */
 static void fake_send(struct fake *f, wire_env *env, const int *fds, size_t nfds) {
@@ -138,9 +113,7 @@ static bool fake_hello_devices(struct fake *f, const char *const *bus, size_t n)
     r.granularity = 2 * MIB;
     r.devices = dp;
     r.n_devices = n;
-    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-    out.id = in->id;
-    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
+    wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
     out.hello_reply = &r;
     fake_send(f, &out, NULL, 0);
   }
@@ -175,9 +148,7 @@ static void push_alloc_reply(struct fake *f, uint64_t id, uint64_t bid, bool pau
   r.state = paused ? GPUMEM__WIRE__BUFFER_STATE__PAUSED : GPUMEM__WIRE__BUFFER_STATE__ACTIVE;
   r.chunk_sizes = &size;
   r.n_chunk_sizes = 1;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY);
   out.alloc_reply = &r;
   int fd = paused ? -1 : chunk(size);
   fake_push(f, &out, &fd, paused ? 0 : 1);
@@ -188,9 +159,7 @@ static void push_unmap(struct fake *f, uint64_t eid, uint64_t *ids, size_t n) {
   Gpumem__Wire__UnmapEvent u = GPUMEM__WIRE__UNMAP_EVENT__INIT;
   u.buffer_ids = ids;
   u.n_buffer_ids = n;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = eid;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
+  wire_env out = peer_env(eid, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
   out.unmap = &u;
   fake_push(f, &out, NULL, 0);
 }
@@ -209,9 +178,7 @@ static void send_remap(struct fake *f, uint64_t eid, uint64_t *ids, size_t n, in
   Gpumem__Wire__RemapEvent r = GPUMEM__WIRE__REMAP_EVENT__INIT;
   r.entries = ep;
   r.n_entries = n;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = eid;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
+  wire_env out = peer_env(eid, GPUMEM__WIRE__ENVELOPE__BODY_REMAP);
   out.remap = &r;
   fake_send(f, &out, fds, n);
 }
@@ -221,9 +188,17 @@ static void send_error0(struct fake *f, wire_code code, const char *text) {
   Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
   e.code = code;
   e.message = (char *)text;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  wire_env out = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   out.error = &e;
+  fake_send(f, &out, NULL, 0);
+}
+
+/* Send a FreeReply to request id that gave bytes back. */
+static void send_free_reply(struct fake *f, uint64_t id, uint64_t bytes) {
+  Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
+  r.bytes = bytes;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY);
+  out.free_reply = &r;
   fake_send(f, &out, NULL, 0);
 }
 
@@ -234,13 +209,7 @@ static uint64_t answer_free(struct fake *f) {
   uint64_t id = 0;
   if (in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_FREE) {
     id = in->free->buffer_id;
-    Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-    r.bytes = 2 * MIB;
-    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-    out.id = in->id;
-    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
-    out.free_reply = &r;
-    fake_send(f, &out, NULL, 0);
+    send_free_reply(f, in->id, 2 * MIB);
   }
   wire_env_free(in);
   if (in) frame_release(&fr);
@@ -355,6 +324,24 @@ static void script_end(struct script *s) {
   pthread_cond_destroy(&s->cv);
 }
 
+/* Start a fake daemon running run and connect to it in a role under a
+ * name (the connection must succeed). */
+static gpumem_client *script_connect(struct script *s, void (*run)(struct script *),
+                                     const char *name, int role) {
+  script_start(s, run);
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(s->f.l.path, name, role, 0, &c), 0);
+  return c;
+}
+
+/* Disconnect c, end the script, and fail unless every step of it went as
+ * expected. */
+static void script_finish(struct script *s, gpumem_client *c) {
+  gpumem_disconnect(c);
+  script_end(s);
+  ck_assert_msg(s->ok, "%s", s->note);
+}
+
 /* Fail the script's check unless cond holds. */
 #define EXPECT(s, cond)                                                         \
   do {                                                                          \
@@ -363,6 +350,12 @@ static void script_end(struct script *s) {
       snprintf((s)->note, sizeof (s)->note, "line %d: %s", __LINE__, #cond);    \
     }                                                                           \
   } while (0)
+
+/* Accept the client's connection and answer its Hello (fake_hello). */
+static void script_greet(struct script *s) {
+  fake_accept(&s->f);
+  EXPECT(s, fake_hello(&s->f));
+}
 
 /* True if this process maps a memfd of the host backend at va. */
 static bool maps_memfd_at(const void *va) {
@@ -380,8 +373,7 @@ static bool maps_memfd_at(const void *va) {
 
 /* Script: the AllocReply and an Unmap of that buffer in one write. */
 static void run_race(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f), bid = 7;
   EXPECT(s, id != 0);
   push_alloc_reply(&s->f, id, bid, false);
@@ -391,18 +383,14 @@ static void run_race(struct script *s) {
   reach(s, 1);
   s->ids[0] = answer_free(&s->f);
   reach(s, 2);
-  struct frame fr;
-  wire_env *end = fake_recv(&s->f, &fr);
-  EXPECT(s, end == NULL);
+  EXPECT(s, fake_ended(&s->f));
 }
 
 /* An Unmap that arrives right behind the AllocReply finds the buffer:
  * the ack says done and the memory really is unmapped. */
 START_TEST(test_unmap_right_after_alloc_reply_unmaps) {
   struct script s;
-  script_start(&s, run_race);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "race", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_race, "race", GPUMEM_ROLE_WORKER);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
   await(&s, 1);
@@ -415,16 +403,13 @@ START_TEST(test_unmap_right_after_alloc_reply_unmaps) {
   ck_assert_int_eq(gpumem_free(c, b), 0);
   await(&s, 2);
   ck_assert_int_eq(s.ids[0], 7);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
 /* Script: unknown ids, a remap that cannot map, a remap half unknown. */
 static void run_truth(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t unknown[2] = {42, 43};
   push_unmap(&s->f, 101, unknown, 2);
   fake_flush(&s->f);
@@ -447,9 +432,7 @@ static void run_truth(struct script *s) {
   EXPECT(s, recv_ack(&s->f, &s->acks[2]));
   reach(s, 4);
   s->ids[0] = answer_free(&s->f);
-  struct frame fr;
-  wire_env *end = fake_recv(&s->f, &fr);
-  EXPECT(s, end == NULL);
+  EXPECT(s, fake_ended(&s->f));
 }
 
 /* Every event is answered truthfully: unknown ids are NOT_FOUND and named,
@@ -457,9 +440,7 @@ static void run_truth(struct script *s) {
  * did map are not named. */
 START_TEST(test_event_acks_name_what_failed) {
   struct script s;
-  script_start(&s, run_truth);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "truth", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_truth, "truth", GPUMEM_ROLE_WORKER);
   await(&s, 1);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, GPUMEM_ALLOW_PAUSED, &b), 0);
@@ -484,54 +465,18 @@ START_TEST(test_event_acks_name_what_failed) {
   ck_assert(maps_memfd_at(gpumem_buffer_ptr(b)));
   memset(gpumem_buffer_ptr(b), 0x5a, 2 * MIB);
   ck_assert_int_eq(gpumem_free(c, b), 0);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
   ck_assert_int_eq(s.ids[0], 7);
 }
 END_TEST
 
-/* What the connection hook saw. */
-struct conn_log {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int lost, restored, code;
-  size_t count;
-  char words[512];
-};
-
-static void on_conn(gpumem_client *c, int event, int code, const char *words, size_t count,
-                    void *user) {
-  (void)c;
-  struct conn_log *l = user;
-  pthread_mutex_lock(&l->mu);
-  if (event == GPUMEM_CONN_LOST) l->lost++;
-  if (event == GPUMEM_CONN_RESTORED) l->restored++;
-  l->code = code;
-  l->count = count;
-  snprintf(l->words, sizeof l->words, "%s", words);
-  pthread_cond_broadcast(&l->cv);
-  pthread_mutex_unlock(&l->mu);
-}
-
-/* Wait until the hook saw lost and restored events. */
-static void conn_wait(struct conn_log *l, int lost, int restored) {
-  pthread_mutex_lock(&l->mu);
-  while (l->lost < lost || l->restored < restored) pthread_cond_wait(&l->cv, &l->mu);
-  pthread_mutex_unlock(&l->mu);
-}
-
 /* Script: an error outside any request, then the connection ends and the
  * socket stays silent (no daemon comes back). */
 static void run_error0(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   hold(s, 1);
   send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "too many buffers for uid 0");
-  fake_hangup(&s->f);
-  close(s->f.lfd);
-  s->f.lfd = -1;
-  unlink(s->f.path);
+  fake_vanish(&s->f);
 }
 
 /* An error the daemon sends outside a request (id 0) reaches the next
@@ -539,13 +484,11 @@ static void run_error0(struct script *s) {
  * library tries to reconnect. */
 START_TEST(test_error_outside_request_is_reported) {
   struct script s;
-  struct conn_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-  script_start(&s, run_error0);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "err0", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  gpumem_set_connection_hook(c, on_conn, &l);
+  struct conn_events l;
+  gpumem_client *c = script_connect(&s, run_error0, "err0", GPUMEM_ROLE_WORKER);
+  conn_events_watch(&l, c);
   release(&s, 1);
-  conn_wait(&l, 1, 0);
+  ck_assert(conn_events_wait(&l, 1, 0));
   ck_assert_int_eq(l.code, GPUMEM_E_DISCONNECTED);
   ck_assert_msg(strstr(l.words, "LIMIT_EXCEEDED: too many buffers for uid 0"), "%s", l.words);
   gpumem_buffer *b;
@@ -559,9 +502,7 @@ START_TEST(test_error_outside_request_is_reported) {
   char buf[256];
   ck_assert_int_eq(gpumem_daemon_error(c, buf, sizeof buf), GPUMEM_E_LIMIT);
   ck_assert_str_eq(buf, "LIMIT_EXCEEDED: too many buffers for uid 0");
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -582,7 +523,7 @@ START_TEST(test_refused_session_says_why) {
   struct script s;
   script_start(&s, run_refuse);
   gpumem_client *c = NULL;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_WORKER, 0, &c),
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "refused", GPUMEM_ROLE_WORKER, 0, &c),
                    GPUMEM_E_LIMIT);
   ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: too many sessions for this uid"),
                 "%s", gpumem_last_error());
@@ -641,7 +582,7 @@ START_TEST(test_refusal_read_before_the_send_failure_is_reported) {
   struct script s;
   script_start(&s, run_refuse_first);
   gpumem_client *c = NULL;
-  int rc = gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_CONTROLLER,
+  int rc = gpumem_connect(s.f.l.path, "refused", GPUMEM_ROLE_CONTROLLER,
                           GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT |
                               GPUMEM_CONNECT_NODE_DEVICES, &c);
   ck_assert_msg(rc == GPUMEM_E_LIMIT, "%d (%s): %s", rc, gpumem_error_name(rc),
@@ -688,13 +629,9 @@ END_TEST
 /* Script: greet, then say why outside any request and close; then tell
  * the test. */
 static void run_limit_then_close(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, "session cut: 64 MiB unread");
-  fake_hangup(&s->f);
-  close(s->f.lfd);
-  s->f.lfd = -1;
-  unlink(s->f.path);
+  fake_vanish(&s->f);
   reach(s, 1);
 }
 
@@ -705,7 +642,7 @@ START_TEST(test_request_after_unread_refusal_reports_the_daemon) {
   struct script s;
   script_start(&s, run_limit_then_close);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "cut", GPUMEM_ROLE_WORKER,
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "cut", GPUMEM_ROLE_WORKER,
                                   GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT, &c),
                    0);
   await(&s, 1);
@@ -723,37 +660,27 @@ START_TEST(test_request_after_unread_refusal_reports_the_daemon) {
   ck_assert_int_eq(gpumem_dispatch(c, 0), GPUMEM_E_DISCONNECTED);
   ck_assert_msg(strstr(gpumem_last_error(), "LIMIT_EXCEEDED: session cut: 64 MiB unread"), "%s",
                 gpumem_last_error());
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
 /* Script: take an alloc, never answer, go away. */
 static void run_vanish(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   EXPECT(s, recv_alloc(&s->f) != 0);
-  fake_hangup(&s->f);
-  close(s->f.lfd);
-  s->f.lfd = -1;
-  unlink(s->f.path);
+  fake_vanish(&s->f);
 }
 
 /* A request in flight when the connection ends fails with
  * GPUMEM_E_DISCONNECTED instead of waiting for ever. */
 START_TEST(test_request_in_flight_fails_on_loss) {
   struct script s;
-  script_start(&s, run_vanish);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "vanish", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_vanish, "vanish", GPUMEM_ROLE_WORKER);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_DISCONNECTED);
   ck_assert_msg(strstr(gpumem_last_error(), "gpumemd closed the connection"), "%s",
                 gpumem_last_error());
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -763,7 +690,7 @@ START_TEST(test_no_reconnect_flag) {
   script_start(&s, run_error0);
   gpumem_client *c;
   ck_assert_int_eq(
-      gpumem_connect(s.f.path, "once", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD |
+      gpumem_connect(s.f.l.path, "once", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_NO_THREAD |
                      GPUMEM_CONNECT_NO_RECONNECT, &c), 0);
   release(&s, 1);
   int rc;
@@ -784,8 +711,7 @@ END_TEST
 /* Script: two buffers (one mapped, one paused), SHUTTING_DOWN, then a new
  * daemon on the same socket that adopts them with new ids. */
 static void run_restart(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f);
   push_alloc_reply(&s->f, id, 7, false);
   fake_flush(&s->f);
@@ -795,8 +721,7 @@ static void run_restart(struct script *s) {
   reach(s, 1);
   hold(s, 2);
   send_error0(&s->f, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, "gpumemd is stopping");
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   struct frame fr;
   wire_env *in = fake_recv(&s->f, &fr);
   EXPECT(s, in && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
@@ -825,9 +750,7 @@ static void run_restart(struct script *s) {
     Gpumem__Wire__AdoptReply r = GPUMEM__WIRE__ADOPT_REPLY__INIT;
     r.buffer_ids = ids;
     r.n_buffer_ids = a->n_buffers;
-    wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-    out.id = in->id;
-    out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY;
+    wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY);
     out.adopt_reply = &r;
     fake_push(&s->f, &out, NULL, 0);
     /* The new daemon pauses the mapped buffer by its new id at once. */
@@ -851,22 +774,20 @@ static void run_restart(struct script *s) {
  * with its memory), takes the new ids, and answers events by them. */
 START_TEST(test_restart_re_registers_buffers) {
   struct script s;
-  struct conn_log l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-  script_start(&s, run_restart);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "restart", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  gpumem_set_connection_hook(c, on_conn, &l);
+  struct conn_events l;
+  gpumem_client *c = script_connect(&s, run_restart, "restart", GPUMEM_ROLE_WORKER);
+  conn_events_watch(&l, c);
   gpumem_buffer *a, *p;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &a), 0);
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, GPUMEM_ALLOW_PAUSED, &p), 0);
   memset(gpumem_buffer_ptr(a), 0xab, 2 * MIB);
   await(&s, 1);
   release(&s, 2);
-  conn_wait(&l, 1, 0);
+  ck_assert(conn_events_wait(&l, 1, 0));
   ck_assert_int_eq(l.code, GPUMEM_E_SHUTTING_DOWN);
   ck_assert_msg(strstr(l.words, "SHUTTING_DOWN: gpumemd is stopping; reconnecting"), "%s",
                 l.words);
-  conn_wait(&l, 1, 1);
+  ck_assert(conn_events_wait(&l, 1, 1));
   ck_assert_msg(l.code == 0, "%s", l.words);
   ck_assert_int_eq(l.count, 2);
   await(&s, 3);
@@ -881,20 +802,16 @@ START_TEST(test_restart_re_registers_buffers) {
   await(&s, 4);
   ck_assert_int_eq(s.ids[0], 70);
   ck_assert_int_eq(s.ids[1], 80);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
 /* Script: go away, then come back (no buffers to adopt). */
 static void run_bounce(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   hold(s, 1);
   fake_hangup(&s->f);
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   reach(s, 2);
   struct frame fr;
   wire_env *in = fake_recv(&s->f, &fr);
@@ -908,7 +825,7 @@ START_TEST(test_dispatch_reconnects_without_thread) {
   script_start(&s, run_bounce);
   gpumem_client *c;
   ck_assert_int_eq(
-      gpumem_connect(s.f.path, "loop", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c), 0);
+      gpumem_connect(s.f.l.path, "loop", GPUMEM_ROLE_CONTROLLER, GPUMEM_CONNECT_NO_THREAD, &c), 0);
   release(&s, 1);
   ck_assert_int_eq(gpumem_dispatch(c, -1), GPUMEM_E_DISCONNECTED);
   ck_assert_int_eq(gpumem_fd(c), -1);
@@ -916,9 +833,7 @@ START_TEST(test_dispatch_reconnects_without_thread) {
   while ((rc = gpumem_dispatch(c, 100)) != 0) ck_assert_int_eq(rc, GPUMEM_E_DISCONNECTED);
   ck_assert_int_ge(gpumem_fd(c), 0);
   await(&s, 2);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1030,9 +945,7 @@ static void answer_op(struct fake *f, uint64_t id) {
   r.n_checks = 1;
   r.detail = &tp;
   r.n_detail = 1;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
   out.op_reply = &r;
   fake_send(f, &out, NULL, 0);
 }
@@ -1061,9 +974,7 @@ static void answer_status(struct fake *f, uint64_t id) {
   r.processes = &pp;
   r.n_processes = 1;
   r.processes_known = true;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   out.status_reply = &r;
   fake_send(f, &out, NULL, 0);
 }
@@ -1078,9 +989,7 @@ static void answer_list(struct fake *f, uint64_t id) {
   Gpumem__Wire__ListReply r = GPUMEM__WIRE__LIST_REPLY__INIT;
   r.buffers = &bp;
   r.n_buffers = 1;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
   out.list_reply = &r;
   fake_send(f, &out, NULL, 0);
 }
@@ -1125,9 +1034,7 @@ static void run_recorder(struct script *s) {
  * caller's smaller options struct is read only as far as it goes. */
 START_TEST(test_scopes_and_devices_reach_the_daemon_as_meant) {
   struct script s;
-  script_start(&s, run_recorder);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "rec", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_recorder, "rec", GPUMEM_ROLE_CONTROLLER);
   ck_assert_uint_eq(gpumem_device_count(c), 2);
   const char *tag = "kv";
   uint32_t pids[] = {7, 8}, zero[] = {0};
@@ -1230,9 +1137,7 @@ START_TEST(test_scopes_and_devices_reach_the_daemon_as_meant) {
   ck_assert_uint_eq(l->buffers[0]->node_device, 1);
   ck_assert_str_eq(l->buffers[0]->tag, "kv");
   gpumem_list_free(l);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
   ck_assert_str_eq(s.log, "pause own=0 pids=7,8 prefix=rank devices=1 tags=kv timeout=500\n"
                           "resume own=1 pids= prefix= devices= tags= timeout=0\n"
                           "pause own=0 pids= prefix= devices= tags=kv timeout=0\n"
@@ -1257,8 +1162,7 @@ static bool own_memfds_gone(void) {
  * take the free the library sends for it; then leave a free unanswered
  * until the test says. */
 static void run_late(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f);
   EXPECT(s, id != 0);
   reach(s, 1);
@@ -1280,15 +1184,9 @@ static void run_late(struct script *s) {
   if (in) frame_release(&fr);
   reach(s, 4);
   hold(s, 5);
-  Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = fid;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
-  out.free_reply = &r;
-  fake_send(&s->f, &out, NULL, 0);
+  send_free_reply(&s->f, fid, 0);
   reach(s, 6);
-  wire_env *end = fake_recv(&s->f, &fr);
-  EXPECT(s, end == NULL);
+  EXPECT(s, fake_ended(&s->f));
 }
 
 /* A daemon that does not answer: the request fails with GPUMEM_E_TIMEOUT
@@ -1297,9 +1195,7 @@ static void run_late(struct script *s) {
  * releases its buffer when the answer comes. */
 START_TEST(test_unanswered_requests_time_out_and_late_replies_are_handled) {
   struct script s;
-  script_start(&s, run_late);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "late", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_late, "late", GPUMEM_ROLE_WORKER);
   gpumem_set_request_timeout(c, 200);
   gpumem_buffer *b = NULL;
   double t0 = now_ms();
@@ -1330,9 +1226,7 @@ START_TEST(test_unanswered_requests_time_out_and_late_replies_are_handled) {
   await(&s, 6);
   ck_assert(own_memfds_gone());
   ck_assert(!maps_memfd_at(va));
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1341,9 +1235,7 @@ static void push_error(struct fake *f, uint64_t id, wire_code code, const char *
   Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
   e.code = code;
   e.message = (char *)text;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = id;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   out.error = &e;
   fake_push(f, &out, NULL, 0);
 }
@@ -1365,8 +1257,7 @@ static uint64_t recv_free_of(struct fake *f, uint64_t bid) {
  * write; take the ack and the free sent again (in either order), refuse
  * that too, and free the buffer at the third try. */
 static void run_refused_free(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f), bid = 11;
   EXPECT(s, id != 0);
   push_alloc_reply(&s->f, id, bid, false);
@@ -1402,16 +1293,9 @@ static void run_refused_free(struct script *s) {
   fid = recv_free_of(&s->f, bid);
   EXPECT(s, fid != 0);
   reach(s, 3);
-  Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-  wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-  out.id = fid;
-  out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
-  out.free_reply = &r;
-  fake_send(&s->f, &out, NULL, 0);
+  send_free_reply(&s->f, fid, 0);
   reach(s, 4);
-  struct frame fr;
-  wire_env *end = fake_recv(&s->f, &fr);
-  EXPECT(s, end == NULL);
+  EXPECT(s, fake_ended(&s->f));
 }
 
 /* A free that timed out and that the daemon then refuses (a pause has the
@@ -1421,9 +1305,7 @@ static void run_refused_free(struct script *s) {
  * memory go. For the caller the buffer is gone from the timeout on. */
 START_TEST(test_refused_late_free_keeps_the_buffer_and_retries) {
   struct script s;
-  script_start(&s, run_refused_free);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "refused", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_refused_free, "refused", GPUMEM_ROLE_WORKER);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
   void *va = gpumem_buffer_ptr(b);
@@ -1438,9 +1320,7 @@ START_TEST(test_refused_late_free_keeps_the_buffer_and_retries) {
   ck_assert_msg(s.acks[0].code == 0, "ack %d: %s", s.acks[0].code, s.acks[0].message);
   await(&s, 4);
   ck_assert(own_memfds_gone());
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1448,8 +1328,7 @@ END_TEST
  * Unmap event and again read nothing until the test says; then read
  * until the client goes. */
 static void run_deaf(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   reach(s, 1);
   hold(s, 2);
   uint64_t bid = 99;
@@ -1465,38 +1344,15 @@ static void run_deaf(struct script *s) {
   }
 }
 
-/* Connection events for a hook: losses counted, the waiter woken. */
-struct losses {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int lost;
-  char words[400];
-};
-
-/* Count a lost connection. */
-static void on_loss(gpumem_client *c, int event, int code, const char *words, size_t count,
-                    void *user) {
-  (void)c;
-  (void)code;
-  (void)count;
-  struct losses *l = user;
-  pthread_mutex_lock(&l->mu);
-  if (event == GPUMEM_CONN_LOST && l->lost++ == 0) snprintf(l->words, sizeof l->words, "%s", words);
-  pthread_cond_broadcast(&l->cv);
-  pthread_mutex_unlock(&l->mu);
-}
-
 /* A daemon that reads nothing: requests fail with GPUMEM_E_TIMEOUT within
  * the request timeout even once the socket is full (they are then not
  * sent at all), and an ack that cannot be sent for that long drops the
  * connection. */
 START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
   struct script s;
-  script_start(&s, run_deaf);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "deaf", GPUMEM_ROLE_WORKER, 0, &c), 0);
-  struct losses l = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-  gpumem_set_connection_hook(c, on_loss, &l);
+  gpumem_client *c = script_connect(&s, run_deaf, "deaf", GPUMEM_ROLE_WORKER);
+  struct conn_events l;
+  conn_events_watch(&l, c);
   await(&s, 1);
   int small = 4096;
   ck_assert_int_eq(setsockopt(gpumem_fd(c), SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
@@ -1526,21 +1382,16 @@ START_TEST(test_a_daemon_that_reads_nothing_blocks_no_call) {
   ck_assert_msg(now_ms() - t0 < 2000, "alloc took %.0f ms", now_ms() - t0);
   /* The ack of an Unmap cannot be sent: the connection is dropped. */
   release(&s, 2);
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 20;
+  conn_events_wait(&l, 1, 0);
   pthread_mutex_lock(&l.mu);
-  while (l.lost < 1 && pthread_cond_timedwait(&l.cv, &l.mu, &until) == 0) continue;
   int lost = l.lost;
   pthread_mutex_unlock(&l.mu);
   ck_assert_int_eq(lost, 1);
-  ck_assert_msg(strstr(l.words, "gpumemd closed the connection") ||
-                    strstr(l.words, "read nothing"),
-                "%s", l.words);
+  ck_assert_msg(strstr(l.first_loss, "gpumemd closed the connection") ||
+                    strstr(l.first_loss, "read nothing"),
+                "%s", l.first_loss);
   release(&s, 4);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
@@ -1548,8 +1399,7 @@ END_TEST
  * first free with FreeReply and the second with WRONG_STATE; the next free
  * gets a FreeReply. */
 static void run_trim(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   for (uint64_t bid = 21; bid <= 22; bid++) {
     uint64_t id = recv_alloc(&s->f);
     EXPECT(s, id != 0);
@@ -1564,20 +1414,13 @@ static void run_trim(struct script *s) {
     if (ok && i == 1) {
       push_error(&s->f, in->id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, "buffer is PAUSING");
     } else if (ok) {
-      Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-      wire_env out = GPUMEM__WIRE__ENVELOPE__INIT;
-      out.id = in->id;
-      out.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY;
-      out.free_reply = &r;
-      fake_push(&s->f, &out, NULL, 0);
+      send_free_reply(&s->f, in->id, 0);
     }
     fake_flush(&s->f);
     wire_env_free(in);
     if (in) frame_release(&fr);
   }
-  struct frame fr;
-  wire_env *end = fake_recv(&s->f, &fr);
-  EXPECT(s, end == NULL);
+  EXPECT(s, fake_ended(&s->f));
 }
 
 /* A trim where one empty pool buffer goes back and the daemon keeps the
@@ -1585,9 +1428,7 @@ static void run_trim(struct script *s) {
  * the next trim gives it back. */
 START_TEST(test_trim_returns_bytes_when_some_buffers_stay) {
   struct script s;
-  script_start(&s, run_trim);
-  gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "trim", GPUMEM_ROLE_WORKER, 0, &c), 0);
+  gpumem_client *c = script_connect(&s, run_trim, "trim", GPUMEM_ROLE_WORKER);
   void *a, *b;
   ck_assert_int_eq(gpumem_malloc(c, "a", 0, MIB, 0, &a), 0);
   ck_assert_int_eq(gpumem_malloc(c, "b", 0, MIB, 0, &b), 0);
@@ -1603,17 +1444,14 @@ START_TEST(test_trim_returns_bytes_when_some_buffers_stay) {
   ck_assert_int_eq(gpumem_pool_stats(c, &st), 0);
   ck_assert_uint_eq(st.pooled_buffers, 0);
   ck_assert(own_memfds_gone());
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
 }
 END_TEST
 
 /* Script: the client pauses its own tag; the daemon sends this session
  * the Unmap and answers the pause only after the ack. */
 static void run_self_pause(struct script *s) {
-  fake_accept(&s->f);
-  EXPECT(s, fake_hello(&s->f));
+  script_greet(s);
   uint64_t id = recv_alloc(&s->f), bid = 5;
   EXPECT(s, id != 0);
   push_alloc_reply(&s->f, id, bid, false);
@@ -1631,8 +1469,7 @@ static void run_self_pause(struct script *s) {
   EXPECT(s, recv_ack(&s->f, &s->acks[0]));
   answer_op(&s->f, pid);
   s->ids[0] = answer_free(&s->f);
-  wire_env *end = fake_recv(&s->f, &fr);
-  EXPECT(s, end == NULL);
+  EXPECT(s, fake_ended(&s->f));
 }
 
 /* Without a background thread, a request handles the daemon's events
@@ -1642,7 +1479,7 @@ START_TEST(test_no_thread_request_handles_events_while_waiting) {
   struct script s;
   script_start(&s, run_self_pause);
   gpumem_client *c;
-  ck_assert_int_eq(gpumem_connect(s.f.path, "self", GPUMEM_ROLE_WORKER,
+  ck_assert_int_eq(gpumem_connect(s.f.l.path, "self", GPUMEM_ROLE_WORKER,
                                   GPUMEM_CONNECT_NO_THREAD, &c), 0);
   gpumem_buffer *b;
   ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), 0);
@@ -1657,9 +1494,7 @@ START_TEST(test_no_thread_request_handles_events_while_waiting) {
   ck_assert_int_eq(gpumem_buffer_mapped(b), 0);
   ck_assert(!maps_memfd_at(va));
   ck_assert_int_eq(gpumem_free(c, b), 0);
-  gpumem_disconnect(c);
-  script_end(&s);
-  ck_assert_msg(s.ok, "%s", s.note);
+  script_finish(&s, c);
   ck_assert_int_eq(s.acks[0].id, 200);
   ck_assert_msg(s.acks[0].code == 0, "ack %d: %s", s.acks[0].code, s.acks[0].message);
   ck_assert_int_eq(s.ids[0], 5);

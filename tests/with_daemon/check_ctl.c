@@ -3,6 +3,7 @@
  * after a pause, status --json), and against a scripted daemon that gives
  * the answers a real one gives only when things go wrong (NOT_RELEASED with
  * pids and bytes held, a shortfall, a process holding memory outside). */
+#include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -42,8 +43,6 @@ static const char *fake_backend = "host";
 /* What gpumemctl printed, and where the files go. */
 static char out_buf[1 << 16], err_buf[1 << 16];
 
-static void setup(void) { harness_fd_setup(); }
-
 /* Stop the scripted daemon and remove its directory. */
 static void fake_stop(struct fake *f) {
   if (f->pid > 0) {
@@ -59,10 +58,10 @@ static void fake_stop(struct fake *f) {
   }
 }
 
+/* Stop the scripted daemon and the test's daemon, then check fds. */
 static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
   fake_stop(&fk);
-  harness_fd_teardown();
+  harness_daemon_teardown(&d);
 }
 
 /* Read a file into buf (empty if it is missing). */
@@ -96,6 +95,15 @@ static int ctl(const char *dir, const char *socket, const char *args) {
   return ctl_as("", dir, socket, args);
 }
 
+/* Run gpumemctl as ctl does: it must exit with status and say text, on
+ * stdout if status is 0, else on stderr. */
+static void ctl_says(const char *dir, const char *socket, const char *args, int status,
+                     const char *text) {
+  ck_assert_int_eq(ctl(dir, socket, args), status);
+  const char *said = status == 0 ? out_buf : err_buf;
+  ck_assert_msg(strstr(said, text), "%s", said);
+}
+
 /* Check the last stdout with a Python expression over `j`, its JSON; the
  * exit status of python3 (0: parsed and true). */
 static int json_check(const char *dir, const char *expr) {
@@ -118,23 +126,28 @@ static int json_check(const char *dir, const char *expr) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* Run gpumemctl as ctl does: it must exit with status, and its JSON on
+ * stdout make the Python expression expr true (json_check). */
+static void ctl_json(const char *dir, const char *socket, const char *args, int status,
+                     const char *expr) {
+  ck_assert_int_eq(ctl(dir, socket, args), status);
+  ck_assert_int_eq(json_check(dir, expr), 0);
+}
+
 /* --- against a real daemon and real workers --- */
 
 /* A typo is not a success: an unknown tag is NOT_FOUND, exit status 1,
  * for pause and resume, in words and in JSON. */
 START_TEST(unknown_tag_is_not_found_and_fails) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv_cahce"), 1);
-  ck_assert_msg(strstr(err_buf, "pause failed: NOT_FOUND"), "%s", err_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv_cahce"), 1);
-  ck_assert_msg(strstr(err_buf, "resume failed: NOT_FOUND"), "%s", err_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json pause kv_cahce"), 1);
-  ck_assert_int_eq(json_check(d.dir, "j['error']['code']=='NOT_FOUND' and j['buffers']==0"), 0);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
+  ctl_says(d.dir, d.socket, "pause kv_cahce", 1, "pause failed: NOT_FOUND");
+  ctl_says(d.dir, d.socket, "resume kv_cahce", 1, "resume failed: NOT_FOUND");
+  ctl_json(d.dir, d.socket, "--json pause kv_cahce", 1,
+           "j['error']['code']=='NOT_FOUND' and j['buffers']==0");
   /* The real tag is untouched. */
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(d.dir, "[t['state'] for t in j['tags'] if t['name']=='kv']==['ACTIVE']"), 0);
+  ctl_json(d.dir, d.socket, "--json status", 0,
+           "[t['state'] for t in j['tags'] if t['name']=='kv']==['ACTIVE']");
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST
@@ -142,57 +155,49 @@ END_TEST
 /* Pause and resume say per device what the daemon released or took and
  * what the driver shows; on the host backend the two agree exactly. */
 START_TEST(pause_and_resume_print_the_driver_checks) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--count", "2", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 0);
-  ck_assert_msg(strstr(out_buf, "paused 2 buffers, 16.0 MiB"), "%s", out_buf);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "8M", "--count", "2", NULL);
+  ctl_says(d.dir, d.socket, "pause kv", 0, "paused 2 buffers, 16.0 MiB");
   ck_assert_msg(strstr(out_buf, "device 0: released 16.0 MiB, driver shows 16.0 MiB more free"),
                 "%s", out_buf);
   ck_assert_msg(!strstr(out_buf, "does not show as free"), "%s", out_buf);
   ck_assert(worker_wait_for(&w, "paused buffer", 2, 5000));
-  ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv"), 0);
-  ck_assert_msg(strstr(out_buf, "resumed 2 buffers, 16.0 MiB"), "%s", out_buf);
+  ctl_says(d.dir, d.socket, "resume kv", 0, "resumed 2 buffers, 16.0 MiB");
   ck_assert_msg(strstr(out_buf, "device 0: took 16.0 MiB, driver shows 16.0 MiB less free"),
                 "%s", out_buf);
   ck_assert(worker_wait_for(&w, "resumed buffer", 2, 5000));
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json pause kv"), 0);
-  ck_assert_int_eq(json_check(d.dir,
-                              "j['error'] is None and j['buffers']==2 and j['bytes']==16777216"
-                              " and [(c['device'],c['released'],c['shortfall'])"
-                              " for c in j['checks']]==[(0,16777216,0)]"
-                              " and j['checks'][0]['free_after']-j['checks'][0]['free_before']"
-                              "==16777216 and 'residual_known' in j['checks'][0]"
-                              " and sum(x['bytes'] for x in j['details'])==16777216"),
-                   0);
+  ctl_json(d.dir, d.socket, "--json pause kv", 0,
+           "j['error'] is None and j['buffers']==2 and j['bytes']==16777216"
+           " and [(c['device'],c['released'],c['shortfall'])"
+           " for c in j['checks']]==[(0,16777216,0)]"
+           " and j['checks'][0]['free_after']-j['checks'][0]['free_before']"
+           "==16777216 and 'residual_known' in j['checks'][0]"
+           " and sum(x['bytes'] for x in j['details'])==16777216");
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST
 
 /* status --json parses and carries the new figures next to the old keys. */
 START_TEST(status_json_carries_every_figure) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "8M", "--name", "rank0", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(d.dir,
-                              "j['backend']=='host' and j['granularity']>0"
-                              " and all(set(x)>={'index','device','node_device','total','free',"
-                              "'managed','unmanaged','reserved','daemon_context','bus_id'}"
-                              " and x['index']==x['node_device']==x['device'] for x in j['devices'])"
-                              " and j['devices'][0]['managed']==8388608"
-                              " and all(set(t)>={'name','state','buffers','bytes','paused_buffers',"
-                              "'paused_bytes','backup_bytes','mixed','transit_buffers',"
-                              "'transit_bytes'} for t in j['tags'])"
-                              " and [(t['state'],t['mixed'],t['transit_buffers']) for t in j['tags']"
-                              " if t['name']=='kv']==[('ACTIVE',False,0)]"
-                              " and all(set(s)>={'id','pid','uid','name','role','buffers','bytes',"
-                              "'residual','residual_known'} for s in j['sessions'])"
-                              " and any(s['name']=='rank0' for s in j['sessions'])"
-                              " and isinstance(j['processes'],list)"
-                              " and isinstance(j['processes_known'],bool)"
-                              " and 'reserved' in j['backups']"),
-                   0);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "8M", "--name", "rank0", NULL);
+  ctl_json(d.dir, d.socket, "--json status", 0,
+           "j['backend']=='host' and j['granularity']>0"
+           " and all(set(x)>={'index','device','node_device','total','free',"
+           "'managed','unmanaged','reserved','daemon_context','bus_id'}"
+           " and x['index']==x['node_device']==x['device'] for x in j['devices'])"
+           " and j['devices'][0]['managed']==8388608"
+           " and all(set(t)>={'name','state','buffers','bytes','paused_buffers',"
+           "'paused_bytes','backup_bytes','mixed','transit_buffers',"
+           "'transit_bytes'} for t in j['tags'])"
+           " and [(t['state'],t['mixed'],t['transit_buffers']) for t in j['tags']"
+           " if t['name']=='kv']==[('ACTIVE',False,0)]"
+           " and all(set(s)>={'id','pid','uid','name','role','buffers','bytes',"
+           "'residual','residual_known'} for s in j['sessions'])"
+           " and any(s['name']=='rank0' for s in j['sessions'])"
+           " and isinstance(j['processes'],list)"
+           " and isinstance(j['processes_known'],bool)"
+           " and 'reserved' in j['backups']");
   /* The words say who holds memory outside gpumemd, or that nobody can tell. */
   ck_assert_int_eq(ctl(d.dir, d.socket, "status"), 0);
   ck_assert_msg(strstr(out_buf, "RESERVED") && strstr(out_buf, "OUTSIDE"), "%s", out_buf);
@@ -205,40 +210,22 @@ END_TEST
 /* --max-residual takes a size and belongs to pause alone; a limit no
  * device is near lets the pause through. */
 START_TEST(max_residual_is_a_pause_option) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause --max-residual lots kv"), 2);
-  ck_assert_msg(strstr(err_buf, "invalid size"), "%s", err_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "resume --max-residual 1G kv"), 2);
-  ck_assert_msg(strstr(err_buf, "pause only"), "%s", err_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause --max-residual 1T kv"), 0);
-  ck_assert_msg(strstr(out_buf, "paused 1 buffers"), "%s", out_buf);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
+  ctl_says(d.dir, d.socket, "pause --max-residual lots kv", 2, "invalid size");
+  ctl_says(d.dir, d.socket, "resume --max-residual 1G kv", 2, "pause only");
+  ctl_says(d.dir, d.socket, "pause --max-residual 1T kv", 0, "paused 1 buffers");
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST
 
 /* --- against a scripted daemon --- */
 
-/* Read exactly len bytes; false at end of file or on error. */
-static bool read_full(int fd, void *buf, size_t len) {
-  for (size_t n = 0; n < len;) {
-    ssize_t k = read(fd, (char *)buf + n, len - n);
-    if (k <= 0) return false;
-    n += (size_t)k;
-  }
-  return true;
-}
-
 /* Send one envelope as a frame (no fds). */
-static void fake_send(int fd, uint64_t id, wire_env *env) {
+static void fake_send(struct peer *p, uint64_t id, wire_env *env) {
   env->id = id;
   env->fd_count = 0;
-  size_t len;
-  uint8_t *bytes = wire_pack(env, &len);
-  uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
-  if (write(fd, hdr, 4) != 4 || write(fd, bytes, len) != (ssize_t)len) _exit(3);
-  free(bytes);
+  if (!peer_push(p, env, NULL, 0) || peer_flush_within(p, -1) != 0) _exit(3);
 }
 
 /* Record what a pause or resume asked for, for the test to read. */
@@ -269,7 +256,7 @@ static void fake_record(const char *path, const wire_env *req) {
 }
 
 /* Serve one client: greet it, then answer each request until it goes. */
-static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status) {
+static void fake_serve(struct peer *p, const char *asked, wire_env *op, wire_env *status) {
   /* Four devices, which this process sees under the same numbers. */
   Gpumem__Wire__DeviceInfo dev[4];
   Gpumem__Wire__DeviceInfo *devs[4];
@@ -291,28 +278,25 @@ static void fake_serve(int fd, const char *asked, wire_env *op, wire_env *status
   hr.n_devices = 4;
   hr.session_id = 1;
   for (;;) {
-    uint8_t hdr[4];
-    if (!read_full(fd, hdr, 4)) return;
-    size_t len = (size_t)hdr[0] | (size_t)hdr[1] << 8 | (size_t)hdr[2] << 16 | (size_t)hdr[3] << 24;
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf || !read_full(fd, buf, len)) _exit(4);
-    wire_env *req = wire_unpack(buf, len);
-    free(buf);
-    if (!req) _exit(5);
-    wire_env hello = GPUMEM__WIRE__ENVELOPE__INIT;
+    struct frame fr;
+    wire_env *req;
+    int rc = peer_await(p, &fr, -1, &req);
+    if (rc == 0) return;
+    if (rc < 0) _exit(rc == -EBADMSG ? 5 : 4);
+    frame_release(&fr);
+    wire_env hello = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
+    hello.hello_reply = &hr;
     switch (req->body_case) {
     case GPUMEM__WIRE__ENVELOPE__BODY_HELLO:
-      hello.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY;
-      hello.hello_reply = &hr;
-      fake_send(fd, req->id, &hello);
+      fake_send(p, req->id, &hello);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE:
     case GPUMEM__WIRE__ENVELOPE__BODY_RESUME:
       fake_record(asked, req);
-      fake_send(fd, req->id, op);
+      fake_send(p, req->id, op);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
-      fake_send(fd, req->id, status);
+      fake_send(p, req->id, status);
       break;
     default:
       _exit(6);
@@ -349,10 +333,11 @@ static void fake_start_as(struct fake *f, uid_t uid, wire_env *op, wire_env *sta
     if (write(ready[1], "r", 1) != 1) _exit(9);
     close(ready[1]);
     for (;;) {
-      int fd = accept(lfd, NULL, NULL);
-      if (fd < 0) _exit(2);
-      fake_serve(fd, f->asked, op, status);
-      close(fd);
+      struct peer p;
+      peer_attach(&p, accept4(lfd, NULL, NULL, SOCK_CLOEXEC), WIRE_MAX_REQUEST);
+      if (p.fd < 0) _exit(2);
+      fake_serve(&p, f->asked, op, status);
+      peer_close(&p);
     }
   }
   close(ready[1]);
@@ -364,6 +349,47 @@ static void fake_start_as(struct fake *f, uid_t uid, wire_env *op, wire_env *sta
 /* Start the scripted daemon as this process (fake_start_as). */
 static void fake_start(struct fake *f, wire_env *op, wire_env *status) {
   fake_start_as(f, (uid_t)-1, op, status);
+}
+
+/* Start the scripted daemon (as uid; (uid_t)-1: as this process)
+ * answering every pause and resume with error, or with reply if error is
+ * NULL. */
+static void fake_answering(uid_t uid, Gpumem__Wire__Error *error, Gpumem__Wire__OpReply *reply) {
+  wire_env op = peer_env(0, error ? GPUMEM__WIRE__ENVELOPE__BODY_ERROR
+                                  : GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY);
+  if (error)
+    op.error = error;
+  else
+    op.op_reply = reply;
+  fake_start_as(&fk, uid, &op, NULL);
+}
+
+/* Start the scripted daemon answering status requests with sr, of the
+ * host backend on 2 MiB granules. */
+static void fake_status(Gpumem__Wire__StatusReply *sr) {
+  sr->backend = "host";
+  sr->granularity = 2 * MiB;
+  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
+  st.status_reply = sr;
+  fake_start(&fk, NULL, &st);
+}
+
+/* A worker's session in a status. */
+static Gpumem__Wire__SessionInfo worker_session(uint64_t id, uint32_t pid, const char *name) {
+  Gpumem__Wire__SessionInfo s = GPUMEM__WIRE__SESSION_INFO__INIT;
+  s.id = id;
+  s.pid = pid;
+  s.name = (char *)name;
+  s.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  return s;
+}
+
+/* An Error with a code and words. */
+static Gpumem__Wire__Error error_of(wire_code code, const char *message) {
+  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
+  e.code = code;
+  e.message = (char *)message;
+  return e;
 }
 
 /* Canned answers: a device check with a shortfall and residual. */
@@ -381,25 +407,30 @@ static void canned_check(void) {
   check0.residual_known = true;
 }
 
+/* A failure that names the pids that hold buffers (one each) and bytes,
+ * with the canned device check. */
+static Gpumem__Wire__Error held_error(wire_code code, const char *message, uint32_t *pids,
+                                      size_t npids, uint64_t bytes) {
+  canned_check();
+  Gpumem__Wire__Error e = error_of(code, message);
+  e.pids = pids;
+  e.n_pids = npids;
+  e.buffers_held = npids;
+  e.bytes_held = bytes;
+  e.checks = checks;
+  e.n_checks = 1;
+  return e;
+}
+
 /* A pause that could not release everything: exit status 1, and stderr
  * gives the code, the daemon's words, the pids and bytes still held, and
  * what the driver shows; the request carried --max-residual. */
 START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
-  canned_check();
   uint32_t pids[] = {4121, 4122};
-  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
-  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED;
-  e.message = "2 buffers of tag kv were not released";
-  e.pids = pids;
-  e.n_pids = 2;
-  e.buffers_held = 2;
-  e.bytes_held = 8 * GiB;
-  e.checks = checks;
-  e.n_checks = 1;
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
-  op.error = &e;
-  fake_start(&fk, &op, NULL);
+  Gpumem__Wire__Error e =
+      held_error(GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "2 buffers of tag kv were not released",
+                 pids, 2, 8 * GiB);
+  fake_answering((uid_t)-1, &e, NULL);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --max-residual 1G --timeout 500ms kv"), 1);
   ck_assert_msg(strstr(err_buf, "pause failed: NOT_RELEASED: 2 buffers of tag kv were not released"),
                 "%s", err_buf);
@@ -417,16 +448,14 @@ START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
   slurp(fk.asked, asked, sizeof asked);
   ck_assert_msg(strstr(asked, "pause max_residual=1 timeout=0 tags=kv\n"), "%s", asked);
   /* The same in JSON, on stdout, for scripts. */
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json pause kv"), 1);
-  ck_assert_int_eq(json_check(fk.dir,
-                              "j['error']=={'code':'NOT_RELEASED','message':'2 buffers of tag kv "
-                              "were not released','pids':[4121,4122],'buffers_held':2,"
-                              "'bytes_held':8589934592,'bytes_needed':0,'bytes_free':0}"
-                              " and j['checks']==[{'device':0,'node_device':0,'released':8589934592,"
-                              "'free_before':10737418240,'free_after':15032385536,"
-                              "'shortfall':4294967296,'residual':1073741824,"
-                              "'residual_known':True}]"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json pause kv", 1,
+           "j['error']=={'code':'NOT_RELEASED','message':'2 buffers of tag kv "
+           "were not released','pids':[4121,4122],'buffers_held':2,"
+           "'bytes_held':8589934592,'bytes_needed':0,'bytes_free':0}"
+           " and j['checks']==[{'device':0,'node_device':0,'released':8589934592,"
+           "'free_before':10737418240,'free_after':15032385536,"
+           "'shortfall':4294967296,'residual':1073741824,"
+           "'residual_known':True}]");
 }
 END_TEST
 
@@ -434,22 +463,11 @@ END_TEST
  * every pid, the bytes held and the checks (and the old summary still
  * gets the pids). */
 START_TEST(the_library_reports_failures_whole) {
-  canned_check();
   uint32_t pids[70];
   for (unsigned i = 0; i < 70; i++) pids[i] = 1000 + i;
-  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
-  e.code = GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT;
-  e.message = "70 workers did not answer";
-  e.pids = pids;
-  e.n_pids = 70;
-  e.buffers_held = 70;
-  e.bytes_held = 70 * MiB;
-  e.checks = checks;
-  e.n_checks = 1;
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
-  op.error = &e;
-  fake_start(&fk, &op, NULL);
+  Gpumem__Wire__Error e = held_error(GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
+                                     "70 workers did not answer", pids, 70, 70 * MiB);
+  fake_answering((uid_t)-1, &e, NULL);
   gpumem_client *c;
   ck_assert_int_eq(gpumem_connect(fk.socket, "t", GPUMEM_ROLE_CONTROLLER,
                                   GPUMEM_CONNECT_NO_THREAD, &c), 0);
@@ -492,10 +510,7 @@ END_TEST
 START_TEST(pause_and_resume_select_sessions) {
   Gpumem__Wire__OpReply ok = GPUMEM__WIRE__OP_REPLY__INIT;
   ok.buffers = 1;
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
-  op.op_reply = &ok;
-  fake_start(&fk, &op, NULL);
+  fake_answering((uid_t)-1, NULL, &ok);
   static const char *const usage[] = {
       "pause", "resume", "pause --all kv", "status --all", "status --pid 5",
       "list --session-prefix x", "pause --pid 0 kv", "pause --pid x kv", "pause --pid -3 kv",
@@ -513,8 +528,7 @@ START_TEST(pause_and_resume_select_sessions) {
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause --all --pid 41 --pid 42 --session-prefix rank"),
                    0);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "resume --session-prefix sglang- --device 1 kv"), 0);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json resume --all"), 0);
-  ck_assert_int_eq(json_check(fk.dir, "j['buffers']==1 and j['error'] is None"), 0);
+  ctl_json(fk.dir, fk.socket, "--json resume --all", 0, "j['buffers']==1 and j['error'] is None");
   char asked[512];
   slurp(fk.asked, asked, sizeof asked);
   ck_assert_str_eq(asked, "pause max_residual=0 timeout=0 tags= all pids=41,42 prefix=rank\n"
@@ -553,11 +567,7 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   wt.paused_bytes = 1 * GiB;
   wt.mixed = true;
   Gpumem__Wire__TagInfo *tags[] = {&kv, &wt};
-  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
-  s1.id = 7;
-  s1.pid = 4121;
-  s1.name = "sglang-tp3";
-  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  Gpumem__Wire__SessionInfo s1 = worker_session(7, 4121, "sglang-tp3");
   s1.residual = 55942366003ull; /* 52.1 GiB */
   s1.residual_known = true;
   Gpumem__Wire__SessionInfo *sessions[] = {&s1};
@@ -578,8 +588,6 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   p3.used = p3.managed = 1 * GiB;
   p3.name = "quiet";
   Gpumem__Wire__ProcessMemory *procs[] = {&p1, &p2, &p3};
-  sr.backend = "host";
-  sr.granularity = 2 * MiB;
   sr.devices = dvs;
   sr.n_devices = 1;
   sr.tags = tags;
@@ -589,10 +597,7 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   sr.processes = procs;
   sr.n_processes = 3;
   sr.processes_known = true;
-  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
-  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
-  st.status_reply = &sr;
-  fake_start(&fk, NULL, &st);
+  fake_status(&sr);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
   /* unmanaged = 80 - 20 free - 1 reserved - 40 managed */
   ck_assert_msg(strstr(out_buf, "3         80.0 GiB    20.0 GiB    1.00 GiB    40.0 GiB    19.0 GiB"),
@@ -610,18 +615,16 @@ START_TEST(status_names_the_largest_holders_outside_gpumemd) {
   ck_assert_msg(strstr(out_buf, "weights: mixed, 1 of 2 buffers paused"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "sglang-tp3                 0         0 B    52.1 GiB"), "%s",
                 out_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(fk.dir,
-                              "j['devices'][0]['reserved']==1073741824"
-                              " and j['devices'][0]['unmanaged']==19*1073741824"
-                              " and j['processes_known'] is True and len(j['processes'])==3"
-                              " and j['processes'][1]=={'pid':4121,'device':3,'node_device':3,'used':55942366003,"
-                              "'managed':0,'residual':55942366003,'session_id':7,"
-                              "'name':'sglang-tp3'}"
-                              " and j['tags'][0]['transit_bytes']==8*1073741824"
-                              " and j['tags'][1]['mixed'] is True"
-                              " and j['sessions'][0]['residual']==55942366003"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json status", 0,
+           "j['devices'][0]['reserved']==1073741824"
+           " and j['devices'][0]['unmanaged']==19*1073741824"
+           " and j['processes_known'] is True and len(j['processes'])==3"
+           " and j['processes'][1]=={'pid':4121,'device':3,'node_device':3,'used':55942366003,"
+           "'managed':0,'residual':55942366003,'session_id':7,"
+           "'name':'sglang-tp3'}"
+           " and j['tags'][0]['transit_bytes']==8*1073741824"
+           " and j['tags'][1]['mixed'] is True"
+           " and j['sessions'][0]['residual']==55942366003");
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "metrics"), 0);
   ck_assert_msg(strstr(out_buf, "gpumem_process_residual_bytes{pid=\"4121\",device=\"3\","
                                 "name=\"sglang-tp3\"} 55942366003"),
@@ -635,27 +638,16 @@ END_TEST
  * of naming nobody, and residuals read "unknown". */
 START_TEST(status_says_when_the_driver_gives_no_per_process_figures) {
   Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
-  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
-  s1.id = 1;
-  s1.pid = 10;
-  s1.name = "w";
-  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  Gpumem__Wire__SessionInfo s1 = worker_session(1, 10, "w");
   Gpumem__Wire__SessionInfo *sessions[] = {&s1};
-  sr.backend = "host";
-  sr.granularity = 2 * MiB;
   sr.sessions = sessions;
   sr.n_sessions = 1;
-  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
-  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
-  st.status_reply = &sr;
-  fake_start(&fk, NULL, &st);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
-  ck_assert_msg(strstr(out_buf, "the driver gives no per-process figures"), "%s", out_buf);
+  fake_status(&sr);
+  ctl_says(fk.dir, fk.socket, "status", 0, "the driver gives no per-process figures");
   ck_assert_msg(strstr(out_buf, "unknown"), "%s", out_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(fk.dir, "j['processes_known'] is False and j['processes']==[]"
-                                      " and j['sessions'][0]['residual_known'] is False"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json status", 0,
+           "j['processes_known'] is False and j['processes']==[]"
+           " and j['sessions'][0]['residual_known'] is False");
 }
 END_TEST
 
@@ -739,13 +731,8 @@ END_TEST
 /* --timeout takes the daemon's duration syntax (500ms, 10s, 2m; a plain
  * number is seconds) and rejects anything else as a usage error. */
 START_TEST(timeout_takes_durations) {
-  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
-  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_FOUND;
-  e.message = "no tag";
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
-  op.error = &e;
-  fake_start(&fk, &op, NULL);
+  Gpumem__Wire__Error e = error_of(GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, "no tag");
+  fake_answering((uid_t)-1, &e, NULL);
   static const struct {
     const char *arg;
     const char *ms;
@@ -773,28 +760,19 @@ END_TEST
  * escape them as \xNN, JSON stays valid, metrics stay one line each. */
 START_TEST(names_are_escaped_whatever_bytes_they_hold) {
   Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
-  Gpumem__Wire__SessionInfo s1 = GPUMEM__WIRE__SESSION_INFO__INIT;
-  s1.id = 1;
-  s1.pid = 10;
-  s1.name = "r0\x1b[2J\n\xff";
-  s1.role = GPUMEM__WIRE__ROLE__ROLE_WORKER;
+  Gpumem__Wire__SessionInfo s1 = worker_session(1, 10, "r0\x1b[2J\n\xff");
   Gpumem__Wire__SessionInfo *sessions[] = {&s1};
   Gpumem__Wire__TagInfo t1 = GPUMEM__WIRE__TAG_INFO__INIT;
   t1.name = "kv\x07\"\\\xc3";
   t1.transit_buffers = 1;
   t1.mixed = 1;
   Gpumem__Wire__TagInfo *tags[] = {&t1};
-  sr.backend = "host";
   sr.version = "9.9.9\x1b";
-  sr.granularity = 2 * MiB;
   sr.sessions = sessions;
   sr.n_sessions = 1;
   sr.tags = tags;
   sr.n_tags = 1;
-  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
-  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
-  st.status_reply = &sr;
-  fake_start(&fk, NULL, &st);
+  fake_status(&sr);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
   for (const char *p = out_buf; *p; p++)
     ck_assert_msg((unsigned char)*p >= 0x20 || *p == '\n', "raw control byte 0x%02x in: %s",
@@ -803,11 +781,10 @@ START_TEST(names_are_escaped_whatever_bytes_they_hold) {
   ck_assert_msg(strstr(out_buf, "r0\\x1b[2J\\x0a\\xff"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "kv\\x07\"\\\\\\xc3"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "gpumemd 9.9.9\\x1b, backend host"), "%s", out_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(fk.dir, "j['sessions'][0]['name'].startswith('r0\\x1b[2J\\n')"
-                                      " and j['tags'][0]['name'].startswith('kv\\x07\"\\\\')"
-                                      " and len(j['tags'][0]['name'])==6"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json status", 0,
+           "j['sessions'][0]['name'].startswith('r0\\x1b[2J\\n')"
+           " and j['tags'][0]['name'].startswith('kv\\x07\"\\\\')"
+           " and len(j['tags'][0]['name'])==6");
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "metrics"), 0);
   for (const char *p = out_buf; *p; p++)
     ck_assert_msg((unsigned char)*p >= 0x20 || *p == '\n', "raw control byte in: %s", out_buf);
@@ -834,13 +811,11 @@ START_TEST(controllers_open_no_gpu_backend) {
   Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
   sr.backend = "cuda";
   sr.granularity = 2 * MiB;
-  wire_env st = GPUMEM__WIRE__ENVELOPE__INIT;
-  st.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY;
+  wire_env st = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
   st.status_reply = &sr;
   fake_backend = "cuda";
   fake_start(&fk, NULL, &st);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
-  ck_assert_msg(strstr(out_buf, "backend cuda"), "%s", out_buf);
+  ctl_says(fk.dir, fk.socket, "status", 0, "backend cuda");
   const unsigned flags = GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT;
   const unsigned node = flags | GPUMEM_CONNECT_NODE_DEVICES;
   gpumem_client *c = NULL;
@@ -884,26 +859,21 @@ START_TEST(status_shows_the_grace_while_it_runs) {
   ck_assert_msg(strstr(out_buf, " s left; allocations in new tags wait for it (1 waiting)\n") &&
                     strstr(out_buf, "\nre-registration grace: "),
                 "%s", out_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
-  ck_assert_msg(strstr(out_buf, "\ngpumem_grace_waiting 1\n"), "%s", out_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 1);
-  ck_assert_msg(strstr(err_buf, "no tag 'kv' yet: the re-registration grace runs"), "%s", err_buf);
+  ctl_says(d.dir, d.socket, "metrics", 0, "\ngpumem_grace_waiting 1\n");
+  ctl_says(d.dir, d.socket, "pause kv", 1, "no tag 'kv' yet: the re-registration grace runs");
   worker_stop(&w, SIGKILL); /* still waiting in its allocation */
   ck_assert_int_eq(daemon_stop(&d), 0);
   daemon_start(&d, NULL);
   ck_assert_int_eq(ctl(d.dir, d.socket, "status"), 0);
   ck_assert_msg(!strstr(out_buf, "grace"), "%s", out_buf);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "--json status"), 0);
-  ck_assert_int_eq(json_check(d.dir, "j['grace']=={'left_ms':0,'waiting':0}"), 0);
+  ctl_json(d.dir, d.socket, "--json status", 0, "j['grace']=={'left_ms':0,'waiting':0}");
 }
 END_TEST
 
 START_TEST(metrics_say_up_and_paused_and_count_workers) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
-  ck_assert_int_eq(ctl(d.dir, d.socket, "metrics"), 0);
-  ck_assert_msg(strstr(out_buf, "\ngpumem_up 1\n"), "%s", out_buf);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
+  ctl_says(d.dir, d.socket, "metrics", 0, "\ngpumem_up 1\n");
   ck_assert_msg(strstr(out_buf, "\ngpumem_sessions 1\n"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "\ngpumem_tag_paused{tag=\"kv\"} 0\n"), "%s", out_buf);
   ck_assert_msg(strstr(out_buf, "\ngpumem_tag_bytes{tag=\"kv\"} 4194304\n"), "%s", out_buf);
@@ -942,9 +912,8 @@ static int shell(const char *dir, const char *cmd) {
  * the errors answered; counters never go down; and promtool (where it
  * is installed) takes the whole output. */
 START_TEST(metrics_count_operations_and_pass_promtool) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
   for (int i = 0; i < 2; i++) {
     ck_assert_int_eq(ctl(d.dir, d.socket, "pause kv"), 0);
     ck_assert_int_eq(ctl(d.dir, d.socket, "resume kv"), 0);
@@ -1011,23 +980,18 @@ END_TEST
  * escape sequence in them cannot forge a line or rewrite the terminal; in
  * JSON they stay as sent, as one valid string. */
 START_TEST(daemon_words_cannot_forge_lines) {
-  Gpumem__Wire__Error e = GPUMEM__WIRE__ERROR__INIT;
-  e.code = GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED;
-  e.message = "worker 7: done\ngpumemctl: paused 7 buffers, 64.0 GiB\x1b[2K";
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ERROR;
-  op.error = &e;
-  fake_start(&fk, &op, NULL);
+  Gpumem__Wire__Error e = error_of(GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+                                   "worker 7: done\ngpumemctl: paused 7 buffers, 64.0 GiB\x1b[2K");
+  fake_answering((uid_t)-1, &e, NULL);
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause kv"), 1);
   ck_assert_msg(!strstr(err_buf, "\ngpumemctl: paused") && !strchr(err_buf, '\x1b'), "%s",
                 err_buf);
   ck_assert_msg(strstr(err_buf, "gpumemctl: pause failed: NOT_RELEASED: worker 7: "
                                 "done\\x0agpumemctl: paused 7 buffers, 64.0 GiB\\x1b[2K\n"),
                 "%s", err_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json pause kv"), 1);
-  ck_assert_int_eq(json_check(fk.dir, "j['error']['message']=='worker 7: done\\ngpumemctl: "
-                                      "paused 7 buffers, 64.0 GiB\\x1b[2K'"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json pause kv", 1,
+           "j['error']['message']=='worker 7: done\\ngpumemctl: "
+           "paused 7 buffers, 64.0 GiB\\x1b[2K'");
 }
 END_TEST
 
@@ -1041,20 +1005,16 @@ START_TEST(a_daemon_another_user_runs_is_not_trusted) {
   Gpumem__Wire__OpReply ok = GPUMEM__WIRE__OP_REPLY__INIT;
   ok.buffers = 7;
   ok.bytes = 64 * GiB;
-  wire_env op = GPUMEM__WIRE__ENVELOPE__INIT;
-  op.body_case = GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY;
-  op.op_reply = &ok;
-  fake_start_as(&fk, 65534, &op, NULL);
+  fake_answering(65534, NULL, &ok);
   char asked[512], want[512];
   ck_assert_int_eq(ctl(fk.dir, fk.socket, "pause kv"), 1);
   snprintf(want, sizeof want, "gpumemctl: the socket %s is owned by uid 65534 (nobody), "
            "expected root: refusing to trust it", fk.socket);
   ck_assert_msg(strstr(err_buf, want), "%s", err_buf);
   ck_assert_msg(!strstr(out_buf, "paused"), "%s", out_buf);
-  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--json resume --all"), 1);
-  ck_assert_int_eq(json_check(fk.dir, "j['error']['code']=='UNTRUSTED' and "
-                                      "'refusing to trust it' in j['error']['message']"),
-                   0);
+  ctl_json(fk.dir, fk.socket, "--json resume --all", 1,
+           "j['error']['code']=='UNTRUSTED' and "
+           "'refusing to trust it' in j['error']['message']");
   slurp(fk.asked, asked, sizeof asked);
   ck_assert_str_eq(asked, "");
   /* Named, it is trusted. */
@@ -1116,7 +1076,7 @@ START_TEST(metrics_leave_out_gpumemctl_own_worker_session) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("ctl", 60, setup, teardown,
+  return HARNESS_RUN("ctl", 60, NULL, teardown,
                      unknown_tag_is_not_found_and_fails, pause_and_resume_select_sessions,
                      pause_and_resume_print_the_driver_checks,
                      status_json_carries_every_figure,

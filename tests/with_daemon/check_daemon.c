@@ -118,6 +118,14 @@ static bool wait_sessions(gpumem_client *c, size_t n) {
   return false;
 }
 
+/* What gpumem_list returns for c (the buffers it lists), the list freed. */
+static int listed(gpumem_client *c) {
+  struct gpumem_list *list;
+  int n = gpumem_list(c, &list);
+  if (n >= 0) gpumem_list_free(list);
+  return n;
+}
+
 /* The pointer printed on the first line that starts with prefix and id. */
 static void ptr_of(const struct worker *w, const char *what, unsigned long long id, char *out) {
   char key[64];
@@ -130,92 +138,69 @@ static void ptr_of(const struct worker *w, const char *what, unsigned long long 
 
 /* --- raw protocol, to reach the daemon's edge without the library --- */
 
-static void raw_send(int fd, const wire_env *env) {
-  size_t len;
-  uint8_t *bytes = wire_pack(env, &len);
-  uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
-  ck_assert_int_eq(write(fd, hdr, 4), 4);
-  ck_assert_int_eq(write(fd, bytes, len), (ssize_t)len);
-  free(bytes);
-}
-
-/* Read one reply; NULL at end of stream. Its fds are closed. */
-static wire_env *raw_read(int fd) {
-  frame_reader *r = frame_reader_create(WIRE_MAX_REPLY);
-  struct frame f;
-  wire_env *env = NULL;
-  for (;;) {
-    int rc = frame_reader_next(r, &f);
-    if (rc == 1) {
-      env = wire_unpack(f.data, f.len);
-      frame_release(&f);
-      break;
-    }
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    uint8_t b;
-    if (recv(fd, &b, 1, MSG_PEEK) <= 0) break;
-    if (frame_reader_fill(r, fd) <= 0) break;
-  }
-  ck_assert_uint_eq(frame_reader_pending(r), 0);
-  frame_reader_destroy(r);
+/* Read one reply (its fds closed); NULL at end of stream. Nothing may
+ * follow it yet. */
+static wire_env *raw_read(struct peer *p) {
+  wire_env *env = peer_get(p, NULL);
+  ck_assert_uint_eq(frame_reader_pending(p->r), 0);
   return env;
 }
 
-/* The error code of the reply to env (OK if not an Error). */
-static wire_code raw_call(int fd, const wire_env *env, char *text) {
-  raw_send(fd, env);
-  wire_env *r = raw_read(fd);
-  ck_assert_ptr_nonnull(r);
-  wire_code code = CODE(OK);
-  if (r->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
-    code = r->error->code;
-    if (text) snprintf(text, 256, "%s", r->error->message);
-  }
+/* The error code of the next reply (OK if not an Error), its text into
+ * text (256 bytes) unless NULL. */
+static wire_code raw_reply(struct peer *p, char *text) {
+  wire_env *r = raw_read(p);
+  wire_code code = peer_reply_code(r, text, 256);
   wire_env_free(r);
   return code;
 }
 
-static int raw_hello(int role, uint32_t major) {
-  int fd = raw_connect(&d);
-  ck_assert_int_ge(fd, 0);
-  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
-  h.version_major = major;
-  h.role = role;
-  h.name = "raw";
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = 1;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
-  env.hello = &h;
-  raw_send(fd, &env);
-  return fd;
+/* The error code of the reply to env (OK if not an Error). */
+static wire_code raw_call(struct peer *p, const wire_env *env, char *text) {
+  peer_put(p, env, NULL, 0);
+  return raw_reply(p, text);
 }
 
-static wire_code raw_alloc(int fd, const char *tag, unsigned dev, uint64_t size, char *text) {
-  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  a.tag = (char *)tag;
-  a.device = dev;
-  a.size = size;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = 2;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &a;
-  return raw_call(fd, &env, text);
+/* Connect and send a Hello in a role at a major version (its reply not read). */
+static void raw_hello(struct peer *p, int role, uint32_t major) {
+  peer_connect(p, &d);
+  peer_push_hello(p, role, "raw", major, 0);
+  ck_assert_int_eq(peer_flush_within(p, 5000), 0);
+}
+
+/* The error code of the reply to an alloc. */
+static wire_code raw_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t size,
+                           char *text) {
+  peer_push_alloc(p, tag, dev, size, 0);
+  ck_assert_int_eq(peer_flush_within(p, 5000), 0);
+  return raw_reply(p, text);
+}
+
+/* Connect, say Hello in a role, and take the HelloReply. */
+static void raw_session(struct peer *p, int role) {
+  raw_hello(p, role, WIRE_VERSION_MAJOR);
+  wire_env_free(raw_read(p));
 }
 
 /* True when the daemon closed the connection. */
-static bool raw_closed(int fd) {
-  wire_env *r = raw_read(fd);
+static bool raw_closed(struct peer *p) {
+  wire_env *r = raw_read(p);
   wire_env_free(r);
   return r == NULL;
 }
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
+/* The reply to p's last request is an Error of code, then the daemon
+ * ends the session; p is closed. */
+static void raw_ends_with(struct peer *p, wire_code code) {
+  wire_env *r = raw_read(p);
+  ck_assert_int_eq(r->error->code, code);
+  wire_env_free(r);
+  ck_assert(raw_closed(p));
+  peer_close(p);
 }
+
+/* Stop the test's daemon and check that no fd leaked. */
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* --- tests --- */
 
@@ -257,9 +242,8 @@ START_TEST(pause_releases_memory_and_resume_takes_it_again) {
 END_TEST
 
 START_TEST(backup_buffers_keep_their_contents) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "weights", "--size", "24M", "--count", "3", "--backup", NULL);
+  daemon_with_worker(&d, &w, "--tag", "weights", "--size", "24M", "--count", "3", "--backup", NULL);
   gpumem_client *c = controller();
   struct op_sum r;
   for (int round = 1; round <= 2; round++) {
@@ -423,19 +407,19 @@ END_TEST
 
 /* One client's garbage ends that client only. */
 START_TEST(garbage_client_is_dropped_and_others_carry_on) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
-  int fd = raw_connect(&d);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
+  struct peer raw;
+  peer_connect(&raw, &d);
   uint8_t junk[] = {5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff};
-  ck_assert_int_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
-  wire_env *r = raw_read(fd);
+  ck_assert_int_eq(write(raw.fd, junk, sizeof junk), (ssize_t)sizeof junk);
+  wire_env *r = raw_read(&raw);
   ck_assert_ptr_nonnull(r);
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
   ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
   wire_env_free(r);
-  ck_assert(raw_closed(fd));
-  close(fd);
+  ck_assert(raw_closed(&raw));
+  peer_close(&raw);
   gpumem_client *c = controller();
   ck_assert_int_eq(pause_tag(c, "kv", NULL), 0);
   ck_assert_int_eq(resume_tag(c, "kv", NULL), 0);
@@ -449,33 +433,31 @@ END_TEST
 START_TEST(bad_requests_get_clear_errors) {
   daemon_start(&d, "--host-device-size", "256M", NULL);
   char text[256];
-  int fd = raw_hello(GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
-  wire_env_free(raw_read(fd));
-  ck_assert_int_eq(raw_alloc(fd, "", 0, MiB, text), CODE(INVALID_ARGUMENT));
+  struct peer raw;
+  raw_session(&raw, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  ck_assert_int_eq(raw_alloc(&raw, "", 0, MiB, text), CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(text, "invalid tag"));
-  ck_assert_int_eq(raw_alloc(fd, "kv cache", 0, MiB, NULL), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv cache", 0, MiB, NULL), CODE(INVALID_ARGUMENT));
   char longtag[80];
   memset(longtag, 'a', sizeof longtag - 1);
   longtag[79] = '\0';
-  ck_assert_int_eq(raw_alloc(fd, longtag, 0, MiB, NULL), CODE(INVALID_ARGUMENT));
-  ck_assert_int_eq(raw_alloc(fd, "kv", 0, 0, text), CODE(INVALID_ARGUMENT));
-  ck_assert_int_eq(raw_alloc(fd, "kv", 0, 257 * MiB, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, longtag, 0, MiB, NULL), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 0, 0, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 0, 257 * MiB, text), CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(text, "larger than device"));
-  ck_assert_int_eq(raw_alloc(fd, "kv", 0, UINT64_MAX, NULL), CODE(INVALID_ARGUMENT));
-  ck_assert_int_eq(raw_alloc(fd, "kv", 7, MiB, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 0, UINT64_MAX, NULL), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 7, MiB, text), CODE(INVALID_ARGUMENT));
   ck_assert_ptr_nonnull(strstr(text, "device 7 out of range"));
   /* Unknown and foreign buffer ids look the same. */
   struct worker w;
   worker_start(&w, &d, "--tag", "kv", "--size", "4M", NULL);
   Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = 3;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
+  wire_env env = peer_env(3, GPUMEM__WIRE__ENVELOPE__BODY_FREE);
   env.free = &fr;
   fr.buffer_id = 999;
-  ck_assert_int_eq(raw_call(fd, &env, text), CODE(NOT_FOUND));
+  ck_assert_int_eq(raw_call(&raw, &env, text), CODE(NOT_FOUND));
   fr.buffer_id = 1; /* the worker's */
-  ck_assert_int_eq(raw_call(fd, &env, text), CODE(NOT_FOUND));
+  ck_assert_int_eq(raw_call(&raw, &env, text), CODE(NOT_FOUND));
   /* Workers do not pause. */
   char *tags[] = {"kv"};
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
@@ -483,20 +465,20 @@ START_TEST(bad_requests_get_clear_errors) {
   p.n_tags = 1;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
   env.pause = &p;
-  ck_assert_int_eq(raw_call(fd, &env, text), CODE(PERMISSION_DENIED));
+  ck_assert_int_eq(raw_call(&raw, &env, text), CODE(PERMISSION_DENIED));
   p.n_tags = 0; /* every tag: still not a worker's to pause */
-  ck_assert_int_eq(raw_call(fd, &env, text), CODE(PERMISSION_DENIED));
+  ck_assert_int_eq(raw_call(&raw, &env, text), CODE(PERMISSION_DENIED));
   /* The session is still fine. */
-  ck_assert_int_eq(raw_alloc(fd, "kv", 0, MiB, NULL), CODE(OK));
+  ck_assert_int_eq(raw_alloc(&raw, "kv", 0, MiB, NULL), CODE(OK));
   /* Controllers do not allocate; devices are checked. */
-  int cfd = raw_hello(GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
-  wire_env_free(raw_read(cfd));
-  ck_assert_int_eq(raw_alloc(cfd, "kv", 0, MiB, NULL), CODE(PERMISSION_DENIED));
+  struct peer raw_ctl;
+  raw_session(&raw_ctl, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  ck_assert_int_eq(raw_alloc(&raw_ctl, "kv", 0, MiB, NULL), CODE(PERMISSION_DENIED));
   uint32_t dev = 9;
   p.n_tags = 1;
   p.devices = &dev;
   p.n_devices = 1;
-  ck_assert_int_eq(raw_call(cfd, &env, text), CODE(INVALID_ARGUMENT));
+  ck_assert_int_eq(raw_call(&raw_ctl, &env, text), CODE(INVALID_ARGUMENT));
   /* Hello twice ends the session. */
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
   h.version_major = WIRE_VERSION_MAJOR;
@@ -504,57 +486,36 @@ START_TEST(bad_requests_get_clear_errors) {
   h.name = "";
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
   env.hello = &h;
-  ck_assert_int_eq(raw_call(cfd, &env, NULL), CODE(PROTOCOL_ERROR));
-  ck_assert(raw_closed(cfd));
-  close(cfd);
+  ck_assert_int_eq(raw_call(&raw_ctl, &env, NULL), CODE(PROTOCOL_ERROR));
+  ck_assert(raw_closed(&raw_ctl));
+  peer_close(&raw_ctl);
   /* So do a request before Hello, a wrong major version, fds on a
    * request, and an oversized frame. */
-  int x = raw_connect(&d);
-  ck_assert_int_eq(raw_alloc(x, "kv", 0, MiB, text), CODE(PROTOCOL_ERROR));
+  struct peer x;
+  peer_connect(&x, &d);
+  ck_assert_int_eq(raw_alloc(&x, "kv", 0, MiB, text), CODE(PROTOCOL_ERROR));
   ck_assert_str_eq(text, "the first message must be Hello");
-  ck_assert(raw_closed(x));
-  close(x);
-  x = raw_hello(GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR + 1);
-  wire_env *r = raw_read(x);
-  ck_assert_int_eq(r->error->code, CODE(VERSION_MISMATCH));
-  wire_env_free(r);
-  ck_assert(raw_closed(x));
-  close(x);
-  x = raw_hello(GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
-  wire_env_free(raw_read(x));
-  frame_writer *fw = frame_writer_create();
+  ck_assert(raw_closed(&x));
+  peer_close(&x);
+  raw_hello(&x, GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR + 1);
+  raw_ends_with(&x, CODE(VERSION_MISMATCH));
+  raw_session(&x, GPUMEM__WIRE__ROLE__ROLE_WORKER);
   int spare = dup(1);
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
   env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
   env.status = &sr;
   env.fd_count = 1;
-  size_t len;
-  uint8_t *bytes = wire_pack(&env, &len);
-  frame_writer_push(fw, bytes, len, &spare, 1);
-  free(bytes);
-  ck_assert_int_eq(frame_writer_flush(fw, x), 0);
-  frame_writer_destroy(fw);
-  r = raw_read(x);
-  ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
-  wire_env_free(r);
-  ck_assert(raw_closed(x));
-  close(x);
-  x = raw_hello(GPUMEM__WIRE__ROLE__ROLE_WORKER, WIRE_VERSION_MAJOR);
-  wire_env_free(raw_read(x));
+  peer_put(&x, &env, &spare, 1);
+  raw_ends_with(&x, CODE(PROTOCOL_ERROR));
+  raw_session(&x, GPUMEM__WIRE__ROLE__ROLE_WORKER);
   uint8_t huge[4] = {0, 0, 0, 0x10}; /* 256 MiB */
-  ck_assert_int_eq(write(x, huge, 4), 4);
-  r = raw_read(x);
-  ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
-  wire_env_free(r);
-  ck_assert(raw_closed(x));
-  close(x);
+  ck_assert_int_eq(write(x.fd, huge, 4), 4);
+  raw_ends_with(&x, CODE(PROTOCOL_ERROR));
   /* Nothing leaked into the registry: the worker's buffer and ours. */
   gpumem_client *c = controller();
-  struct gpumem_list *list;
-  ck_assert_int_eq(gpumem_list(c, &list), 2);
-  gpumem_list_free(list);
+  ck_assert_int_eq(listed(c), 2);
   gpumem_disconnect(c);
-  close(fd);
+  peer_close(&raw);
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST
@@ -670,9 +631,8 @@ START_TEST(allocations_in_a_paused_tag) {
 END_TEST
 
 START_TEST(pause_and_resume_are_idempotent) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "4M", "--count", "2", NULL);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", "--count", "2", NULL);
   gpumem_client *c = controller();
   struct op_sum r;
   ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
@@ -696,20 +656,18 @@ END_TEST
 
 /* The operation goes on when the controller that asked for it is gone. */
 START_TEST(controller_disconnect_does_not_stop_a_pause) {
-  daemon_start(&d, NULL);
   struct worker w;
-  worker_start(&w, &d, "--tag", "kv", "--size", "8M", NULL);
-  int fd = raw_hello(GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "8M", NULL);
+  struct peer raw;
+  raw_hello(&raw, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER, WIRE_VERSION_MAJOR);
   char *tags[] = {"kv"};
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   p.tags = tags;
   p.n_tags = 1;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = 2;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  wire_env env = peer_env(2, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   env.pause = &p;
-  raw_send(fd, &env);
-  close(fd);
+  peer_put(&raw, &env, NULL, 0);
+  peer_close(&raw);
   ck_assert(worker_wait_for(&w, "paused buffer", 1, 3000));
   gpumem_client *c = controller();
   ck_assert(wait_paused(c, "kv", 1, 8 * MiB));
@@ -791,16 +749,14 @@ START_TEST(one_client_from_many_threads) {
     pthread_join(tid[i], NULL);
     ck_assert_int_eq(t[i].failures, 0);
   }
-  struct gpumem_list *list;
-  ck_assert_int_eq(gpumem_list(w, &list), 1);
-  gpumem_list_free(list);
+  ck_assert_int_eq(listed(w), 1);
   gpumem_disconnect(c);
   gpumem_disconnect(w);
 }
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("daemon", 60, setup, teardown,
+  return HARNESS_RUN("daemon", 60, NULL, teardown,
                      pause_releases_memory_and_resume_takes_it_again,
                      backup_buffers_keep_their_contents,
                      killed_worker_gives_its_memory_back,

@@ -9,7 +9,6 @@
  * they said before. Raw protocol peers send exactly the bytes and fds each
  * attack needs. */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -68,54 +67,50 @@ static int daemon_fds(void) {
   return n;
 }
 
+enum { FD_LIST_MAX = 4096 }; /* bytes of daemon_fd_list's text */
+
+/* Append " fd->target" to the FD_LIST_MAX string buffer arg. */
+static void list_fd(int fd, const char *target, void *arg) {
+  char *out = arg, entry[600];
+  snprintf(entry, sizeof entry, " %d->%s", fd, target);
+  strncat(out, entry, FD_LIST_MAX - strlen(out) - 1);
+}
+
 /* The daemon's fds as "n->target" words (static buffer), for messages. */
 static const char *daemon_fd_list(void) {
-  static char out[4096];
-  char path[320], link[256], entry[600];
+  static char out[FD_LIST_MAX];
   out[0] = '\0';
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)d.pid);
-  DIR *dir = opendir(path);
-  for (struct dirent *de; dir && (de = readdir(dir));) {
-    if (de->d_name[0] == '.') continue;
-    snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)d.pid, de->d_name);
-    ssize_t n = readlink(path, link, sizeof link - 1);
-    link[n > 0 ? n : 0] = '\0';
-    snprintf(entry, sizeof entry, " %s->%s", de->d_name, link);
-    strncat(out, entry, sizeof out - strlen(out) - 1);
-  }
-  if (dir) closedir(dir);
+  proc_fd_each(d.pid, list_fd, out);
   return out;
 }
 
 /* Sockets the daemon holds (the listener and one per session). */
-static int daemon_sockets(void) {
-  char path[320], link[256];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)d.pid);
-  DIR *dir = opendir(path);
-  int n = 0;
-  for (struct dirent *de; dir && (de = readdir(dir));) {
-    snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)d.pid, de->d_name);
-    ssize_t len = readlink(path, link, sizeof link - 1);
-    if (len > 0 && strncmp(link, "socket:", 7) == 0) n++;
-  }
-  if (dir) closedir(dir);
-  return n;
-}
+static int daemon_sockets(void) { return proc_fds_with(d.pid, "socket:"); }
 
-/* Start the daemon and give it a bounded time to close daemon_start's
- * probe connection (it sometimes keeps it longer: fd figures below count
- * sockets apart for that reason). */
-static void daemon_up(const char *arg, ...) {
-  const char *args[16] = {0};
-  int n = 0;
-  va_list ap;
-  va_start(ap, arg);
-  for (const char *a = arg; a && n < 15; a = va_arg(ap, const char *)) args[n++] = a;
-  va_end(ap);
+/* Start the daemon with the arguments in args (NULL-terminated, at least
+ * 8 entries: 8 are passed on) and give it a bounded time to close
+ * daemon_start's probe connection (it sometimes keeps it longer: fd
+ * figures below count sockets apart for that reason). */
+static void daemon_upv(const char *const *args) {
   daemon_start(&d, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7],
                NULL);
   double end = now_ms() + 1000;
   while (daemon_sockets() != 1 && now_ms() < end) pause_ms(5);
+}
+
+/* daemon_upv with no arguments. */
+static void daemon_up(void) { daemon_upv((const char *const[16]){NULL}); }
+
+/* daemon_upv with these arguments, then a controller c and a worker w. */
+static void up_pair(struct peer *c, struct peer *w, ...) {
+  const char *args[16] = {0};
+  va_list ap;
+  va_start(ap, w);
+  harness_collect_args(args, 16, ap);
+  va_end(ap);
+  daemon_upv(args);
+  open_peer(c, CONTROLLER);
+  open_peer(w, WORKER);
 }
 
 /* What the daemon process holds of the backend's memory. */
@@ -140,9 +135,7 @@ static void take_snap(struct peer *c, struct snap *s) {
   }
   s->tags = st->status_reply->n_tags;
   wire_env_free(st);
-  wire_env *l = peer_list(c);
-  s->buffers = l->list_reply->n_buffers;
-  wire_env_free(l);
+  s->buffers = peer_list_count(c);
   s->mem = daemon_bytes();
   s->sockets = daemon_sockets();
   s->fds = daemon_fds() - s->sockets;
@@ -192,12 +185,18 @@ static int memfd_named(const char *name, uint64_t size, bool commit, unsigned mf
   return fd;
 }
 
+/* The name the host backend gives the memfds of the daemon's device dev
+ * (a static buffer, which the next call and chunk rewrite). */
+static const char *dev_memfd_name(unsigned dev) {
+  static char name[128];
+  snprintf(name, sizeof name, "gpumem-%s", bus[dev]);
+  return name;
+}
+
 /* A chunk as the host backend makes them: a committed memfd named for the
  * daemon's device dev. */
 static int chunk(unsigned dev, uint64_t size) {
-  char name[128];
-  snprintf(name, sizeof name, "gpumem-%s", bus[dev]);
-  return memfd_named(name, size, true, MFD_ALLOW_SEALING);
+  return memfd_named(dev_memfd_name(dev), size, true, MFD_ALLOW_SEALING);
 }
 
 /* One buffer of an AdoptRequest. */
@@ -233,10 +232,8 @@ static uint64_t adopt_send(struct peer *p, const struct abuf *b, size_t n, const
   Gpumem__Wire__AdoptRequest a = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
   a.buffers = ptrs;
   a.n_buffers = n;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
+  wire_env env = peer_env(p->next_id++, BODY(ADOPT));
   env.fd_count = fd_count < 0 ? (uint32_t)nfds : (uint32_t)fd_count;
-  env.body_case = BODY(ADOPT);
   env.adopt = &a;
   peer_put(p, &env, fds, nfds);
   free(bufs);
@@ -281,9 +278,16 @@ static void setup(void) {
   harness_fd_setup();
 }
 
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
+/* Stop the test's daemon and check that no fd leaked. */
+static void teardown(void) { harness_daemon_teardown(&d); }
+
+/* up_pair, a 4 MiB buffer of tag kv on device 0 for w, and c's pause of
+ * kv: the Unmap w now has to answer (its fds in *f). */
+static wire_env *unmap_pending(struct peer *c, struct peer *w, struct pbuf *b, struct frame *f) {
+  up_pair(c, w, NULL);
+  peer_alloc(w, "kv", 0, 4 * MiB, 0, b);
+  peer_op(c, false, "kv", 0, 0);
+  return peer_event(w, f);
 }
 
 /* ======================= AdoptRequest ======================= */
@@ -292,7 +296,7 @@ static void teardown(void) {
  * hands over is owned (status, list, memfds), paused by its new id, freed,
  * resumed; ids are new and distinct. */
 START_TEST(adopted_memory_is_owned_paused_and_resumed) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer w, c;
   open_peer(&w, WORKER);
   open_peer(&c, CONTROLLER);
@@ -318,13 +322,9 @@ START_TEST(adopted_memory_is_owned_paused_and_resumed) {
   ck_assert_uint_eq(daemon_bytes(), 8 * MiB);
   struct pbuf bufs[3] = {own, {.id = ids[0], .fds = {mine[0]}, .nfds = 1},
                          {.id = ids[1], .fds = {mine[1]}, .nfds = 1}};
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, bufs, 3, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op_served(&c, false, "kv", &w, bufs, 3);
   ck_assert_uint_eq(daemon_bytes(), 0);
-  peer_op(&c, true, "kv", 0, 0);
-  peer_serve(&w, bufs, 3, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op_served(&c, true, "kv", &w, bufs, 3);
   ck_assert_uint_eq(daemon_bytes(), 14 * MiB);
   for (int i = 0; i < 3; i++) peer_unmap(&bufs[i]);
   peer_close(&w);
@@ -357,7 +357,7 @@ static void restart(struct peer *w) {
 /* A daemon stopped with SIGTERM answers, and the next one on the socket
  * adopts the memory the worker kept (the raw version of a restart). */
 START_TEST(restart_then_adopt_by_hand) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer w;
   open_peer(&w, WORKER);
   struct pbuf b;
@@ -388,7 +388,7 @@ END_TEST
  * its owner gets it back. Needs root, to be another uid. */
 START_TEST(adopt_of_another_uids_memory) {
   if (geteuid() != 0) return;
-  daemon_up(NULL);
+  daemon_up();
   struct peer w;
   open_peer(&w, WORKER);
   struct pbuf b;
@@ -424,7 +424,7 @@ END_TEST
 /* Before Hello an adopt ends the session (PROTOCOL_ERROR) and every fd it
  * carried is closed; nothing is adopted. */
 START_TEST(adopt_before_hello) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer c, x;
   open_peer(&c, CONTROLLER);
   struct snap s;
@@ -446,7 +446,7 @@ END_TEST
 
 /* A controller does not own buffers: PERMISSION_DENIED, fds closed. */
 START_TEST(adopt_as_controller) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer c, c2;
   open_peer(&c, CONTROLLER);
   open_peer(&c2, CONTROLLER);
@@ -465,10 +465,8 @@ END_TEST
  * on a paused buffer. Each is a PROTOCOL_ERROR that ends the session and
  * closes every fd; other sessions and the memory are untouched. */
 START_TEST(adopt_with_wrong_fd_counts) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf keep;
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &keep);
   struct snap s;
@@ -533,14 +531,12 @@ END_TEST
 
 /* fds that are not the backend's memory: refused, closed, nothing owned. */
 START_TEST(adopt_fds_of_the_wrong_kind) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct abuf a = ONE("kv", 0, 2 * MiB);
-  char name[160], dir[] = "/tmp/gpumem-hostile.XXXXXX", path[400];
+  char dir[] = "/tmp/gpumem-hostile.XXXXXX", path[400];
   ck_assert_ptr_nonnull(mkdtemp(dir));
-  snprintf(name, sizeof name, "gpumem-%s", bus[0]);
+  const char *name = dev_memfd_name(0);
   for (int attack = 0; attack < 11; attack++) {
     int fd = -1, sv[2], pp[2];
     const char *what = "";
@@ -616,10 +612,8 @@ END_TEST
 /* The backend's memory of the wrong device or size, or split otherwise
  * than the request says. */
 START_TEST(adopt_memfds_of_the_wrong_device_or_size) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct abuf a = ONE("kv", 0, 4 * MiB);
   int fd = chunk(1, 4 * MiB);
   refused(&w, &c, &a, 1, &fd, 1, CODE(INVALID_ARGUMENT), "device 1's memory said to be device 0's");
@@ -650,10 +644,8 @@ END_TEST
 /* Sizes the daemon would never have made: zero, not a multiple of the
  * granularity, larger than the device, overflowing, unmatched. */
 START_TEST(adopt_sizes_that_cannot_be) {
-  daemon_up("--host-device-size", "64M", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--host-device-size", "64M", NULL);
   struct abuf a = ONE("kv", 0, 0);
   refused(&w, &c, &a, 1, (int[]){chunk(0, 0)}, 1, CODE(INVALID_ARGUMENT), "size 0");
   a.paused = true;
@@ -692,10 +684,8 @@ END_TEST
  * which could never be resumed) is INVALID_ARGUMENT, and so are two paused
  * buffers of 2^63 bytes whose sum would wrap; nothing is adopted. */
 START_TEST(adopt_paused_larger_than_the_device) {
-  daemon_up("--host-device-size", "64M", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--host-device-size", "64M", NULL);
   struct abuf a = ONE("kv", 0, 128 * MiB);
   a.paused = true;
   refused(&w, &c, &a, 1, NULL, 0, CODE(INVALID_ARGUMENT), "paused, 128 MiB on a 64 MiB device");
@@ -712,10 +702,8 @@ END_TEST
  * buffer, a state that cannot exist, are INVALID_ARGUMENT; nothing is
  * adopted. */
 START_TEST(adopt_flags_an_alloc_refuses) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct abuf a = ONE("kv", 0, 2 * MiB);
   a.flags = 8;
   refused(&w, &c, &a, 1, (int[]){chunk(0, 2 * MiB)}, 1, CODE(INVALID_ARGUMENT), "flag 0x8");
@@ -739,10 +727,8 @@ END_TEST
 /* BACKUP buffers adopted reserve host memory like allocated ones: past
  * --backup-limit the adopt is refused as an alloc would be. */
 START_TEST(adopt_backup_beyond_the_limit) {
-  daemon_up("--backup-limit", "4M", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--backup-limit", "4M", NULL);
   struct pbuf x;
   ck_assert_int_eq(peer_try_alloc(&w, "kv", 0, 8 * MiB, F_BACKUP, &x), CODE(LIMIT_EXCEEDED));
   struct abuf a = ONE("kv", 0, 8 * MiB);
@@ -770,12 +756,9 @@ END_TEST
 /* A memfd sealed against writes cannot be device memory that a worker
  * maps writable; refused. */
 START_TEST(adopt_sealed_memfd) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
-  char name[128];
-  snprintf(name, sizeof name, "gpumem-%s", bus[0]);
+  up_pair(&c, &w, NULL);
+  const char *name = dev_memfd_name(0);
   struct abuf a = ONE("kv", 0, 2 * MiB);
   int fd = memfd_named(name, 2 * MiB, true, MFD_ALLOW_SEALING);
   ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0);
@@ -791,12 +774,9 @@ END_TEST
 /* A memfd of the right name and size that holds no memory: the daemon
  * must not count memory that does not exist; refused. */
 START_TEST(adopt_uncommitted_memfd) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
-  char name[128];
-  snprintf(name, sizeof name, "gpumem-%s", bus[0]);
+  up_pair(&c, &w, NULL);
+  const char *name = dev_memfd_name(0);
   struct abuf a = ONE("kv", 0, 4 * MiB);
   int fd = memfd_named(name, 4 * MiB, false, MFD_ALLOW_SEALING);
   refused(&w, &c, &a, 1, &fd, 1, CODE(INVALID_ARGUMENT), "an uncommitted memfd");
@@ -812,10 +792,8 @@ END_TEST
 /* The same memory twice in one request (two fds of one memfd) would be
  * counted twice and released twice: refused. */
 START_TEST(adopt_the_same_memfd_twice) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct abuf a[2] = {ONE("kv", 0, 2 * MiB), ONE("other", 0, 2 * MiB)};
   int fd = chunk(0, 2 * MiB);
   int fds[2] = {fd, dup(fd)};
@@ -836,10 +814,8 @@ END_TEST
  * alloc reply) is refused, alone or after good buffers, from its owner or
  * another session; the live buffer is untouched and still pauses. */
 START_TEST(adopt_memory_the_daemon_holds) {
-  daemon_up(NULL);
   struct peer c, w, w2;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   open_peer(&w2, WORKER);
   struct pbuf b;
   peer_alloc(&w, "kv", 1, 4 * MiB, 0, &b);
@@ -855,9 +831,7 @@ START_TEST(adopt_memory_the_daemon_holds) {
   struct abuf two[3] = {ONE("new", 1, 2 * MiB), ONE("new", 0, 2 * MiB), ONE("new", 1, 4 * MiB)};
   refused(&w2, &c, two, 3, (int[]){chunk(1, 2 * MiB), chunk(0, 2 * MiB), dup(b.fds[0])}, 3,
           CODE(INVALID_ARGUMENT), "good buffers, then a live buffer's chunk");
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, &b, 1, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op_served(&c, false, "kv", &w, &b, 1);
   ck_assert_uint_eq(daemon_bytes(), 0);
   peer_close(&w);
   peer_close(&w2);
@@ -868,10 +842,8 @@ END_TEST
 /* An adopt that fails on its last buffer, or its first, leaves nothing
  * behind: no buffer, no tag, no memory, every fd of the frame closed. */
 START_TEST(adopt_that_fails_half_way_leaves_nothing) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   enum { N = 100 };
   static struct abuf a[N];
   static int fds[N];
@@ -899,10 +871,8 @@ END_TEST
  * pass it is refused whole. A frame over the request limit ends the
  * session. */
 START_TEST(adopt_more_buffers_than_allowed) {
-  daemon_up("--max-buffers-per-session", "8", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--max-buffers-per-session", "8", NULL);
   static struct abuf a[3000];
   for (int i = 0; i < 3000; i++) {
     a[i] = (struct abuf)ONE("kv", 0, 2 * MiB);
@@ -936,9 +906,7 @@ START_TEST(adopt_more_buffers_than_allowed) {
     s.buffers -= 8; /* the ended session's buffers went with it */
     s.tags -= 1;
   }
-  wire_env *l = peer_list(&c);
-  ck_assert_uint_eq(l->list_reply->n_buffers, s.buffers);
-  wire_env_free(l);
+  ck_assert_uint_eq(peer_list_count(&c), s.buffers);
   /* 5000 buffers: more than a request may be. */
   struct peer x;
   open_peer(&x, WORKER);
@@ -952,9 +920,7 @@ START_TEST(adopt_more_buffers_than_allowed) {
   }
   ck_assert(peer_ended(&x));
   peer_close(&x);
-  l = peer_list(&c);
-  ck_assert_uint_eq(l->list_reply->n_buffers, s.buffers);
-  wire_env_free(l);
+  ck_assert_uint_eq(peer_list_count(&c), s.buffers);
   peer_close(&w);
   peer_close(&c);
 }
@@ -963,10 +929,8 @@ END_TEST
 /* Adopted memory beyond the device's size: the adopt that does not fit
  * is refused whole (its first two buffers fit). */
 START_TEST(adopt_beyond_the_device) {
-  daemon_up("--host-device-size", "8M", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--host-device-size", "8M", NULL);
   struct abuf a[3] = {ONE("kv", 0, 4 * MiB), ONE("kv", 0, 4 * MiB), ONE("kv", 0, 4 * MiB)};
   struct snap s;
   take_snap(&c, &s);
@@ -986,9 +950,7 @@ END_TEST
 /* Messages until a status reply on p (sent now): how many were errors. */
 static int errors_until_status(struct peer *p) {
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = p->next_id++;
-  env.body_case = BODY(STATUS);
+  wire_env env = peer_env(p->next_id++, BODY(STATUS));
   env.status = &sr;
   peer_put(p, &env, NULL, 0);
   int errors = 0;
@@ -1007,10 +969,8 @@ static int errors_until_status(struct peer *p) {
  * 64 KiB request must not buy thousands of replies); the rest of the ack
  * stands. */
 START_TEST(ack_failed_ids_repeated_and_by_thousands) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b[2];
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[0]);
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b[1]);
@@ -1043,9 +1003,7 @@ START_TEST(ack_failed_ids_repeated_and_by_thousands) {
   ck_assert_msg(errors <= 1, "%d errors for one ack", errors);
   ck_assert_uint_eq(daemon_bytes(), 4 * MiB);
   peer_unmap(&b[1]);
-  peer_op(&c, false, "kv", 0, 0);
-  peer_serve(&w, b, 2, 1);
-  ck_assert_int_eq(peer_op_code(&c), CODE(OK));
+  peer_op_served(&c, false, "kv", &w, b, 2);
   ck_assert_uint_eq(daemon_bytes(), 0);
   peer_close(&w);
   peer_close(&c);
@@ -1058,15 +1016,10 @@ END_TEST
  * is refused at the edge with a clear error; the pause waits for a proper
  * ack, which settles it, and no forged line reaches the log. */
 START_TEST(ack_messages_cannot_forge_log_lines) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
   struct frame f;
-  wire_env *e = peer_event(&w, &f);
+  wire_env *e = unmap_pending(&c, &w, &b, &f);
   const char *lies[] = {"busy\ngpumemd[info]: pause kv: 0 buffers, forged", "\xff\xfe not text",
                         "bell\x07", "c1 \xc2\x85 next line"};
   for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
@@ -1098,15 +1051,10 @@ END_TEST
  * are never cut in the middle of a character: the error stays UTF-8 that
  * a strict proto3 parser takes. */
 START_TEST(errors_cut_at_a_character) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
   struct frame f;
-  wire_env *e = peer_event(&w, &f);
+  wire_env *e = unmap_pending(&c, &w, &b, &f);
   char words[WIRE_MAX_MESSAGE + 1] = "";
   for (size_t i = 0; i + 2 <= WIRE_MAX_MESSAGE; i += 2) strcat(words, "\xc3\xa9"); /* é */
   peer_unmap(&b);
@@ -1126,7 +1074,7 @@ END_TEST
 /* A process may give itself any bytes as a name (prctl); when it holds
  * device memory outside gpumemd, the status names it in valid text. */
 START_TEST(process_names_are_made_valid_text) {
-  daemon_up(NULL);
+  daemon_up();
   struct peer c;
   open_peer(&c, CONTROLLER);
   int ready[2];
@@ -1165,10 +1113,8 @@ START_TEST(process_names_are_made_valid_text) {
 END_TEST
 
 START_TEST(ack_with_absurd_codes) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   const int codes[] = {9999, -1, INT32_MAX, CODE(SHUTTING_DOWN)};
@@ -1197,31 +1143,19 @@ END_TEST
 /* Two acks for one event in one write: the first one counts, the second
  * is NOT_FOUND, whichever way round. */
 START_TEST(ack_twice_back_to_back) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   for (int order = 0; order < 2; order++) {
     struct pbuf b;
     peer_alloc(&w, order ? "b" : "a", 0, 4 * MiB, 0, &b);
     peer_op(&c, false, order ? "b" : "a", 0, 0);
     wire_env *e = peer_event(&w, NULL), *r;
     if (order == 0) peer_unmap(&b); /* true OK first, then a false failure */
-    Gpumem__Wire__EventAck ok = GPUMEM__WIRE__EVENT_ACK__INIT, bad = GPUMEM__WIRE__EVENT_ACK__INIT;
-    ok.message = bad.message = "";
-    bad.code = CODE(BACKEND_ERROR);
-    wire_env a1 = GPUMEM__WIRE__ENVELOPE__INIT, a2 = GPUMEM__WIRE__ENVELOPE__INIT;
-    a1.id = a2.id = e->id;
-    a1.body_case = a2.body_case = BODY(ACK);
-    a1.ack = order == 0 ? &ok : &bad;
-    a2.ack = order == 0 ? &bad : &ok;
-    size_t l1, l2;
-    uint8_t *p1 = wire_pack(&a1, &l1), *p2 = wire_pack(&a2, &l2);
-    ck_assert_int_eq(frame_writer_push(w.w, p1, l1, NULL, 0), 0);
-    ck_assert_int_eq(frame_writer_push(w.w, p2, l2, NULL, 0), 0);
-    free(p1);
-    free(p2);
-    ck_assert_int_eq(frame_writer_flush(w.w, w.fd), 0);
+    int first = order == 0 ? CODE(OK) : CODE(BACKEND_ERROR);
+    int second = order == 0 ? CODE(BACKEND_ERROR) : CODE(OK);
+    peer_push_ack(&w, e->id, first, NULL, 0, NULL);
+    peer_push_ack(&w, e->id, second, NULL, 0, NULL);
+    ck_assert_int_eq(peer_flush(&w), 0); /* both in one write */
     wire_env_free(e);
     wire_code got = peer_op_wait(&c, &r);
     wire_env_free(r);
@@ -1238,10 +1172,8 @@ END_TEST
 /* Another session's ack naming the owner's buffer as failed, and an ack of
  * event 0: NOT_FOUND to the sender, nothing else; the owner's ack counts. */
 START_TEST(ack_for_another_sessions_event) {
-  daemon_up(NULL);
   struct peer c, w1, w2;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w1, WORKER);
+  up_pair(&c, &w1, NULL);
   open_peer(&w2, WORKER);
   struct pbuf b;
   peer_alloc(&w1, "kv", 0, 4 * MiB, 0, &b);
@@ -1269,10 +1201,8 @@ END_TEST
  * exists (a typo in a list must not look like success), and change
  * nothing; a tag named twice, or a device named twice, counts once. */
 START_TEST(pause_and_resume_of_unknown_tags) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   struct snap s;
@@ -1312,10 +1242,8 @@ END_TEST
  * naming {"kv","kv","kv"} of a worker with one 4 MiB buffer sends one
  * event and answers OK with 1 buffer and 4 MiB. */
 START_TEST(pause_names_twice_count_once) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   const char *kv[] = {"kv", "kv", "kv"};
@@ -1325,27 +1253,16 @@ START_TEST(pause_names_twice_count_once) {
   pr.n_tags = 1;
   pr.devices = devs;
   pr.n_devices = 4;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c.next_id++;
-  env.body_case = BODY(PAUSE);
+  wire_env env = peer_env(c.next_id++, BODY(PAUSE));
   env.pause = &pr;
   peer_put(&c, &env, NULL, 0);
   peer_serve(&w, &b, 1, 1);
-  wire_env *r;
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
-  ck_assert_uint_eq(r->op_reply->buffers, 1);
-  ck_assert_uint_eq(r->op_reply->bytes, 4 * MiB);
-  wire_env_free(r);
+  peer_op_ok(&c, 1, 4 * MiB);
   ck_assert_uint_eq(daemon_bytes(), 0);
   for (int resume = 1; resume >= 0; resume--) {
-    peer_op_tags(&c, resume, kv, 3, 0, 0);
+    peer_op_tags(&c, resume, kv, 3, 0, 0); /* of {kv,kv,kv} */
     peer_serve(&w, &b, 1, 1);
-    wire_code got = peer_op_wait(&c, &r);
-    ck_assert_msg(got == CODE(OK), "%s of {kv,kv,kv}: %s: %s", resume ? "resume" : "pause",
-                  wire_code_name(got), got ? r->error->message : "");
-    ck_assert_uint_eq(r->op_reply->buffers, 1);
-    ck_assert_uint_eq(r->op_reply->bytes, 4 * MiB);
-    wire_env_free(r);
+    peer_op_ok(&c, 1, 4 * MiB);
   }
   peer_unmap(&b);
   peer_close(&w);
@@ -1357,10 +1274,8 @@ END_TEST
  * what it released (the tag is PAUSED, the memory gone), and says so;
  * UINT64_MAX allows anything. */
 START_TEST(pause_with_max_residual) {
-  daemon_up(NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   const char *kv[] = {"kv"};
@@ -1371,9 +1286,7 @@ START_TEST(pause_with_max_residual) {
   peer_serve(&w, &b, 1, 1);
   ck_assert_int_eq(peer_op_code(&c), CODE(OK));
   /* 6 MiB of "device 0" held outside the daemon by this process. */
-  char name[128];
-  snprintf(name, sizeof name, "gpumem-%s", bus[0]);
-  int out = memfd_named(name, 6 * MiB, true, 0);
+  int out = memfd_named(dev_memfd_name(0), 6 * MiB, true, 0);
   peer_op_tags(&c, false, kv, 1, 0, 1);
   peer_serve(&w, &b, 1, 1);
   wire_env *r;
@@ -1418,10 +1331,8 @@ static int daemon_exit_within(int ms) {
  * the daemon exits 0 at once, not after the ack timeout; the worker keeps
  * its memory. */
 START_TEST(sigterm_answers_the_operation_in_flight) {
-  daemon_up("--ack-timeout", "60s", NULL);
   struct peer c, w;
-  open_peer(&c, CONTROLLER);
-  open_peer(&w, WORKER);
+  up_pair(&c, &w, "--ack-timeout", "60s", NULL);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
   peer_op(&c, false, "kv", 0, 0);
@@ -1454,30 +1365,23 @@ END_TEST
  * it), one that sent half a frame, and one that sent an adopt with fds and
  * waits: the daemon still exits 0 promptly. */
 START_TEST(sigterm_with_stuck_peers) {
-  daemon_up(NULL);
   struct peer glut, half, w;
-  open_peer(&glut, CONTROLLER);
-  open_peer(&half, WORKER);
+  up_pair(&glut, &half, NULL);
   open_peer(&w, WORKER);
   struct pbuf b;
   peer_alloc(&w, "kv", 0, 2 * MiB, 0, &b);
   /* 20000 list requests, never read. */
   Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = BODY(LIST);
+  wire_env env = peer_env(0, BODY(LIST));
   env.list = &lr;
   int sndbuf = 1 << 20;
   setsockopt(glut.fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
   fcntl(glut.fd, F_SETFL, fcntl(glut.fd, F_GETFL) | O_NONBLOCK);
   for (int i = 0; i < 20000; i++) {
     env.id = glut.next_id++;
-    size_t len;
-    uint8_t *bytes = wire_pack(&env, &len);
-    frame_writer_push(glut.w, bytes, len, NULL, 0);
-    free(bytes);
+    peer_push(&glut, &env, NULL, 0);
   }
-  double end = now_ms() + 3000;
-  while (frame_writer_flush(glut.w, glut.fd) == -EAGAIN && now_ms() < end) pause_ms(1);
+  peer_flush_within(&glut, 3000);
   uint8_t partial[] = {100, 0, 0, 0, 0x08};
   ck_assert_int_eq(write(half.fd, partial, sizeof partial), (ssize_t)sizeof partial);
   /* The daemon has answered something of the glut: it is busy with it. */

@@ -13,7 +13,6 @@
  * is written there and the process exits 1). Timings are printed, never
  * judged. */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -114,154 +113,75 @@ static void check_abort(double deadline, const char *what) {
 
 /* ===================== a connection driven without blocking ===================== */
 
-/* A socket to the daemon with its own frame reader and writer. */
-struct conn {
-  int fd;
-  frame_reader *r;
-  frame_writer *w;
-  uint64_t next_id;
-};
+/* The sessions are the harness's peers (struct peer) in their batched
+ * mode; these calls die where the harness's would return an error. */
 
 /* Connect to the daemon (no Hello yet). */
-static void conn_connect(struct conn *c) {
-  c->fd = raw_connect(&d);
-  if (c->fd < 0) die("connect: %s", strerror(errno));
-  c->r = frame_reader_create(WIRE_MAX_REPLY);
-  c->w = frame_writer_create();
-  c->next_id = 1;
-}
-
-/* Close a connection and everything it holds. */
-static void conn_close(struct conn *c) {
-  close(c->fd);
-  frame_reader_destroy(c->r);
-  frame_writer_destroy(c->w);
-  c->fd = -1;
-}
-
-/* Queue a message with fds (consumed) for sending. */
-static void conn_push(struct conn *c, const wire_env *env, const int *fds, size_t nfds) {
-  size_t len;
-  uint8_t *bytes = wire_pack(env, &len);
-  if (!bytes || frame_writer_push(c->w, bytes, len, fds, nfds) < 0) die("queueing a message");
-  free(bytes);
+static void conn_connect(struct peer *c) {
+  int fd = raw_connect(&d);
+  if (fd < 0) die("connect: %s", strerror(errno));
+  peer_attach(c, fd, WIRE_MAX_REPLY);
 }
 
 /* Send what the socket takes; false if the daemon went away. */
-static bool conn_flush(struct conn *c) {
-  int rc = frame_writer_flush(c->w, c->fd);
+static bool conn_flush(struct peer *c) {
+  int rc = peer_flush(c);
   return rc == 0 || rc == -EAGAIN;
 }
 
 /* Send everything queued, waiting (up to 5 s) for room. */
-static void conn_flush_all(struct conn *c) {
-  double end = now_ms() + 5000;
-  int rc;
-  while ((rc = frame_writer_flush(c->w, c->fd)) == -EAGAIN && now_ms() < end) {
-    struct pollfd pf = {c->fd, POLLOUT, 0};
-    poll(&pf, 1, 100);
-  }
+static void conn_flush_all(struct peer *c) {
+  int rc = peer_flush_within(c, 5000);
   if (rc != 0) die("sending to gpumemd: %s", strerror(-rc));
 }
 
-/* Read what is there; false at end of stream (or a reset). */
-static bool conn_fill(struct conn *c) {
-  ssize_t got = frame_reader_fill(c->r, c->fd);
-  if (got == 0 || got == -ECONNRESET) return false;
-  if (got < 0 && got != -EAGAIN) die("reading from gpumemd: %s", strerror((int)-got));
-  return true;
+/* Die of a peer's read error (a negative errno); 0 is none. */
+static void die_of_read_error(int err) {
+  if (err == -EBADMSG) die("gpumemd sent something that is not a message");
+  if (err < 0) die("reading from gpumemd: %s", strerror(-err));
 }
 
-/* The next whole message read (NULL if none yet); its fds into f. */
-static wire_env *conn_next(struct conn *c, struct frame *f) {
-  int rc = frame_reader_next(c->r, f);
-  if (rc < 0) die("a frame from gpumemd: %s", strerror(-rc));
-  if (rc == 0) return NULL;
-  wire_env *env = wire_unpack(f->data, f->len);
-  if (!env) die("gpumemd sent something that is not a message");
-  if (env->fd_count != f->nfds)
+/* Read what is there; false at end of stream (or a reset). */
+static bool conn_fill(struct peer *c) {
+  int rc = peer_fill(c);
+  die_of_read_error(rc);
+  return rc > 0;
+}
+
+/* A message read (or NULL), which must come with the fds it declares. */
+static wire_env *fds_as_declared(wire_env *env, const struct frame *f) {
+  if (env && env->fd_count != f->nfds)
     die("a message declares %u fds and came with %zu", env->fd_count, f->nfds);
   return env;
 }
 
-/* Wait (up to ms) for the next message; NULL at end of stream. */
-static wire_env *conn_wait(struct conn *c, struct frame *f, int ms) {
-  double end = now_ms() + ms;
-  for (;;) {
-    wire_env *env = conn_next(c, f);
-    if (env) return env;
-    struct pollfd pf = {c->fd, POLLIN, 0};
-    int left = (int)(end - now_ms());
-    if (left <= 0 || poll(&pf, 1, left) != 1) die("nothing from gpumemd in %d ms", ms);
-    if (!conn_fill(c)) return NULL;
-  }
+/* The next whole message read (NULL if none yet); its fds into f. */
+static wire_env *conn_next(struct peer *c, struct frame *f) {
+  int err;
+  wire_env *env = peer_next(c, f, &err);
+  die_of_read_error(err);
+  return fds_as_declared(env, f);
 }
 
-/* Queue a Hello in a role under a name; returns its request id. */
-static uint64_t conn_push_hello(struct conn *c, int role, const char *name) {
-  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
-  h.version_major = WIRE_VERSION_MAJOR;
-  h.version_minor = WIRE_VERSION_MINOR;
-  h.role = role;
-  h.name = (char *)name;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c->next_id++;
-  env.body_case = BODY(HELLO);
-  env.hello = &h;
-  conn_push(c, &env, NULL, 0);
-  return env.id;
+/* Wait (up to ms) for the next message; NULL at end of stream. */
+static wire_env *conn_wait(struct peer *c, struct frame *f, int ms) {
+  wire_env *env;
+  int rc = peer_await(c, f, ms, &env);
+  if (rc == -ETIMEDOUT) die("nothing from gpumemd in %d ms", ms);
+  die_of_read_error(rc);
+  return rc ? fds_as_declared(env, f) : NULL;
 }
 
 /* Connect and say Hello, waiting for the answer. */
-static void conn_open(struct conn *c, int role, const char *name) {
+static void conn_open(struct peer *c, int role, const char *name) {
   conn_connect(c);
-  conn_push_hello(c, role, name);
+  peer_push_hello(c, role, name, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
   conn_flush_all(c);
   struct frame f;
   wire_env *r = conn_wait(c, &f, 5000);
   if (!r || r->body_case != BODY(HELLO_REPLY)) die("%s: no HelloReply", name);
   wire_env_free(r);
   frame_release(&f);
-}
-
-/* Queue an alloc; returns its request id. */
-static uint64_t conn_push_alloc(struct conn *c, const char *tag, unsigned dev, uint64_t size,
-                                uint32_t flags) {
-  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  a.tag = (char *)tag;
-  a.device = dev;
-  a.size = size;
-  a.flags = flags;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c->next_id++;
-  env.body_case = BODY(ALLOC);
-  env.alloc = &a;
-  conn_push(c, &env, NULL, 0);
-  return env.id;
-}
-
-/* Queue a free; returns its request id. */
-static uint64_t conn_push_free(struct conn *c, uint64_t buffer) {
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = buffer;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c->next_id++;
-  env.body_case = BODY(FREE);
-  env.free = &fr;
-  conn_push(c, &env, NULL, 0);
-  return env.id;
-}
-
-/* Queue an OK ack of an event. */
-static void conn_push_ack(struct conn *c, uint64_t event) {
-  Gpumem__Wire__EventAck a = GPUMEM__WIRE__EVENT_ACK__INIT;
-  a.code = CODE(OK);
-  a.message = "";
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = event;
-  env.body_case = BODY(ACK);
-  env.ack = &a;
-  conn_push(c, &env, NULL, 0);
 }
 
 /* The text of an error reply, for messages. */
@@ -309,7 +229,7 @@ static void held_map(struct held *b, struct frame *f, size_t at, size_t n) {
 
 /* Answer an Unmap or Remap for held buffers, as a well-behaved worker:
  * unmap closes, remap takes the fds, then ack OK. False if e is neither. */
-static bool serve_event(struct conn *c, const wire_env *e, struct frame *f, struct held *h,
+static bool serve_event(struct peer *c, const wire_env *e, struct frame *f, struct held *h,
                         size_t n) {
   if (e->body_case == BODY(UNMAP)) {
     for (size_t i = 0; i < e->unmap->n_buffer_ids; i++) {
@@ -338,7 +258,7 @@ static bool serve_event(struct conn *c, const wire_env *e, struct frame *f, stru
     return false;
   }
   if (e->id == 0) die("an event with id 0");
-  conn_push_ack(c, e->id);
+  peer_push_ack(c, e->id, CODE(OK), NULL, 0, NULL);
   return true;
 }
 
@@ -349,7 +269,7 @@ enum request { REQ_NONE, REQ_HELLO, REQ_ALLOC, REQ_FREE };
 /* One well-behaved session: at most one request in flight, events
  * answered whenever they come. */
 struct session {
-  struct conn c;
+  struct peer c;
   bool open;
   unsigned seed;
   enum request pending;
@@ -372,7 +292,7 @@ static void session_start(struct session *s, int child, int k) {
   s->seed = (unsigned)(child * 7919 + k * 104729 + 1);
   s->drop_on_close = k % 5 == 4;
   s->pending = REQ_HELLO;
-  s->pending_id = conn_push_hello(&s->c, WORKER, name);
+  s->pending_id = peer_push_hello(&s->c, WORKER, name, WIRE_VERSION_MAJOR, WIRE_VERSION_MINOR);
 }
 
 /* Record one alloc round trip. */
@@ -460,7 +380,7 @@ static void session_alloc(struct session *s) {
   s->pending_flags = r % 4 == 0 ? F_ALLOW_PAUSED : 0;
   s->pending = REQ_ALLOC;
   s->sent_ms = now_ms();
-  s->pending_id = conn_push_alloc(&s->c, tag_names[(r >> 2) % NTAGS], (r >> 4) % NDEV,
+  s->pending_id = peer_push_alloc(&s->c, tag_names[(r >> 2) % NTAGS], (r >> 4) % NDEV,
                                   GRANULE * (1 + (r >> 5) % 4), s->pending_flags);
 }
 
@@ -468,7 +388,7 @@ static void session_alloc(struct session *s) {
 static void session_free(struct session *s, size_t i) {
   s->pending = REQ_FREE;
   s->pending_buf = s->held[i].id;
-  s->pending_id = conn_push_free(&s->c, s->pending_buf);
+  s->pending_id = peer_push_free(&s->c, s->pending_buf);
 }
 
 /* Whether the last sessions may end: the controller and the hostile
@@ -496,7 +416,7 @@ static bool session_step(struct session *s, bool last_generation) {
 /* Close a session, with whatever it still holds. */
 static void session_end(struct session *s) {
   for (size_t i = 0; i < s->nheld; i++) held_unmap(&s->held[i]);
-  conn_close(&s->c);
+  peer_close(&s->c);
   s->open = false;
   atomic_fetch_add(&sh->sessions_done, 1);
 }
@@ -549,28 +469,8 @@ static size_t cycle_tags(int k, const char **tags) {
   return 1;
 }
 
-/* Queue a pause or resume of tags on every device. */
-static void push_op(struct conn *c, bool resume, const char **tags, size_t ntags) {
-  Gpumem__Wire__PauseRequest pr = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
-  Gpumem__Wire__ResumeRequest rr = GPUMEM__WIRE__RESUME_REQUEST__INIT;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = c->next_id++;
-  if (resume) {
-    rr.tags = (char **)tags;
-    rr.n_tags = ntags;
-    env.body_case = BODY(RESUME);
-    env.resume = &rr;
-  } else {
-    pr.tags = (char **)tags;
-    pr.n_tags = ntags;
-    env.body_case = BODY(PAUSE);
-    env.pause = &pr;
-  }
-  conn_push(c, &env, NULL, 0);
-}
-
 /* Read and answer what the anchor was sent (events only). */
-static void anchor_read(struct conn *a, struct held *h, size_t n) {
+static void anchor_read(struct peer *a, struct held *h, size_t n) {
   if (!conn_fill(a)) die("gpumemd closed the anchor session");
   struct frame f;
   wire_env *e;
@@ -584,9 +484,9 @@ static void anchor_read(struct conn *a, struct held *h, size_t n) {
 
 /* Pause or resume tags and wait for the answer, serving the anchor's
  * events meanwhile; anything but an OpReply fails. */
-static void run_op(struct conn *ctl, struct conn *a, struct held *h, size_t n, bool resume,
+static void run_op(struct peer *ctl, struct peer *a, struct held *h, size_t n, bool resume,
                    const char **tags, size_t ntags) {
-  push_op(ctl, resume, tags, ntags);
+  peer_push_op_tags(ctl, resume, tags, ntags, 0, 0); /* every device */
   conn_flush_all(ctl);
   double end = now_ms() + 30000;
   for (;;) {
@@ -610,8 +510,8 @@ static void run_op(struct conn *ctl, struct conn *a, struct held *h, size_t n, b
 }
 
 /* Allocate the anchor's buffer of a tag on a device, waiting for it. */
-static void anchor_alloc(struct conn *a, struct held *b, const char *tag, unsigned dev) {
-  conn_push_alloc(a, tag, dev, GRANULE, 0);
+static void anchor_alloc(struct peer *a, struct held *b, const char *tag, unsigned dev) {
+  peer_push_alloc(a, tag, dev, GRANULE, 0);
   conn_flush_all(a);
   struct frame f;
   wire_env *r = conn_wait(a, &f, 5000);
@@ -624,8 +524,8 @@ static void anchor_alloc(struct conn *a, struct held *b, const char *tag, unsign
 }
 
 /* Free an anchor buffer (no operation runs any more), waiting for it. */
-static void anchor_free(struct conn *a, struct held *b) {
-  conn_push_free(a, b->id);
+static void anchor_free(struct peer *a, struct held *b) {
+  peer_push_free(a, b->id);
   conn_flush_all(a);
   struct frame f;
   wire_env *r = conn_wait(a, &f, 5000);
@@ -640,7 +540,7 @@ static void anchor_free(struct conn *a, struct held *b) {
  * every tag on every device so that every tag always exists. */
 static void controller_main(void) {
   snprintf(who, sizeof who, "controller");
-  struct conn a, ctl;
+  struct peer a, ctl;
   struct held h[NTAGS * NDEV];
   conn_open(&a, WORKER, "load-anchor");
   for (size_t i = 0; i < NTAGS * NDEV; i++) anchor_alloc(&a, &h[i], tag_names[i / NDEV], i % NDEV);
@@ -653,8 +553,8 @@ static void controller_main(void) {
     atomic_fetch_add(&sh->cycles, 1);
   }
   for (size_t i = 0; i < NTAGS * NDEV; i++) anchor_free(&a, &h[i]);
-  conn_close(&ctl);
-  conn_close(&a);
+  peer_close(&ctl);
+  peer_close(&a);
   _exit(0);
 }
 
@@ -667,7 +567,7 @@ static void send_raw(int sock, const void *bytes, size_t len, const int *fds, si
 
 /* Wait (up to ms) until the daemon ends c: the error it says first (its
  * code; -1 if none came before the end). */
-static int ended_with(struct conn *c, int ms) {
+static int ended_with(struct peer *c, int ms) {
   int code = -1;
   double end = now_ms() + ms;
   for (;;) {
@@ -689,7 +589,7 @@ static int ended_with(struct conn *c, int ms) {
  * the limit, a request before Hello. The daemon must answer
  * PROTOCOL_ERROR and end the session. */
 static void hostile_garbage(int k) {
-  struct conn c;
+  struct peer c;
   if (k % 4 == 1) conn_open(&c, WORKER, "load-garbage");
   else conn_connect(&c);
   static const uint8_t junk[] = {5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff};
@@ -697,12 +597,10 @@ static void hostile_garbage(int k) {
   if (k % 4 == 2) {
     send_raw(c.fd, huge, sizeof huge, NULL, 0);
   } else if (k % 4 == 3) {
-    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
     Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
-    env.id = 1;
-    env.body_case = BODY(STATUS);
+    wire_env env = peer_env(1, BODY(STATUS));
     env.status = &sr;
-    conn_push(&c, &env, NULL, 0);
+    peer_push(&c, &env, NULL, 0);
     conn_flush_all(&c);
   } else {
     send_raw(c.fd, junk, sizeof junk, NULL, 0);
@@ -710,12 +608,12 @@ static void hostile_garbage(int k) {
   int code = ended_with(&c, 5000);
   if (code != CODE(PROTOCOL_ERROR))
     die("garbage of kind %d: ended with code %d, not PROTOCOL_ERROR", k % 4, code);
-  conn_close(&c);
+  peer_close(&c);
   atomic_fetch_add(&sh->garbage, 1);
 }
 
 /* Open a session and park PARK_FDS fds in a frame that never ends. */
-static void hostile_park(struct conn *c) {
+static void hostile_park(struct peer *c) {
   conn_open(c, WORKER, "load-parked");
   uint8_t bytes[8] = {0xe8, 0x03, 0, 0, 8, 1, 0, 0}; /* 1000 bytes announced, 4 sent */
   int fds[PARK_FDS], fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -727,16 +625,16 @@ static void hostile_park(struct conn *c) {
 
 /* Wait for the daemon to end a parked session (its frame timed out) and
  * close it. */
-static void hostile_unpark(struct conn *c) {
+static void hostile_unpark(struct peer *c) {
   int code = ended_with(c, 30000);
   if (code != CODE(PROTOCOL_ERROR)) die("a parked session ended with code %d", code);
-  conn_close(c);
+  peer_close(c);
   atomic_fetch_add(&sh->parked_ended, 1);
 }
 
 /* Open a controller session that asks for DEAF_REQUESTS status replies
  * (list replies if list) in one write and never reads them. */
-static void hostile_deaf(struct conn *c, bool list) {
+static void hostile_deaf(struct peer *c, bool list) {
   conn_open(c, CONTROLLER, "load-deaf");
   Gpumem__Wire__StatusRequest sr = GPUMEM__WIRE__STATUS_REQUEST__INIT;
   Gpumem__Wire__ListRequest lr = GPUMEM__WIRE__LIST_REQUEST__INIT;
@@ -767,7 +665,7 @@ static void hostile_deaf(struct conn *c, bool list) {
 
 /* The hostile process's connections kept open across rounds. */
 struct hostile {
-  struct conn parked[PARKED], deaf[DEAF];
+  struct peer parked[PARKED], deaf[DEAF];
   int silent[SILENT];
   int nparked, ndeaf, nsilent;
 };
@@ -781,7 +679,7 @@ static void hostile_round(struct hostile *h, int k) {
   hostile_garbage(k);
   if (h->nparked == PARKED) {
     /* Every other one is closed by us mid-frame, the others time out. */
-    if (k % 2) conn_close(&h->parked[0]);
+    if (k % 2) peer_close(&h->parked[0]);
     else hostile_unpark(&h->parked[0]);
     SHIFT(h->parked, h->nparked);
   }
@@ -794,7 +692,7 @@ static void hostile_round(struct hostile *h, int k) {
   if (h->silent[h->nsilent++] < 0) die("connect: %s", strerror(errno));
   atomic_fetch_add(&sh->silent, 1);
   if (h->ndeaf == DEAF) {
-    conn_close(&h->deaf[0]); /* cut by the daemon or not: check_fds tests the cut */
+    peer_close(&h->deaf[0]); /* cut by the daemon or not: check_fds tests the cut */
     SHIFT(h->deaf, h->ndeaf);
   }
   hostile_deaf(&h->deaf[h->ndeaf++], k % 4 != 0); /* a status reads all of /proc: one in four */
@@ -811,8 +709,8 @@ static void hostile_main(void) {
     hostile_round(&h, k);
     atomic_fetch_add(&sh->hostile_rounds, 1);
   }
-  for (int i = 0; i < h.nparked; i++) conn_close(&h.parked[i]);
-  for (int i = 0; i < h.ndeaf; i++) conn_close(&h.deaf[i]);
+  for (int i = 0; i < h.nparked; i++) peer_close(&h.parked[i]);
+  for (int i = 0; i < h.ndeaf; i++) peer_close(&h.deaf[i]);
   for (int i = 0; i < h.nsilent; i++) close(h.silent[i]);
   _exit(0);
 }
@@ -862,21 +760,7 @@ static uint64_t proc_status_bytes(const char *key) {
 }
 
 /* The daemon's fds that are the host backend's memfds. */
-static int daemon_memfds(void) {
-  char path[320], link[256];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)d.pid);
-  DIR *dir = opendir(path);
-  int n = 0;
-  for (struct dirent *de; dir && (de = readdir(dir));) {
-    snprintf(path, sizeof path, "/proc/%d/fd/%s", (int)d.pid, de->d_name);
-    ssize_t len = readlink(path, link, sizeof link - 1);
-    if (len <= 0) continue;
-    link[len] = '\0';
-    n += strstr(link, "memfd:gpumem-host-") != NULL;
-  }
-  if (dir) closedir(dir);
-  return n;
-}
+static int daemon_memfds(void) { return proc_fds_with(d.pid, "memfd:gpumem-host-"); }
 
 /* The daemon's open fds. */
 static int daemon_fds(void) {
@@ -932,9 +816,7 @@ static void holdings_read(struct peer *c, struct holdings *h) {
   h->fds_parked = s->fds_parked;
   h->queued_bytes = s->queued_bytes;
   wire_env_free(st);
-  wire_env *l = peer_list(c);
-  h->buffers = l->list_reply->n_buffers;
-  wire_env_free(l);
+  h->buffers = peer_list_count(c);
   h->fds = daemon_fds();
   h->memfds = daemon_memfds();
   h->memfd_bytes = memfd_bytes(&d.pid, 1);
@@ -1135,10 +1017,7 @@ END_TEST
 
 /* Stop the daemon (it must exit 0: under ASan that includes LeakSanitizer)
  * and check for fd leaks here. */
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 int main(void) {
   return HARNESS_RUN("load", 120, harness_fd_setup, teardown,

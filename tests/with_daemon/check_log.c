@@ -36,28 +36,10 @@ static void teardown(void) {
 }
 
 /* A fresh directory for d and its socket path. */
-static void make_dir(void) {
-  snprintf(d.dir, sizeof d.dir, "/tmp/gpumemd-log.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(d.dir));
-  snprintf(d.socket, sizeof d.socket, "%s/sock", d.dir);
-  snprintf(d.log, sizeof d.log, "%s/daemon.log", d.dir);
-}
+static void make_dir(void) { daemon_paths(&d, "gpumemd-log"); }
 
-/* Wait until the daemon answers on its socket (or has exited). */
-static void wait_ready(void) {
-  double end = now_ms() + 5000;
-  while (now_ms() < end) {
-    int fd = raw_connect(&d);
-    if (fd >= 0) {
-      close(fd);
-      return;
-    }
-    ck_assert_int_eq(waitpid(d.pid, NULL, WNOHANG), 0);
-    struct pollfd none;
-    poll(&none, 0, 10); /* the socket gives no event to wait on before it exists */
-  }
-  ck_abort_msg("gpumemd did not start");
-}
+/* Wait until the daemon answers on its socket (it must not exit). */
+static void wait_ready(void) { ck_assert_msg(daemon_wait_ready(&d), "gpumemd did not start"); }
 
 /* Stop the daemon and return its exit status. */
 static int stop(void) {
@@ -68,13 +50,15 @@ static int stop(void) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* Read the log file into buf. */
-static void read_log(char *buf, size_t len) {
+/* The log file's text (a static buffer). */
+static const char *log_text(void) {
+  static char buf[1 << 16];
   FILE *f = fopen(d.log, "r");
   ck_assert_ptr_nonnull(f);
-  size_t n = fread(buf, 1, len - 1, f);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
   buf[n] = '\0';
   fclose(f);
+  return buf;
 }
 
 /* Create the log file and name it in JOURNAL_STREAM ("dev:inode"), or
@@ -89,6 +73,23 @@ static void journal_stream_for_log(bool wrong) {
   snprintf(v, sizeof v, "%llu:%llu", (unsigned long long)st.st_dev,
            (unsigned long long)st.st_ino + (wrong ? 1 : 0));
   ck_assert_int_eq(setenv("JOURNAL_STREAM", v, 1), 0);
+}
+
+/* Start the daemon in a fresh directory with its stderr on the log,
+ * which JOURNAL_STREAM names (another file's inode when wrong). */
+static void spawn_journal(bool wrong, const char *const *extra) {
+  make_dir();
+  journal_stream_for_log(wrong);
+  d.pid = daemon_spawn(d.socket, d.log, extra);
+}
+
+/* Run the daemon once under a journal stream (another file's when
+ * wrong) until it answers, stop it (it must exit 0); its log's text. */
+static const char *journal_run_log(bool wrong) {
+  spawn_journal(wrong, NULL);
+  wait_ready();
+  ck_assert_int_eq(stop(), 0);
+  return log_text();
 }
 
 /* Whether every line of text matches the extended regex re; at least one
@@ -112,13 +113,7 @@ static bool every_line_matches(const char *text, const char *re) {
 
 /* Under journald: "<6>" info, "<7>" debug, no time, no level word. */
 START_TEST(journal_lines_carry_syslog_priorities) {
-  make_dir();
-  journal_stream_for_log(false);
-  d.pid = daemon_spawn(d.socket, d.log, NULL);
-  wait_ready();
-  ck_assert_int_eq(stop(), 0);
-  static char buf[1 << 16];
-  read_log(buf, sizeof buf);
+  const char *buf = journal_run_log(false);
   ck_assert_msg(every_line_matches(buf, "^<[3467]>[^<]"), "%s", buf);
   ck_assert_msg(strstr(buf, "<6>") && strstr(buf, "<7>"), "%s", buf);
   ck_assert_msg(!strstr(buf, "gpumemd[") && !strstr(buf, "[info]"), "%s", buf);
@@ -127,16 +122,12 @@ END_TEST
 
 /* An error is "<3>" under journald. */
 START_TEST(journal_errors_are_priority_3) {
-  make_dir();
-  journal_stream_for_log(false);
-  const char *extra[] = {"--backend", "no-such-backend", NULL};
-  d.pid = daemon_spawn(d.socket, d.log, extra);
+  spawn_journal(false, (const char *const[]){"--backend", "no-such-backend", NULL});
   int status;
   ck_assert_int_eq(waitpid(d.pid, &status, 0), d.pid);
   d.pid = 0;
   ck_assert(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-  static char buf[1 << 16];
-  read_log(buf, sizeof buf);
+  const char *buf = log_text();
   ck_assert_msg(strstr(buf, "<3>backend no-such-backend"), "%s", buf);
 }
 END_TEST
@@ -144,13 +135,7 @@ END_TEST
 /* A JOURNAL_STREAM that names another file (stderr redirected after
  * systemd started the shell) leaves the lines as they always were. */
 START_TEST(journal_stream_of_another_file_is_ignored) {
-  make_dir();
-  journal_stream_for_log(true);
-  d.pid = daemon_spawn(d.socket, d.log, NULL);
-  wait_ready();
-  ck_assert_int_eq(stop(), 0);
-  static char buf[1 << 16];
-  read_log(buf, sizeof buf);
+  const char *buf = journal_run_log(true);
   ck_assert_msg(every_line_matches(buf, "^gpumemd\\[(error|warn|info|debug)\\]: "), "%s", buf);
 }
 END_TEST

@@ -29,34 +29,19 @@
 
 static struct daemon d;
 
-static void setup(void) { harness_fd_setup(); }
-
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+/* Stop the test's daemon and check that no fd leaked. */
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* Fork a child as the first process of a new pid namespace (in its own
  * process group) that runs gpumemd on d's socket; -1 where namespaces
  * may not be made here. */
 static pid_t spawn_in_pidns(const struct daemon *dm, const char *const *extra) {
-  const char *argv[32] = {harness_bin("gpumemd"), "--socket", dm->socket, "--log-level",
-                          "debug", "--backend", "host"};
-  int n = 7;
-  for (; extra && *extra && n < 31; extra++) argv[n++] = *extra;
-  argv[n] = NULL;
+  const char *argv[DAEMON_ARGV_MAX];
+  daemon_argv(argv, dm->socket, extra);
   pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, NULL, NULL, NULL, 0);
   if (pid == 0) {
     setpgid(0, 0);
-    int fd = open(dm->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    close_range(3, ~0u, 0);
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
+    harness_exec(argv, dm->log);
   }
   return pid;
 }
@@ -64,35 +49,15 @@ static pid_t spawn_in_pidns(const struct daemon *dm, const char *const *extra) {
 /* Start gpumemd in a pid namespace of its own and wait until it answers;
  * false (nothing started) where namespaces may not be made. */
 static bool daemon_start_pidns(struct daemon *dm, ...) {
-  snprintf(dm->dir, sizeof dm->dir, "/tmp/gpumemd-pidfd.XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(dm->dir));
-  snprintf(dm->socket, sizeof dm->socket, "%s/sock", dm->dir);
-  snprintf(dm->log, sizeof dm->log, "%s/daemon.log", dm->dir);
-  const char *extra[24];
-  int n = 0;
   va_list ap;
   va_start(ap, dm);
-  for (const char *a; n < 23 && (a = va_arg(ap, const char *));) extra[n++] = a;
+  bool started = daemon_startv(dm, "gpumemd-pidfd", spawn_in_pidns, ap);
   va_end(ap);
-  extra[n] = NULL;
-  dm->pid = spawn_in_pidns(dm, extra);
-  if (dm->pid < 0) {
+  if (!started) {
     fprintf(stderr, "pid namespaces unavailable (%s): case skipped\n", strerror(errno));
-    dm->pid = 0;
     daemon_stop(dm);
-    return false;
   }
-  for (int i = 0; i < 500; i++) {
-    int fd = raw_connect(dm);
-    if (fd >= 0) {
-      close(fd);
-      return true;
-    }
-    ck_assert_msg(waitpid(dm->pid, NULL, WNOHANG) == 0, "gpumemd exited; see %s", dm->log);
-    usleep(10000); /* polling for the socket, as daemon_start does */
-  }
-  ck_abort_msg("gpumemd did not start; see %s", dm->log);
-  return false;
+  return started;
 }
 
 /* True while the daemon runs (not exited, not killed). */
@@ -115,12 +80,8 @@ START_TEST(unseen_pid_is_never_signalled_and_its_session_ends) {
   if (!daemon_start_pidns(&d, "--ack-timeout", "200ms", "--timeout-policy", "kill", NULL))
     return;
   struct peer w, c;
-  peer_open(&w, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
-  peer_open(&c, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
   struct pbuf b;
-  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
-  peer_op(&c, false, "kv", 0, 0);
-  wire_env *e = peer_event(&w, NULL); /* the Unmap, never acked */
+  wire_env *e = peer_pause_pending(&d, &w, &c, 4 * MiB, &b); /* the Unmap, never acked */
   ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
   wire_env_free(e);
   wire_env *r;
@@ -207,11 +168,9 @@ START_TEST(recycled_pid_is_never_signalled) {
   ck_assert_int_eq(pipe2(out, O_CLOEXEC), 0);
   ck_assert_int_eq(pipe2(hold_w, O_CLOEXEC), 0);
   ck_assert_int_eq(pipe2(hold_v, O_CLOEXEC), 0);
-  struct peer w = {.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  struct peer w;
+  peer_attach(&w, socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), WIRE_MAX_REPLY);
   ck_assert_int_ge(w.fd, 0);
-  w.r = frame_reader_create(WIRE_MAX_REPLY);
-  w.w = frame_writer_create();
-  w.next_id = 1;
   /* The worker connects (the daemon records its pid) and waits. */
   pid_t worker = ns_child(out[1], hold_w[0], w.fd), wpid, vpid;
   ck_assert_int_eq(read(out[0], &wpid, sizeof wpid), sizeof wpid);
@@ -317,7 +276,8 @@ START_TEST(connection_pins_its_peer) {
 END_TEST
 
 int main(void) {
-  return HARNESS_RUN("pidfd", 30, setup, teardown, unseen_pid_is_never_signalled_and_its_session_ends,
+  return HARNESS_RUN("pidfd", 30, NULL, teardown,
+                     unseen_pid_is_never_signalled_and_its_session_ends,
                      recycled_pid_is_never_signalled, pidfd_open_fallback_checks_the_credentials,
                      connection_pins_its_peer);
 }

@@ -18,14 +18,8 @@
 
 static struct daemon d;
 
-/* Count fds before each test. */
-static void setup(void) { harness_fd_setup(); }
-
 /* Stop the test's daemon and check that no fd leaked. */
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* Connect in a role (workers with their event thread). */
 static gpumem_client *client(int role) {
@@ -34,6 +28,24 @@ static gpumem_client *client(int role) {
                                   role == GPUMEM_ROLE_WORKER ? 0 : GPUMEM_CONNECT_NO_THREAD, &c),
                    0);
   return c;
+}
+
+/* Start the test's daemon and connect a worker to it. */
+static gpumem_client *fresh_worker(void) {
+  daemon_start(&d, NULL);
+  return client(GPUMEM_ROLE_WORKER);
+}
+
+/* fresh_worker, its connection events recorded in e. */
+static gpumem_client *fresh_watched_worker(struct conn_events *e) {
+  gpumem_client *w = fresh_worker();
+  conn_events_watch(e, w);
+  return w;
+}
+
+/* Free each of n allocations (each free must succeed). */
+static void free_each(gpumem_client *w, void *const *p, size_t n) {
+  for (size_t k = 0; k < n; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
 }
 
 /* The client's pool figures. */
@@ -86,8 +98,7 @@ static int op(gpumem_client *ctl, bool resume, const char *tag, uint64_t *bytes)
 /* Many sizes, odd ones too: every allocation is aligned, none overlaps
  * another (each keeps its own pattern), and they share a few slabs. */
 START_TEST(mallocs_are_aligned_and_disjoint) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  gpumem_client *w = fresh_worker();
   enum { N = 200 };
   static void *p[N];
   static size_t len[N];
@@ -113,7 +124,7 @@ START_TEST(mallocs_are_aligned_and_disjoint) {
   uint64_t sum = 0;
   for (size_t k = 0; k < N; k++) sum += (len[k] + 511) / 512 * 512;
   ck_assert_uint_eq(s.allocated_bytes, sum);
-  for (size_t k = 0; k < N; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  free_each(w, p, N);
   s = stats(w);
   ck_assert_uint_eq(s.allocations, 0);
   ck_assert_uint_eq(s.allocated_bytes, 0);
@@ -124,8 +135,7 @@ END_TEST
 
 /* Bad arguments fail with INVALID and leave no pool or buffer behind. */
 START_TEST(bad_mallocs_are_refused) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  gpumem_client *w = fresh_worker();
   void *p = (void *)&p;
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 0, 0, &p), GPUMEM_E_INVALID);
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 4096, GPUMEM_IPC_LEGACY, &p), GPUMEM_E_INVALID);
@@ -157,8 +167,7 @@ END_TEST
  * free nothing: unknown ones, a second free, an inside pointer, the base
  * of a slab; a gpumem_alloc buffer's start frees the buffer. */
 START_TEST(free_ptr_frees_only_what_starts_there) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  gpumem_client *w = fresh_worker();
   void *a, *b;
   ck_assert_int_eq(gpumem_free_ptr(w, &a), GPUMEM_E_NOT_FOUND); /* before any pool */
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &a), 0);
@@ -220,7 +229,7 @@ START_TEST(pause_releases_pooled_memory_and_resume_keeps_it) {
   ck_assert_uint_eq(held(), s.pooled_bytes);
   for (size_t k = 0; k < N; k++) ck_assert_msg(holds(p[k], k, len[k]), "allocation %zu", k);
   fill(q, N, MiB);
-  for (size_t k = 0; k < N; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  free_each(w, p, N);
   ck_assert(holds(q, N, MiB));
   ck_assert_int_eq(gpumem_free_ptr(w, q), 0);
   gpumem_disconnect(ctl);
@@ -231,8 +240,7 @@ END_TEST
 /* Freeing keeps one empty slab per pool (the larger); trim gives it back
  * and the daemon's memory drops with it. */
 START_TEST(trim_gives_empty_slabs_back) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  gpumem_client *w = fresh_worker();
   void *p[3];
   for (int k = 0; k < 3; k++) ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &p[k]), 0);
   struct gpumem_pool_stats s = stats(w);
@@ -240,7 +248,7 @@ START_TEST(trim_gives_empty_slabs_back) {
   ck_assert_uint_eq(s.pooled_bytes, 192 * MiB);
   ck_assert_uint_eq(s.daemon_allocs, 2);
   ck_assert_uint_eq(held(), 192 * MiB);
-  for (int k = 0; k < 3; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  free_each(w, p, 3);
   s = stats(w);
   ck_assert_uint_eq(s.pooled_buffers, 1);
   ck_assert_uint_eq(s.pooled_bytes, 128 * MiB);
@@ -274,58 +282,17 @@ START_TEST(slab_shrinks_to_fit_a_full_device) {
   ck_assert_uint_eq(stats(w).daemon_allocs, 2);
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 20 * MiB, 0, &c), 0); /* the first slab's rest */
   ck_assert_uint_eq(stats(w).daemon_allocs, 2);
-  ck_assert_int_eq(gpumem_free_ptr(w, a), 0);
-  ck_assert_int_eq(gpumem_free_ptr(w, b), 0);
-  ck_assert_int_eq(gpumem_free_ptr(w, c), 0);
+  free_each(w, (void *[]){a, b, c}, 3);
   gpumem_disconnect(w);
 }
 END_TEST
-
-/* Connection events seen by a hook: how many losses and restorations. */
-struct conn_events {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int lost, restored;
-  size_t count; /* buffers re-registered at the last restoration */
-};
-
-/* Count a connection event and wake the waiter. */
-static void on_conn(gpumem_client *c, int event, int code, const char *words, size_t count,
-                    void *user) {
-  (void)c;
-  (void)code;
-  (void)words;
-  struct conn_events *e = user;
-  pthread_mutex_lock(&e->mu);
-  if (event == GPUMEM_CONN_LOST) e->lost++;
-  if (event == GPUMEM_CONN_RESTORED) {
-    e->restored++;
-    e->count = count;
-  }
-  pthread_cond_broadcast(&e->cv);
-  pthread_mutex_unlock(&e->mu);
-}
-
-/* Wait up to 20 s until *n reaches 1. */
-static bool await_event(struct conn_events *e, int *n) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 20;
-  pthread_mutex_lock(&e->mu);
-  while (*n < 1 && pthread_cond_timedwait(&e->cv, &e->mu, &until) == 0) continue;
-  bool ok = *n >= 1;
-  pthread_mutex_unlock(&e->mu);
-  return ok;
-}
 
 /* While the daemon is away, a free that empties a slab keeps the slab
  * (the daemon cannot take it); the new daemon adopts every slab, the
  * allocations stay usable, and trim then gives the empty ones back. */
 START_TEST(slabs_survive_a_daemon_restart) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
-  struct conn_events e = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-  gpumem_set_connection_hook(w, on_conn, &e);
+  struct conn_events e;
+  gpumem_client *w = fresh_watched_worker(&e);
   void *p[3];
   for (int k = 0; k < 3; k++) {
     ck_assert_int_eq(gpumem_malloc(w, "kv", 0, 40 * MiB, 0, &p[k]), 0);
@@ -334,7 +301,7 @@ START_TEST(slabs_survive_a_daemon_restart) {
   ck_assert_int_eq(gpumem_free_ptr(w, p[0]), 0); /* the 64 MiB slab: empty, kept */
   kill(d.pid, SIGKILL);
   waitpid(d.pid, NULL, 0);
-  ck_assert(await_event(&e, &e.lost));
+  ck_assert(conn_events_wait(&e, 1, 0));
   /* Empties the 128 MiB slab: the smaller empty one would go back, but
    * there is no daemon to take it. */
   ck_assert_int_eq(gpumem_free_ptr(w, p[1]), 0);
@@ -348,7 +315,7 @@ START_TEST(slabs_survive_a_daemon_restart) {
   ck_assert_uint_eq(stats(w).daemon_allocs, 2);
   fill(p[0], 9, 40 * MiB);
   d.pid = daemon_spawn(d.socket, d.log, NULL);
-  ck_assert(await_event(&e, &e.restored));
+  ck_assert(conn_events_wait(&e, 0, 1));
   ck_assert_uint_eq(e.count, 2);
   ck_assert(holds(p[0], 9, 40 * MiB));
   pid_t dp = d.pid;
@@ -364,8 +331,7 @@ END_TEST
 
 /* Pools are per tag, device and BACKUP flag: each is its own buffer. */
 START_TEST(pools_split_by_tag_device_and_backup) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  gpumem_client *w = fresh_worker();
   void *p[4];
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &p[0]), 0);
   ck_assert_int_eq(gpumem_malloc(w, "kv", 1, MiB, 0, &p[1]), 0);
@@ -383,7 +349,7 @@ START_TEST(pools_split_by_tag_device_and_backup) {
   ck_assert_int_eq(dev1, 1);
   ck_assert_int_eq(act, 1);
   gpumem_list_free(l);
-  for (int k = 0; k < 4; k++) ck_assert_int_eq(gpumem_free_ptr(w, p[k]), 0);
+  free_each(w, p, 4);
   gpumem_disconnect(w);
 }
 END_TEST
@@ -424,8 +390,7 @@ static void *churn(void *arg) {
 
 /* Four threads allocating and freeing at once never share memory. */
 START_TEST(threads_malloc_and_free_concurrently) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  gpumem_client *w = fresh_worker();
   pthread_t th[4];
   struct churn t[4];
   for (unsigned i = 0; i < 4; i++) {
@@ -495,8 +460,7 @@ static int count_tag(gpumem_client *c, const char *tag, int *backup) {
  * else $GPUMEM_DEFAULT_TAG and $GPUMEM_DEFAULT_FLAGS, else "default";
  * tags are per thread. */
 START_TEST(torch_entry_points_follow_the_thread_tag) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
+  gpumem_client *w = fresh_worker();
   gpumem_set_default_client(w);
   ck_assert_ptr_eq(gpumem_default_client(), w);
   ck_assert_ptr_null(gpumem_torch_alloc(0, 0, NULL));
@@ -683,29 +647,25 @@ END_TEST
  * pause could not release them. They stay mapped for the allocations
  * already in them; pools the new daemon took serve as before. */
 START_TEST(slabs_a_restarted_daemon_did_not_take_serve_nothing) {
-  daemon_start(&d, NULL);
-  gpumem_client *w = client(GPUMEM_ROLE_WORKER);
-  struct conn_events e = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-  gpumem_set_connection_hook(w, on_conn, &e);
+  struct conn_events e;
+  gpumem_client *w = fresh_watched_worker(&e);
   void *p0, *p1, *q;
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &p0), 0);
   ck_assert_int_eq(gpumem_malloc(w, "kv", 1, MiB, 0, &p1), 0);
   fill(p1, 1, MiB);
   kill(d.pid, SIGKILL);
   waitpid(d.pid, NULL, 0);
-  ck_assert(await_event(&e, &e.lost));
+  ck_assert(conn_events_wait(&e, 1, 0));
   const char *one_device[] = {"--host-devices", "1", NULL};
   d.pid = daemon_spawn(d.socket, d.log, one_device);
-  ck_assert(await_event(&e, &e.restored));
+  ck_assert(conn_events_wait(&e, 0, 1));
   ck_assert_uint_eq(e.count, 1);
   ck_assert_int_ne(gpumem_malloc(w, "kv", 1, MiB, 0, &q), 0);
   ck_assert_int_ne(gpumem_malloc(w, "kv", 1, MiB, GPUMEM_ALLOW_PAUSED, &q), 0);
   ck_assert(holds(p1, 1, MiB));
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, 0, &q), 0);
   ck_assert_uint_eq(stats(w).daemon_allocs, 2);
-  ck_assert_int_eq(gpumem_free_ptr(w, q), 0);
-  ck_assert_int_eq(gpumem_free_ptr(w, p0), 0);
-  ck_assert_int_eq(gpumem_free_ptr(w, p1), 0);
+  free_each(w, (void *[]){q, p0, p1}, 3);
   gpumem_disconnect(w);
 }
 END_TEST
@@ -774,7 +734,7 @@ END_TEST
 
 /* Run the suite. */
 int main(void) {
-  return HARNESS_RUN("pool", 60, setup, teardown, mallocs_are_aligned_and_disjoint,
+  return HARNESS_RUN("pool", 60, NULL, teardown, mallocs_are_aligned_and_disjoint,
                      bad_mallocs_are_refused, free_ptr_frees_only_what_starts_there,
                      pause_releases_pooled_memory_and_resume_keeps_it,
                      trim_gives_empty_slabs_back, slab_shrinks_to_fit_a_full_device,

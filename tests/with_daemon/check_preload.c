@@ -24,14 +24,8 @@ extern char **environ;
 
 static struct daemon d;
 
-/* Count fds before each test. */
-static void setup(void) { harness_fd_setup(); }
-
 /* Stop the test's daemon and check that no fd leaked. */
-static void teardown(void) {
-  if (d.pid) ck_assert_int_eq(daemon_stop(&d), 0);
-  harness_fd_teardown();
-}
+static void teardown(void) { harness_daemon_teardown(&d); }
 
 /* The program under LD_PRELOAD, with pipes to its stdin and stdout. */
 struct app {
@@ -40,22 +34,12 @@ struct app {
   char reply[256];
 };
 
-/* A path in the build directory. */
-static const char *built(const char *rel) {
-  static char path[2][512];
-  static int next;
-  const char *build = getenv("GPUMEM_BUILD");
-  char *p = path[next++ % 2];
-  snprintf(p, sizeof path[0], "%s/%s", build ? build : "build", rel);
-  return p;
-}
-
 /* Start the program at path (with argument arg unless NULL) against
  * socket, with extra "NAME=value" settings. */
 static void app_startv(struct app *a, const char *path, const char *arg, const char *socket,
                        va_list ap) {
   static char preload[600], sock[600];
-  snprintf(preload, sizeof preload, "LD_PRELOAD=%s", built("lib/libgpumem_preload.so"));
+  snprintf(preload, sizeof preload, "LD_PRELOAD=%s", harness_built("lib/libgpumem_preload.so"));
   snprintf(sock, sizeof sock, "GPUMEM_SOCKET=%s", socket);
   const char *env[256];
   size_t n = 0;
@@ -94,7 +78,7 @@ static void app_startv(struct app *a, const char *path, const char *arg, const c
 static void app_start(struct app *a, const char *socket, ...) {
   va_list ap;
   va_start(ap, socket);
-  app_startv(a, built("tests/preload_app"), NULL, socket, ap);
+  app_startv(a, harness_built("tests/preload_app"), NULL, socket, ap);
   va_end(ap);
 }
 
@@ -107,7 +91,7 @@ static void user_start(struct app *a, const char *socket, ...) {
   self[n] = '\0';
   va_list ap;
   va_start(ap, socket);
-  app_startv(a, self, built("tests/libcudart_stub.so"), socket, ap);
+  app_startv(a, self, harness_built("tests/libcudart_stub.so"), socket, ap);
   va_end(ap);
 }
 
@@ -127,9 +111,16 @@ __attribute__((format(printf, 2, 3))) static const char *app_do(struct app *a, c
   va_end(ap);
   fputc('\n', a->in);
   fflush(a->in);
-  ck_assert_msg(fgets(a->reply, sizeof a->reply, a->out), "the program ended");
-  a->reply[strcspn(a->reply, "\n")] = '\0';
-  return a->reply;
+  return app_line(a);
+}
+
+/* The program's counts of calls that reached the runtime must be these. */
+static void app_counts(struct app *a, int mallocs, int frees, int stream_syncs,
+                       int device_syncs) {
+  char want[128];
+  snprintf(want, sizeof want, "mallocs %d frees %d stream_syncs %d device_syncs %d", mallocs,
+           frees, stream_syncs, device_syncs);
+  ck_assert_str_eq(app_do(a, "counts"), want);
 }
 
 /* Allocate through api; the return code, and the pointer in *ptr. */
@@ -171,6 +162,18 @@ static gpumem_client *controller(void) {
   return c;
 }
 
+/* Start the test's daemon; a controller session of it. */
+static gpumem_client *fresh_controller(void) {
+  daemon_start(&d, NULL);
+  return controller();
+}
+
+/* Start the test's daemon and the test program against it. */
+static void fresh_app(struct app *a) {
+  daemon_start(&d, NULL);
+  app_start(a, d.socket, NULL);
+}
+
 /* The one buffer of a list with this tag and device (the test fails if
  * there is not exactly one); its flags, and its owner in *pid. */
 static unsigned only_buffer(gpumem_client *c, const char *tag, int device, uint32_t *pid) {
@@ -193,8 +196,7 @@ static unsigned only_buffer(gpumem_client *c, const char *tag, int device, uint3
  * the default tag as the program's; cudaFree waits for the device and
  * gives it back, the runtime never sees either. */
 START_TEST(cuda_malloc_is_served_by_the_daemon) {
-  daemon_start(&d, NULL);
-  gpumem_client *c = controller();
+  gpumem_client *c = fresh_controller();
   struct app a;
   app_start(&a, d.socket, NULL);
   unsigned long p;
@@ -214,7 +216,7 @@ START_TEST(cuda_malloc_is_served_by_the_daemon) {
   gpumem_status_free(st);
   ck_assert(named);
   ck_assert_int_eq(app_free(&a, "cuda", p), 0);
-  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 1");
+  app_counts(&a, 0, 0, 0, 1);
   ck_assert_int_eq(app_free(&a, "cuda", p), 1); /* now foreign: the runtime says no */
   ck_assert_int_eq(app_stop(&a), 0);
   gpumem_disconnect(c);
@@ -225,8 +227,7 @@ END_TEST
  * (the kernel's figure drops to 0); the resume maps it back at the same
  * addresses with its contents (GPUMEM_DEFAULT_FLAGS=backup). */
 START_TEST(pause_of_the_default_tag_releases_the_program_memory) {
-  daemon_start(&d, NULL);
-  gpumem_client *c = controller();
+  gpumem_client *c = fresh_controller();
   struct app a;
   app_start(&a, d.socket, "GPUMEM_DEFAULT_FLAGS=backup", NULL);
   unsigned long p, q;
@@ -276,7 +277,7 @@ START_TEST(refused_allocations_are_out_of_memory) {
   app_start(&a, nowhere, NULL);
   ck_assert_int_eq(app_malloc(&a, "cuda", MiB, &p), 2);
   ck_assert_uint_eq(p, 0x5a5a);
-  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 0");
+  app_counts(&a, 0, 0, 0, 0);
   ck_assert_int_eq(app_stop(&a), 0);
 }
 END_TEST
@@ -284,8 +285,7 @@ END_TEST
 /* Frees of memory the runtime made, NULL, and zero-byte allocations go
  * to the runtime, and never connect to the daemon. */
 START_TEST(foreign_pointers_and_zero_sizes_reach_the_runtime) {
-  daemon_start(&d, NULL);
-  gpumem_client *c = controller();
+  gpumem_client *c = fresh_controller();
   struct app a;
   app_start(&a, d.socket, NULL);
   unsigned long p;
@@ -297,7 +297,7 @@ START_TEST(foreign_pointers_and_zero_sizes_reach_the_runtime) {
   ck_assert_int_eq(app_malloc(&a, "cuda", 0, &p), 0);
   ck_assert_uint_eq(p, 0);
   ck_assert_int_eq(app_malloc(&a, "hip_async", 0, &p), 0);
-  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 3 frees 3 stream_syncs 0 device_syncs 0");
+  app_counts(&a, 3, 3, 0, 0);
   struct gpumem_status *st;
   ck_assert_int_eq(gpumem_status(c, &st), 0);
   ck_assert_uint_eq(st->nsessions, 1); /* the controller alone */
@@ -310,9 +310,8 @@ END_TEST
 /* The async and hip names are served too; an async free waits for its
  * stream, a plain free for the device. */
 START_TEST(async_and_hip_names_are_served) {
-  daemon_start(&d, NULL);
   struct app a;
-  app_start(&a, d.socket, NULL);
+  fresh_app(&a);
   const char *apis[] = {"cuda_async", "hip", "hip_async"};
   for (int i = 0; i < 3; i++) {
     unsigned long p;
@@ -320,7 +319,7 @@ START_TEST(async_and_hip_names_are_served) {
     ck_assert_str_eq(app_do(&a, "where %lx", p), "memfd");
     ck_assert_int_eq(app_free(&a, apis[i], p), 0);
   }
-  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 2 device_syncs 1");
+  app_counts(&a, 0, 0, 2, 1);
   ck_assert_int_eq(app_stop(&a), 0);
 }
 END_TEST
@@ -328,8 +327,7 @@ END_TEST
 /* $GPUMEM_DEFAULT_TAG names the tag, a thread tag set through libgpumem
  * overrides it, and the runtime's current device is the device. */
 START_TEST(tags_and_devices_route_allocations) {
-  daemon_start(&d, NULL);
-  gpumem_client *c = controller();
+  gpumem_client *c = fresh_controller();
   struct app a;
   app_start(&a, d.socket, "GPUMEM_DEFAULT_TAG=weights", NULL);
   unsigned long p[4];
@@ -354,16 +352,15 @@ END_TEST
 /* A free waits for the device the pointer was allocated on, switching to
  * it and back when another device is current. */
 START_TEST(frees_wait_for_the_pointers_device) {
-  daemon_start(&d, NULL);
   struct app a;
-  app_start(&a, d.socket, NULL);
+  fresh_app(&a);
   ck_assert_str_eq(app_do(&a, "device 1"), "rc 0");
   unsigned long p;
   ck_assert_int_eq(app_malloc(&a, "cuda", MiB, &p), 0);
   ck_assert_str_eq(app_do(&a, "device 0"), "rc 0");
   ck_assert_int_eq(app_free(&a, "cuda", p), 0);
   ck_assert_str_eq(app_do(&a, "synced"), "synced 1 current 0");
-  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 1");
+  app_counts(&a, 0, 0, 0, 1);
   ck_assert_int_eq(app_stop(&a), 0);
 }
 END_TEST
@@ -373,23 +370,22 @@ END_TEST
  * stream that is not capturing, which waits for the device and frees it
  * (the same address is then handed out again). */
 START_TEST(async_frees_during_graph_capture_are_deferred) {
-  daemon_start(&d, NULL);
   struct app a;
-  app_start(&a, d.socket, NULL);
+  fresh_app(&a);
   ck_assert_str_eq(app_do(&a, "capture 1"), "ok");
   unsigned long p, q, r;
   ck_assert_int_eq(app_malloc(&a, "cuda_async", MiB, &p), 0);
   ck_assert_int_eq(app_free(&a, "cuda_async", p), 0);
-  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 0");
+  app_counts(&a, 0, 0, 0, 0);
   ck_assert_int_eq(app_malloc(&a, "cuda_async", MiB, &q), 0);
   ck_assert_uint_ne(q, p); /* p is not free yet */
   ck_assert_str_eq(app_do(&a, "capture 0"), "ok");
   ck_assert_int_eq(app_malloc(&a, "cuda_async", MiB, &r), 0);
   ck_assert_uint_eq(r, p);
-  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 0 device_syncs 1");
+  app_counts(&a, 0, 0, 0, 1);
   ck_assert_int_eq(app_free(&a, "cuda_async", q), 0);
   ck_assert_int_eq(app_free(&a, "cuda_async", r), 0);
-  ck_assert_str_eq(app_do(&a, "counts"), "mallocs 0 frees 0 stream_syncs 2 device_syncs 1");
+  app_counts(&a, 0, 0, 2, 1);
   ck_assert_int_eq(app_stop(&a), 0);
 }
 END_TEST
@@ -400,8 +396,7 @@ END_TEST
  * bytes, a free of NULL and a free of the runtime's own memory reach the
  * runtime and succeed. */
 START_TEST(runtime_loaded_locally_is_found) {
-  daemon_start(&d, NULL);
-  gpumem_client *c = controller();
+  gpumem_client *c = fresh_controller();
   struct app a;
   user_start(&a, d.socket, NULL);
   unsigned long p = 0;
@@ -453,7 +448,7 @@ static int user_mode(const char *lib) {
 /* Run the suite (or, with --user LIB, user_mode). */
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--user")) return user_mode(argv[2]);
-  return HARNESS_RUN("preload", 60, setup, teardown, cuda_malloc_is_served_by_the_daemon,
+  return HARNESS_RUN("preload", 60, NULL, teardown, cuda_malloc_is_served_by_the_daemon,
                      pause_of_the_default_tag_releases_the_program_memory,
                      refused_allocations_are_out_of_memory,
                      foreign_pointers_and_zero_sizes_reach_the_runtime,

@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +139,19 @@ static void refused(uid_t uid, const char *path, const char *words) {
   ck_assert_msg(lstat(path, &st) != 0, "%s was created", path);
 }
 
+/* refused() for the socket "sock" in directory where, with the words
+ * made of fmt. */
+__attribute__((format(printf, 3, 4))) static void refused_in(uid_t uid, const char *where,
+                                                             const char *fmt, ...) {
+  char sock[512], words[1024];
+  snprintf(sock, sizeof sock, "%s/sock", where);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(words, sizeof words, fmt, ap);
+  va_end(ap);
+  refused(uid, sock, words);
+}
+
 /* A directory under the test's with a mode, owned by uid ((uid_t)-1:
  * us); its path in buf. */
 static const char *sub_dir(char *buf, size_t len, const char *rel, mode_t mode, uid_t uid) {
@@ -190,11 +204,9 @@ START_TEST(a_socket_directory_others_can_write_is_refused) {
   make_dir();
   char d1[128], d2[128], sock[256];
   sub_dir(d1, sizeof d1, "world", 0777, (uid_t)-1);
-  snprintf(sock, sizeof sock, "%s/sock", d1);
-  refused((uid_t)-1, sock, "is not safe: it is writable by every user (mode 0777)");
+  refused_in((uid_t)-1, d1, "is not safe: it is writable by every user (mode 0777)");
   sub_dir(d2, sizeof d2, "group", 0770, (uid_t)-1);
-  snprintf(sock, sizeof sock, "%s/sock", d2);
-  refused((uid_t)-1, sock, "is not safe: it is writable by its group (mode 0770)");
+  refused_in((uid_t)-1, d2, "is not safe: it is writable by its group (mode 0770)");
   /* A stale socket there is neither replaced nor removed. */
   snprintf(sock, sizeof sock, "%s/sock", d1);
   struct sockaddr_un addr = unix_addr(sock);
@@ -230,17 +242,13 @@ START_TEST(a_socket_directory_another_user_owns_is_refused) {
   make_dir();
   char d1[128], d2[128], d3[256], sock[512];
   sub_dir(d1, sizeof d1, "theirs", 0700, NOBODY);
-  snprintf(sock, sizeof sock, "%s/sock", d1);
-  refused((uid_t)-1, sock, "is not safe: it is owned by uid 65534, not root:");
+  refused_in((uid_t)-1, d1, "is not safe: it is owned by uid 65534, not root:");
   /* Ours, 0700, but inside a directory of theirs. */
   sub_dir(d2, sizeof d2, "above", 0755, NOBODY);
   snprintf(d3, sizeof d3, "%s/ours", d2);
   ck_assert_int_eq(mkdir(d3, 0700), 0);
-  snprintf(sock, sizeof sock, "%s/sock", d3);
-  char words[1024];
-  snprintf(words, sizeof words, "socket directory %s is not safe: %s, above it, is owned by "
-           "uid 65534", d3, d2);
-  refused((uid_t)-1, sock, words);
+  refused_in((uid_t)-1, d3, "socket directory %s is not safe: %s, above it, is owned by uid 65534",
+             d3, d2);
   /* A daemon running as nobody may not use root's private directory
    * either (it could not bind there): but one of nobody's is its own. */
   snprintf(sock, sizeof sock, "%s/sock", d1);
@@ -260,22 +268,17 @@ END_TEST
  * (a link in a directory others may write can be pointed elsewhere). */
 START_TEST(links_to_or_through_unsafe_directories_are_refused) {
   make_dir();
-  char world[128], ok[128], link[256], sock[512];
+  char world[128], ok[128], link[256];
   sub_dir(world, sizeof world, "world", 0777, (uid_t)-1);
   sub_dir(ok, sizeof ok, "ok", 0700, (uid_t)-1);
   in_dir(link, sizeof link, "to-world");
   ck_assert_int_eq(symlink("world", link), 0);
-  snprintf(sock, sizeof sock, "%s/sock", link);
-  char words[1024];
-  snprintf(words, sizeof words, "socket directory %s is not safe: it (%s) is writable by every "
-           "user", link, world);
-  refused((uid_t)-1, sock, words);
+  refused_in((uid_t)-1, link, "socket directory %s is not safe: it (%s) is writable by every user",
+             link, world);
   /* A link to a safe directory, kept in one others may write. */
   snprintf(link, sizeof link, "%s/to-ok", world);
   ck_assert_int_eq(symlink(ok, link), 0);
-  snprintf(sock, sizeof sock, "%s/sock", link);
-  snprintf(words, sizeof words, "%s, above it, is writable by every user (mode 0777)", world);
-  refused((uid_t)-1, sock, words);
+  refused_in((uid_t)-1, link, "%s, above it, is writable by every user (mode 0777)", world);
   /* A relative path is judged through the working directory. */
   char here[PATH_MAX];
   ck_assert_ptr_nonnull(getcwd(here, sizeof here));

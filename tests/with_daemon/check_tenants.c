@@ -58,13 +58,9 @@ static wire_code share(struct peer *c, const char *tag, bool shared) {
   Gpumem__Wire__ShareRequest q = GPUMEM__WIRE__SHARE_REQUEST__INIT;
   q.tag = (char *)tag;
   q.shared = shared;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_SHARE;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_SHARE);
   env.share = &q;
-  wire_env *r = peer_call(c, &env);
-  wire_code code = peer_reply_code(r, NULL, 0);
-  wire_env_free(r);
-  return code;
+  return peer_call_code(c, &env, NULL, 0);
 }
 
 /* One status page at these cursors, at most limit of each list. */
@@ -73,12 +69,9 @@ static wire_env *status_page(struct peer *c, uint64_t tags, uint64_t sessions, u
   q.tag_cursor = tags;
   q.session_cursor = sessions;
   q.limit = limit;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_STATUS;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_STATUS);
   env.status = &q;
-  wire_env *r = peer_call(c, &env);
-  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
-  return r;
+  return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
 }
 
 /* One list page after a buffer id. */
@@ -86,12 +79,9 @@ static wire_env *list_page(struct peer *c, uint64_t after, uint32_t limit) {
   Gpumem__Wire__ListRequest q = GPUMEM__WIRE__LIST_REQUEST__INIT;
   q.after = after;
   q.limit = limit;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_LIST;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_LIST);
   env.list = &q;
-  wire_env *r = peer_call(c, &env);
-  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
-  return r;
+  return peer_ask(c, &env, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
 }
 
 /* Whether a status lists a tag. */
@@ -120,9 +110,7 @@ START_TEST(another_uid_cannot_join_a_tag) {
   peer_alloc(&alice, "kv", 0, 40 * MiB, 0, &a);
   char why[256];
   ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 2 * MiB, 0, &x), CODE(PERMISSION_DENIED));
-  peer_op(&ctl, false, "kv", 0, 0);
-  peer_serve(&alice, &a, 1, 1);
-  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  peer_op_served(&ctl, false, "kv", &alice, &a, 1);
   /* Paused, the tag still refuses bob's buffers that would start paused
    * and then need room on resume. */
   ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 40 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED,
@@ -141,13 +129,8 @@ START_TEST(another_uid_cannot_join_a_tag) {
   ck_assert_uint_eq(r->op_reply->buffers, 1);
   wire_env_free(r);
   /* The refusal names the owner and the way out. */
-  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  q.tag = "kv";
-  q.size = 2 * MiB;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &q;
-  r = peer_call(&bob, &env);
+  peer_push_alloc(&bob, "kv", 0, 2 * MiB, 0);
+  r = peer_answer(&bob);
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(PERMISSION_DENIED));
   ck_assert_msg(strstr(why, "belongs to uid 1000") && strstr(why, "gpumemctl share kv"), "%s",
                 why);
@@ -243,9 +226,7 @@ START_TEST(workers_see_only_their_own) {
   peer_alloc(&alice, "alice-kv", 0, 2 * MiB, 0, &a);
   peer_alloc(&alice2, "alice-kv", 1, 4 * MiB, 0, &a2);
   peer_alloc(&bob, "bob-secret", 0, 2 * MiB, 0, &b);
-  peer_op(&ctl, false, "bob-secret", 0, 0);
-  peer_serve(&bob, &b, 1, 1);
-  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  peer_op_served(&ctl, false, "bob-secret", &bob, &b, 1);
   wire_env *st = peer_status(&alice);
   const Gpumem__Wire__StatusReply *s = st->status_reply;
   ck_assert_uint_eq(s->n_sessions, 2);
@@ -302,17 +283,10 @@ START_TEST(quotas_hold_across_sessions) {
   open_as(&ctl, 0, CONTROLLER);
   struct pbuf x, y, z;
   peer_alloc(&a1, "kv", 0, 6 * MiB, 0, &x);
-  peer_op(&ctl, false, "kv", 0, 0);
-  peer_serve(&a1, &x, 1, 1);
-  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
+  peer_op_served(&ctl, false, "kv", &a1, &x, 1);
   /* Paused, its bytes still count: a resume must find room in the quota. */
-  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  q.tag = "other";
-  q.size = 4 * MiB;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &q;
-  wire_env *r = peer_call(&a2, &env);
+  peer_push_alloc(&a2, "other", 0, 4 * MiB, 0);
+  wire_env *r = peer_answer(&a2);
   char why[256];
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
   ck_assert_msg(strstr(why, "uid 1000 holds 6.00 MiB on device 0") &&
@@ -320,10 +294,8 @@ START_TEST(quotas_hold_across_sessions) {
                 "%s", why);
   wire_env_free(r);
   peer_alloc(&a2, "other", 1, 4 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP, &y);
-  q.size = 2 * MiB;
-  q.device = 1;
-  q.flags = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP;
-  r = peer_call(&a2, &env);
+  peer_push_alloc(&a2, "other", 1, 2 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP);
+  r = peer_answer(&a2);
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
   ck_assert_msg(strstr(why, "--max-backup-bytes-per-uid"), "%s", why);
   wire_env_free(r);
@@ -369,9 +341,7 @@ static void own_pause(struct peer *w, const char *tag, uint32_t timeout_ms) {
   q.n_tags = 1;
   q.own = true;
   q.timeout_ms = timeout_ms;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = w->next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  wire_env env = peer_env(w->next_id++, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   env.pause = &q;
   peer_put(w, &env, NULL, 0);
 }
@@ -442,15 +412,9 @@ START_TEST(names_come_free_and_default_is_shared) {
   open_as(&ctl, 0, CONTROLLER);
   struct pbuf a, b;
   peer_alloc(&alice, "kv", 0, 2 * MiB, 0, &a);
-  peer_op(&ctl, false, "kv", 0, 0);
-  peer_serve(&alice, &a, 1, 1);
-  ck_assert_int_eq(peer_op_code(&ctl), CODE(OK));
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = a.id;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  env.free = &fr;
-  wire_env *r = peer_call(&alice, &env);
+  peer_op_served(&ctl, false, "kv", &alice, &a, 1);
+  peer_push_free(&alice, a.id);
+  wire_env *r = peer_answer(&alice);
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   wire_env_free(r);
   ck_assert_int_eq(peer_try_alloc(&bob, "kv", 0, 2 * MiB, 0, &b), CODE(PERMISSION_DENIED));
@@ -477,17 +441,9 @@ END_TEST
 /* Allocate one-chunk buffers as a worker until the daemon refuses;
  * returns how many it took, the refusal's words in why. */
 static int alloc_until_refused(struct peer *w, const char *tag, char *why, size_t len) {
-  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  q.tag = (char *)tag;
-  q.size = 4096;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &q;
   for (int n = 0; n < 100000; n++) {
-    env.id = w->next_id++;
-    peer_put(w, &env, NULL, 0);
-    wire_env *r = peer_get(w, NULL); /* its chunk fd is closed: the daemon keeps its own */
-    ck_assert_ptr_nonnull(r);
+    peer_push_alloc(w, tag, 0, 4096, 0);
+    wire_env *r = peer_answer(w); /* its chunk fd is closed: the daemon keeps its own */
     wire_code code = peer_reply_code(r, why, len);
     wire_env_free(r);
     if (code) {
@@ -571,14 +527,8 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   ck_assert_int_ge(fd, 0);
   close(fd);
   open_as(&bob, BOB, WORKER);
-  Gpumem__Wire__AllocRequest q = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  q.tag = "kv";
-  q.size = 2 * MiB;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = bob.next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &q;
-  peer_put(&bob, &env, NULL, 0);
+  uint64_t waiting = peer_push_alloc(&bob, "kv", 0, 2 * MiB, 0);
+  ck_assert_int_eq(peer_flush_within(&bob, 5000), 0);
   wire_env *st = peer_status(&bob); /* answered first: the allocation waits */
   /* The status says that the grace runs, how long more, and who waits. */
   ck_assert_uint_gt(st->status_reply->grace_left_ms, 0);
@@ -589,15 +539,9 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   /* A controller's pause of the tag not yet re-registered says why. */
   struct peer ctl;
   open_as(&ctl, 0, CONTROLLER);
-  Gpumem__Wire__PauseRequest pq = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
-  char *kv_tags[1] = {"kv"};
-  pq.tags = kv_tags;
-  pq.n_tags = 1;
-  wire_env pe = GPUMEM__WIRE__ENVELOPE__INIT;
-  pe.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
-  pe.pause = &pq;
+  peer_op(&ctl, false, "kv", 0, 0);
   char why[256];
-  wire_env *pr = peer_call(&ctl, &pe);
+  wire_env *pr = peer_answer(&ctl);
   ck_assert_int_eq(peer_reply_code(pr, why, sizeof why), CODE(NOT_FOUND));
   ck_assert_msg(strstr(why, "no tag 'kv' yet: the re-registration grace runs") &&
                     strstr(why, "(1 waiting)"),
@@ -615,10 +559,8 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   Gpumem__Wire__AdoptRequest ar = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
   ar.buffers = &abp;
   ar.n_buffers = 1;
-  wire_env ae = GPUMEM__WIRE__ENVELOPE__INIT;
-  ae.id = alice.next_id++;
+  wire_env ae = peer_env(alice.next_id++, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
   ae.fd_count = 1;
-  ae.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
   ae.adopt = &ar;
   int give = dup(a.fds[0]);
   peer_put(&alice, &ae, &give, 1);
@@ -626,7 +568,7 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
   ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "%s", why);
   wire_env_free(r);
   r = peer_get_within(&bob, NULL, 15000); /* once the grace is over */
-  ck_assert_int_eq(r->id, env.id);
+  ck_assert_int_eq(r->id, waiting);
   ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(PERMISSION_DENIED));
   ck_assert_msg(strstr(why, "belongs to uid 1000"), "%s", why);
   wire_env_free(r);
@@ -648,21 +590,15 @@ START_TEST(a_worker_is_not_told_whose_residual_it_is) {
   open_as(&mallory, BOB, WORKER);
   struct pbuf a, m;
   peer_alloc(&alice, "kv", 0, 8 * MiB, 0, &a);
-  Gpumem__Wire__FreeRequest fr = GPUMEM__WIRE__FREE_REQUEST__INIT;
-  fr.buffer_id = a.id;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_FREE;
-  env.free = &fr;
-  wire_env *r = peer_call(&alice, &env); /* freed, but its chunk stays held here: outside gpumemd */
+  peer_push_free(&alice, a.id);
+  wire_env *r = peer_answer(&alice); /* freed, but its chunk stays held here: outside gpumemd */
   ck_assert_int_eq(peer_reply_code(r, NULL, 0), CODE(OK));
   wire_env_free(r);
   peer_alloc(&mallory, "m", 0, 2 * MiB, 0, &m);
   Gpumem__Wire__PauseRequest q = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   q.own = true;
   q.max_residual = 1;
-  wire_env pe = GPUMEM__WIRE__ENVELOPE__INIT;
-  pe.id = mallory.next_id++;
-  pe.body_case = GPUMEM__WIRE__ENVELOPE__BODY_PAUSE;
+  wire_env pe = peer_env(mallory.next_id++, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE);
   pe.pause = &q;
   peer_put(&mallory, &pe, NULL, 0);
   peer_serve(&mallory, &m, 1, 1);
@@ -727,15 +663,8 @@ START_TEST(status_and_list_come_in_pages) {
   /* A 1.3 client knows no pages: it gets everything in one reply. */
   struct peer old;
   peer_connect(&old, &d);
-  Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
-  h.version_major = WIRE_VERSION_MAJOR;
-  h.version_minor = 3;
-  h.role = CONTROLLER;
-  h.name = "old";
-  wire_env he = GPUMEM__WIRE__ENVELOPE__INIT;
-  he.body_case = GPUMEM__WIRE__ENVELOPE__BODY_HELLO;
-  he.hello = &h;
-  wire_env_free(peer_call(&old, &he));
+  peer_push_hello(&old, CONTROLLER, "old", WIRE_VERSION_MAJOR, 3);
+  wire_env_free(peer_answer(&old));
   wire_env *st = status_page(&old, 0, 0, 3);
   ck_assert_uint_eq(st->status_reply->n_tags, 11);
   ck_assert_uint_eq(st->status_reply->n_sessions, 7);
@@ -772,13 +701,10 @@ static void adopt_paused(struct peer *w, size_t first, size_t n) {
   Gpumem__Wire__AdoptRequest q = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
   q.buffers = ptrs;
   q.n_buffers = n;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
+  wire_env env = peer_env(0, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT);
   env.adopt = &q;
-  wire_env *r = peer_call(w, &env);
   char why[256];
-  ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "%s", why);
-  wire_env_free(r);
+  ck_assert_msg(peer_call_code(w, &env, why, sizeof why) == CODE(OK), "%s", why);
   free(bufs);
   free(ptrs);
   free(tags);
