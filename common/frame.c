@@ -245,28 +245,38 @@ fail:
   return err;
 }
 
+/* One sendmsg of bytes with fds riding with them. */
+ssize_t frame_sendmsg(int sock, const void *bytes, size_t len, const int *fds, size_t nfds,
+                      int flags) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(FRAME_MAX_FDS * sizeof(int))];
+  } ctl;
+  struct iovec iov = {(void *)bytes, len};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds > FRAME_MAX_FDS) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (nfds) {
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+  }
+  return sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
+}
+
 /* Send frames in order; a frame's fds go with its first byte. */
 int frame_writer_flush(frame_writer *w, int sock) {
   while (w->head) {
     struct out_frame *o = w->head;
-    union {
-      struct cmsghdr align;
-      char buf[CMSG_SPACE(FRAME_MAX_FDS * sizeof(int))];
-    } ctl;
-    struct iovec iov = {o->bytes + o->off, o->len - o->off};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (o->nfds) {
-      msg.msg_control = ctl.buf;
-      msg.msg_controllen = CMSG_SPACE(o->nfds * sizeof(int));
-      struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(o->nfds * sizeof(int));
-      memcpy(CMSG_DATA(c), o->fds, o->nfds * sizeof(int));
-    }
     ssize_t n;
     do
-      n = sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      n = frame_sendmsg(sock, o->bytes + o->off, o->len - o->off, o->fds, o->nfds, MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
     if (n < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
     /* The fds went with these bytes; our copies are no longer needed. */

@@ -76,6 +76,13 @@ int frame_writer_push(frame_writer *w, const void *payload, size_t len,
  * -EAGAIN when the socket is full, or another negative errno. */
 int frame_writer_flush(frame_writer *w, int sock);
 
+/* One sendmsg of bytes with nfds fds (at most FRAME_MAX_FDS) riding with
+ * them (SCM_RIGHTS), never raising SIGPIPE; flags are sendmsg's others
+ * (MSG_DONTWAIT, or 0). Returns what sendmsg returns; the fds stay the
+ * caller's. */
+ssize_t frame_sendmsg(int sock, const void *bytes, size_t len, const int *fds, size_t nfds,
+                      int flags);
+
 /* Bytes queued and not yet sent. */
 size_t frame_writer_queued(const frame_writer *w);
 

@@ -206,22 +206,7 @@ int raw_connect(const struct daemon *d) {
 
 /* Send bytes with fds in one sendmsg. */
 ssize_t raw_sendmsg(int sock, const void *bytes, size_t len, const int *fds, size_t nfds) {
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(FRAME_MAX_FDS * sizeof(int))];
-  } ctl;
-  struct iovec iov = {(void *)bytes, len};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (nfds) {
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-    memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
-  }
-  return sendmsg(sock, &msg, MSG_NOSIGNAL);
+  return frame_sendmsg(sock, bytes, len, fds, nfds, 0);
 }
 
 /* Lines of the daemon's log that contain text. */

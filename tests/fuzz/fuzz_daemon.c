@@ -451,22 +451,7 @@ static void send_bytes(struct world *w, struct conn *c, const uint8_t *buf, size
                        int *fds, size_t nfds) {
   size_t off = 0;
   for (int tries = 0; off < len && tries < 64 && c->fd >= 0;) {
-    union {
-      struct cmsghdr align;
-      char b[CMSG_SPACE(FRAME_MAX_FDS * sizeof(int))];
-    } ctl;
-    struct iovec iov = {(void *)(buf + off), len - off};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (nfds) {
-      msg.msg_control = ctl.b;
-      msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-      struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-      memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-    }
-    ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = frame_sendmsg(c->fd, buf + off, len - off, fds, nfds, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
       tries++;
       pump(w);

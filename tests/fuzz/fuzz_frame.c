@@ -50,26 +50,11 @@ static void fail(const char *what, size_t frame) {
 /* Write bytes with n fds (of /dev/null) in one sendmsg; false if the
  * socket took nothing. */
 static bool send_with_fds(int sock, const uint8_t *p, size_t len, size_t n) {
-  int fds[FRAME_MAX_FDS];
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(FRAME_MAX_FDS * sizeof(int))];
-  } ctl;
-  struct iovec iov = {(void *)p, len};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  int fds[FRAME_MAX_FDS] = {0};
   size_t k = 0;
   for (; k < n; k++)
     if ((fds[k] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) break;
-  if (k) {
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = CMSG_SPACE(k * sizeof(int));
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(k * sizeof(int));
-    memcpy(CMSG_DATA(c), fds, k * sizeof(int));
-  }
-  ssize_t rc = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  ssize_t rc = frame_sendmsg(sock, p, len, fds, k, MSG_DONTWAIT);
   for (size_t i = 0; i < k; i++) close(fds[i]);
   return rc == (ssize_t)len && k == n;
 }
