@@ -248,10 +248,10 @@ $(O)/bin/%: tools/%.c $(O)/lib/libgpumem.so $(O)/lib/libcommon.a
 	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/lib -lgpumem $(O)/lib/libcommon.a \
 	  $(shell pkg-config --libs libprotobuf-c) $(RPATH) -ldl -lm
 
-SUITE_DEPS := tests/harness.c tests/harness.h tests/scenario.c tests/scenario.h \
+SUITE_DEPS := tests/harness.c tests/harness.h tests/scenario.c tests/scenario.h tests/procfd.c \
   $(O)/lib/libgpumem.so $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(DAEMON_OBJ)
 SUITE_LINK = @mkdir -p $(@D); echo "  LD      $@"; \
-  $(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -Itests -o $@ $< tests/harness.c tests/scenario.c \
+  $(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -Itests -o $@ $< tests/harness.c tests/scenario.c tests/procfd.c \
   $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) \
   -L$(O)/lib -lgpumem $(GPU_BOTH_LIBS) $(O)/lib/libcommon.a $(PKG_LIBS) $(CHECK_LIBS) \
   -Wl,-rpath,'$(abspath $(O)/lib)' -lm
@@ -327,7 +327,7 @@ test-asan:
 FUZZ_SECONDS ?= 60
 FUZZ_NAMES := $(patsubst tests/fuzz/%.c,%,$(filter-out tests/fuzz/replay.c,$(wildcard tests/fuzz/*.c)))
 FUZZERS := $(addprefix build/fuzz/,$(FUZZ_NAMES))
-FUZZ_SRC := common/frame.c common/wire.c
+FUZZ_SRC := common/frame.c common/wire.c tests/procfd.c
 FUZZ_CC = clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -I. -I$(O)/gen -Iinclude
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC) $(GEN)
 	@./tools/install-deps.sh fuzz
@@ -346,7 +346,7 @@ build/fuzz/obj/%.o: %.c $(GEN)
 	@mkdir -p $(@D)
 	@echo "  FUZZCC  $<"
 	@$(FUZZ_CC) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) $(CFLAGS_SYSTEMD) -MMD -MP -c $< -o $@
-build/fuzz/fuzz_daemon: tests/fuzz/fuzz_daemon.c $(FUZZ_DAEMON_OBJ)
+build/fuzz/fuzz_daemon: tests/fuzz/fuzz_daemon.c tests/procfd.c $(FUZZ_DAEMON_OBJ)
 	@mkdir -p $(@D)
 	@echo "  FUZZ    $@"
 	@$(FUZZ_CC) -fsanitize=fuzzer $(PKG_CFLAGS) -o $@ $^ $(PKG_LIBS) -ldl -lm -lpthread
@@ -358,11 +358,11 @@ fuzz: $(FUZZERS)
 # The fuzzers built with $(CC) and a main that feeds them files: make test
 # replays the corpus in tests/fuzz/corpus (under ASan+UBSan in test-asan).
 FUZZ_REPLAYS := $(addprefix $(O)/fuzz-replay/,$(FUZZ_NAMES))
-$(O)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay.c $(GPUDEV_LIBS) $(O)/lib/libcommon.a \
+$(O)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay.c tests/procfd.c $(GPUDEV_LIBS) $(O)/lib/libcommon.a \
   $(DAEMON_OBJ)
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c \
+	@$(CC) $(CFLAGS) $(PKG_CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c tests/procfd.c \
 	  $(filter-out $(O)/obj/daemon/main.o,$(DAEMON_OBJ)) $(GPUDEV_LIBS) $(O)/lib/libcommon.a \
 	  $(PKG_LIBS) -ldl -lm -lpthread
 .PHONY: fuzz-replay

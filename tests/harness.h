@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "procfd.h"
+
 /* Run one suite: each test in its own process, with a timeout (seconds)
  * and the fixture (NULLs for harness_fd_setup/teardown); the exit status
  * for main. */
@@ -18,17 +20,6 @@ int harness_run(const char *name, const TTest *const *tests, size_t n, double ti
   harness_run(name, (const TTest *const[]){__VA_ARGS__},                                  \
               sizeof((const TTest *const[]){__VA_ARGS__}) / sizeof(const TTest *), timeout, \
               setup, teardown)
-
-/* What proc_fd_each calls for each fd: its number, the target its
- * /proc link names ("socket:[123]", "/memfd:gpumem-host-0 (deleted)", ...;
- * "" if it could not be read) and the walk's arg. */
-typedef void proc_fd_visitor(int fd, const char *target, void *arg);
-
-/* Walk the open fds of process pid (getpid() for this one: the fd the
- * walk itself reads the directory with is left out), calling visit (NULL:
- * none) for each in /proc's order; returns how many, -1 if /proc/PID/fd
- * could not be read. */
-int proc_fd_each(pid_t pid, proc_fd_visitor *visit, void *arg);
 
 /* Open fds of this process. */
 int harness_fd_count(void);

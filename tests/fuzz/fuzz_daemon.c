@@ -9,7 +9,6 @@
  *
  * Input: one byte of configuration, then actions, each an opcode byte and
  * its arguments (read until the input ends; missing bytes read as 0). */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -27,6 +26,7 @@
 #include <uv.h>
 
 #include "common/frame.h"
+#include "tests/procfd.h"
 #include "common/log.h"
 #include "common/wire.h"
 #include "daemon/config.h"
@@ -126,46 +126,27 @@ __attribute__((noreturn, format(printf, 1, 2))) static void fail(const char *fmt
   abort();
 }
 
-/* Open fds of this process (the directory's own fd counted alike). */
+/* Open fds of this process. */
 static int fd_count(void) {
-  DIR *d = opendir("/proc/self/fd");
-  if (!d) fail("/proc/self/fd: %s", strerror(errno));
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-  closedir(d);
+  int n = proc_fd_each(getpid(), NULL, NULL);
+  if (n < 0) fail("/proc/self/fd: %s", strerror(errno));
   return n;
 }
 
-/* Print the fds open now (for a leak report). */
-static void fd_dump(void) {
-  for (int fd = 0; fd < 65536; fd++) {
-    if (fcntl(fd, F_GETFD) < 0) continue;
-    char p[64], link[256];
-    snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(p, link, sizeof link - 1);
-    link[n < 0 ? 0 : n] = '\0';
-    fprintf(stderr, "  fd %d: %s\n", fd, link);
-  }
+/* Print one fd and its target (for a leak report). */
+static void fd_print(int fd, const char *target, void *arg) {
+  (void)arg;
+  fprintf(stderr, "  fd %d: %s\n", fd, target);
 }
+
+/* Print the fds open now (for a leak report). */
+static void fd_dump(void) { proc_fd_each(getpid(), fd_print, NULL); }
 
 /* Send one fd over a Unix socket. */
 static int send_fd(int sock, int fd) {
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } ctl;
-  char b = 'f';
-  struct iovec iov = {&b, 1};
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                       .msg_controllen = sizeof ctl.buf};
-  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &fd, sizeof fd);
   ssize_t n;
   do
-    n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    n = frame_sendmsg(sock, "f", 1, &fd, 1, 0);
   while (n < 0 && errno == EINTR);
   return n == 1 ? 0 : -1;
 }

@@ -7,7 +7,6 @@
  * byte: bits 0-5 the write's size less one; bit 6: fds ride with it (a
  * count byte follows: 1-4, or with its top bit up to 127 + 1); bit 7:
  * the reader reads after this write (else writes pile up unread). */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -20,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/frame.h"
+#include "tests/procfd.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -30,16 +30,6 @@ struct batch {
   size_t end;
   size_t n;
 };
-
-/* Open fds of this process. */
-static int fd_count(void) {
-  DIR *d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
 
 /* Die loudly: the reader broke its promise. */
 static void fail(const char *what, size_t frame) {
@@ -60,7 +50,7 @@ static bool send_with_fds(int sock, const uint8_t *p, size_t len, size_t n) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  int before = fd_count();
+  int before = proc_fd_each(getpid(), NULL, NULL);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) < 0) return 0;
   frame_reader *r = frame_reader_create(MAX_LEN);
@@ -122,6 +112,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   close(sv[1]);
   free(stream);
   free(batches);
-  if (fd_count() != before) fail("fds leaked", frames);
+  if (proc_fd_each(getpid(), NULL, NULL) != before) fail("fds leaked", frames);
   return 0;
 }

@@ -2,7 +2,6 @@
  * session, frame size, fds where none belong, running out of fds, legacy
  * IPC buffers on the host backend, and no fd left behind in the daemon. */
 #include <check.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,21 +17,6 @@ static struct daemon d;
 
 static void teardown(void) { scene_stop(&d); }
 
-/* Sockets among a process's fds. */
-static int sockets_of(pid_t pid) {
-  char path[64], link[64];
-  int n = 0;
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-  DIR *dir = opendir(path);
-  for (struct dirent *de; dir && (de = readdir(dir));) {
-    snprintf(path, sizeof path, "/proc/%d/fd/%.16s", (int)pid, de->d_name);
-    ssize_t len = readlink(path, link, sizeof link - 1);
-    if (len > 0 && (link[len] = '\0', strncmp(link, "socket:", 7) == 0)) n++;
-  }
-  if (dir) closedir(dir);
-  return n;
-}
-
 /* Wait (up to 2 s) until the daemon serves n sessions and holds a socket
  * for each and its listener, no more: a session that ended closes its
  * socket once the loop turns (the start-up probe's among them). */
@@ -43,7 +27,7 @@ static void settle(struct peer *c, size_t n) {
     wire_env *s = peer_status(c);
     now = s->status_reply->n_sessions;
     wire_env_free(s);
-    socks = sockets_of(d.pid);
+    socks = proc_fds_with(d.pid, "socket:");
     if (now == n && socks == (int)n + 1) break;
     usleep(10000);
   }
