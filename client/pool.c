@@ -26,6 +26,7 @@
 #include "alloc.h"
 #include "buffer.h"
 #include "client.h"
+#include "common/list.h"
 #include "common/size.h"
 #include "error.h"
 #include "pool.h"
@@ -44,7 +45,7 @@ struct block {
   bool free;
   struct slab *slab;
   struct block *prev, *next;   /* the slab's blocks, by address */
-  struct block *fprev, *fnext; /* the pool's free blocks */
+  struct list flink;           /* in the bucket's free blocks, newest first */
 };
 
 /* A daemon buffer that allocations are carved from. */
@@ -66,7 +67,7 @@ struct bucket {
   unsigned backup;
   uint64_t next_size; /* of the next slab made from the pool's growth */
   struct slab *slabs;
-  struct block *free_blocks;
+  struct list free_blocks; /* of struct block, by flink */
   struct bucket *next;
 };
 
@@ -89,21 +90,11 @@ pool *pool_create(struct addr_owner *owner) {
 
 /* Put a free block on its pool's free list. */
 static void free_push(struct bucket *p, struct block *b) {
-  b->fprev = NULL;
-  b->fnext = p->free_blocks;
-  if (p->free_blocks) p->free_blocks->fprev = b;
-  p->free_blocks = b;
+  list_prepend(&p->free_blocks, &b->flink);
 }
 
 /* Take a block off its pool's free list. */
-static void free_unlink(struct bucket *p, struct block *b) {
-  if (b->fprev)
-    b->fprev->fnext = b->fnext;
-  else
-    p->free_blocks = b->fnext;
-  if (b->fnext) b->fnext->fprev = b->fprev;
-  b->fprev = b->fnext = NULL;
-}
+static void free_unlink(struct block *b) { list_remove(&b->flink); }
 
 /* The bucket of a tag, device and BACKUP flag, or NULL. */
 static struct bucket *bucket_find(pool *cp, const char *tag, int device,
@@ -134,7 +125,7 @@ static int slab_attach(pool *cp, struct slab *s) {
 /* Unlink an empty slab from its pool. */
 static void slab_detach(pool *cp, struct slab *s) {
   struct bucket *p = s->bucket;
-  free_unlink(p, s->blocks);
+  free_unlink(s->blocks);
   free(s->blocks);
   s->blocks = NULL;
   if (s->prev)
@@ -154,7 +145,8 @@ static void slab_detach(pool *cp, struct slab *s) {
  * do). */
 static struct block *best_fit(struct bucket *p, uint64_t need, bool allow_paused, bool live) {
   struct block *best = NULL;
-  for (struct block *b = p->free_blocks; b; b = b->fnext) {
+  for (struct list *l = p->free_blocks.next; l != &p->free_blocks; l = l->next) {
+    struct block *b = list_entry(l, struct block, flink);
     if (b->size < need || (best && b->size >= best->size)) continue;
     if (!buffer_usable(b->slab->buf, allow_paused, live)) continue;
     best = b;
@@ -174,7 +166,7 @@ static void *take(pool *cp, struct block *b, uint64_t need) {
     free(rest);
     return NULL;
   }
-  free_unlink(s->bucket, b);
+  free_unlink(b);
   if (rest) {
     *rest = (struct block){.off = b->off + need, .size = b->size - need, .free = true,
                            .slab = s, .prev = b, .next = b->next};
@@ -191,8 +183,8 @@ static void *take(pool *cp, struct block *b, uint64_t need) {
 }
 
 /* Merge free block n into its free predecessor b. */
-static void merge_next(struct bucket *p, struct block *b, struct block *n) {
-  free_unlink(p, n);
+static void merge_next(struct block *b, struct block *n) {
+  free_unlink(n);
   b->size += n->size;
   b->next = n->next;
   if (n->next) n->next->prev = b;
@@ -217,8 +209,8 @@ static struct slab *release(pool *cp, struct block *b) {
   s->used--;
   b->free = true;
   free_push(p, b);
-  if (b->next && b->next->free) merge_next(p, b, b->next);
-  if (b->prev && b->prev->free) merge_next(p, b->prev, b);
+  if (b->next && b->next->free) merge_next(b, b->next);
+  if (b->prev && b->prev->free) merge_next(b->prev, b);
   if (s->used) return NULL;
   /* Keep one empty slab per pool, the larger of two; never a one-request
    * slab. */
@@ -278,6 +270,7 @@ static int grow(gpumem_client *c, pool *cp, const char *tag, int device,
     p->device = device;
     p->backup = backup;
     p->next_size = SLAB_FIRST;
+    list_init(&p->free_blocks);
     p->next = cp->buckets;
     cp->buckets = p;
   }

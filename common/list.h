@@ -23,6 +23,14 @@ static inline void list_append(struct list *list, struct list *node) {
   list->prev = node;
 }
 
+/* Add node at the head of list. */
+static inline void list_prepend(struct list *list, struct list *node) {
+  node->prev = list;
+  node->next = list->next;
+  list->next->prev = node;
+  list->next = node;
+}
+
 /* Take node out of its list; it becomes an empty list of its own. */
 static inline void list_remove(struct list *node) {
   node->prev->next = node->next;

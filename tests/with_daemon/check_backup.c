@@ -234,16 +234,8 @@ static void serve_one(struct peer *w, struct pbuf *b) {
 
 /* Ask for a buffer without waiting for the reply. */
 static void send_alloc(struct peer *w, const char *tag, unsigned dev, uint64_t size) {
-  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
-  a.tag = (char *)tag;
-  a.device = dev;
-  a.size = size;
-  a.flags = BACKUP;
-  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
-  env.id = w->next_id++;
-  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ALLOC;
-  env.alloc = &a;
-  peer_put(w, &env, NULL, 0);
+  peer_push_alloc(w, tag, dev, size, BACKUP);
+  ck_assert_int_eq(peer_flush_within(w, 5000), 0);
 }
 
 /* The next alloc reply, its one chunk fd kept in b. */
