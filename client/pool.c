@@ -57,7 +57,7 @@ struct slab {
   bool attached; /* in its pool (not on its way back to the daemon) */
   struct bucket *bucket;
   struct block *blocks;
-  struct slab *prev, *next;
+  struct list link; /* in its bucket's slabs, newest first, while attached */
 };
 
 /* A bucket: the slabs of one tag, device and BACKUP flag. */
@@ -66,7 +66,7 @@ struct bucket {
   int device;
   unsigned backup;
   uint64_t next_size; /* of the next slab made from the pool's growth */
-  struct slab *slabs;
+  struct list slabs; /* of struct slab, by link */
   struct list free_blocks; /* of struct block, by flink */
   struct bucket *next;
 };
@@ -113,10 +113,7 @@ static int slab_attach(pool *cp, struct slab *s) {
   s->used = 0;
   s->attached = true;
   free_push(s->bucket, b);
-  s->prev = NULL;
-  s->next = s->bucket->slabs;
-  if (s->next) s->next->prev = s;
-  s->bucket->slabs = s;
+  list_prepend(&s->bucket->slabs, &s->link);
   cp->st.pooled_buffers++;
   cp->st.pooled_bytes += s->size;
   return 0;
@@ -124,16 +121,10 @@ static int slab_attach(pool *cp, struct slab *s) {
 
 /* Unlink an empty slab from its pool. */
 static void slab_detach(pool *cp, struct slab *s) {
-  struct bucket *p = s->bucket;
   free_unlink(s->blocks);
   free(s->blocks);
   s->blocks = NULL;
-  if (s->prev)
-    s->prev->next = s->next;
-  else
-    p->slabs = s->next;
-  if (s->next) s->next->prev = s->prev;
-  s->prev = s->next = NULL;
+  list_remove(&s->link);
   s->attached = false;
   cp->st.pooled_buffers--;
   cp->st.pooled_bytes -= s->size;
@@ -193,8 +184,10 @@ static void merge_next(struct block *b, struct block *n) {
 
 /* Another empty slab of s's pool that is kept, or NULL. */
 static struct slab *other_empty(struct slab *s) {
-  for (struct slab *x = s->bucket->slabs; x; x = x->next)
+  for (struct list *l = s->bucket->slabs.next; l != &s->bucket->slabs; l = l->next) {
+    struct slab *x = list_entry(l, struct slab, link);
     if (x != s && x->used == 0 && x->size <= SLAB_MAX) return x;
+  }
   return NULL;
 }
 
@@ -271,6 +264,7 @@ static int grow(gpumem_client *c, pool *cp, const char *tag, int device,
     p->backup = backup;
     p->next_size = SLAB_FIRST;
     list_init(&p->free_blocks);
+    list_init(&p->slabs);
     p->next = cp->buckets;
     cp->buckets = p;
   }
@@ -348,23 +342,24 @@ int64_t gpumem_trim(gpumem_client *c) {
   if (!c) return error_set(GPUMEM_E_INVALID, "no client");
   pool *cp = c->pool;
   if (!cp) return 0;
-  struct slab *empty = NULL;
+  struct list empty, *l, *n;
+  list_init(&empty);
   pthread_mutex_lock(&cp->mu);
   for (struct bucket *p = cp->buckets; p; p = p->next) {
-    for (struct slab *s = p->slabs, *n; s; s = n) {
-      n = s->next;
+    list_for_each_safe(l, n, &p->slabs) {
+      struct slab *s = list_entry(l, struct slab, link);
       if (s->used) continue;
       slab_detach(cp, s);
-      s->next = empty;
-      empty = s;
+      list_prepend(&empty, &s->link);
     }
   }
   pthread_mutex_unlock(&cp->mu);
   int64_t bytes = 0;
   int err = 0;
   char words[320] = "";
-  for (struct slab *s = empty, *n; s; s = n) {
-    n = s->next;
+  list_for_each_safe(l, n, &empty) {
+    struct slab *s = list_entry(l, struct slab, link);
+    list_remove(&s->link); /* give_back frees it, or puts it back in its bucket */
     uint64_t size = s->size;
     int rc = give_back(c, cp, s);
     if (rc == 0) {
@@ -412,10 +407,8 @@ void pool_destroy(pool *cp) {
   if (!cp) return;
   for (struct bucket *p = cp->buckets, *pn; p; p = pn) {
     pn = p->next;
-    for (struct slab *s = p->slabs, *sn; s; s = sn) {
-      sn = s->next;
-      slab_free(s);
-    }
+    struct list *l, *n;
+    list_for_each_safe(l, n, &p->slabs) slab_free(list_entry(l, struct slab, link));
     free(p);
   }
   pthread_mutex_destroy(&cp->mu);
