@@ -138,9 +138,11 @@ cmp -s "$o/build-config" "$t/build-config" ||
   fail "make install PREFIX=$dir changed $o/build-config"
 pc=$dir/lib/pkgconfig/gpumem.pc
 grep -qx "prefix=$dir" "$pc" || fail "make install PREFIX=$dir wrote: $(head -3 "$pc")"
-[ "$(PKG_CONFIG_PATH="$dir/lib/pkgconfig" pkg-config --variable=libdir gpumem)" = "$dir/lib" ] ||
+# No sysroot of the caller's (the GPU machine points one at its unpacked
+# packages): these paths are the PREFIX's own.
+[ "$(PKG_CONFIG_SYSROOT_DIR= PKG_CONFIG_PATH="$dir/lib/pkgconfig" pkg-config --variable=libdir gpumem)" = "$dir/lib" ] ||
   fail "gpumem.pc under PREFIX=$dir: libdir is not $dir/lib"
-flags=$(PKG_CONFIG_PATH="$dir/lib/pkgconfig" pkg-config --cflags --libs gpumem)
+flags=$(PKG_CONFIG_SYSROOT_DIR= PKG_CONFIG_PATH="$dir/lib/pkgconfig" pkg-config --cflags --libs gpumem)
 cc -std=c11 -Wall -Wextra -Werror examples/worker.c $flags -o "$t/worker" || # $flags: words
   fail "examples/worker.c does not build against PREFIX=$dir"
 run_worker "$dir/lib"
