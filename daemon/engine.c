@@ -639,7 +639,7 @@ static bool start_rollback(engine *e, struct op *op) {
 /* Answer the controller (if still there) with the figures or the fault,
  * and count the operation as it ended. */
 static void reply(engine *e, struct op *op) {
-  uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000, copied, copy_us;
+  uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000;
   Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
   struct devcheck_rules rules = {.resume = op->resume, .max_residual = op->max_residual,
@@ -660,15 +660,7 @@ static void reply(engine *e, struct op *op) {
       e->lastp[i] = &e->last[i];
     }
   }
-  registry_copy_totals(e->reg, !op->resume, &copied, &copy_us);
-  copied -= op->copied0;
-  copy_us -= op->copy_us0;
-  if (copied) {
-    registry_note_last(e->reg, !op->resume, copied, copy_us);
-    log_info("%s copied %llu bytes in %llu us: %.1f GB/s", op->resume ? "restore" : "backup",
-             (unsigned long long)copied, (unsigned long long)copy_us,
-             copy_us ? (double)copied / (double)copy_us / 1e3 : 0.0);
-  }
+  uint64_t copy_us = outcome_copies(e->reg, op->resume, op->copied0, op->copy_us0);
   outcome_log(&op->outcome, op->resume ? "resume" : "pause",
               op->scope.all_tags ? "every tag" : op->scope.tags[0],
               op->scope.all_tags ? 1 : op->scope.ntags, us,

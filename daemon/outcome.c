@@ -124,3 +124,18 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
   free(td);
   free(tdp);
 }
+
+/* Note and log the copies an operation made. */
+uint64_t outcome_copies(registry *reg, bool resume, uint64_t copied0, uint64_t us0) {
+  uint64_t copied, us;
+  registry_copy_totals(reg, !resume, &copied, &us);
+  copied -= copied0;
+  us -= us0;
+  if (copied) {
+    registry_note_last(reg, !resume, copied, us);
+    log_info("%s copied %llu bytes in %llu us: %.1f GB/s", resume ? "restore" : "backup",
+             (unsigned long long)copied, (unsigned long long)us,
+             us ? (double)copied / (double)us / 1e3 : 0.0);
+  }
+  return us;
+}

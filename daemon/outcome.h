@@ -52,6 +52,12 @@ void outcome_free(struct outcome *o);
 void outcome_log(const struct outcome *o, const char *what, const char *first_tag, size_t ntags,
                  uint64_t us, uint64_t sent_us, uint64_t owners_us);
 
+/* The backup (a pause's) or restore (a resume's) copies the registry made
+ * since its totals (registry_copy_totals) were copied0 bytes in us0:
+ * noted as its last of their kind and logged with their rate. Returns
+ * the microseconds they took. */
+uint64_t outcome_copies(registry *reg, bool resume, uint64_t copied0, uint64_t us0);
+
 /* Send to (through out) the answer to request req_id: the fault, or the
  * figures of a success that took elapsed_us (backup_us of it copying),
  * with the devices' checks and their state now. */
