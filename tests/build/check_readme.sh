@@ -703,7 +703,12 @@ else
     rm -rf "$t/top"
     return 1
   }
-  if [ -z "$py" ]; then
+  # Without a terminal top exits at once; its words say whether it could
+  # draw at all (the GPU machine's build has no curses).
+  if "$bin/gpumemctl" --socket "$sock" top </dev/null 2>&1 >/dev/null |
+    grep -q 'built without curses'; then
+    skip top "gpumemctl built without curses"
+  elif [ -z "$py" ]; then
     skip top "no python3 for the process holding memory outside gpumemd"
   else
     ln -s "$("$py" -c 'import sys; print(sys.executable)')" "$t/python3"
