@@ -304,7 +304,8 @@ START_TEST(pause_racing_the_background_allocation_backs_up_right) {
   ck_assert_uint_eq(own_cycle(&w, "small", &small, 2 * MiB, 0x5eed), 2 * MiB);
   ck_assert_int_eq(daemon_log_count(&d, "still queued: made on the pause path"), 1);
   /* Exactly one backup each: what was made is what the buffers need. */
-  ck_assert(wait_ready(&c, (1024 + 2) * MiB));
+  ck_assert_msg(wait_ready(&c, (1024 + 2) * MiB), "backup memory ready: %llu bytes",
+                (unsigned long long)backup_ready(&c));
   peer_unmap(&seed);
   peer_unmap(&small);
   peer_close(&w);
