@@ -182,11 +182,6 @@ int raw_connect(const struct daemon *d) {
   return fd;
 }
 
-/* Send bytes with fds in one sendmsg. */
-ssize_t raw_sendmsg(int sock, const void *bytes, size_t len, const int *fds, size_t nfds) {
-  return frame_sendmsg(sock, bytes, len, fds, nfds, 0);
-}
-
 /* Lines of the daemon's log that contain text. */
 int daemon_log_count(const struct daemon *d, const char *text) {
   FILE *f = fopen(d->log, "re");

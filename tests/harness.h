@@ -147,10 +147,6 @@ double now_ms(void);
 /* Connect a raw socket to the daemon. */
 int raw_connect(const struct daemon *d);
 
-/* Send bytes with fds (not closed) in one sendmsg; its result (no
- * assertion: forked helpers use it too). */
-ssize_t raw_sendmsg(int sock, const void *bytes, size_t len, const int *fds, size_t nfds);
-
 /* Lines of the daemon's log that contain text. */
 int daemon_log_count(const struct daemon *d, const char *text);
 

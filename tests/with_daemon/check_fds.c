@@ -105,7 +105,7 @@ static int open_baseline(struct peer *c) {
 
 /* Send bytes with fds (not closed) in one sendmsg, all of them. */
 static void send_raw(int sock, const void *bytes, size_t len, const int *fds, size_t nfds) {
-  ck_assert_int_eq(raw_sendmsg(sock, bytes, len, fds, nfds), (ssize_t)len);
+  ck_assert_int_eq(frame_sendmsg(sock, bytes, len, fds, nfds, 0), (ssize_t)len);
 }
 
 /* Send n requests on p that each get an error of some 60 bytes (frees of

@@ -562,7 +562,7 @@ static void controller_main(void) {
 
 /* Send bytes with fds (not closed) in one sendmsg, all of them. */
 static void send_raw(int sock, const void *bytes, size_t len, const int *fds, size_t nfds) {
-  if (raw_sendmsg(sock, bytes, len, fds, nfds) != (ssize_t)len) die("sendmsg: %s", strerror(errno));
+  if (frame_sendmsg(sock, bytes, len, fds, nfds, 0) != (ssize_t)len) die("sendmsg: %s", strerror(errno));
 }
 
 /* Wait (up to ms) until the daemon ends c: the error it says first (its
