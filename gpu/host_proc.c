@@ -81,10 +81,12 @@ static int maps_each(int pid, void (*fn)(void *arg, uint64_t len, dev_t dev, ino
   return 0;
 }
 
-/* Call fn for each fd of pid, with its link text and what it opens;
- * -ENOENT if pid is gone. */
-static int fds_each(int pid, void (*fn)(void *arg, const struct stat *st, const char *link),
-                    void *arg) {
+/* Call fn for each fd of pid with what it opens; where wanted is given,
+ * only for fds whose link text it wants (one readlink each, and a stat
+ * only for those: the other fds of a process holding thousands cost one
+ * call, not two); -ENOENT if pid is gone. */
+static int fds_each(int pid, bool (*wanted)(void *arg, const char *link),
+                    void (*fn)(void *arg, const struct stat *st), void *arg) {
   char p[64];
   snprintf(p, sizeof p, "/proc/%d/fd", pid);
   DIR *d = opendir(p);
@@ -92,12 +94,15 @@ static int fds_each(int pid, void (*fn)(void *arg, const struct stat *st, const 
   struct dirent *e;
   while ((e = readdir(d))) {
     if (e->d_name[0] == '.') continue;
-    char link[256];
-    ssize_t n = readlinkat(dirfd(d), e->d_name, link, sizeof link - 1);
+    if (wanted) {
+      char link[256];
+      ssize_t n = readlinkat(dirfd(d), e->d_name, link, sizeof link - 1);
+      if (n <= 0) continue;
+      link[n] = '\0';
+      if (!wanted(arg, link)) continue;
+    }
     struct stat st;
-    if (n <= 0 || fstatat(dirfd(d), e->d_name, &st, 0) < 0) continue;
-    link[n] = '\0';
-    fn(arg, &st, link);
+    if (fstatat(dirfd(d), e->d_name, &st, 0) == 0) fn(arg, &st);
   }
   closedir(d);
   return 0;
@@ -120,10 +125,16 @@ static void outside_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const
   else s->oom = true;
 }
 
+/* Whether an fd's link names a memfd of the scanned device. */
+static bool outside_named(void *arg, const char *link) {
+  const struct outside_scan *s = arg;
+  return host_live_is_device_memfd(s->h, link, s->dev);
+}
+
 /* An fd of outside memory of the device: count what the memfd commits. */
-static void outside_fd(void *arg, const struct stat *st, const char *link) {
+static void outside_fd(void *arg, const struct stat *st) {
   struct outside_scan *s = arg;
-  if (!host_live_is_device_memfd(s->h, link, s->dev) || host_live_has(s->h, st->st_dev, st->st_ino)) return;
+  if (host_live_has(s->h, st->st_dev, st->st_ino)) return;
   struct proc_file *f = files_at(&s->files, st->st_dev, st->st_ino);
   if (!f) {
     s->oom = true;
@@ -139,7 +150,7 @@ static void outside_fd(void *arg, const struct stat *st, const char *link) {
 static int outside_bytes(const struct host *h, unsigned dev, int pid, uint64_t *bytes) {
   struct outside_scan s = {.h = h, .dev = dev};
   *bytes = 0;
-  if (maps_each(pid, outside_mapping, &s) == 0) fds_each(pid, outside_fd, &s);
+  if (maps_each(pid, outside_mapping, &s) == 0) fds_each(pid, outside_named, outside_fd, &s);
   for (size_t i = 0; i < s.files.n; i++)
     *bytes += s.files.v[i].has_fd ? s.files.v[i].held : s.files.v[i].mapped;
   free(s.files.v);
@@ -188,9 +199,8 @@ static void held_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const ch
 }
 
 /* Note an fd's inode. */
-static void held_fd(void *arg, const struct stat *st, const char *link) {
+static void held_fd(void *arg, const struct stat *st) {
   struct held_scan *s = arg;
-  (void)link;
   if (st->st_dev == s->dev && idmap_put(s->inodes, (uint64_t)st->st_ino, s) < 0) s->oom = true;
 }
 
@@ -203,7 +213,7 @@ int host_proc_chunks_held_by(void *state, int pid, const uint64_t *handles, size
   struct held_scan s = {.dev = h->live_dev, .inodes = idmap_create()};
   if (!s.inodes) return gpu_fail(-ENOMEM, "out of memory");
   int rc = maps_each(pid, held_mapping, &s);
-  if (rc == 0) rc = fds_each(pid, held_fd, &s);
+  if (rc == 0) rc = fds_each(pid, NULL, held_fd, &s);
   if (rc == -ENOENT || rc == -ESRCH) { /* gone: it holds nothing */
     idmap_destroy(s.inodes);
     memset(held, 0, n * sizeof *held);
