@@ -87,3 +87,12 @@ size_t devcheck_after(registry *reg, gpudev *g, const struct devfig *dev, unsign
   }
   return n;
 }
+
+/* Keep the last pause's checks. */
+void devcheck_keep(struct devcheck_last *last, const Gpumem__Wire__DeviceCheck *checks, size_t n) {
+  last->n = n < GPUMEM_MAX_DEVICES ? n : GPUMEM_MAX_DEVICES;
+  for (size_t i = 0; i < last->n; i++) {
+    last->checks[i] = checks[i];
+    last->ptrs[i] = &last->checks[i];
+  }
+}

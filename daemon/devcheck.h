@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/limits.h"
 #include "gpu/gpudev.h"
 #include "outcome.h"
 #include "registry.h"
@@ -42,5 +43,15 @@ struct devcheck_rules {
 size_t devcheck_after(registry *reg, gpudev *g, const struct devfig *dev, unsigned ndev,
                       const struct devcheck_rules *rules, struct outcome *o,
                       Gpumem__Wire__DeviceCheck *checks);
+
+/* The figures of the last pause that finished, kept for status. */
+struct devcheck_last {
+  Gpumem__Wire__DeviceCheck checks[GPUMEM_MAX_DEVICES];
+  Gpumem__Wire__DeviceCheck *ptrs[GPUMEM_MAX_DEVICES];
+  size_t n;
+};
+
+/* Keep a copy of n checks (at most GPUMEM_MAX_DEVICES) as the last ones. */
+void devcheck_keep(struct devcheck_last *last, const Gpumem__Wire__DeviceCheck *checks, size_t n);
 
 #endif

@@ -87,11 +87,12 @@ struct engine {
   struct list queue;
   struct op *current;
   uv_timer_t timer;
+  uv_check_t check;     /* releases what a turn's acks unmapped (on_unmapped) */
+  int open_handles;     /* the timer and the check, until both are closed */
+  struct list unmapped; /* acked Unmap groups (struct group.unmapped) */
   struct list stragglers;
   idmap *events; /* event id -> group */
-  Gpumem__Wire__DeviceCheck last[GPUMEM_MAX_DEVICES]; /* the last pause's checks */
-  Gpumem__Wire__DeviceCheck *lastp[GPUMEM_MAX_DEVICES];
-  size_t nlast;
+  struct devcheck_last last; /* the last pause's checks */
   uint64_t next_event;
   bool busy; /* inside a step: completion is checked at its end */
 };
@@ -117,8 +118,11 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct co
   e->next_event = 1;
   list_init(&e->queue);
   list_init(&e->stragglers);
+  list_init(&e->unmapped);
   uv_timer_init(loop, &e->timer);
-  e->timer.data = e;
+  uv_check_init(loop, &e->check);
+  e->timer.data = e->check.data = e;
+  e->open_handles = 2;
   return e;
 }
 
@@ -146,7 +150,11 @@ static void answer_fault(engine *e, struct owner *ctl, uint64_t req_id, wire_cod
   say_error(e, ctl, req_id, &f);
 }
 
-static void on_timer_closed(uv_handle_t *h) { free(h->data); }
+/* Free the engine once its last handle is closed. */
+static void on_handle_closed(uv_handle_t *h) {
+  engine *e = h->data;
+  if (--e->open_handles == 0) free(e);
+}
 
 /* Know the server's re-registration grace (NULL once it is gone). */
 void engine_set_grace(engine *e, const grace *g) { e->grace = g; }
@@ -173,7 +181,8 @@ void engine_destroy(engine *e) {
   list_for_each_safe(p, t, &e->stragglers)
       group_free(list_entry(p, struct group, link), e->events);
   idmap_destroy(e->events);
-  uv_close((uv_handle_t *)&e->timer, on_timer_closed);
+  uv_close((uv_handle_t *)&e->timer, on_handle_closed);
+  uv_close((uv_handle_t *)&e->check, on_handle_closed);
 }
 
 /* Queue an operation: a controller's goes ahead of the workers' own ones
@@ -291,37 +300,64 @@ static struct buffer *answered(engine *e, struct group *g, size_t i, buffer_stat
   return b;
 }
 
-/* An owner answered its Unmap: what it unmapped is released, what it could
- * not unmap is ACTIVE again. Out of host memory for the check, unmapped
+/* Release what owners acked unmapping in this turn of the loop, one look
+ * at each owner's process for all of it (a process holding a thousand
+ * sessions is read once, not once per ack); what an owner could not unmap
+ * is ACTIVE again. Out of host memory for the check, unmapped
  * buffers are PAUSED and keep their memory, counted as held (a later
- * pause releases them). */
-static void finish_unmap(engine *e, struct group *g) {
-  struct buffer **bufs = calloc(g->nids + 1, sizeof *bufs);
-  bool *held = calloc(g->nids + 1, sizeof *held);
-  size_t n = 0;
-  for (size_t i = 0; i < g->nids; i++) {
-    struct buffer *b = answered(e, g, i, BUF_PAUSING);
-    if (!b) continue;
-    if (g->failed[i]) {
-      fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d could not unmap buffer %llu: %s",
-           (int)g->s->pid, (unsigned long long)b->id, g->why);
-      continue;
+ * pause releases them). A straggler's group is then freed. */
+static void settle_unmapped(engine *e) {
+  uv_check_stop(&e->check);
+  size_t total = 0, n = 0;
+  struct list *p, *t;
+  list_for_each_safe(p, t, &e->unmapped) total += list_entry(p, struct group, unmapped)->nids;
+  struct buffer **bufs = calloc(total + 1, sizeof *bufs);
+  struct group **of = calloc(total + 1, sizeof *of);
+  bool *held = calloc(total + 1, sizeof *held);
+  bool room = bufs && of && held;
+  list_for_each_safe(p, t, &e->unmapped) {
+    struct group *g = list_entry(p, struct group, unmapped);
+    for (size_t i = 0; i < g->nids; i++) {
+      struct buffer *b = answered(e, g, i, BUF_PAUSING);
+      if (!b) continue;
+      if (g->failed[i]) {
+        fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d could not unmap buffer %llu: %s",
+             (int)g->s->pid, (unsigned long long)b->id, g->why);
+        continue;
+      }
+      registry_move(e->reg, b, BUF_EV_UNMAPPED);
+      if (room) {
+        bufs[n] = b;
+        of[n++] = g;
+      } else {
+        hold(g->op, b);
+      }
     }
-    registry_move(e->reg, b, BUF_EV_UNMAPPED);
-    if (bufs && held)
-      bufs[n++] = b;
-    else
-      hold(g->op, b);
+    if (!room)
+      fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory; buffers keep their memory");
   }
-  if (!bufs || !held) {
-    fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL,
-         "out of host memory; buffers keep their memory");
-  } else {
-    registry_held_by(e->reg, bufs, n, held);
-    for (size_t i = 0; i < n; i++) release(e, g->op, bufs[i], held[i]);
+  if (room) registry_held_by(e->reg, bufs, n, held);
+  for (size_t i = 0; i < n; i++) release(e, of[i]->op, bufs[i], held[i]);
+  list_for_each_safe(p, t, &e->unmapped) {
+    struct group *g = list_entry(p, struct group, unmapped);
+    list_remove(&g->unmapped);
+    if (g->op) {
+      g->done = true;
+      g->op->pending--;
+    } else {
+      log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
+      group_free(g, e->events);
+    }
   }
   free(bufs);
+  free(of);
   free(held);
+}
+
+/* The loop's turn ended: settle its acks, then see if the operation is done. */
+static void on_unmapped(uv_check_t *h) {
+  settle_unmapped(h->data);
+  check_done(h->data);
 }
 
 /* A buffer a failed resume had mapped is unmapped again: release what the
@@ -653,13 +689,7 @@ static void reply(engine *e, struct op *op) {
   op->rec = NULL;
   if (op->ctl) stats_error(e->stats, op->outcome.fault.code);
   for (size_t i = 0; i < nchecks; i++) checkp[i] = &checks[i];
-  if (!op->resume) {
-    e->nlast = nchecks < GPUMEM_MAX_DEVICES ? nchecks : GPUMEM_MAX_DEVICES;
-    for (size_t i = 0; i < e->nlast; i++) {
-      e->last[i] = checks[i];
-      e->lastp[i] = &e->last[i];
-    }
-  }
+  if (!op->resume) devcheck_keep(&e->last, checks, nchecks);
   uint64_t copy_us = outcome_copies(e->reg, op->resume, op->copied0, op->copy_us0);
   outcome_log(&op->outcome, op->resume ? "resume" : "pause",
               op->scope.all_tags ? "every tag" : op->scope.tags[0],
@@ -702,48 +732,35 @@ static void on_timeout(uv_timer_t *t) {
   engine *e = t->data;
   struct op *op = e->current;
   if (!op) return;
-  size_t nstraggle = 0;
+  settle_unmapped(e); /* acks read before the timer count as answers */
   bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
-  char pids[200] = "", bytes[32], freed[96] = "";
-  int len = 0;
-  uint64_t ended_buffers = 0, ended_bytes = 0;
+  struct timeout_tally tally = {0};
   struct list *p, *n;
   list_for_each_safe(p, n, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
     if (g->done) continue;
     char what[80] = "";
     bool ended = kill_them && timeout_kill(e->out, g->s, what, sizeof what);
-    if (len < (int)sizeof pids)
-      len += snprintf(pids + len, sizeof pids - (size_t)len, " %d%s%s%s", (int)g->s->pid,
-                      what[0] ? " (" : "", what, what[0] ? ")" : "");
+    timeout_tally_owner(&tally, g->s->pid, what);
     for (size_t i = 0; i < g->nids; i++) {
       struct buffer *b = registry_find(e->reg, g->ids[i]);
       if (b && !ended) hold(op, b);
       if (b && ended) {
-        ended_buffers++;
-        ended_bytes += b->size;
+        tally.ended_buffers++;
+        tally.ended_bytes += b->size;
       }
     }
     outcome_note_pid(&op->outcome, g->s->pid);
     g->op = NULL;
     list_remove(&g->link);
     list_append(&e->stragglers, &g->link);
-    nstraggle++;
   }
   op->pending = 0;
-  if (ended_buffers)
-    snprintf(freed, sizeof freed, "; %llu buffers (%s) freed with their sessions",
-             (unsigned long long)ended_buffers, size_format(ended_bytes, bytes, sizeof bytes));
-  char earlier[sizeof op->outcome.fault.text] = "";
-  if (op->outcome.fault.code)
-    snprintf(earlier, sizeof earlier, "; before that: %.200s", op->outcome.fault.text);
-  op->outcome.fault.code = 0; /* the timeout leads, an earlier failure follows */
-  fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
-       "no ack within %u ms from pid%s; %llu buffers (%s) held until they answer%s%s%.*s",
-       op->timeout_ms, pids, (unsigned long long)op->outcome.held_buffers,
-       size_format(op->outcome.held_bytes, bytes, sizeof bytes), freed,
-       op->resume && !op->rolling_back ? "; nothing resumed" : "", 120, earlier);
-  log_warn("%s: %zu owners did not answer in time", op->resume ? "resume" : "pause", nstraggle);
+  if (tally.owners) {
+    timeout_fail(&op->outcome, &tally, op->timeout_ms, op->resume && !op->rolling_back);
+    log_warn("%s: %zu owners did not answer in time", op->resume ? "resume" : "pause",
+             tally.owners);
+  }
   check_done(e);
 }
 
@@ -783,8 +800,8 @@ static void run_queue(engine *e) {
 
 /* The driver's figures of the last pause. */
 Gpumem__Wire__DeviceCheck *const *engine_last_checks(const engine *e, size_t *n) {
-  *n = e->nlast;
-  return e->lastp;
+  *n = e->last.n;
+  return e->last.ptrs;
 }
 
 /* Tell a session that its ack was wrong, without ending it. */
@@ -799,18 +816,6 @@ __attribute__((format(printf, 3, 4))) static void refuse_ack(engine *e, struct o
   say_error(e, s, 0, &f);
 }
 
-/* A late ack of a group whose operation stopped waiting. */
-static void settle_straggler(engine *e, struct group *g) {
-  log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
-  if (g->kind == GROUP_UNMAP)
-    finish_unmap(e, g);
-  else if (g->kind == GROUP_ROLLBACK)
-    finish_rollback(e, g);
-  else
-    roll_back(e, NULL, g); /* its resume failed: undo what it mapped */
-  group_free(g, e->events);
-}
-
 /* A worker acknowledged an event. */
 void engine_ack(engine *e, struct owner *s, uint64_t event_id,
                 const Gpumem__Wire__EventAck *ack) {
@@ -823,43 +828,35 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   idmap_del(e->events, event_id);
   size_t k = (size_t)(event_id - g->first_event);
   size_t from = k ? g->ends[k - 1] : 0, to = g->ends[k];
-  bool bad = ack->code != GPUMEM__WIRE__ERROR_CODE__OK || ack->n_failed_ids;
-  for (size_t i = from; bad && ack->n_failed_ids == 0 && i < to; i++) g->failed[i] = true;
-  size_t strangers = 0;
   uint64_t stranger = 0;
-  for (size_t j = 0; j < ack->n_failed_ids; j++) {
-    size_t i = from;
-    while (i < to && g->ids[i] != ack->failed_ids[j]) i++;
-    if (i < to) {
-      g->failed[i] = true;
-    } else if (strangers++ == 0) {
-      stranger = ack->failed_ids[j];
-    }
-  }
+  size_t strangers = group_note_ack(g, from, to, ack, &stranger);
   if (strangers) /* one error for the ack, however many ids it got wrong */
     refuse_ack(e, s, "ack of event %llu names %zu buffers the event did not carry (buffer %llu, ...)",
                (unsigned long long)event_id, strangers, (unsigned long long)stranger);
-  if (bad && !g->why[0])
-    snprintf(g->why, sizeof g->why, "%s", ack->message[0] ? ack->message : wire_code_name(ack->code));
-  if (bad)
-    log_warn("pid %d: %s failed: %s", (int)s->pid, g->kind == GROUP_REMAP ? "remap" : "unmap",
-             g->why);
   /* A resume's progress: what the owner mapped again. */
   for (size_t i = from; g->op && g->kind == GROUP_REMAP && i < to; i++) {
     const struct buffer *b = registry_find(e->reg, g->ids[i]);
     if (b && !g->failed[i]) stats_op_progress(g->op->rec, b->size, 0);
   }
   if (++g->acked < g->nevents) return;
-  if (!g->op) {
-    settle_straggler(e, g);
+  if (g->kind == GROUP_UNMAP) { /* released at the turn's end, with the turn's other acks */
+    list_append(&e->unmapped, &g->unmapped);
+    uv_check_start(&e->check, on_unmapped);
+    return;
+  }
+  if (!g->op) { /* a late ack of a group whose operation stopped waiting */
+    log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
+    if (g->kind == GROUP_ROLLBACK)
+      finish_rollback(e, g);
+    else
+      roll_back(e, NULL, g); /* its resume failed: undo what it mapped */
+    group_free(g, e->events);
     return;
   }
   struct op *op = g->op;
   g->done = true;
   op->pending--;
-  if (g->kind == GROUP_UNMAP) {
-    finish_unmap(e, g);
-  } else if (g->kind == GROUP_ROLLBACK) {
+  if (g->kind == GROUP_ROLLBACK) {
     finish_rollback(e, g);
   } else {
     for (size_t i = 0; i < g->nids; i++)

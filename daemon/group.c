@@ -1,7 +1,10 @@
 #include "group.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+#include "common/log.h"
 
 /* A new group of one owner's buffers. */
 struct group *group_new(struct op *op, struct owner *o, enum group_kind kind) {
@@ -11,6 +14,7 @@ struct group *group_new(struct op *op, struct owner *o, enum group_kind kind) {
   g->op = op;
   g->kind = kind;
   list_init(&g->link);
+  list_init(&g->unmapped);
   return g;
 }
 
@@ -59,6 +63,28 @@ wire_code group_export(struct group *g, registry *reg, struct fault *f) {
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
+/* Note which buffers an ack says failed, and why. */
+size_t group_note_ack(struct group *g, size_t from, size_t to, const Gpumem__Wire__EventAck *ack,
+                      uint64_t *stranger) {
+  bool bad = ack->code != GPUMEM__WIRE__ERROR_CODE__OK || ack->n_failed_ids;
+  for (size_t i = from; bad && ack->n_failed_ids == 0 && i < to; i++) g->failed[i] = true;
+  size_t strangers = 0;
+  for (size_t j = 0; j < ack->n_failed_ids; j++) {
+    size_t i = from;
+    while (i < to && g->ids[i] != ack->failed_ids[j]) i++;
+    if (i < to)
+      g->failed[i] = true;
+    else if (strangers++ == 0)
+      *stranger = ack->failed_ids[j];
+  }
+  if (bad && !g->why[0])
+    snprintf(g->why, sizeof g->why, "%s", ack->message[0] ? ack->message : wire_code_name(ack->code));
+  if (bad)
+    log_warn("pid %d: %s failed: %s", (int)g->s->pid, g->kind == GROUP_REMAP ? "remap" : "unmap",
+             g->why);
+  return strangers;
+}
+
 /* Free a group and what it holds. */
 void group_free(struct group *g, idmap *events) {
   for (size_t i = 0; i < g->nevents; i++)
@@ -66,6 +92,7 @@ void group_free(struct group *g, idmap *events) {
   for (size_t i = 0; i < g->nfds; i++)
     if (g->fds[i] >= 0) close(g->fds[i]);
   list_remove(&g->link);
+  list_remove(&g->unmapped);
   free(g->ends);
   free(g->ids);
   free(g->failed);

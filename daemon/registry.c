@@ -753,9 +753,8 @@ bool registry_move(registry *r, struct buffer *b, buffer_event ev) {
   return true;
 }
 
-/* Which of one owner's buffers its process still holds: one look. */
-void registry_held_by(registry *r, struct buffer **bufs, size_t n, bool *held) {
-  memset(held, 0, n * sizeof *held);
+/* Which of n buffers, all of one process, it still holds: one look. */
+static void held_by_one(registry *r, struct buffer **bufs, size_t n, bool *held) {
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += bufs[i]->ipc ? 0 : bufs[i]->nchunks;
   uint64_t *handles = malloc((total + 1) * sizeof *handles);
@@ -772,6 +771,41 @@ void registry_held_by(registry *r, struct buffer **bufs, size_t n, bool *held) {
   }
   free(handles);
   free(chunk_held);
+}
+
+/* A buffer and where the caller has it, to be ordered by pid. */
+struct placed {
+  struct buffer *b;
+  size_t at;
+};
+
+/* Order placed buffers by their owner's pid. */
+static int by_pid(const void *a, const void *b) {
+  uint32_t x = ((const struct placed *)a)->b->owner->pid;
+  uint32_t y = ((const struct placed *)b)->b->owner->pid;
+  return (x > y) - (x < y);
+}
+
+/* Which of the buffers their processes still hold: one look per process. */
+void registry_held_by(registry *r, struct buffer **bufs, size_t n, bool *held) {
+  memset(held, 0, n * sizeof *held);
+  struct placed *p = malloc((n + 1) * sizeof *p);
+  struct buffer **run = malloc((n + 1) * sizeof *run);
+  bool *got = calloc(n + 1, sizeof *got);
+  if (!p || !run || !got) { /* no room to sort: one look per buffer */
+    for (size_t i = 0; i < n; i++) held_by_one(r, &bufs[i], 1, &held[i]);
+    n = 0;
+  }
+  for (size_t i = 0; i < n; i++) p[i] = (struct placed){bufs[i], i};
+  if (n) qsort(p, n, sizeof *p, by_pid);
+  for (size_t i = 0, j; i < n; i = j) {
+    for (j = i; j < n && p[j].b->owner->pid == p[i].b->owner->pid; j++) run[j - i] = p[j].b;
+    held_by_one(r, run, j - i, got + i);
+    for (size_t k = i; k < j; k++) held[p[k].at] = got[k];
+  }
+  free(p);
+  free(run);
+  free(got);
 }
 
 /* Whether a buffer may be freed now. */

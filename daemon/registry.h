@@ -152,9 +152,10 @@ typedef enum {
  * (returns false). */
 bool registry_move(registry *r, struct buffer *b, buffer_event ev);
 
-/* Which of bufs (n of them, PAUSED, with memory, of one owner) the owner's
- * process still maps or holds, into held: as the kernel or driver can
- * tell (none, where it cannot), with one look at the process for all. */
+/* Which of bufs (n of them, PAUSED, with memory, of any owners) their
+ * owners' processes still map or hold, into held: as the kernel or driver
+ * can tell (none, where it cannot), with one look at each process for all
+ * of its buffers, however many sessions hold them. */
 void registry_held_by(registry *r, struct buffer **bufs, size_t n, bool *held);
 
 /* Whether b may be freed now: not while a pause or resume has it. */

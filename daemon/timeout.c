@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/size.h"
 
 /* Kill an owner that missed its ack, or end its session. */
 bool timeout_kill(const struct outbox *out, struct owner *o, char *what, size_t len) {
@@ -29,4 +30,28 @@ bool timeout_kill(const struct outbox *out, struct owner *o, char *what, size_t 
   snprintf(f.text, sizeof f.text, "no ack in time: session ended (--timeout-policy kill)");
   out->end(out->ctx, o, &f);
   return true;
+}
+
+/* Add an owner's pid (and what was done to it) to the tally. */
+void timeout_tally_owner(struct timeout_tally *t, pid_t pid, const char *what) {
+  t->owners++;
+  if (t->len < (int)sizeof t->pids)
+    t->len += snprintf(t->pids + t->len, sizeof t->pids - (size_t)t->len, " %d%s%s%s", (int)pid,
+                       what[0] ? " (" : "", what, what[0] ? ")" : "");
+}
+
+/* The timeout leads the operation's failure; an earlier one follows. */
+void timeout_fail(struct outcome *o, const struct timeout_tally *t, uint32_t timeout_ms,
+                  bool nothing_resumed) {
+  char bytes[32], freed[96] = "", earlier[sizeof o->fault.text] = "";
+  if (t->ended_buffers)
+    snprintf(freed, sizeof freed, "; %llu buffers (%s) freed with their sessions",
+             (unsigned long long)t->ended_buffers, size_format(t->ended_bytes, bytes, sizeof bytes));
+  if (o->fault.code) snprintf(earlier, sizeof earlier, "; before that: %.200s", o->fault.text);
+  o->fault.code = 0;
+  outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
+               "no ack within %u ms from pid%s; %llu buffers (%s) held until they answer%s%s%.*s",
+               timeout_ms, t->pids, (unsigned long long)o->held_buffers,
+               size_format(o->held_bytes, bytes, sizeof bytes), freed,
+               nothing_resumed ? "; nothing resumed" : "", 120, earlier);
 }

@@ -9,6 +9,17 @@
 #include <stddef.h>
 
 #include "outbox.h"
+#include "outcome.h"
+
+/* What an operation's timeout found: the owners that missed their acks
+ * (pids, with what was done to each) and the buffers freed with sessions
+ * that were ended. */
+struct timeout_tally {
+  char pids[200];
+  int len;
+  size_t owners;
+  uint64_t ended_buffers, ended_bytes;
+};
 
 /* Kill owner o (the outbox's stop: through the pidfd its session pinned
  * at connect); its buffers then go with its session when it dies. One
@@ -17,5 +28,13 @@
  * outbox's end, with CLIENT_TIMEOUT). Says what happened in what; returns
  * true when the session was ended (its buffers are freed, not held). */
 bool timeout_kill(const struct outbox *out, struct owner *o, char *what, size_t len);
+
+/* Count an owner that missed its ack (what: what was done to it, or ""). */
+void timeout_tally_owner(struct timeout_tally *t, pid_t pid, const char *what);
+
+/* Make the timeout the operation's failure (CLIENT_TIMEOUT, naming the
+ * owners and what is held), an earlier failure following it. */
+void timeout_fail(struct outcome *o, const struct timeout_tally *t, uint32_t timeout_ms,
+                  bool nothing_resumed);
 
 #endif

@@ -216,13 +216,21 @@ static wire_code answer_after_timeout(wire_env **out) {
 }
 
 /* Ack event id as owner o: code, and the buffers it could not handle. */
-static void ack(struct owner *o, uint64_t id, wire_code code, uint64_t *failed, size_t nfailed) {
+static void ack_only(struct owner *o, uint64_t id, wire_code code, uint64_t *failed,
+                     size_t nfailed) {
   Gpumem__Wire__EventAck a = GPUMEM__WIRE__EVENT_ACK__INIT;
   a.code = code;
   a.failed_ids = failed;
   a.n_failed_ids = nfailed;
   a.message = code ? "device busy" : "";
   engine_ack(eng, o, id, &a);
+}
+
+/* Ack as ack_only does; the loop then ends its turn, as the daemon's does
+ * after reading acks (what an Unmap's ack released is settled there). */
+static void ack(struct owner *o, uint64_t id, wire_code code, uint64_t *failed, size_t nfailed) {
+  ack_only(o, id, code, failed, nfailed);
+  uv_run(&loop, UV_RUN_NOWAIT);
 }
 
 /* The Unmap event o got, checked to carry exactly b. */
@@ -348,6 +356,35 @@ START_TEST(an_owner_still_mapping_keeps_the_memory) {
   ck_assert_int_eq(answer(NULL), CODE(OK));
   ck_assert(quiet(&w1));
   ck_assert(!a->has_memory);
+}
+END_TEST
+
+/* Unmap acks read in one turn of the loop are settled at its end, with one
+ * look at each owner's process: each buffer is judged by its own owner's
+ * process (this one, which holds every chunk, keeps a; a gone process
+ * holds nothing, so b is released). */
+START_TEST(acks_of_one_turn_are_settled_together) {
+  w1.pid = getpid();
+  struct buffer *a = alloc(&w1, "kv", 0, 4 * MiB, 0);
+  struct buffer *b = alloc(&w2, "kv", 0, 4 * MiB, 0);
+  op(false, "kv", 0, 0, NULL);
+  uint64_t ea = unmap_of(&w1, a), eb = unmap_of(&w2, b);
+  ack_only(&w1, ea, CODE(OK), NULL, 0);
+  ack_only(&w2, eb, CODE(OK), NULL, 0);
+  ck_assert(quiet(&ctl)); /* the turn has not ended */
+  ck_assert_int_eq(a->state, BUF_PAUSING);
+  ck_assert_int_eq(b->state, BUF_PAUSING);
+  uv_run(&loop, UV_RUN_NOWAIT);
+  wire_env *r;
+  ck_assert_int_eq(answer(&r), CODE(NOT_RELEASED));
+  char want[64];
+  snprintf(want, sizeof want, "buffer %llu but still maps it", (unsigned long long)a->id);
+  ck_assert_ptr_nonnull(strstr(r->error->message, want));
+  ck_assert_uint_eq(r->error->bytes_held, a->size);
+  ck_assert_int_eq(a->state, BUF_PAUSED);
+  ck_assert(a->has_memory);
+  ck_assert_int_eq(b->state, BUF_PAUSED);
+  ck_assert(!b->has_memory);
 }
 END_TEST
 
@@ -598,6 +635,7 @@ int main(void) {
                      backup_buffers_keep_their_contents,
                      a_failed_unmap_leaves_the_buffer_active,
                      an_owner_still_mapping_keeps_the_memory,
+                     acks_of_one_turn_are_settled_together,
                      a_late_unmap_ack_settles_the_buffer,
                      a_late_remap_ack_is_rolled_back,
                      a_failed_remap_rolls_back_every_owner,
