@@ -87,8 +87,9 @@ struct engine {
   struct list queue;
   struct op *current;
   uv_timer_t timer;
-  uv_check_t check;     /* releases what a turn's acks unmapped (on_unmapped) */
-  int open_handles;     /* the timer and the check, until both are closed */
+  uv_check_t check;     /* at the turn's end: settles its acks (on_turn_end) */
+  uv_idle_t idle;       /* keeps the loop from blocking while acks wait */
+  int open_handles;     /* the timer, the check and the idle, until closed */
   struct list unmapped; /* acked Unmap groups (struct group.unmapped) */
   struct list stragglers;
   idmap *events; /* event id -> group */
@@ -121,8 +122,9 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct co
   list_init(&e->unmapped);
   uv_timer_init(loop, &e->timer);
   uv_check_init(loop, &e->check);
-  e->timer.data = e->check.data = e;
-  e->open_handles = 2;
+  uv_idle_init(loop, &e->idle);
+  e->timer.data = e->check.data = e->idle.data = e;
+  e->open_handles = 3;
   return e;
 }
 
@@ -183,6 +185,7 @@ void engine_destroy(engine *e) {
   idmap_destroy(e->events);
   uv_close((uv_handle_t *)&e->timer, on_handle_closed);
   uv_close((uv_handle_t *)&e->check, on_handle_closed);
+  uv_close((uv_handle_t *)&e->idle, on_handle_closed);
 }
 
 /* Queue an operation: a controller's goes ahead of the workers' own ones
@@ -204,6 +207,7 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
                    uint32_t timeout_ms, uint64_t max_residual,
                    const struct scope_spec *scope) {
+  engine_settle(e); /* what acks read before it released is released for it */
   struct op *op = calloc(1, sizeof *op);
   unsigned ndev = gpudev_device_count(e->gpu);
   if (op) op->dev = calloc(ndev + 1, sizeof *op->dev);
@@ -300,24 +304,39 @@ static struct buffer *answered(engine *e, struct group *g, size_t i, buffer_stat
   return b;
 }
 
-/* Release what owners acked unmapping in this turn of the loop, one look
- * at each owner's process for all of it (a process holding a thousand
- * sessions is read once, not once per ack); what an owner could not unmap
- * is ACTIVE again. Out of host memory for the check, unmapped
- * buffers are PAUSED and keep their memory, counted as held (a later
- * pause releases them). A straggler's group is then freed. */
+/* Whether the group's i-th buffer is one its owner says it unmapped and
+ * that is still PAUSING: the process is asked whether it still holds it. */
+static struct buffer *unmapped(engine *e, struct group *g, size_t i) {
+  struct buffer *b = registry_find(e->reg, g->ids[i]);
+  return b && b->state == BUF_PAUSING && !g->failed[i] ? b : NULL;
+}
+
+/* Settle the Unmap acks read since the last settling, in the order they
+ * came: what an owner unmapped is released, what it could not unmap is
+ * ACTIVE again. Whether each owner's process still holds what it says it
+ * unmapped is asked with one look at each process for all of its buffers
+ * (a process holding a thousand sessions is read once, not once per ack).
+ * Out of host memory for that, unmapped buffers are PAUSED and keep their
+ * memory, counted as held (a later pause releases them). */
 static void settle_unmapped(engine *e) {
-  uv_check_stop(&e->check);
   size_t total = 0, n = 0;
   struct list *p, *t;
   list_for_each_safe(p, t, &e->unmapped) total += list_entry(p, struct group, unmapped)->nids;
   struct buffer **bufs = calloc(total + 1, sizeof *bufs);
-  struct group **of = calloc(total + 1, sizeof *of);
   bool *held = calloc(total + 1, sizeof *held);
-  bool room = bufs && of && held;
   list_for_each_safe(p, t, &e->unmapped) {
     struct group *g = list_entry(p, struct group, unmapped);
+    for (size_t i = 0; bufs && i < g->nids; i++)
+      if ((bufs[n] = unmapped(e, g, i))) n++;
+  }
+  if (bufs && held) registry_held_by(e->reg, bufs, n, held);
+  n = 0;
+  list_for_each_safe(p, t, &e->unmapped) {
+    struct group *g = list_entry(p, struct group, unmapped);
+    list_remove(&g->unmapped);
+    if (!g->op) log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
     for (size_t i = 0; i < g->nids; i++) {
+      bool checked = unmapped(e, g, i) != NULL;
       struct buffer *b = answered(e, g, i, BUF_PAUSING);
       if (!b) continue;
       if (g->failed[i]) {
@@ -326,38 +345,38 @@ static void settle_unmapped(engine *e) {
         continue;
       }
       registry_move(e->reg, b, BUF_EV_UNMAPPED);
-      if (room) {
-        bufs[n] = b;
-        of[n++] = g;
-      } else {
+      if (bufs && held && checked)
+        release(e, g->op, b, held[n++]);
+      else
         hold(g->op, b);
-      }
     }
-    if (!room)
+    if (!bufs || !held)
       fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory; buffers keep their memory");
-  }
-  if (room) registry_held_by(e->reg, bufs, n, held);
-  for (size_t i = 0; i < n; i++) release(e, of[i]->op, bufs[i], held[i]);
-  list_for_each_safe(p, t, &e->unmapped) {
-    struct group *g = list_entry(p, struct group, unmapped);
-    list_remove(&g->unmapped);
     if (g->op) {
       g->done = true;
       g->op->pending--;
     } else {
-      log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
       group_free(g, e->events);
     }
   }
   free(bufs);
-  free(of);
   free(held);
 }
 
-/* The loop's turn ended: settle its acks, then see if the operation is done. */
-static void on_unmapped(uv_check_t *h) {
-  settle_unmapped(h->data);
-  check_done(h->data);
+/* The turn's end (or the loop about to wait while acks wait): settle
+ * them, then see if the operation is done. */
+static void on_check(uv_check_t *h) {
+  engine *e = h->data;
+  uv_check_stop(&e->check);
+  uv_idle_stop(&e->idle);
+  settle_unmapped(e);
+  check_done(e);
+}
+static void on_idle(uv_idle_t *h) { on_check(&((engine *)h->data)->check); }
+
+/* Settle the acks read so far, before anything looks at their buffers. */
+void engine_settle(engine *e) {
+  if (e && !list_empty(&e->unmapped)) settle_unmapped(e);
 }
 
 /* A buffer a failed resume had mapped is unmapped again: release what the
@@ -739,18 +758,7 @@ static void on_timeout(uv_timer_t *t) {
   list_for_each_safe(p, n, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
     if (g->done) continue;
-    char what[80] = "";
-    bool ended = kill_them && timeout_kill(e->out, g->s, what, sizeof what);
-    timeout_tally_owner(&tally, g->s->pid, what);
-    for (size_t i = 0; i < g->nids; i++) {
-      struct buffer *b = registry_find(e->reg, g->ids[i]);
-      if (b && !ended) hold(op, b);
-      if (b && ended) {
-        tally.ended_buffers++;
-        tally.ended_bytes += b->size;
-      }
-    }
-    outcome_note_pid(&op->outcome, g->s->pid);
+    timeout_tally_group(&tally, g, e->reg, e->out, kill_them, &op->outcome);
     g->op = NULL;
     list_remove(&g->link);
     list_append(&e->stragglers, &g->link);
@@ -841,7 +849,8 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   if (++g->acked < g->nevents) return;
   if (g->kind == GROUP_UNMAP) { /* released at the turn's end, with the turn's other acks */
     list_append(&e->unmapped, &g->unmapped);
-    uv_check_start(&e->check, on_unmapped);
+    uv_check_start(&e->check, on_check);
+    uv_idle_start(&e->idle, on_idle);
     return;
   }
   if (!g->op) { /* a late ack of a group whose operation stopped waiting */
@@ -859,13 +868,7 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   if (g->kind == GROUP_ROLLBACK) {
     finish_rollback(e, g);
   } else {
-    for (size_t i = 0; i < g->nids; i++)
-      if (g->failed[i]) {
-        outcome_note_pid(&op->outcome, s->pid);
-        fail(op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
-             "pid %d could not map buffer %llu: %s; nothing resumed", (int)s->pid,
-             (unsigned long long)g->ids[i], g->why);
-      }
+    group_fail_remaps(g, &op->outcome);
   }
   check_done(e);
 }

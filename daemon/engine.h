@@ -47,12 +47,20 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
  * touched (*n entries; none before the first). */
 Gpumem__Wire__DeviceCheck *const *engine_last_checks(const engine *e, size_t *n);
 
-/* A worker acknowledged event event_id. */
+/* A worker acknowledged event event_id. What an Unmap's ack released is
+ * settled when the loop's turn ends, with the turn's other acks (one look
+ * at each owner's process for all), or at engine_settle. */
 void engine_ack(engine *e, struct owner *s, uint64_t event_id,
                 const Gpumem__Wire__EventAck *ack);
 
+/* Settle the Unmap acks read so far now (e may be NULL): called before
+ * anything but an ack is served, and before a session's buffers are freed,
+ * so that nothing sees a buffer its owner's ack has already settled as
+ * still PAUSING. The operation's own end still comes at the turn's end. */
+void engine_settle(engine *e);
+
 /* A session is ending: stop waiting for it and never answer it. Called
- * before its buffers are freed. */
+ * once its buffers are freed. */
 void engine_forget(engine *e, struct owner *s);
 
 #endif

@@ -85,6 +85,17 @@ size_t group_note_ack(struct group *g, size_t from, size_t to, const Gpumem__Wir
   return strangers;
 }
 
+/* Record the buffers a Remap's owner could not map. */
+void group_fail_remaps(const struct group *g, struct outcome *o) {
+  for (size_t i = 0; i < g->nids; i++)
+    if (g->failed[i]) {
+      outcome_note_pid(o, g->s->pid);
+      outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                   "pid %d could not map buffer %llu: %s; nothing resumed", (int)g->s->pid,
+                   (unsigned long long)g->ids[i], g->why);
+    }
+}
+
 /* Free a group and what it holds. */
 void group_free(struct group *g, idmap *events) {
   for (size_t i = 0; i < g->nevents; i++)

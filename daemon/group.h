@@ -13,6 +13,7 @@
 #include "common/idmap.h"
 #include "common/list.h"
 #include "fault.h"
+#include "outcome.h"
 #include "owner.h"
 #include "registry.h"
 
@@ -63,6 +64,10 @@ wire_code group_export(struct group *g, registry *reg, struct fault *f);
  * events did not carry, the first in *stranger. */
 size_t group_note_ack(struct group *g, size_t from, size_t to, const Gpumem__Wire__EventAck *ack,
                       uint64_t *stranger);
+
+/* Record in o, naming the owner, each buffer of a Remap group its owner
+ * could not map (the resume then fails: nothing resumed). */
+void group_fail_remaps(const struct group *g, struct outcome *o);
 
 /* Free a group: its event ids leave events, its fds not sent are closed,
  * it leaves its list. */

@@ -399,6 +399,7 @@ static void on_closed(void *ctx, struct session *s) {
   grace_forget(srv->grace, s);
   list_remove(&s->owner.link);
   list_remove(&s->backlog_link);
+  engine_settle(srv->eng); /* its last acks count before its buffers go */
   struct list *p, *t;
   list_for_each_safe(p, t, &s->owner.buffers)
       registry_free(srv->reg, list_entry(p, struct buffer, owner_link));
@@ -769,6 +770,7 @@ static void on_frame(void *ctx, struct session *s, struct frame *f) {
     refuse_session(s, env->id, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
                    "the first message must be Hello");
   } else {
+    if (env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ACK) engine_settle(srv->eng);
     switch (env->body_case) {
     case GPUMEM__WIRE__ENVELOPE__BODY_HELLO: handle_hello(srv, s, env); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC: handle_alloc(srv, s, env->id, env->alloc); break;

@@ -33,11 +33,28 @@ bool timeout_kill(const struct outbox *out, struct owner *o, char *what, size_t 
 }
 
 /* Add an owner's pid (and what was done to it) to the tally. */
-void timeout_tally_owner(struct timeout_tally *t, pid_t pid, const char *what) {
+static void tally_owner(struct timeout_tally *t, pid_t pid, const char *what) {
   t->owners++;
   if (t->len < (int)sizeof t->pids)
     t->len += snprintf(t->pids + t->len, sizeof t->pids - (size_t)t->len, " %d%s%s%s", (int)pid,
                        what[0] ? " (" : "", what, what[0] ? ")" : "");
+}
+
+/* Count a group whose owner missed its ack. */
+void timeout_tally_group(struct timeout_tally *t, const struct group *g, registry *reg,
+                         const struct outbox *out, bool kill, struct outcome *o) {
+  char what[80] = "";
+  bool ended = kill && timeout_kill(out, g->s, what, sizeof what);
+  tally_owner(t, g->s->pid, what);
+  for (size_t i = 0; i < g->nids; i++) {
+    struct buffer *b = registry_find(reg, g->ids[i]);
+    if (b && !ended) outcome_hold(o, b);
+    if (b && ended) {
+      t->ended_buffers++;
+      t->ended_bytes += b->size;
+    }
+  }
+  outcome_note_pid(o, g->s->pid);
 }
 
 /* The timeout leads the operation's failure; an earlier one follows. */

@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "outbox.h"
+#include "group.h"
 #include "outcome.h"
 
 /* What an operation's timeout found: the owners that missed their acks
@@ -29,8 +30,11 @@ struct timeout_tally {
  * true when the session was ended (its buffers are freed, not held). */
 bool timeout_kill(const struct outbox *out, struct owner *o, char *what, size_t len);
 
-/* Count an owner that missed its ack (what: what was done to it, or ""). */
-void timeout_tally_owner(struct timeout_tally *t, pid_t pid, const char *what);
+/* Count group g, whose owner missed its ack, into the tally and o: under
+ * the kill policy (kill) its owner is killed, or its session ended and its
+ * buffers then freed, not held; else its buffers are held. */
+void timeout_tally_group(struct timeout_tally *t, const struct group *g, registry *reg,
+                         const struct outbox *out, bool kill, struct outcome *o);
 
 /* Make the timeout the operation's failure (CLIENT_TIMEOUT, naming the
  * owners and what is held), an earlier failure following it. */

@@ -332,13 +332,22 @@ int harness_patience_ms(int ms) {
   return ms > INT_MAX / k ? INT_MAX : ms * k;
 }
 
-/* Stop a worker with SIGSTOP and wait until it is stopped. */
-void worker_freeze(struct worker *w) {
+/* Stop a child with SIGSTOP and wait until it is stopped. */
+static void freeze(pid_t pid) {
   int status;
-  ck_assert_int_eq(kill(w->pid, SIGSTOP), 0);
-  ck_assert_int_eq(waitpid(w->pid, &status, WUNTRACED), w->pid);
+  ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+  ck_assert_int_eq(waitpid(pid, &status, WUNTRACED), pid);
   ck_assert(WIFSTOPPED(status));
 }
+
+/* Stop a worker and wait until it is stopped. */
+void worker_freeze(struct worker *w) { freeze(w->pid); }
+
+/* Stop the daemon and wait until it is stopped. */
+void daemon_freeze(struct daemon *d) { freeze(d->pid); }
+
+/* Let a frozen daemon go on. */
+void daemon_thaw(struct daemon *d) { ck_assert_int_eq(kill(d->pid, SIGCONT), 0); }
 
 /* Send sig and reap. */
 int worker_stop(struct worker *w, int sig) {

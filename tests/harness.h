@@ -117,6 +117,15 @@ void daemon_with_worker(struct daemon *d, struct worker *w, ...);
 /* Start gpumem-worker as worker_start does, without waiting for it. */
 void worker_spawn(struct worker *w, const struct daemon *d, ...);
 
+/* 1 where the test runs under a sanitizer (ASan or TSan): everything is
+ * slower, and the daemon carries memory of the sanitizer's own (shadow,
+ * quarantine) that figures about its memory must allow for. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define HARNESS_SANITIZED 1
+#else
+#define HARNESS_SANITIZED 0
+#endif
+
 /* How long a test waits for something that should happen at once: ms
  * times GPUMEM_TEST_PATIENCE (default 5), so that a busy machine is slow
  * without failing; the waits return as soon as it happens. */
@@ -133,6 +142,12 @@ const char *worker_output(const struct worker *w);
 
 /* Stop a worker with SIGSTOP; returns once the kernel says it stopped. */
 void worker_freeze(struct worker *w);
+
+/* Stop the daemon the same way, so that what is sent meanwhile waits in
+ * its sockets and is read in one turn of its loop; daemon_thaw lets it go
+ * on. */
+void daemon_freeze(struct daemon *d);
+void daemon_thaw(struct daemon *d);
 
 /* Send sig and reap; returns exit status, or 128+signal if killed. */
 int worker_stop(struct worker *w, int sig);

@@ -385,6 +385,96 @@ START_TEST(residual_memory_fails_a_pause_that_allows_less) {
 }
 END_TEST
 
+/* An Unmap's ack is settled with the other acks of its turn of the
+ * loop; whatever is read with it sees it settled. Here: a Free of the
+ * buffer sent right behind the ack frees it (not WRONG_STATE: PAUSING). */
+START_TEST(a_free_read_with_the_ack_frees_the_buffer) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  struct pbuf b;
+  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b);
+  peer_unmap(&b);
+  daemon_freeze(&d);
+  peer_push_ack(&w, e->id, CODE(OK), NULL, 0, NULL);
+  peer_push_free(&w, b.id);
+  ck_assert_int_eq(peer_flush_within(&w, 1000), 0);
+  daemon_thaw(&d);
+  wire_env_free(e);
+  wire_env *r = peer_answer(&w);
+  char why[300] = "";
+  ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "free: %s", why);
+  wire_env_free(r);
+  peer_op_ok(&c, 1, 8 * MiB);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
+/* A worker that acks and exits at once, both read in one turn: its
+ * buffer counts in the pause it answered (1 buffer, 8 MiB), though its
+ * session's end frees it. */
+START_TEST(an_owner_that_acks_and_exits_is_counted) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  struct pbuf b;
+  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b);
+  peer_unmap(&b);
+  daemon_freeze(&d);
+  peer_push_ack(&w, e->id, CODE(OK), NULL, 0, NULL);
+  ck_assert_int_eq(peer_flush_within(&w, 1000), 0);
+  wire_env_free(e);
+  peer_close(&w);
+  daemon_thaw(&d);
+  peer_op_ok(&c, 1, 8 * MiB);
+  peer_close(&c);
+}
+END_TEST
+
+/* An ack that waits behind other frames (served on a later step of the
+ * loop, from the session's backlog) is settled as soon: the pause is
+ * answered without waiting for the ack timeout (300 s here). */
+START_TEST(an_ack_behind_other_frames_is_settled_at_once) {
+  daemon_start(&d, "--ack-timeout", "300s", NULL);
+  struct peer w, c;
+  struct pbuf b;
+  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b);
+  peer_unmap(&b);
+  daemon_freeze(&d);
+  for (int i = 0; i < 6; i++) peer_push_free(&w, 999999); /* more than one step serves */
+  peer_push_ack(&w, e->id, CODE(OK), NULL, 0, NULL);
+  ck_assert_int_eq(peer_flush_within(&w, 1000), 0);
+  daemon_thaw(&d);
+  wire_env_free(e);
+  peer_op_ok(&c, 1, 8 * MiB);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
+/* A straggler's late ack and a new pause read in one turn: the pause
+ * finds the buffer settled (PAUSED), not still held by the owner. */
+START_TEST(a_pause_read_with_a_late_ack_finds_it_settled) {
+  daemon_start(&d, "--ack-timeout", "200ms", NULL);
+  struct peer w, c;
+  struct pbuf b;
+  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b), *r;
+  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
+  wire_env_free(r);
+  peer_unmap(&b);
+  daemon_freeze(&d);
+  peer_push_ack(&w, e->id, CODE(OK), NULL, 0, NULL);
+  ck_assert_int_eq(peer_flush_within(&w, 1000), 0);
+  wire_env_free(e);
+  const char *tags[] = {"kv"};
+  peer_push_op_tags(&c, false, tags, 1, 0, 0);
+  ck_assert_int_eq(peer_flush_within(&c, 1000), 0);
+  daemon_thaw(&d);
+  peer_op_ok(&c, 0, 0);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
 /* On SIGTERM every session is told, outside any request. */
 START_TEST(shutdown_is_announced) {
   daemon_start(&d, NULL);
@@ -404,5 +494,9 @@ int main(void) {
                      device_subsets_keep_the_tag_state_true, wrong_acks_are_refused,
                      ack_without_unmap_is_caught, export_failure_leaves_everything_paused,
                      remaps_split_over_several_frames,
-                     residual_memory_fails_a_pause_that_allows_less, shutdown_is_announced);
+                     residual_memory_fails_a_pause_that_allows_less, shutdown_is_announced,
+                     a_free_read_with_the_ack_frees_the_buffer,
+                     an_owner_that_acks_and_exits_is_counted,
+                     an_ack_behind_other_frames_is_settled_at_once,
+                     a_pause_read_with_a_late_ack_finds_it_settled);
 }
