@@ -30,7 +30,8 @@ int harness_run(const char *name, const TTest *const *tests, size_t n, double ti
   TCase *tc = tcase_create(name);
   tcase_add_checked_fixture(tc, setup ? setup : harness_fd_setup,
                             teardown ? teardown : harness_fd_teardown);
-  tcase_set_timeout(tc, timeout);
+  /* Under a sanitizer everything runs several times slower. */
+  tcase_set_timeout(tc, timeout * (HARNESS_SANITIZED ? 3 : 1));
   for (size_t i = 0; i < n; i++) tcase_add_test(tc, tests[i]);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

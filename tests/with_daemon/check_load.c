@@ -40,11 +40,6 @@
 #define CONTROLLER GPUMEM__WIRE__ROLE__ROLE_CONTROLLER
 #define F_ALLOW_PAUSED GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#else
-#define SANITIZED 0
-#endif
 
 enum {
   CHILDREN = 3,            /* worker processes */
@@ -961,9 +956,10 @@ static void print_summary(const struct peaks *pk, const struct memory *before,
  * would pass it; smaller leaks are LeakSanitizer's to find: the ASan
  * build's daemon must exit 0 at the end (teardown). Under ASan freed
  * memory waits in a quarantine (256 MiB by default) and shadow memory
- * grows with it (some 130 MiB here): the bound there only catches a leak
- * of a size ASan would not hold anyway. */
-static uint64_t rss_tolerance(void) { return SANITIZED ? 320 * MiB : 16 * MiB; }
+ * grows with it (some 130 MiB here), and TSan's shadow grows with the
+ * memory the daemon touches: the bound there only catches a leak of a
+ * size the sanitizer would not hold anyway. */
+static uint64_t rss_tolerance(void) { return HARNESS_SANITIZED ? 320 * MiB : 16 * MiB; }
 
 /* A few hundred sessions, a pausing controller and hostile peers at once;
  * afterwards the daemon is as it was. */

@@ -30,12 +30,8 @@
 #include "harness.h"
 #include "scenario.h"
 
-/* Under ASan everything is slower: the deadlines are wider. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SLOWER 3
-#else
-#define SLOWER 1
-#endif
+/* Under a sanitizer everything is slower: the deadlines are wider. */
+#define SLOWER (HARNESS_SANITIZED ? 3 : 1)
 
 /* How long the daemon may take to exit when every session reads (it has
  * nothing to wait for), and when one does not (it waits out its drain
