@@ -385,6 +385,23 @@ START_TEST(residual_memory_fails_a_pause_that_allows_less) {
 }
 END_TEST
 
+/* A worker's ack of its pause of an 8 MiB buffer b, left for the daemon
+ * to read in one turn with what the test sends next: the daemon is frozen
+ * and the ack pushed (flush, then daemon_thaw). Before it, frees Frees of
+ * a buffer that does not exist; late: the pause timed out first. */
+static void ack_frozen(struct peer *w, struct peer *c, struct pbuf *b, int frees, bool late) {
+  wire_env *e = scene_pausing(w, c, &d, "kv", 8 * MiB, b), *r;
+  if (late) {
+    ck_assert_int_eq(peer_op_wait(c, &r), CODE(CLIENT_TIMEOUT));
+    wire_env_free(r);
+  }
+  peer_unmap(b);
+  daemon_freeze(&d);
+  for (int i = 0; i < frees; i++) peer_push_free(w, 999999);
+  peer_push_ack(w, e->id, CODE(OK), NULL, 0, NULL);
+  wire_env_free(e);
+}
+
 /* An Unmap's ack is settled with the other acks of its turn of the
  * loop; whatever is read with it sees it settled. Here: a Free of the
  * buffer sent right behind the ack frees it (not WRONG_STATE: PAUSING). */
@@ -392,14 +409,10 @@ START_TEST(a_free_read_with_the_ack_frees_the_buffer) {
   daemon_start(&d, NULL);
   struct peer w, c;
   struct pbuf b;
-  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b);
-  peer_unmap(&b);
-  daemon_freeze(&d);
-  peer_push_ack(&w, e->id, CODE(OK), NULL, 0, NULL);
+  ack_frozen(&w, &c, &b, 0, false);
   peer_push_free(&w, b.id);
   ck_assert_int_eq(peer_flush_within(&w, 1000), 0);
   daemon_thaw(&d);
-  wire_env_free(e);
   wire_env *r = peer_answer(&w);
   char why[300] = "";
   ck_assert_msg(peer_reply_code(r, why, sizeof why) == CODE(OK), "free: %s", why);
@@ -417,12 +430,8 @@ START_TEST(an_owner_that_acks_and_exits_is_counted) {
   daemon_start(&d, NULL);
   struct peer w, c;
   struct pbuf b;
-  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b);
-  peer_unmap(&b);
-  daemon_freeze(&d);
-  peer_push_ack(&w, e->id, CODE(OK), NULL, 0, NULL);
+  ack_frozen(&w, &c, &b, 0, false);
   ck_assert_int_eq(peer_flush_within(&w, 1000), 0);
-  wire_env_free(e);
   peer_close(&w);
   daemon_thaw(&d);
   peer_op_ok(&c, 1, 8 * MiB);
@@ -437,14 +446,9 @@ START_TEST(an_ack_behind_other_frames_is_settled_at_once) {
   daemon_start(&d, "--ack-timeout", "300s", NULL);
   struct peer w, c;
   struct pbuf b;
-  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b);
-  peer_unmap(&b);
-  daemon_freeze(&d);
-  for (int i = 0; i < 6; i++) peer_push_free(&w, 999999); /* more than one step serves */
-  peer_push_ack(&w, e->id, CODE(OK), NULL, 0, NULL);
+  ack_frozen(&w, &c, &b, 6, false); /* more frames than one step serves */
   ck_assert_int_eq(peer_flush_within(&w, 1000), 0);
   daemon_thaw(&d);
-  wire_env_free(e);
   peer_op_ok(&c, 1, 8 * MiB);
   peer_close(&w);
   peer_close(&c);
@@ -457,14 +461,8 @@ START_TEST(a_pause_read_with_a_late_ack_finds_it_settled) {
   daemon_start(&d, "--ack-timeout", "200ms", NULL);
   struct peer w, c;
   struct pbuf b;
-  wire_env *e = scene_pausing(&w, &c, &d, "kv", 8 * MiB, &b), *r;
-  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(CLIENT_TIMEOUT));
-  wire_env_free(r);
-  peer_unmap(&b);
-  daemon_freeze(&d);
-  peer_push_ack(&w, e->id, CODE(OK), NULL, 0, NULL);
+  ack_frozen(&w, &c, &b, 0, true);
   ck_assert_int_eq(peer_flush_within(&w, 1000), 0);
-  wire_env_free(e);
   const char *tags[] = {"kv"};
   peer_push_op_tags(&c, false, tags, 1, 0, 0);
   ck_assert_int_eq(peer_flush_within(&c, 1000), 0);
