@@ -8,12 +8,16 @@ trap others_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 status=0
+times=""
 for t in "$@"; do
   name=$(basename "$t")
+  start=$(date +%s)
   if ! "$t"; then
     echo "FAIL: $name"
     status=1
   fi
+  times="$times $name $(($(date +%s) - start))s"
 done
+echo "seconds per suite:$times"
 [ $status -eq 0 ] && echo "all suites passed"
 exit $status
