@@ -20,6 +20,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__SANITIZE_THREAD__)
+/* Under TSan: this program reads and writes memory that libgpumem's own
+ * thread mapped again at a resume, and it does so only after the test
+ * heard that resume answered and then wrote a command to its stdin. That
+ * ordering runs through other processes (the worker's ack, the daemon, the
+ * test), which TSan cannot see, so it reports the mapping and the read as
+ * a race. Only races with a frame in this file are suppressed. */
+const char *__tsan_default_suppressions(void);
+__attribute__((visibility("default"))) const char *__tsan_default_suppressions(void) {
+  return "race:preload_app.c\n";
+}
+#endif
+
 int cudaMalloc(void **p, size_t size);
 int cudaFree(void *p);
 int cudaMallocAsync(void **p, size_t size, void *stream);
