@@ -421,7 +421,11 @@ tmx() { tmux -S "$t/tmux.sock" -f /dev/null "$@"; }
 # make demo (tools/demo.sh, which starts its own daemon and workers) runs
 # while the light samples do; its two samples are compared after them,
 # before the samples that move GiBs of memory.
-"$(pwd)/tools/demo.sh" "$o" >"$t/demo.raw" 2>&1 &
+# Under a sanitizer a worker reading back 512 MiB takes more than the
+# default 10 s to ack its remap.
+demo_flags=
+[ "$sanitized" = 1 ] && demo_flags="--ack-timeout 120s"
+GPUMEM_DEMO_DAEMON_FLAGS=$demo_flags "$(pwd)/tools/demo.sh" "$o" >"$t/demo.raw" 2>&1 &
 demo=$!
 pids="$pids $demo"
 
