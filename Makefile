@@ -267,13 +267,13 @@ $(O)/tests/libcudart_stub.so: tests/preload/fake_cudart.c $(BUILD_CONFIG)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $(LDFLAGS) -shared -o $@ $< -lpthread
 
-# The app gives TSan (a shared runtime, which finds it only exported) its
-# suppressions: see __tsan_default_suppressions in preload_app.c.
+# The app gives TSan (a shared runtime, which finds it only exported:
+# -rdynamic; its other functions are static) its suppressions: see
+# __tsan_default_suppressions in preload_app.c.
 $(O)/tests/preload_app: tests/preload/preload_app.c $(O)/tests/libcudart_stub.so
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
-	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/tests -lcudart_stub -Wl,-rpath,'$$ORIGIN' -ldl \
-	  -Wl,--export-dynamic-symbol=__tsan_default_suppressions
+	@$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< -L$(O)/tests -lcudart_stub -Wl,-rpath,'$$ORIGIN' -ldl -rdynamic
 
 $(O)/tests/check_preload: $(O)/lib/libgpumem_preload.so $(O)/tests/preload_app
 

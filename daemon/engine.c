@@ -87,7 +87,7 @@ struct engine {
   struct list queue;
   struct op *current;
   uv_timer_t timer;
-  uv_check_t check;     /* at the turn's end: settles its acks (on_turn_end) */
+  uv_check_t check;     /* at the turn's end: settles its acks (on_check) */
   uv_idle_t idle;       /* keeps the loop from blocking while acks wait */
   int open_handles;     /* the timer, the check and the idle, until closed */
   struct list unmapped; /* acked Unmap groups (struct group.unmapped) */
@@ -304,9 +304,8 @@ static struct buffer *answered(engine *e, struct group *g, size_t i, buffer_stat
   return b;
 }
 
-/* Whether the group's i-th buffer is one its owner says it unmapped and
- * that is still PAUSING: the process is asked whether it still holds it. */
-static struct buffer *unmapped(engine *e, struct group *g, size_t i) {
+/* The group's i-th buffer, if its owner says it unmapped it and it is PAUSING. */
+static struct buffer *said_unmapped(engine *e, struct group *g, size_t i) {
   struct buffer *b = registry_find(e->reg, g->ids[i]);
   return b && b->state == BUF_PAUSING && !g->failed[i] ? b : NULL;
 }
@@ -327,7 +326,7 @@ static void settle_unmapped(engine *e) {
   list_for_each_safe(p, t, &e->unmapped) {
     struct group *g = list_entry(p, struct group, unmapped);
     for (size_t i = 0; bufs && i < g->nids; i++)
-      if ((bufs[n] = unmapped(e, g, i))) n++;
+      if ((bufs[n] = said_unmapped(e, g, i))) n++;
   }
   if (bufs && held) registry_held_by(e->reg, bufs, n, held);
   n = 0;
@@ -336,12 +335,13 @@ static void settle_unmapped(engine *e) {
     list_remove(&g->unmapped);
     if (!g->op) log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
     for (size_t i = 0; i < g->nids; i++) {
-      bool checked = unmapped(e, g, i) != NULL;
+      bool checked = said_unmapped(e, g, i) != NULL;
       struct buffer *b = answered(e, g, i, BUF_PAUSING);
       if (!b) continue;
       if (g->failed[i]) {
-        fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d could not unmap buffer %llu: %s",
-             (int)g->s->pid, (unsigned long long)b->id, g->why);
+        fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+             "pid %d could not unmap buffer %llu: %s", (int)g->s->pid, (unsigned long long)b->id,
+             g->why);
         continue;
       }
       registry_move(e->reg, b, BUF_EV_UNMAPPED);
@@ -351,7 +351,8 @@ static void settle_unmapped(engine *e) {
         hold(g->op, b);
     }
     if (!bufs || !held)
-      fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory; buffers keep their memory");
+      fail(g->op, GPUMEM__WIRE__ERROR_CODE__INTERNAL,
+           "out of host memory; buffers keep their memory");
     if (g->op) {
       g->done = true;
       g->op->pending--;

@@ -41,7 +41,7 @@ struct group {
   size_t nids, cap;
   char why[WIRE_MAX_MESSAGE + 1]; /* the owner's words for its first failure */
   struct list link; /* op's groups, or the engine's stragglers */
-  struct list unmapped; /* the engine's acked Unmaps whose release waits for the turn's end */
+  struct list unmapped; /* the engine's acked Unmaps, settled at the turn's end */
 };
 
 /* A new, empty group of owner o's buffers for op; NULL out of memory. */
@@ -60,8 +60,8 @@ wire_code group_export(struct group *g, registry *reg, struct fault *f);
 
 /* Note what an owner's ack of the group's events from..to says: the
  * buffers it could not handle (all of them when it names none but fails)
- * and, first time, its words (logged for a failed ack). Returns how many ids it named that those
- * events did not carry, the first in *stranger. */
+ * and, first time, its words (logged for a failed ack). Returns how many
+ * ids it named that those events did not carry, the first in *stranger. */
 size_t group_note_ack(struct group *g, size_t from, size_t to, const Gpumem__Wire__EventAck *ack,
                       uint64_t *stranger);
 

@@ -8,8 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "outbox.h"
 #include "group.h"
+#include "outbox.h"
 #include "outcome.h"
 
 /* What an operation's timeout found: the owners that missed their acks

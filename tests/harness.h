@@ -11,8 +11,8 @@
 #include "procfd.h"
 
 /* Run one suite: each test in its own process, with a timeout (seconds;
- * three times as long under a sanitizer) and the fixture (NULLs for harness_fd_setup/teardown); the exit status
- * for main. */
+ * three times as long under a sanitizer) and the fixture (NULLs for
+ * harness_fd_setup/teardown); the exit status for main. */
 int harness_run(const char *name, const TTest *const *tests, size_t n, double timeout,
                 void (*setup)(void), void (*teardown)(void));
 
