@@ -73,10 +73,11 @@ HIP ?= $(if $(HIP_INCLUDE),1,0)
 # imports, mappings). gpumemd links the daemon's half, libgpumem.so the
 # client's: each program what it calls.
 GPU_SRC := gpu/error.c
-GPUDEV_SRC := gpu/gpudev.c gpu/host_dev.c gpu/host_live.c gpu/host_proc.c gpu/populate.c
+GPUDEV_SRC := gpu/gpudev.c gpu/host_dev.c gpu/host_freeze.c gpu/host_live.c gpu/host_proc.c \
+  gpu/populate.c
 GPUVA_SRC := gpu/gpuva.c gpu/host_va.c
 GPU_VMM_SRC := gpu/vmm.c
-GPUDEV_VMM_SRC := gpu/vmm_dev.c gpu/vmm_backup.c gpu/vmm_gate.c
+GPUDEV_VMM_SRC := gpu/vmm_dev.c gpu/vmm_backup.c gpu/vmm_ckpt.c gpu/vmm_gate.c
 GPUVA_VMM_SRC := gpu/vmm_va.c
 # Each GPU backend built (CUDA=1: cuda, HIP=1: hip) adds the VMM layer and
 # its own three files.

@@ -45,6 +45,8 @@ static int op_check(bool resume, const char *const *tags, size_t ntags, const in
   o->size = sizeof *o;
   if (resume && o->max_residual)
     return error_set(GPUMEM_E_INVALID, "max_residual applies to pause only");
+  if (resume && o->release_context)
+    return error_set(GPUMEM_E_INVALID, "release_context applies to pause only");
   if (o->scope != GPUMEM_SCOPE_NODE && o->scope != GPUMEM_SCOPE_OWN)
     return error_set(GPUMEM_E_INVALID, "unknown scope %d", o->scope);
   if (o->npids && !o->pids) return error_set(GPUMEM_E_INVALID, "no pid list given");
@@ -112,6 +114,7 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
   } else {
     OP_REQUEST_SET(p, tags, ntags, devs, ndevices, o);
     p.max_residual = o.max_residual;
+    p.release_context = o.release_context != 0;
     req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE, &p);
   }
   /* The daemon may wait this long for owners before it answers. */
@@ -145,6 +148,24 @@ static bool copy_details(const int *map, struct gpumem_op_report *r,
   return true;
 }
 
+/* Copy the releases of an answer into r; false when out of memory. */
+static bool copy_releases(struct gpumem_op_report *r, Gpumem__Wire__ProcessRelease *const *v,
+                          size_t n) {
+  if (!n) return true;
+  if (!(r->releases = calloc(n, sizeof *r->releases))) return false;
+  for (size_t i = 0; i < n; i++) {
+    struct gpumem_process_release *x = results_sized(sizeof *x);
+    if (!x) return false;
+    r->releases[r->nreleases++] = x;
+    x->pid = v[i]->pid;
+    x->released = v[i]->released;
+    x->moved_to_host = v[i]->moved_to_host;
+    x->elapsed_us = v[i]->elapsed_us;
+    if (!(x->why = results_text(v[i]->why))) return false;
+  }
+  return true;
+}
+
 /* Turn a pause or resume answer into a report; NULL when out of memory. */
 static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env, int rc) {
   struct gpumem_op_report *r = results_sized(sizeof *r);
@@ -170,7 +191,8 @@ static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env
       }
       ok = r->pids != NULL;
     }
-    ok = ok && results_checks(map, &r->checks, &r->nchecks, e->checks, e->n_checks);
+    ok = ok && results_checks(map, &r->checks, &r->nchecks, e->checks, e->n_checks) &&
+         copy_releases(r, e->releases, e->n_releases);
   } else {
     const Gpumem__Wire__OpReply *o = env->op_reply;
     r->code = wire_code_name(GPUMEM__WIRE__ERROR_CODE__OK);
@@ -182,7 +204,7 @@ static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env
     r->elapsed_us = o->elapsed_us;
     r->backup_us = o->backup_us;
     ok = r->message && results_checks(map, &r->checks, &r->nchecks, o->checks, o->n_checks) &&
-         copy_details(map, r, o);
+         copy_details(map, r, o) && copy_releases(r, o->releases, o->n_releases);
   }
   if (!ok) {
     gpumem_op_report_free(r);
@@ -238,6 +260,8 @@ void gpumem_op_report_free(struct gpumem_op_report *r) {
   results_free_array((void **)r->checks, r->nchecks);
   for (size_t i = 0; r->details && i < r->ndetails; i++) free((char *)r->details[i]->tag);
   results_free_array((void **)r->details, r->ndetails);
+  for (size_t i = 0; r->releases && i < r->nreleases; i++) free((char *)r->releases[i]->why);
+  results_free_array((void **)r->releases, r->nreleases);
   free(r);
 }
 

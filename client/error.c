@@ -54,6 +54,7 @@ static const struct client_error errors[] = {
      "memory held outside gpumemd above the limit"},
     {GPUMEM_E_SHUTTING_DOWN, W(SHUTTING_DOWN), NULL, "gpumemd is shutting down"},
     {GPUMEM_E_TIMEOUT, 0, "TIMEOUT", "gpumemd did not answer in time"},
+    {GPUMEM_E_RELEASE_REFUSED, W(RELEASE_REFUSED), NULL, "context release refused"},
 };
 #undef W
 

@@ -81,9 +81,10 @@ static void out_of_memory(struct failures *fl) {
 }
 
 /* The packed ack of an event: OK, or the code, words and ids of what
- * failed. */
-static uint8_t *ack(uint64_t event_id, const struct failures *fl, size_t *len) {
+ * failed, and whether this process's client maps nothing now. */
+static uint8_t *ack(uint64_t event_id, const struct failures *fl, bool none_mapped, size_t *len) {
   Gpumem__Wire__EventAck a = GPUMEM__WIRE__EVENT_ACK__INIT;
+  a.nothing_mapped = none_mapped;
   a.code = fl->code;
   a.message = (char *)(fl->code ? fl->words : "");
   a.failed_ids = fl->ids;
@@ -180,6 +181,19 @@ static void on_remap(events *e, const Gpumem__Wire__RemapEvent *ev, struct frame
   free(bufs);
 }
 
+/* True if none of the client's buffers is mapped (what an Unmap's ack
+ * says, so that the daemon may release the process's context); false
+ * when out of memory to tell. */
+static bool nothing_mapped(events *e) {
+  size_t n = 0, count = buffers_count(e->buffers);
+  gpumem_buffer **v = buffers_list(e->buffers, &n);
+  bool none = count == 0 || v;
+  for (size_t i = 0; v && i < n; i++)
+    if (gpumem_buffer_mapped(v[i])) none = false;
+  free(v);
+  return none;
+}
+
 /* Handle an event and make its ack. */
 uint8_t *events_handle(events *e, const wire_env *env, struct frame *f, size_t *len) {
   bool unmap = env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
@@ -191,7 +205,7 @@ uint8_t *events_handle(events *e, const wire_env *env, struct frame *f, size_t *
     on_unmap(e, env->unmap, &fl);
   else
     on_remap(e, env->remap, f, &fl);
-  uint8_t *bytes = ack(env->id, &fl, len);
+  uint8_t *bytes = ack(env->id, &fl, unmap && !fl.code && nothing_mapped(e), len);
   free(fl.ids);
   return bytes;
 }

@@ -40,12 +40,13 @@ void hello_destroy(hello *h) {
 }
 
 /* Fill a Hello. */
-void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name) {
+void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, bool release_context) {
   gpumem__wire__hello__init(msg);
   msg->version_major = WIRE_VERSION_MAJOR;
   msg->version_minor = WIRE_VERSION_MINOR;
   msg->role = (Gpumem__Wire__Role)role;
   msg->name = (char *)name;
+  msg->release_context = release_context;
 }
 
 /* Take a HelloReply. Runs on the thread that greets (the only writer of

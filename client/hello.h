@@ -21,8 +21,9 @@ hello *hello_create(bool maps_nothing);
 /* Free a greeting and close its backend. */
 void hello_destroy(hello *h);
 
-/* Fill a Hello for a session of role under name (strings borrowed). */
-void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name);
+/* Fill a Hello for a session of role under name (strings borrowed),
+ * opting in to context release or not. */
+void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, bool release_context);
 
 /* Take a HelloReply: the first opens the backend it names; a later one
  * must name the same backend when buffers are mapped here. Returns 0 or

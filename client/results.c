@@ -45,6 +45,10 @@ bool results_checks(const int *map, struct gpumem_device_check ***out, size_t *n
     o->shortfall = d->shortfall;
     o->residual = d->residual;
     o->residual_known = d->residual_known;
+    o->exit_wait_ms = d->exit_wait_ms;
+    o->exit_listed = (uint32_t)d->n_exit_listed_pids;
+    o->exit_listed_pid = d->n_exit_listed_pids ? d->exit_listed_pids[0] : 0;
+    o->used_after = d->used_after;
   }
   return true;
 }

@@ -113,6 +113,9 @@ static bool copy_sessions(struct gpumem_status *s, const Gpumem__Wire__StatusRep
     o->bytes = x->bytes;
     o->residual = x->residual;
     o->residual_known = x->residual_known;
+    o->release_context = x->release_context;
+    o->context_released = x->context_released;
+    o->moved_to_host = x->moved_to_host;
     if (!(o->name = results_text(x->name))) return false;
   }
   return true;

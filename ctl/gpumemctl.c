@@ -51,6 +51,9 @@ static void usage(FILE *out) {
           "                            2m; a plain number is seconds)\n"
           "  --max-residual SIZE       pause: fail when a device still holds more than\n"
           "                            SIZE outside gpumemd after the release\n"
+          "  --release-context         pause: then release the device state (context and\n"
+          "                            all) of each worker process that opted in and\n"
+          "                            maps nothing of ours; the resume restores it\n"
           "  --interval DURATION       top: refresh every DURATION (default 1s)\n"
           "  --unmanaged-warn SIZE     status: flag devices with more unmanaged memory\n"
           "                            than this (default 1G)\n"
@@ -115,11 +118,13 @@ static void json_checks(struct gpumem_device_check *const *v, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const struct gpumem_device_check *k = v[i];
     printf("%s{\"device\":%d,\"node_device\":%u,\"released\":%llu,\"free_before\":%llu,"
-           "\"free_after\":%llu,\"shortfall\":%llu,\"residual\":%llu,\"residual_known\":%s}",
+           "\"free_after\":%llu,\"shortfall\":%llu,\"residual\":%llu,\"residual_known\":%s,"
+           "\"exit_wait_ms\":%u,\"exit_listed\":%u,\"exit_listed_pid\":%u,\"used_after\":%llu}",
            i ? "," : "", k->device, k->node_device, (unsigned long long)k->released,
            (unsigned long long)k->free_before, (unsigned long long)k->free_after,
            (unsigned long long)k->shortfall, (unsigned long long)k->residual,
-           json_bool(k->residual_known));
+           json_bool(k->residual_known), (unsigned)k->exit_wait_ms, (unsigned)k->exit_listed,
+           (unsigned)k->exit_listed_pid, (unsigned long long)k->used_after);
   }
 }
 
@@ -139,7 +144,14 @@ static void print_checks(FILE *out, struct gpumem_device_check *const *v, size_t
             size_format(delta, b, sizeof b), rose ? "more" : "less");
     if (k->residual_known && k->residual)
       fprintf(out, "; %s held outside gpumemd", size_format(k->residual, c, sizeof c));
+    if (!resume) fprintf(out, "; %s still used", size_format(k->used_after, c, sizeof c));
     fprintf(out, "\n");
+    if (k->exit_wait_ms)
+      fprintf(out, "  (judged after waiting %u ms for workers that ended to leave the driver)\n",
+              (unsigned)k->exit_wait_ms);
+    if (k->exit_listed)
+      fprintf(out, "! device %s: %u workers that ended still listed by the driver (pid %u)\n",
+              dev, (unsigned)k->exit_listed, (unsigned)k->exit_listed_pid);
     if (k->shortfall)
       fprintf(out, "! device %s: %s released that the driver does not show as free\n", dev,
               size_format(k->shortfall, a, sizeof a));
@@ -187,9 +199,12 @@ static void print_status_json(const struct gpumem_status *s) {
            (unsigned long long)x->id, x->pid, x->uid);
     json_str(x->name);
     printf(",\"role\":\"%s\",\"buffers\":%llu,\"bytes\":%llu,\"residual\":%llu,"
-           "\"residual_known\":%s}",
+           "\"residual_known\":%s,\"release_context\":%s,\"context_released\":%s,"
+           "\"moved_to_host\":%llu}",
            role_name(x->role), (unsigned long long)x->buffers, (unsigned long long)x->bytes,
-           (unsigned long long)x->residual, json_bool(x->residual_known));
+           (unsigned long long)x->residual, json_bool(x->residual_known),
+           json_bool(x->release_context), json_bool(x->context_released),
+           (unsigned long long)x->moved_to_host);
   }
   printf("],\"processes_known\":%s,\"processes\":[", json_bool(s->processes_known));
   for (size_t i = 0; i < s->nprocesses; i++) {
@@ -373,10 +388,13 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
          "BYTES", "OUTSIDE");
   for (size_t i = 0; i < s->nsessions; i++) {
     const struct gpumem_session_status *x = s->sessions[i];
-    printf("%-7llu %-8u %-10s %-20s %7llu %11s %11s\n", (unsigned long long)x->id, x->pid,
+    printf("%-7llu %-8u %-10s %-20s %7llu %11s %11s", (unsigned long long)x->id, x->pid,
            role_name(x->role), x->name[0] ? printable(x->name, name, sizeof name) : "-",
            (unsigned long long)x->buffers, size_format(x->bytes, a, sizeof a),
            x->residual_known ? size_format(x->residual, b, sizeof b) : "unknown");
+    if (x->context_released)
+      printf("  context released (%s in host memory)", size_format(x->moved_to_host, a, sizeof a));
+    printf("\n");
   }
 }
 
@@ -431,6 +449,23 @@ static void print_list(const struct gpumem_list *l, bool json) {
   if (json) printf("]\n");
 }
 
+/* What a pause released (or a resume restored) of each worker process. */
+static void print_releases(FILE *out, const struct gpumem_op_report *r, bool resume) {
+  char a[32], words[4 * NAME_BUF];
+  for (size_t i = 0; i < r->nreleases; i++) {
+    const struct gpumem_process_release *x = r->releases[i];
+    if (x->why[0])
+      fprintf(out, "! pid %u: device state not %s: %s\n", x->pid,
+              resume ? "restored" : "released", printable(x->why, words, sizeof words));
+    else if (resume)
+      fprintf(out, "pid %u: device state restored in %.1f ms\n", x->pid,
+              (double)x->elapsed_us / 1000);
+    else
+      fprintf(out, "pid %u: device state released, %s moved to host memory, in %.1f ms\n",
+              x->pid, size_format(x->moved_to_host, a, sizeof a), (double)x->elapsed_us / 1000);
+  }
+}
+
 /* A pause's or resume's answer as one JSON object on stdout ("error" is
  * null on success); keys are only ever added. */
 static void print_op_json(const struct gpumem_op_report *r) {
@@ -447,6 +482,16 @@ static void print_op_json(const struct gpumem_op_report *r) {
     json_str(t->tag);
     printf(",\"device\":%d,\"node_device\":%u,\"buffers\":%llu,\"bytes\":%llu}", t->device,
            t->node_device, (unsigned long long)t->buffers, (unsigned long long)t->bytes);
+  }
+  printf("],\"releases\":[");
+  for (size_t i = 0; i < r->nreleases; i++) {
+    const struct gpumem_process_release *x = r->releases[i];
+    printf("%s{\"pid\":%u,\"released\":%s,\"moved_to_host\":%llu,\"elapsed_us\":%llu,"
+           "\"why\":",
+           i ? "," : "", x->pid, json_bool(x->released), (unsigned long long)x->moved_to_host,
+           (unsigned long long)x->elapsed_us);
+    json_str(x->why);
+    printf("}");
   }
   printf("],\"error\":");
   if (r->error == 0) {
@@ -493,6 +538,7 @@ static int run_op(gpumem_client *c, const char *socket_path, uid_t owner, bool r
       fprintf(stderr, "\n");
     }
     if (r && !json) print_checks(stderr, r->checks, r->nchecks, resume);
+    if (r && !json) print_releases(stderr, r, resume);
     gpumem_op_report_free(r);
     return 1;
   }
@@ -502,6 +548,7 @@ static int run_op(gpumem_client *c, const char *socket_path, uid_t owner, bool r
            size_format(r->bytes, a, sizeof a), size_format(r->backup_bytes, b, sizeof b),
            (unsigned long long)r->skipped, (double)r->elapsed_us / 1000);
     print_checks(stdout, r->checks, r->nchecks, resume);
+    print_releases(stdout, r, resume);
   }
   gpumem_op_report_free(r);
   return 0;
@@ -552,12 +599,14 @@ int main(int argc, char **argv) {
   uint64_t threshold = 1ull << 30;
   uint64_t max_residual = 0;
   bool has_max_residual = false;
+  bool release_context = false;
   const char *owner_arg = NULL;
   static const struct option opts[] = {
       {"socket", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'},
       {"device", required_argument, 0, 'd'}, {"timeout", required_argument, 0, 't'},
       {"unmanaged-warn", required_argument, 0, 'u'},
       {"max-residual", required_argument, 0, 'r'},
+      {"release-context", no_argument, 0, 'R'},
       {"pid", required_argument, 0, 'p'},    {"session-prefix", required_argument, 0, 'n'},
       {"all", no_argument, 0, 'a'},          {"help", no_argument, 0, 'h'},
       {"version", no_argument, 0, 'V'},      {"interval", required_argument, 0, 'i'},
@@ -615,6 +664,7 @@ int main(int argc, char **argv) {
       if (size_parse(optarg, &max_residual)) return fail(2, "USAGE", "invalid size '%s'", optarg);
       has_max_residual = true;
       break;
+    case 'R': release_context = true; break;
     case 'h': usage(stdout); return 0;
     case 'V': version = true; break;
     default:
@@ -669,6 +719,9 @@ int main(int argc, char **argv) {
   if (has_max_residual && strcmp(cmd, "pause") != 0) {
     return fail(2, "USAGE", "--max-residual applies to pause only");
   }
+  if (release_context && strcmp(cmd, "pause") != 0) {
+    return fail(2, "USAGE", "--release-context applies to pause only");
+  }
   if ((is_view || is_top) && nargs) {
     return fail(2, "USAGE", "%s takes no arguments", cmd);
   }
@@ -711,6 +764,7 @@ int main(int argc, char **argv) {
     o.pids = pids;
     o.npids = npids;
     o.session_prefix = prefix;
+    o.release_context = release_context;
     rc = run_op(c, socket_path, owner, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
   } else if (is_share) {
     rc = run_share(c, strcmp(cmd, "share") == 0, args, nargs, json);

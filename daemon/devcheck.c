@@ -1,5 +1,7 @@
 #include "devcheck.h"
 
+#include <stdio.h>
+
 #include "common/log.h"
 #include "common/size.h"
 #include "report.h"
@@ -18,8 +20,8 @@ void devcheck_before(registry *reg, gpudev *g, uint64_t devmask, struct devfig *
  * move by what the daemon's own holdings moved (other requests may run
  * during the operation). */
 static void check_released(registry *reg, gpudev *g, unsigned d, const struct devfig *df,
-                           const struct gpudev_mem *m, struct outcome *o,
-                           Gpumem__Wire__DeviceCheck *c) {
+                           const struct gpudev_mem *m, const struct devcheck_rules *rules,
+                           struct outcome *o, Gpumem__Wire__DeviceCheck *c) {
   uint64_t managed = registry_managed(reg, d);
   if (df->managed_before <= managed) return;
   uint64_t expect = df->managed_before - managed;
@@ -30,10 +32,18 @@ static void check_released(registry *reg, gpudev *g, unsigned d, const struct de
   char a[32], b[32], s[32];
   log_error("device %u: released %s, the driver shows %s more free", d,
             size_format(expect, a, sizeof a), size_format(rise, b, sizeof b));
+  char waited[96] = "";
+  if (rules->exit_nlisted)
+    snprintf(waited, sizeof waited, " (pid %d, whose session ended, still listed by the driver "
+             "after %u ms)", rules->exit_listed[0], (unsigned)rules->exit_wait_ms);
+  else if (rules->exit_wait_ms)
+    snprintf(waited, sizeof waited, " (after %u ms waiting for ended owners to leave the driver)",
+             (unsigned)rules->exit_wait_ms);
   outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
-               "device %u: released %s, but the driver shows only %s more free: %s not returned",
+               "device %u: released %s, but the driver shows only %s more free: %s not "
+               "returned%s",
                d, size_format(expect, a, sizeof a), size_format(rise, b, sizeof b),
-               size_format(c->shortfall, s, sizeof s));
+               size_format(c->shortfall, s, sizeof s), waited);
 }
 
 /* A pause with a residual limit: what processes hold outside gpumemd. */
@@ -78,7 +88,11 @@ size_t devcheck_after(registry *reg, gpudev *g, const struct devfig *dev, unsign
     struct gpudev_mem m = {0};
     gpudev_mem_detail(g, d, &m);
     c->free_after = m.free;
-    if (!rules->resume) check_released(reg, g, d, df, &m, o, c);
+    c->used_after = m.total > m.free + m.reserved ? m.total - m.free - m.reserved : 0;
+    c->exit_wait_ms = rules->exit_wait_ms;
+    c->n_exit_listed_pids = rules->exit_nlisted;
+    c->exit_listed_pids = (uint32_t *)rules->exit_listed; /* pids are positive: same bits */
+    if (!rules->resume) check_released(reg, g, d, df, &m, rules, o, c);
     struct report_residual r;
     c->residual_known = report_residual(g, d, &r) == 0;
     c->residual = r.bytes;
@@ -94,5 +108,10 @@ void devcheck_keep(struct devcheck_last *last, const Gpumem__Wire__DeviceCheck *
   for (size_t i = 0; i < last->n; i++) {
     last->checks[i] = checks[i];
     last->ptrs[i] = &last->checks[i];
+    size_t k = checks[i].n_exit_listed_pids, room = sizeof last->exit_listed / sizeof(uint32_t);
+    last->checks[i].n_exit_listed_pids = k < room ? k : room;
+    last->checks[i].exit_listed_pids = last->exit_listed;
+    for (size_t j = 0; j < last->checks[i].n_exit_listed_pids; j++)
+      last->exit_listed[j] = checks[i].exit_listed_pids[j];
   }
 }

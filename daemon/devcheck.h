@@ -34,6 +34,9 @@ struct devcheck_rules {
   bool resume;           /* only a pause must show its memory free */
   uint64_t max_residual; /* a pause: at most this outside gpumemd (0: any) */
   bool by_controller;    /* a controller is told which process holds it */
+  uint32_t exit_wait_ms; /* waited for ended owners to leave the driver */
+  const int *exit_listed; /* those still listed after it (exit_nlisted) */
+  size_t exit_nlisted;
 };
 
 /* Compare what the operation did on each device it touched (dev[d]) with
@@ -48,6 +51,7 @@ size_t devcheck_after(registry *reg, gpudev *g, const struct devfig *dev, unsign
 struct devcheck_last {
   Gpumem__Wire__DeviceCheck checks[GPUMEM_MAX_DEVICES];
   Gpumem__Wire__DeviceCheck *ptrs[GPUMEM_MAX_DEVICES];
+  uint32_t exit_listed[8]; /* the first pids still listed after the wait */
   size_t n;
 };
 

@@ -43,13 +43,16 @@
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
+#include "ctxrelease.h"
 #include "devcheck.h"
 #include "event.h"
+#include "exitwait.h"
 #include "grace.h"
 #include "group.h"
 #include "timeout.h"
 #include "outbox.h"
 #include "outcome.h"
+#include "resume_memory.h"
 #include "scope.h"
 #include "stats.h"
 
@@ -66,12 +69,14 @@ struct op {
   struct scope scope;    /* the tags, devices and sessions it covers */
   uint32_t timeout_ms;
   uint64_t max_residual;
+  bool release_context; /* release workers' device state once paused (ctxrelease.h) */
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
   struct list groups;
   size_t pending; /* groups not done */
   uint64_t copied0, copy_us0; /* the registry's copy totals at the start */
   struct devfig *dev;         /* per device: what it did, the driver's figures */
   unsigned ndev;
+  enum { EXITS_UNASKED, EXITS_WAITING, EXITS_DONE } exits; /* ended owners (exitwait.h) */
   struct outcome outcome;     /* what it did and could not do, its failure */
 };
 
@@ -94,6 +99,8 @@ struct engine {
   struct list stragglers;
   idmap *events; /* event id -> group */
   struct devcheck_last last; /* the last pause's checks */
+  exitwait *exits;           /* the current pause's owners that ended */
+  ctxrelease *ctx;           /* workers' device state released by pauses */
   uint64_t next_event;
   bool busy; /* inside a step: completion is checked at its end */
 };
@@ -105,7 +112,10 @@ static void check_done(engine *e);
 engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct config *cfg,
                       struct list *owners, const struct outbox *out, stats *st) {
   engine *e = calloc(1, sizeof *e);
-  if (!e || !(e->events = idmap_create())) {
+  if (!e || !(e->events = idmap_create()) || !(e->exits = exitwait_create(loop, g)) ||
+      !(e->ctx = ctxrelease_create(g, owners, out, cfg->release_journal, cfg->lock_timeout_ms))) {
+    if (e) idmap_destroy(e->events);
+    if (e) exitwait_destroy(e->exits);
     free(e);
     return NULL;
   }
@@ -183,6 +193,8 @@ void engine_destroy(engine *e) {
   list_for_each_safe(p, t, &e->stragglers)
       group_free(list_entry(p, struct group, link), e->events);
   idmap_destroy(e->events);
+  exitwait_destroy(e->exits);
+  ctxrelease_destroy(e->ctx);
   uv_close((uv_handle_t *)&e->timer, on_handle_closed);
   uv_close((uv_handle_t *)&e->check, on_handle_closed);
   uv_close((uv_handle_t *)&e->idle, on_handle_closed);
@@ -205,7 +217,7 @@ static void enqueue(engine *e, struct op *op) {
 /* Queue an operation and start it if nothing runs. */
 void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
-                   uint32_t timeout_ms, uint64_t max_residual,
+                   uint32_t timeout_ms, uint64_t max_residual, bool release_context,
                    const struct scope_spec *scope) {
   engine_settle(e); /* what acks read before it released is released for it */
   struct op *op = calloc(1, sizeof *op);
@@ -236,6 +248,7 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
   if (!op->by_controller && op->timeout_ms > e->cfg->ack_timeout_ms)
     op->timeout_ms = e->cfg->ack_timeout_ms;
   op->max_residual = max_residual;
+  op->release_context = release_context && !resume;
   enqueue(e, op);
   run_queue(e);
 }
@@ -438,11 +451,6 @@ static int send_remap(engine *e, struct group *g) {
   return event_send_remap(e->out, g->s, e->reg, g->first_event, g->ids, g->nids, g->fds, g->ends);
 }
 
-/* True if the operation covers buffer b: its device and its owner. */
-static bool selected(const struct op *op, const struct buffer *b) {
-  return scope_covers(&op->scope, b);
-}
-
 /* True if the operation covers every session (no scope). */
 static bool unscoped(const struct op *op) { return scope_is_all(&op->scope); }
 
@@ -458,19 +466,6 @@ static void held_in_transit(struct op *op, const struct buffer *b) {
   op->dev[b->device].touched = true;
 }
 
-/* Say which owners missed an earlier ack, and what they still hold. */
-static void fail_in_transit(struct op *op, const char *what) {
-  char bytes[32], pids[96] = "";
-  int len = 0;
-  for (size_t i = 0; i < op->outcome.npids && len < (int)sizeof pids; i++)
-    len += snprintf(pids + len, sizeof pids - (size_t)len, " %u", op->outcome.pids[i]);
-  fail(op, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
-       "%s: pid%s has not acknowledged an earlier pause or resume; %llu buffers (%s) are "
-       "still held",
-       what, pids, (unsigned long long)op->outcome.held_buffers,
-       size_format(op->outcome.held_bytes, bytes, sizeof bytes));
-}
-
 /* Phase one of a pause: mark buffers and ask their owners to unmap. */
 static void start_pause(engine *e, struct op *op) {
   if (!names_exist(e, op)) return;
@@ -482,7 +477,7 @@ static void start_pause(engine *e, struct op *op) {
     struct list *p, *n;
     list_for_each_safe(p, n, &tag->buffers) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
-      if (!selected(op, b)) continue;
+      if (!scope_covers(&op->scope, b)) continue;
       if (b->flags & BUF_FLAG_IPC_LEGACY) {
         op->outcome.skipped++;
         continue;
@@ -512,15 +507,10 @@ static void start_pause(engine *e, struct op *op) {
   }
   if (!by_session) fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   idmap_destroy(by_session);
-  if (op->outcome.held_buffers && !op->outcome.fault.code) fail_in_transit(op, "pause");
+  if (op->outcome.held_buffers && !op->outcome.fault.code)
+    outcome_fail_in_transit(&op->outcome, "pause");
   struct list *p, *n;
   list_for_each_safe(p, n, &op->groups) send_unmap(e, list_entry(p, struct group, link));
-}
-
-/* Release what a resume made before it sent anything. */
-static void undo_made(engine *e, struct buffer **bufs, const bool *made, size_t n) {
-  for (size_t j = 0; j < n; j++)
-    if (made[j]) registry_memory_release(e->reg, bufs[j]);
 }
 
 /* Collect the PAUSED buffers a resume selects; false (with the failure
@@ -532,7 +522,7 @@ static bool collect_paused(engine *e, struct op *op, struct buffer ***out, size_
     struct list *p;
     for (p = tag->buffers.next; p != &tag->buffers; p = p->next) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
-      if (!selected(op, b)) continue;
+      if (!scope_covers(&op->scope, b)) continue;
       if (b->state == BUF_PAUSING || b->state == BUF_RESUMING) held_in_transit(op, b);
       if (b->state != BUF_PAUSED) continue;
       if (*n == cap) {
@@ -548,37 +538,7 @@ static bool collect_paused(engine *e, struct op *op, struct buffer ***out, size_
     }
   }
   if (op->outcome.held_buffers) {
-    fail_in_transit(op, "resume refused, nothing changed");
-    return false;
-  }
-  return true;
-}
-
-/* Create memory for every buffer that has none, or for none of them. */
-static bool make_memory(engine *e, struct op *op, struct buffer **bufs, bool *made, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    if (bufs[i]->has_memory) continue;
-    if (!registry_memory_create(e->reg, bufs[i], &op->outcome.fault)) {
-      made[i] = true;
-      continue;
-    }
-    uint64_t needed = 0;
-    for (size_t j = 0; j < n; j++)
-      if (bufs[j]->device == bufs[i]->device && (!bufs[j]->has_memory || made[j]))
-        needed += bufs[j]->size;
-    undo_made(e, bufs, made, n);
-    size_t len = strlen(op->outcome.fault.text);
-    snprintf(op->outcome.fault.text + len, sizeof op->outcome.fault.text - len,
-             "; nothing resumed");
-    if (op->outcome.fault.code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
-      struct gpudev_mem m = {0};
-      gpudev_mem_detail(e->gpu, bufs[i]->device, &m);
-      op->outcome.fault.bytes_free = m.free;
-      op->outcome.fault.bytes_needed = needed;
-      snprintf(op->outcome.fault.text, sizeof op->outcome.fault.text,
-               "device %u: resume needs %llu bytes, %llu free; nothing resumed", bufs[i]->device,
-               (unsigned long long)needed, (unsigned long long)m.free);
-    }
+    outcome_fail_in_transit(&op->outcome, "resume refused, nothing changed");
     return false;
   }
   return true;
@@ -597,7 +557,7 @@ static void start_resume(engine *e, struct op *op) {
     fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto out;
   }
-  if (!make_memory(e, op, bufs, made, n)) goto out;
+  if (!resume_memory_make(e->reg, e->gpu, bufs, made, n, &op->outcome.fault)) goto out;
   struct fault f = {0};
   for (size_t i = 0; i < n && !f.code; i++) {
     op->dev[bufs[i]->device].touched = true;
@@ -616,11 +576,12 @@ static void start_resume(engine *e, struct op *op) {
     if (f.code) break;
     group_export(list_entry(p, struct group, link), e->reg, &f);
   }
+  if (!f.code) ctxrelease_resume(e->ctx, &op->groups, &op->outcome, &f); /* before any remap */
   if (f.code) {
     /* Nothing was sent: free the groups and what was made. */
     list_for_each_safe(p, x, &op->groups) group_free(list_entry(p, struct group, link), e->events);
     op->pending = 0;
-    undo_made(e, bufs, made, n);
+    resume_memory_undo(e->reg, bufs, made, n);
     op->outcome.backup_bytes = 0;
     fail(op, f.code, "%s; nothing resumed", f.text);
     goto out;
@@ -698,8 +659,11 @@ static void reply(engine *e, struct op *op) {
   uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000;
   Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
+  int listed[8];
   struct devcheck_rules rules = {.resume = op->resume, .max_residual = op->max_residual,
-                                 .by_controller = op->by_controller};
+                                 .by_controller = op->by_controller, .exit_listed = listed};
+  rules.exit_nlisted = exitwait_result(e->exits, &rules.exit_wait_ms, listed, 8);
+  if (rules.exit_nlisted > 8) rules.exit_nlisted = 8;
   size_t nchecks =
       checks && checkp ? devcheck_after(e->reg, e->gpu, op->dev, op->ndev, &rules, &op->outcome,
                                         checks)
@@ -722,11 +686,28 @@ static void reply(engine *e, struct op *op) {
   free(checkp);
 }
 
+/* Whether a session of pid is still open. */
+static bool has_session(void *arg, int pid) {
+  engine *e = arg;
+  for (struct list *p = e->owners->next; p != e->owners; p = p->next)
+    if (list_entry(p, struct owner, link)->pid == pid) return true;
+  return false;
+}
+
+/* The pause's owners that ended have left the driver, or it waited long
+ * enough: judge it now. */
+static void on_exits_gone(void *arg) {
+  engine *e = arg;
+  e->current->exits = EXITS_DONE;
+  check_done(e);
+}
+
 /* Finish the current operation if nobody is left to wait for; a failed
- * resume first rolls back what owners mapped. */
+ * resume first rolls back what owners mapped; a pause first waits for
+ * its owners that ended to leave the driver (exitwait.h). */
 static void check_done(engine *e) {
   struct op *op = e->current;
-  if (e->busy || !op || op->pending) return;
+  if (e->busy || !op || op->pending || op->exits == EXITS_WAITING) return;
   if (op->resume && !op->rolling_back) {
     if (op->outcome.fault.code) {
       if (start_rollback(e, op)) {
@@ -739,6 +720,17 @@ static void check_done(engine *e) {
     }
   }
   uv_timer_stop(&e->timer);
+  if (op->release_context) { /* once: its owners have all answered */
+    op->release_context = false;
+    ctxrelease_pause(e->ctx, &op->scope, &op->outcome);
+  }
+  if (!op->resume && op->exits == EXITS_UNASKED) {
+    op->exits = EXITS_DONE;
+    if (exitwait_start(e->exits, e->cfg->exit_wait_ms, has_session, on_exits_gone, e)) {
+      op->exits = EXITS_WAITING;
+      return;
+    }
+  }
   e->current = NULL;
   reply(e, op);
   op_free(e, op);
@@ -786,6 +778,7 @@ static void run_queue(engine *e) {
     op = list_entry(e->queue.next, struct op, link);
     list_remove(&op->link);
     e->current = op;
+    exitwait_clear(e->exits);
     op->t0 = uv_hrtime();
     op->rec = stats_op_begin(e->stats, op->resume, op->scope.tags,
                              op->scope.all_tags ? 0 : op->scope.ntags,
@@ -839,6 +832,7 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   size_t from = k ? g->ends[k - 1] : 0, to = g->ends[k];
   uint64_t stranger = 0;
   size_t strangers = group_note_ack(g, from, to, ack, &stranger);
+  s->nothing_mapped = g->kind != GROUP_REMAP && ack->nothing_mapped;
   if (strangers) /* one error for the ack, however many ids it got wrong */
     refuse_ack(e, s, "ack of event %llu names %zu buffers the event did not carry (buffer %llu, ...)",
                (unsigned long long)event_id, strangers, (unsigned long long)stranger);
@@ -876,6 +870,7 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
 
 /* A session is ending: stop waiting for it and never answer it. */
 void engine_forget(engine *e, struct owner *s) {
+  ctxrelease_forget(e->ctx, s);
   struct list *p, *n;
   list_for_each_safe(p, n, &e->queue) {
     struct op *op = list_entry(p, struct op, link);
@@ -894,6 +889,7 @@ void engine_forget(engine *e, struct owner *s) {
     struct group *g = list_entry(p, struct group, link);
     if (g->s != s) continue;
     if (!g->done) op->pending--;
+    if (!g->done && !op->resume) exitwait_note(e->exits, (int)s->pid);
     group_free(g, e->events);
   }
   check_done(e);

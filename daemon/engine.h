@@ -37,10 +37,12 @@ void engine_destroy(engine *e);
  * devmask (0: all), of the buffers of the sessions scope selects (NULL:
  * all), answering request req_id of session ctl when done. timeout_ms (0:
  * the configured one) is capped; a pause with max_residual (0: none) fails
- * when a device it touched still holds more than that outside the daemon. */
+ * when a device it touched still holds more than that outside the daemon;
+ * a pause with release_context then releases the device state of the
+ * worker processes it covers (ctxrelease.h). */
 void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
-                   uint32_t timeout_ms, uint64_t max_residual,
+                   uint32_t timeout_ms, uint64_t max_residual, bool release_context,
                    const struct scope_spec *scope);
 
 /* The driver's figures of the last pause that finished, per device it

@@ -15,6 +15,7 @@
 #include "common/size.h"
 #include "common/wire.h"
 #include "config.h"
+#include "ctxrelease.h"
 #include "fdbudget.h"
 #include "gpu/gpudev.h"
 #include "gpumem.h"
@@ -37,6 +38,10 @@ static void usage(FILE *out) {
           "  --backup-limit SIZE       host memory for BACKUP buffers (default half of RAM)\n"
           "  --verify-backups          hash backups; fail a resume whose restore differs\n"
           "  --ack-timeout DURATION    wait for workers' acks (default 10s; 500ms, 2s)\n"
+          "  --exit-wait DURATION      a pause waits this long for workers that died during\n"
+          "                            it to leave the driver before it judges (default 3s)\n"
+          "  --lock-timeout DURATION   a context release waits this long for a worker's\n"
+          "                            device calls in flight (default 5s)\n"
           "  --adopt-grace DURATION    after start, allocations that would make a new tag\n"
           "                            wait this long, so that workers re-register theirs\n"
           "                            first (default none; the systemd unit sets 3s)\n"
@@ -119,6 +124,8 @@ static int parse_value_option(int c, const char *arg, struct config *cfg) {
     uint32_t *to;
   } durations[] = {
       {'t', &cfg->ack_timeout_ms},
+      {'X', &cfg->exit_wait_ms},
+      {'L', &cfg->lock_timeout_ms},
       {'a', &cfg->adopt_grace_ms},
       {'F', &cfg->frame_timeout_ms},
   };
@@ -233,6 +240,8 @@ int main(int argc, char **argv) {
       .chunk_size = 1ull << 30,
       .backup_limit = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE) / 2,
       .ack_timeout_ms = 10000,
+      .exit_wait_ms = 3000,
+      .lock_timeout_ms = 5000,
       .timeout_policy = TIMEOUT_REPORT,
       .shared_tags = shared_tags,
       .nshared_tags = 1,
@@ -262,6 +271,8 @@ int main(int argc, char **argv) {
       {"backup-limit", required_argument, 0, 'k'},
       {"verify-backups", no_argument, 0, 'v'},
       {"ack-timeout", required_argument, 0, 't'},
+      {"exit-wait", required_argument, 0, 'X'},
+      {"lock-timeout", required_argument, 0, 'L'},
       {"adopt-grace", required_argument, 0, 'a'},
       {"timeout-policy", required_argument, 0, 'p'},
       {"controller-uid", required_argument, 0, 'u'},
@@ -371,6 +382,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (cfg.listen_fd >= 0 && activated_path[0]) cfg.socket_path = activated_path;
+  static char journal[4200];
+  snprintf(journal, sizeof journal, "%s.released", cfg.socket_path);
+  cfg.release_journal = journal;
   signal(SIGPIPE, SIG_IGN);
   log_info("file descriptors: up to %llu", (unsigned long long)fdbudget_raise());
   gpudev *g;
@@ -398,7 +412,10 @@ int main(int argc, char **argv) {
     uv_loop_close(&loop);
     gpudev_close(g);
     return 1;
-  }
+  }  /* The socket is ours now: workers a daemon before us left released
+   * get their device state back before anything is served. */
+  ctxrelease_recover(g, cfg.release_journal);
+
   bool notify_failed =
       notify_ready(gpudev_name(g), gpudev_device_count(g), cfg.socket_path, err, sizeof err) < 0;
   if (notify_failed) {

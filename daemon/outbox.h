@@ -29,6 +29,9 @@ struct outbox {
    * ending, -EBADF when it was never pinned, -ESRCH when the process is
    * gone, or another negative errno. */
   int (*stop)(void *ctx, struct owner *o);
+  /* Whether o's process is still the one its session pinned at connect:
+   * 0, -EBADF when it was never pinned, -ESRCH when it is gone. */
+  int (*pinned)(void *ctx, struct owner *o);
 };
 
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/size.h"
 #include "report.h"
 
 /* Record the first failure. */
@@ -26,6 +27,19 @@ void outcome_note_pid(struct outcome *o, pid_t pid) {
   if (!np) return;
   o->pids = np;
   o->pids[o->npids++] = (uint32_t)pid;
+}
+
+/* Say which owners missed an earlier ack, and what they still hold. */
+void outcome_fail_in_transit(struct outcome *o, const char *what) {
+  char bytes[32], pids[96] = "";
+  int len = 0;
+  for (size_t i = 0; i < o->npids && len < (int)sizeof pids; i++)
+    len += snprintf(pids + len, sizeof pids - (size_t)len, " %u", o->pids[i]);
+  outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__CLIENT_TIMEOUT,
+               "%s: pid%s has not acknowledged an earlier pause or resume; %llu buffers (%s) are "
+               "still held",
+               what, pids, (unsigned long long)o->held_buffers,
+               size_format(o->held_bytes, bytes, sizeof bytes));
 }
 
 /* Count a buffer that still holds memory. */
@@ -58,13 +72,41 @@ void outcome_count(struct outcome *o, const struct buffer *b) {
   d->bytes += b->size;
 }
 
-/* Free the pids and the detail. */
+/* Add a release entry. */
+struct outcome_release *outcome_add_release(struct outcome *o, pid_t pid) {
+  struct outcome_release *v = realloc(o->releases, (o->nreleases + 1) * sizeof *v);
+  if (!v) return NULL;
+  o->releases = v;
+  struct outcome_release *r = &v[o->nreleases++];
+  memset(r, 0, sizeof *r);
+  r->pid = pid;
+  return r;
+}
+
+/* Free the pids, the detail and the releases. */
 void outcome_free(struct outcome *o) {
   free(o->pids);
   free(o->detail);
+  free(o->releases);
   o->pids = NULL;
   o->detail = NULL;
-  o->npids = o->ndetail = 0;
+  o->releases = NULL;
+  o->npids = o->ndetail = o->nreleases = 0;
+}
+
+/* The releases as wire messages (v and p: room for n); NULL-free. */
+static void wire_releases(const struct outcome *o, Gpumem__Wire__ProcessRelease *v,
+                          Gpumem__Wire__ProcessRelease **p) {
+  for (size_t i = 0; v && p && i < o->nreleases; i++) {
+    const struct outcome_release *x = &o->releases[i];
+    gpumem__wire__process_release__init(&v[i]);
+    v[i].pid = (uint32_t)x->pid;
+    v[i].released = x->released;
+    v[i].moved_to_host = x->moved;
+    v[i].elapsed_us = x->us;
+    v[i].why = (char *)x->why;
+    p[i] = &v[i];
+  }
 }
 
 /* Log an operation's figures and failure. */
@@ -88,6 +130,10 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
   Gpumem__Wire__OpReply r = GPUMEM__WIRE__OP_REPLY__INIT;
   Gpumem__Wire__TagDeviceBytes *td = calloc(o->ndetail + 1, sizeof *td);
   Gpumem__Wire__TagDeviceBytes **tdp = calloc(o->ndetail + 1, sizeof *tdp);
+  Gpumem__Wire__ProcessRelease *rv = calloc(o->nreleases + 1, sizeof *rv);
+  Gpumem__Wire__ProcessRelease **rp = calloc(o->nreleases + 1, sizeof *rp);
+  size_t nrel = rv && rp ? o->nreleases : 0;
+  wire_releases(o, rv, rp);
   if (o->fault.code) {
     fault_to_wire(&o->fault, text, &err);
     err.pids = o->pids;
@@ -96,6 +142,8 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
     err.bytes_held = o->held_bytes;
     err.checks = checks;
     err.n_checks = nchecks;
+    err.releases = rp;
+    err.n_releases = nrel;
     env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_ERROR, &err);
   } else {
     r.buffers = o->buffers;
@@ -116,6 +164,8 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
     r.detail = tdp;
     r.checks = checks;
     r.n_checks = nchecks;
+    r.releases = rp;
+    r.n_releases = nrel;
     r.devices = report_devices(reg, g, &r.n_devices);
     env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY, &r);
   }
@@ -123,6 +173,8 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
   report_devices_free(r.devices);
   free(td);
   free(tdp);
+  free(rv);
+  free(rp);
 }
 
 /* Note and log the copies an operation made. */

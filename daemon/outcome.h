@@ -4,6 +4,7 @@
 #ifndef GPUMEMD_OUTCOME_H
 #define GPUMEMD_OUTCOME_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -19,6 +20,16 @@ struct outcome_detail {
   uint64_t buffers, bytes;
 };
 
+/* A worker process whose own device state the operation released (or
+ * tried to), or brought back (ctxrelease.h). */
+struct outcome_release {
+  pid_t pid;
+  bool released;  /* its device state is in host memory now */
+  uint64_t moved; /* device bytes the driver listed for it before */
+  uint64_t us;
+  char why[200];  /* not released, or not restored: why ("" when done) */
+};
+
 struct outcome {
   uint64_t buffers, bytes, backup_bytes, skipped;
   uint64_t held_buffers, held_bytes; /* still holding memory they should not */
@@ -26,6 +37,8 @@ struct outcome {
   size_t npids;
   struct outcome_detail *detail;
   size_t ndetail;
+  struct outcome_release *releases;
+  size_t nreleases;
   struct fault fault; /* the first failure, reported instead of success */
 };
 
@@ -36,12 +49,21 @@ __attribute__((format(printf, 3, 4))) void outcome_fail(struct outcome *o, wire_
 /* Name an owner among those a failure involves (once each). */
 void outcome_note_pid(struct outcome *o, pid_t pid);
 
+/* Fail with CLIENT_TIMEOUT because buffers the operation covers are still
+ * in an earlier operation's transition (held, their owners noted): what
+ * ("pause") names what refuses. */
+void outcome_fail_in_transit(struct outcome *o, const char *what);
+
 /* Count a buffer that still holds memory the operation should have freed
  * (or, for a resume, memory it could not take back), naming its owner. */
 void outcome_hold(struct outcome *o, const struct buffer *b);
 
 /* Count a buffer that finished (o may be NULL). */
 void outcome_count(struct outcome *o, const struct buffer *b);
+
+/* Add a process's release (or restore) to the outcome: NULL out of
+ * memory, else the entry, zeroed but for its pid. */
+struct outcome_release *outcome_add_release(struct outcome *o, pid_t pid);
 
 /* Free what the outcome holds. */
 void outcome_free(struct outcome *o);

@@ -21,6 +21,10 @@ struct owner {
   struct list buffers; /* struct buffer.owner_link */
   size_t nbuffers;
   bool closed;      /* its session has ended: nothing more is sent to it */
+  bool release_ok;     /* opted in to context release at Hello */
+  bool nothing_mapped; /* its last Unmap ack said it maps nothing of ours */
+  bool released;       /* its process's device state is released (ctxrelease.h) */
+  uint64_t moved;      /* device bytes that release moved to host memory */
   struct list link; /* the server's owners, one per session, in id order */
 };
 

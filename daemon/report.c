@@ -235,6 +235,9 @@ static void session_info(Gpumem__Wire__SessionInfo *si, struct owner *x,
     si->bytes += list_entry(q, struct buffer, owner_link)->size;
   }
   si->residual_known = known;
+  si->release_context = x->release_ok;
+  si->context_released = x->released;
+  si->moved_to_host = x->moved;
   for (size_t k = 0; k < nprocs; k++)
     if (procp[k]->session_id == x->id) si->residual += procp[k]->residual;
 }

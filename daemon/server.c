@@ -15,6 +15,7 @@
 #include "fdbudget.h"
 #include "listener.h"
 #include "notify.h"
+#include "peer.h"
 #include "registry.h"
 #include "report.h"
 #include "grace.h"
@@ -96,6 +97,13 @@ static int out_stop(void *ctx, struct owner *o) {
   return session_kill(session_of(o));
 }
 
+/* The outbox's pinned: whether the owner's process is the one pinned. */
+static int out_pinned(void *ctx, struct owner *o) {
+  (void)ctx;
+  struct session *s = session_of(o);
+  return s->pidfd < 0 ? -EBADF : peer_signal(s->pidfd, 0);
+}
+
 /* Bind the socket and get ready to serve. */
 server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
                       char *err, size_t errlen) {
@@ -109,7 +117,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
   srv->gpu = g;
   srv->next_session_id = 1;
   srv->out = (struct outbox){.ctx = srv, .send = out_send, .send_error = out_send_error,
-                             .end = out_end, .stop = out_stop};
+                             .end = out_end, .stop = out_stop, .pinned = out_pinned};
   srv->host = (struct session_host){.ctx = srv, .cfg = cfg, .queued_total = &srv->queued_total,
                                     .frame = on_frame, .doomed = on_doomed, .closed = on_closed,
                                     .frames_wait = on_frames_wait,
@@ -499,6 +507,7 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
   }
   s->owner.role = h->role;
   s->owner.minor = h->version_minor;
+  s->owner.release_ok = h->role == GPUMEM__WIRE__ROLE__ROLE_WORKER && h->release_context;
   snprintf(s->owner.name, sizeof s->owner.name, "%s", h->name);
   Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
   r.version_major = WIRE_VERSION_MAJOR;
@@ -746,7 +755,8 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
     }
     mask |= 1ull << devs[i];
   }
-  engine_submit(srv->eng, &s->owner, env->id, resume, tags, ntags, mask, timeout, max_residual, &scope);
+  engine_submit(srv->eng, &s->owner, env->id, resume, tags, ntags, mask, timeout, max_residual,
+                !resume && pr->release_context, &scope);
 }
 
 /* Parse, check and route one request. */

@@ -20,6 +20,15 @@
 
 DEV_CALLS(CUDA_DECLARE)
 
+/* The checkpoint calls (cuda.h 12.8 on), looked up where the driver has
+ * them: without them no process is released. */
+#if CUDA_VERSION >= 12080
+#define CKPT_CALLS(X) \
+  X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint) X(cuCheckpointProcessRestore) \
+  X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState)
+CKPT_CALLS(CUDA_DECLARE)
+#endif
+
 /* NVML, declared here from its documented ABI (nvml.h): its header is not
  * always installed. */
 typedef struct nvml_device *nvml_device;
@@ -74,6 +83,10 @@ static void nvml_load(void) {
 static void load_once(void) {
   void *lib = cuda_lib_handle();
   DEV_CALLS(CUDA_LOAD)
+#if CUDA_VERSION >= 12080
+#define CKPT_FIND(fn) p_##fn = (__typeof__(&fn))dlsym(lib, CUDA_XSTR(fn));
+  CKPT_CALLS(CKPT_FIND)
+#endif
   nvml_load();
 }
 
@@ -277,6 +290,49 @@ static int cuda_ipc_alloc(uint64_t size, uint64_t *dptr, uint8_t *handle) {
 /* Free memory from cuda_ipc_alloc. */
 static int cuda_ipc_free(uint64_t dptr) { return p_cuMemFree(dptr); }
 
+#if CUDA_VERSION >= 12080
+/* Hold pid's CUDA calls, waiting at most timeout_ms for those in flight. */
+static int cuda_ckpt_lock(int pid, unsigned timeout_ms) {
+  if (!p_cuCheckpointProcessLock) return -ENOTSUP;
+  CUcheckpointLockArgs a = {.timeoutMs = timeout_ms};
+  return (int)p_cuCheckpointProcessLock(pid, &a);
+}
+
+/* Move a locked pid's device state to host memory. */
+static int cuda_ckpt_checkpoint(int pid) {
+  CUcheckpointCheckpointArgs a = {{0}};
+  return p_cuCheckpointProcessCheckpoint ? (int)p_cuCheckpointProcessCheckpoint(pid, &a) : -ENOTSUP;
+}
+
+/* Bring a checkpointed pid's device state back (it stays locked). */
+static int cuda_ckpt_restore(int pid) {
+  CUcheckpointRestoreArgs a;
+  memset(&a, 0, sizeof a);
+  return p_cuCheckpointProcessRestore ? (int)p_cuCheckpointProcessRestore(pid, &a) : -ENOTSUP;
+}
+
+/* Let a locked pid's CUDA calls go on. */
+static int cuda_ckpt_unlock(int pid) {
+  CUcheckpointUnlockArgs a = {{0}};
+  return p_cuCheckpointProcessUnlock ? (int)p_cuCheckpointProcessUnlock(pid, &a) : -ENOTSUP;
+}
+
+/* Where pid stands under the checkpoint calls. */
+static int cuda_ckpt_state(int pid, enum vmm_ckpt_state *state) {
+  if (!p_cuCheckpointProcessGetState || !p_cuCheckpointProcessLock ||
+      !p_cuCheckpointProcessCheckpoint || !p_cuCheckpointProcessRestore ||
+      !p_cuCheckpointProcessUnlock)
+    return -ENOTSUP;
+  CUprocessState s;
+  CUresult rc = p_cuCheckpointProcessGetState(pid, &s);
+  *state = s == CU_PROCESS_STATE_LOCKED         ? VMM_CKPT_LOCKED
+           : s == CU_PROCESS_STATE_CHECKPOINTED ? VMM_CKPT_CHECKPOINTED
+           : s == CU_PROCESS_STATE_FAILED       ? VMM_CKPT_FAILED
+                                                : VMM_CKPT_RUNNING;
+  return (int)rc;
+}
+#endif
+
 const struct vmm_dev_vendor vmm_cuda_dev = {
     .base = &vmm_cuda,
     .once = &once,
@@ -298,4 +354,11 @@ const struct vmm_dev_vendor vmm_cuda_dev = {
     .processes = cuda_processes,
     .ipc_alloc = cuda_ipc_alloc,
     .ipc_free = cuda_ipc_free,
+#if CUDA_VERSION >= 12080
+    .ckpt_lock = cuda_ckpt_lock,
+    .ckpt_checkpoint = cuda_ckpt_checkpoint,
+    .ckpt_restore = cuda_ckpt_restore,
+    .ckpt_unlock = cuda_ckpt_unlock,
+    .ckpt_state = cuda_ckpt_state,
+#endif
 };

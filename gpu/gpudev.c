@@ -95,6 +95,47 @@ int gpudev_processes(gpudev *g, unsigned dev, struct gpudev_process *out, size_t
   return g->ops->processes(g->state, dev, out, max, n);
 }
 
+/* Whether the driver lists a process on any device. */
+int gpudev_process_listed(gpudev *g, int pid) {
+  if (g->ops->process_listed) return g->ops->process_listed(g->state, pid);
+  if (!g->ops->processes) return gpu_fail(-ENOTSUP, "%s: no per-process figures", g->ops->name);
+  int rc = 0;
+  for (unsigned d = 0; rc == 0 && d < gpudev_device_count(g); d++) {
+    size_t n = 0, room;
+    if ((rc = g->ops->processes(g->state, d, NULL, 0, &n)) < 0) break;
+    struct gpudev_process *list = calloc((room = n + 8), sizeof *list);
+    if (!list) return gpu_fail(-ENOMEM, "out of memory");
+    n = 0;
+    rc = g->ops->processes(g->state, d, list, room, &n);
+    for (size_t i = 0; rc == 0 && i < n && i < room; i++)
+      if (list[i].pid == pid) rc = 1;
+    free(list);
+  }
+  return rc;
+}
+
+/* Release a process's own device state to host memory. */
+int gpudev_process_release(gpudev *g, int pid, uint32_t lock_ms, uint64_t *moved) {
+  *moved = 0;
+  if (!g->ops->process_release)
+    return gpu_fail(-ENOTSUP, "the %s backend cannot release a process's device state",
+                    g->ops->name);
+  return g->ops->process_release(g->state, pid, lock_ms, moved);
+}
+
+/* Bring a released process's device state back. */
+int gpudev_process_restore(gpudev *g, int pid) {
+  if (!g->ops->process_restore)
+    return gpu_fail(-ENOTSUP, "the %s backend cannot restore a process", g->ops->name);
+  return g->ops->process_restore(g->state, pid);
+}
+
+/* Whether a process's device state is released. */
+int gpudev_process_released(gpudev *g, int pid) {
+  if (!g->ops->process_released) return 0;
+  return g->ops->process_released(g->state, pid);
+}
+
 /* Which chunks a process still holds. */
 int gpudev_chunks_held_by(gpudev *g, int pid, const uint64_t *handles, size_t n, bool *held) {
   if (!g->ops->chunks_held_by) return -ENOTSUP;

@@ -83,6 +83,32 @@ struct gpudev_process {
  * the worker: its figure is its context and what it allocated itself. */
 int gpudev_processes(gpudev *g, unsigned dev, struct gpudev_process *out, size_t max, size_t *n);
 
+/* Whether the driver still lists process pid on any device (1) or not
+ * (0): a process that has exited stays listed, its memory not yet free,
+ * until the driver has let go of it (on an H200 a moment after the exit).
+ * -ENOTSUP where the driver lists no processes. */
+int gpudev_process_listed(gpudev *g, int pid);
+
+/* Release process pid's own device state (its contexts and what it
+ * allocated itself; nothing it imported may still be mapped) to host
+ * memory, giving the driver lock_ms to stop the process's device calls.
+ * It succeeds only where the driver then lists the process holding
+ * nothing; a release that did not is undone where the driver allows and
+ * fails (-EBUSY), with the driver's words. *moved: the device bytes the
+ * driver listed for the process before. -ENOTSUP where the backend
+ * cannot (HIP; a CUDA driver without the checkpoint API). The host
+ * backend's stand-in stops the process (SIGSTOP) and refuses one that
+ * still maps or holds device memory. */
+int gpudev_process_release(gpudev *g, int pid, uint32_t lock_ms, uint64_t *moved);
+
+/* Bring back what gpudev_process_release moved to host memory and let
+ * the process make device calls again (the host stand-in: SIGCONT). */
+int gpudev_process_restore(gpudev *g, int pid);
+
+/* 1 while pid's device state is released (or its device calls are held
+ * by a release that did not finish), 0 if it runs, or a negative errno. */
+int gpudev_process_released(gpudev *g, int pid);
+
 /* Which of n chunks process pid still maps or holds (held[i]), reading
  * the process once. Returns how many it holds, or -ENOTSUP where the
  * backend cannot tell (the driver's free memory is the check there). */

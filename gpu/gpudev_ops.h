@@ -21,6 +21,12 @@ struct gpudev_ops {
   int (*mem_detail)(void *state, unsigned dev, struct gpudev_mem *m);
   int (*processes)(void *state, unsigned dev, struct gpudev_process *out, size_t max, size_t *n);
   int (*chunks_held_by)(void *state, int pid, const uint64_t *handles, size_t n, bool *held);
+  /* NULL: pid is looked for in processes' list of each device. */
+  int (*process_listed)(void *state, int pid);
+  /* NULL (all three): the backend cannot release a process's state. */
+  int (*process_release)(void *state, int pid, uint32_t lock_ms, uint64_t *moved);
+  int (*process_restore)(void *state, int pid);
+  int (*process_released)(void *state, int pid);
   int (*chunk_adopt)(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle);
   int (*chunk_set_owner)(void *state, uint64_t handle, uint32_t uid);
   int (*chunk_owner)(void *state, uint64_t handle, uint32_t *uid);

@@ -55,4 +55,13 @@ int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, s
 int host_proc_chunks_held_by(void *state, int pid, const uint64_t *handles, size_t n,
                              bool *held);
 
+/* Whether pid maps or holds any device memfd (the table's process_listed). */
+int host_proc_listed(void *state, int pid);
+
+/* The stand-in for a release of pid's device state (host_freeze.c): the
+ * table's process_release, process_restore and process_released. */
+int host_freeze_release(void *state, int pid, uint32_t lock_ms, uint64_t *moved);
+int host_freeze_restore(void *state, int pid);
+int host_freeze_released(void *state, int pid);
+
 #endif

@@ -157,13 +157,12 @@ static int outside_bytes(const struct host *h, unsigned dev, int pid, uint64_t *
   return s.oom ? gpu_fail(-ENOMEM, "out of memory") : 0;
 }
 
-/* Every process that maps or holds memfds of dev the daemon did not make,
- * from /proc: the model of the driver's per-process list. The daemon's own
- * process is left out (its memfds are its chunks); processes of other users
- * are seen only by a daemon that may read their /proc entries. */
-int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, size_t max,
-                        size_t *n) {
-  struct host *h = state;
+/* Call fn for every process but the daemon's own that maps or holds
+ * memfds of dev the daemon did not make, with their bytes; processes of
+ * other users are seen only by a daemon that may read their /proc
+ * entries. */
+static int outside_each(struct host *h, unsigned dev, void (*fn)(void *arg, int pid, uint64_t bytes),
+                        void *arg) {
   if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
   DIR *d = opendir("/proc");
   if (!d) return gpu_fail(-errno, "/proc: %s", strerror(errno));
@@ -175,11 +174,32 @@ int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, s
     if (*end || pid <= 0 || pid == self) continue;
     uint64_t bytes;
     if ((rc = outside_bytes(h, dev, (int)pid, &bytes)) < 0 || bytes == 0) continue;
-    if (*n < max) out[*n] = (struct gpudev_process){.pid = (int)pid, .used = bytes};
-    ++*n;
+    fn(arg, (int)pid, bytes);
   }
   closedir(d);
   return rc;
+}
+
+/* Where host_proc_processes writes the processes it finds. */
+struct process_list {
+  struct gpudev_process *out;
+  size_t max, *n;
+};
+
+/* One process into the list. */
+static void list_process(void *arg, int pid, uint64_t bytes) {
+  struct process_list *l = arg;
+  if (*l->n < l->max) l->out[*l->n] = (struct gpudev_process){.pid = pid, .used = bytes};
+  ++*l->n;
+}
+
+/* Every process that maps or holds memfds of dev the daemon did not make,
+ * from /proc: the model of the driver's per-process list. The daemon's own
+ * process is left out (its memfds are its chunks). */
+int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, size_t max,
+                        size_t *n) {
+  struct process_list l = {.out = out, .max = max, .n = n};
+  return outside_each(state, dev, list_process, &l);
 }
 
 /* The memfds one process maps or holds, by inode (memfds share one
@@ -234,4 +254,45 @@ int host_proc_chunks_held_by(void *state, int pid, const uint64_t *handles, size
   }
   idmap_destroy(s.inodes);
   return count;
+}
+
+/* Whether a path names a memfd of any simulated device. */
+static bool any_device_memfd(const struct host *h, const char *path) {
+  for (unsigned d = 0; d < h->ndev; d++)
+    if (host_live_is_device_memfd(h, path, d)) return true;
+  return false;
+}
+
+/* What a look for any device memory of one process needs. */
+struct listed_scan {
+  const struct host *h;
+  bool found;
+};
+
+/* A mapping: device memory? */
+static void listed_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
+  struct listed_scan *s = arg;
+  (void)len;
+  (void)dev;
+  (void)ino;
+  if (any_device_memfd(s->h, path)) s->found = true;
+}
+
+/* An fd's link: device memory? */
+static bool listed_named(void *arg, const char *link) {
+  struct listed_scan *s = arg;
+  if (any_device_memfd(s->h, link)) s->found = true;
+  return false;
+}
+
+/* The model of "the driver lists pid": it maps or holds a memfd of any
+ * simulated device, the daemon's or not (a process that has exited, a
+ * zombie too, holds none). */
+int host_proc_listed(void *state, int pid) {
+  struct listed_scan s = {.h = state};
+  int rc = maps_each(pid, listed_mapping, &s);
+  if (rc == 0 && !s.found) rc = fds_each(pid, listed_named, NULL, &s);
+  if (rc == -ENOENT || rc == -ESRCH) return 0;
+  if (rc < 0) return gpu_fail(rc, "reading /proc/%d: %s", pid, strerror(-rc));
+  return s.found;
 }

@@ -12,6 +12,7 @@
 #include "error.h"
 #include "gpudev_ops.h"
 #include "vmm_backup.h"
+#include "vmm_dev_ckpt.h"
 #include "vmm_dev.h"
 
 /* Load the vendor runtime with the daemon's calls, and learn its devices
@@ -227,6 +228,8 @@ static void vmm_ipc_free(void *state, unsigned dev, uint64_t dptr, uint64_t size
     .open = vmm_open_dev, .close = vmm_close_dev, .device_count = vmm_device_count,          \
     .granularity = vmm_granularity, .mem_info = vmm_mem_info, .mem_detail = vmm_mem_detail,  \
     .processes = vmm_processes, .chunk_adopt = vmm_chunk_adopt,                              \
+    .process_release = vmm_process_release, .process_restore = vmm_process_restore,          \
+    .process_released = vmm_process_released,                                                \
     .chunk_create = vmm_chunk_create, .chunk_export = vmm_chunk_export,                      \
     .chunk_release = vmm_chunk_release, .chunks_copy = vmm_backup_copy,                      \
     .backup_reserve = vmm_backup_reserve, .backup_make = vmm_backup_make,                    \

@@ -17,6 +17,9 @@
 #include "gpu/vmm.h"
 #include "gpu/vmm_gate.h"
 
+/* A process's state under the driver's checkpoint calls. */
+enum vmm_ckpt_state { VMM_CKPT_RUNNING, VMM_CKPT_LOCKED, VMM_CKPT_CHECKPOINTED, VMM_CKPT_FAILED };
+
 struct vmm_dev_vendor {
   const struct vmm_vendor *base;
   /* Load the daemon's calls (after base's load) and the management
@@ -51,6 +54,15 @@ struct vmm_dev_vendor {
   int (*processes)(int dev, struct gpudev_process **list, size_t *n);
   int (*ipc_alloc)(uint64_t size, uint64_t *dptr, uint8_t *handle);
   int (*ipc_free)(uint64_t dptr);
+  /* The driver's checkpoint of another process, by pid (NULL, or -ENOTSUP
+   * from ckpt_state, where the driver has none): hold its device calls
+   * (waiting at most timeout_ms), move its device state to host memory,
+   * bring it back, let its calls go on; its state now. Vendor statuses. */
+  int (*ckpt_lock)(int pid, unsigned timeout_ms);
+  int (*ckpt_checkpoint)(int pid);
+  int (*ckpt_restore)(int pid);
+  int (*ckpt_unlock)(int pid);
+  int (*ckpt_state)(int pid, enum vmm_ckpt_state *state);
 };
 
 extern const struct vmm_dev_vendor vmm_cuda_dev;

@@ -54,7 +54,7 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 5
+#define GPUMEM_VERSION_MINOR 6
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
@@ -89,6 +89,7 @@ enum gpumem_error {
   GPUMEM_E_RESIDUAL = -18,      /* a device holds more than allowed outside gpumemd */
   GPUMEM_E_SHUTTING_DOWN = -19, /* the daemon is going away */
   GPUMEM_E_TIMEOUT = -20,       /* the daemon did not answer within the request timeout */
+  GPUMEM_E_RELEASE_REFUSED = -21, /* paused, but a context release was refused (1.6) */
 };
 
 /* Session roles. */
@@ -127,6 +128,16 @@ enum gpumem_connect_flag {
    * node_device), and its allocations fail with GPUMEM_E_PERMISSION.
    * gpumemctl connects this way. */
   GPUMEM_CONNECT_NODE_DEVICES = 4,
+  /* Let a pause that asks for it (gpumem_op_options.release_context)
+   * release this process's own device state (its context, CUDA-graph
+   * pools, cuBLAS workspaces, PyTorch's cached blocks) to host memory
+   * once every buffer of it is paused, and a resume bring it back before
+   * its buffers are mapped again (1.6). The environment variable
+   * GPUMEM_RELEASE_CONTEXT=1 sets it for every connection of the process
+   * (the preload library and Python paths). While released, the
+   * process's device calls block until the resume; a released process
+   * whose daemon goes away is restored by the daemon that follows. */
+  GPUMEM_CONNECT_RELEASE_CONTEXT = 8,
 };
 
 /* The default socket path, used when neither an argument nor the
@@ -376,9 +387,17 @@ struct gpumem_op_options {
   size_t npids;
   /* ... and only sessions whose name starts with this (NULL or "": any). */
   const char *session_prefix;
+  /* Pause only (1.6): once the buffers are paused, release the device
+   * state of each worker process the pause covers that connected with
+   * GPUMEM_CONNECT_RELEASE_CONTEXT and maps nothing of the daemon's (the
+   * report's releases say what each moved to host memory). One that may
+   * not be released fails the call with GPUMEM_E_RELEASE_REFUSED and the
+   * reason, the pause itself done; one whose release did not hold fails
+   * it with GPUMEM_E_NOT_RELEASED. */
+  int release_context;
 };
 
-#define GPUMEM_OP_OPTIONS_INIT {sizeof(struct gpumem_op_options), 0, 0, 0, NULL, 0, NULL}
+#define GPUMEM_OP_OPTIONS_INIT {sizeof(struct gpumem_op_options), 0, 0, 0, NULL, 0, NULL, 0}
 
 /* What the driver shows of one device after a pause or resume. */
 struct gpumem_device_check {
@@ -391,6 +410,16 @@ struct gpumem_device_check {
   uint64_t shortfall;   /* released bytes the driver does not show as free */
   uint64_t residual;    /* bytes processes hold on the device outside gpumemd */
   int residual_known;   /* 1 where the driver gives per-process figures */
+  /* A pause whose owners' sessions ended during it waited this long for
+   * those processes to leave the driver's list before it read the figures
+   * above (gpumemd --exit-wait bounds it); exit_listed of them were still
+   * listed when it stopped waiting, the first being exit_listed_pid. */
+  uint32_t exit_wait_ms;
+  uint32_t exit_listed;
+  uint32_t exit_listed_pid;
+  /* What the driver shows used after the operation, its reserve left out
+   * (total - free - reserved): what a paused device still holds (1.6). */
+  uint64_t used_after;
 };
 
 /* Buffers and bytes an operation moved for one tag on one device. */
@@ -400,6 +429,17 @@ struct gpumem_op_detail {
   int device;
   unsigned node_device;
   uint64_t buffers, bytes;
+};
+
+/* A worker process whose device state a pause released (or tried to), or
+ * a resume brought back (1.6). */
+struct gpumem_process_release {
+  size_t size;
+  uint32_t pid;
+  int released;           /* 1: its device state is in host memory now */
+  uint64_t moved_to_host; /* device bytes the driver listed for it before */
+  uint64_t elapsed_us;
+  const char *why;        /* not released (or not restored): why; "" when done */
 };
 
 /* The whole answer to a pause or resume, success or failure; allocated by
@@ -425,6 +465,8 @@ struct gpumem_op_report {
   struct gpumem_device_check **checks; /* devices touched, as the driver saw them */
   size_t ndetails;
   struct gpumem_op_detail **details;   /* per tag and device (success) */
+  size_t nreleases;
+  struct gpumem_process_release **releases; /* context releases and restores (1.6) */
 };
 
 /* Pause the buffers of tags (ntags 0: every tag) on devices (ndevices 0:
@@ -498,6 +540,9 @@ struct gpumem_session_status {
   uint64_t buffers, bytes;
   uint64_t residual;  /* device memory the process holds outside gpumemd */
   int residual_known; /* 1 where the driver gives per-process figures */
+  int release_context;  /* opted in to context release (1.6) */
+  int context_released; /* its process's device state is in host memory now */
+  uint64_t moved_to_host; /* device bytes that release moved there */
 };
 
 /* A process using a device, as the driver lists it. */

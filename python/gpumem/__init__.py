@@ -58,7 +58,7 @@ from . import _native
 from ._native import FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_IPC_LEGACY
 
 
-__version__ = "1.5.0"
+__version__ = "1.6.0"
 
 __all__ = [
     "Buffer",
@@ -92,7 +92,7 @@ _U64 = (1 << 64) - 1
 class ErrorCode(enum.IntEnum):
     """The library's GPUMEM_E_* codes, named as the daemon names them.
 
-    Codes -1..-12 and -17..-19 are the daemon's (``NOT_FOUND`` is the wire's
+    Codes -1..-12, -17..-19 and -21 are the daemon's (``NOT_FOUND`` is the wire's
     ``NOT_FOUND``, GPUMEM_E_NOT_FOUND in C); CONNECT, DISCONNECTED, NOMEM,
     MAP and TIMEOUT are the library's own (GPUMEM_E_CONNECT, ...). The
     names are gpumem_error_name's."""
@@ -117,6 +117,7 @@ class ErrorCode(enum.IntEnum):
     RESIDUAL_EXCEEDED = -18
     SHUTTING_DOWN = -19
     TIMEOUT = -20
+    RELEASE_REFUSED = -21
 
 
 def _code_name(code: int) -> str:
@@ -159,6 +160,10 @@ class DeviceCheck(TypedDict):
     shortfall: int
     residual: int
     residual_known: bool
+    exit_wait_ms: int      # waited for owners that ended to leave the driver
+    exit_listed: int       # of them still listed after the wait
+    exit_listed_pid: int   # the first of those (0: none)
+    used_after: int        # the driver's used memory after it, reserve left out
 
 
 class OpDetail(TypedDict):
@@ -368,13 +373,15 @@ class OpResult:
     Attributes: buffers, bytes (released or taken again), backup_bytes,
     skipped (buffers that never pause), elapsed_us, backup_us, checks (the
     driver's figures per device: :class:`DeviceCheck` dicts), details (per
-    tag and device: :class:`OpDetail` dicts) and error (None, or a dict
-    with code, message, pids, buffers_held, bytes_held, bytes_needed and
-    bytes_free).
+    tag and device: :class:`OpDetail` dicts), releases (per worker
+    process whose device state a pause released or a resume restored:
+    dicts of pid, released, moved_to_host, elapsed_us and why) and error
+    (None, or a dict with code, message, pids, buffers_held, bytes_held,
+    bytes_needed and bytes_free).
     """
 
     __slots__ = ("buffers", "bytes", "backup_bytes", "skipped", "elapsed_us",
-                 "backup_us", "checks", "details", "error")
+                 "backup_us", "checks", "details", "releases", "error")
 
     def __init__(self, r: _native.OpReport) -> None:
         self.buffers: int = r.buffers
@@ -388,6 +395,11 @@ class OpResult:
             OpDetail(tag=_text(d.tag), device=d.device, node_device=d.node_device,
                      buffers=d.buffers, bytes=d.bytes)
             for d in (r.details[i][0] for i in range(r.ndetails))
+        ]
+        self.releases: List[Dict[str, Any]] = [
+            {"pid": x.pid, "released": bool(x.released), "moved_to_host": x.moved_to_host,
+             "elapsed_us": x.elapsed_us, "why": _text(x.why)}
+            for x in (r.releases[i][0] for i in range(r.nreleases))
         ]
         self.error: Optional[Dict[str, Any]] = None
         if r.error:
@@ -412,6 +424,7 @@ class OpResult:
             "backup_us": self.backup_us,
             "checks": [dict(c) for c in self.checks],
             "details": [dict(d) for d in self.details],
+            "releases": [dict(x) for x in self.releases],
             "error": dict(self.error) if self.error else None,
         }
 
@@ -457,7 +470,9 @@ def _checks(p: Any, n: int) -> List[DeviceCheck]:
         DeviceCheck(device=k.device, node_device=k.node_device, released=k.released,
                     free_before=k.free_before, free_after=k.free_after,
                     shortfall=k.shortfall, residual=k.residual,
-                    residual_known=bool(k.residual_known))
+                    residual_known=bool(k.residual_known), exit_wait_ms=k.exit_wait_ms,
+                    exit_listed=k.exit_listed, exit_listed_pid=k.exit_listed_pid,
+                    used_after=k.used_after)
         for k in (p[i][0] for i in range(n))
     ]
 
@@ -851,7 +866,8 @@ class Client:
     # Controllers.
 
     def _op(self, resume: bool, tags: Tuple[Any, ...], devices: Any, timeout: Any,
-            max_residual: Any, own: Any, pids: Any, session_prefix: Any) -> OpResult:
+            max_residual: Any, own: Any, pids: Any, session_prefix: Any,
+            release_context: Any = False) -> OpResult:
         btags = _check_tags(tags)
         devs = _check_devices(devices)
         opts = _native.op_options_init()
@@ -870,6 +886,7 @@ class Client:
         opts.pids = cpids
         opts.npids = len(plist)
         opts.session_prefix = prefix
+        opts.release_context = int(_check_bool("release_context", release_context))
         c = self._talk()
         ctags = (ctypes.c_char_p * len(btags))(*btags) if btags else None
         cdevs = (ctypes.c_int * len(devs))(*devs) if devs else None
@@ -894,7 +911,8 @@ class Client:
     def pause(self, *tags: str, devices: Optional[Iterable[int]] = None,
               timeout: Optional[float] = None, max_residual: Optional[int] = None,
               own: bool = False, pids: Optional[Iterable[int]] = None,
-              session_prefix: Optional[str] = None) -> OpResult:
+              session_prefix: Optional[str] = None,
+              release_context: bool = False) -> OpResult:
         """Pause the buffers of ``tags`` (none: every tag).
 
         Scope: by default every session's buffers on the node (controllers
@@ -906,10 +924,17 @@ class Client:
         daemon's --ack-timeout). max_residual: fail with RESIDUAL_EXCEEDED
         when a device the pause touched still holds more than this many
         bytes outside gpumemd (0: nothing may remain; None: no limit).
+        release_context: then release the device state (context, graph
+        pools, cached blocks) of each worker process the pause covers that
+        connected with release_context (or GPUMEM_RELEASE_CONTEXT=1) and
+        maps nothing of the daemon's; :attr:`OpResult.releases` says what
+        each moved to host memory, and the resume brings it back. One that
+        may not be released raises :class:`Error` RELEASE_REFUSED (the
+        pause itself done).
         Pausing a paused tag succeeds and changes nothing; naming nothing
         that exists raises :class:`Error` NOT_FOUND."""
         return self._op(False, tags, devices, timeout, max_residual, own, pids,
-                        session_prefix)
+                        session_prefix, release_context)
 
     def resume(self, *tags: str, devices: Optional[Iterable[int]] = None,
                timeout: Optional[float] = None, own: bool = False,
@@ -1018,6 +1043,9 @@ class Client:
                 "role": _ROLE_NAMES.get(x.role, "none"), "buffers": x.buffers,
                 "bytes": x.bytes, "residual": x.residual,
                 "residual_known": bool(x.residual_known),
+                "release_context": bool(x.release_context),
+                "context_released": bool(x.context_released),
+                "moved_to_host": x.moved_to_host,
             } for x in (s.sessions[i][0] for i in range(s.nsessions))]
             processes = [{
                 "pid": q.pid, "device": q.device, "node_device": q.node_device,

@@ -56,6 +56,7 @@ class OpOptions(ctypes.Structure):
         ("pids", ctypes.POINTER(ctypes.c_uint32)),
         ("npids", ctypes.c_size_t),
         ("session_prefix", ctypes.c_char_p),
+        ("release_context", ctypes.c_int),
     ]
 
 
@@ -72,6 +73,10 @@ class DeviceCheck(ctypes.Structure):
         ("shortfall", ctypes.c_uint64),
         ("residual", ctypes.c_uint64),
         ("residual_known", ctypes.c_int),
+        ("exit_wait_ms", ctypes.c_uint32),
+        ("exit_listed", ctypes.c_uint32),
+        ("exit_listed_pid", ctypes.c_uint32),
+        ("used_after", ctypes.c_uint64),
     ]
 
 
@@ -85,6 +90,19 @@ class OpDetail(ctypes.Structure):
         ("node_device", ctypes.c_uint),
         ("buffers", ctypes.c_uint64),
         ("bytes", ctypes.c_uint64),
+    ]
+
+
+class ProcessRelease(ctypes.Structure):
+    """struct gpumem_process_release."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("pid", ctypes.c_uint32),
+        ("released", ctypes.c_int),
+        ("moved_to_host", ctypes.c_uint64),
+        ("elapsed_us", ctypes.c_uint64),
+        ("why", ctypes.c_char_p),
     ]
 
 
@@ -112,6 +130,8 @@ class OpReport(ctypes.Structure):
         ("checks", ctypes.POINTER(ctypes.POINTER(DeviceCheck))),
         ("ndetails", ctypes.c_size_t),
         ("details", ctypes.POINTER(ctypes.POINTER(OpDetail))),
+        ("nreleases", ctypes.c_size_t),
+        ("releases", ctypes.POINTER(ctypes.POINTER(ProcessRelease))),
     ]
 
 
@@ -167,6 +187,9 @@ class SessionStatus(ctypes.Structure):
         ("bytes", ctypes.c_uint64),
         ("residual", ctypes.c_uint64),
         ("residual_known", ctypes.c_int),
+        ("release_context", ctypes.c_int),
+        ("context_released", ctypes.c_int),
+        ("moved_to_host", ctypes.c_uint64),
     ]
 
 
@@ -342,6 +365,7 @@ STRUCTS: Dict[str, Type[ctypes.Structure]] = {
     "gpumem_device_check": DeviceCheck,
     "gpumem_op_detail": OpDetail,
     "gpumem_op_report": OpReport,
+    "gpumem_process_release": ProcessRelease,
     "gpumem_device_status": DeviceStatus,
     "gpumem_tag_status": TagStatus,
     "gpumem_tenant_status": TenantStatus,

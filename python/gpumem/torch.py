@@ -730,7 +730,8 @@ def _not_found(e: gpumem.Error) -> bool:
 
 
 def _own_op(op: str, tags: Tuple[str, ...], devices: Optional[List[int]],
-            timeout: Optional[float], missing_ok: bool) -> Optional[gpumem.OpResult]:
+            timeout: Optional[float], missing_ok: bool,
+            release_context: bool = False) -> Optional[gpumem.OpResult]:
     """The default client's own-scope ``op`` ("pause", after the devices
     are synchronized, or "resume") of ``tags``; None where ``missing_ok``
     and it names nothing this process holds."""
@@ -740,8 +741,9 @@ def _own_op(op: str, tags: Tuple[str, ...], devices: Optional[List[int]],
     c = init()
     if op == "pause":
         _synchronize()
+    extra = {"release_context": True} if release_context else {}
     try:
-        return getattr(c, op)(*tags, devices=devices, timeout=timeout, own=True)
+        return getattr(c, op)(*tags, devices=devices, timeout=timeout, own=True, **extra)
     except gpumem.Error as e:
         if missing_ok and _not_found(e):
             return None
@@ -749,17 +751,25 @@ def _own_op(op: str, tags: Tuple[str, ...], devices: Optional[List[int]],
 
 
 def pause(*tags: str, devices: Optional[List[int]] = None, timeout: Optional[float] = None,
-          missing_ok: bool = False) -> Optional[gpumem.OpResult]:
+          missing_ok: bool = False, release_context: bool = False) -> Optional[gpumem.OpResult]:
     """Pause this process's own buffers of ``tags`` (none: every tag):
     wait for the devices (``torch.cuda.synchronize``), then release the
     memory through the default client's own-scope pause. Each process
     pauses itself; an orchestrator pauses the whole node instead with a
     controller client (``gpumem.connect(role="controller").pause(...)``).
 
+    ``release_context=True`` then releases this process's own device state
+    (its CUDA context, graph pools, PyTorch's cached blocks) to host
+    memory once none of its buffers is mapped, if it opted in
+    (GPUMEM_RELEASE_CONTEXT=1 before the first connection): the result's
+    ``releases`` say how much moved, and its next CUDA call waits for
+    :func:`resume`.
+
     Pausing what is paused changes nothing. Naming nothing this process
     holds raises gpumem.Error NOT_FOUND, or returns None with
     ``missing_ok=True``."""
-    return _own_op("pause", tags, devices, timeout, missing_ok)
+    _check_bool("release_context", release_context)
+    return _own_op("pause", tags, devices, timeout, missing_ok, release_context)
 
 
 def resume(*tags: str, devices: Optional[List[int]] = None, timeout: Optional[float] = None,

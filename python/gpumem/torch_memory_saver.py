@@ -303,15 +303,25 @@ class TorchMemorySaver:
 
     # Pause and resume.
 
-    def pause(self, tag: Optional[str] = None) -> Optional[gpumem.OpResult]:
+    def pause(self, tag: Optional[str] = None, *,
+              release_context: bool = False) -> Optional[gpumem.OpResult]:
         """Release this process's memory of ``tag``; None: of every tag a
         region or graph of this process used (not the memory the preload
         library serves outside regions). Pausing what is paused, or a tag
         this process never allocated, changes nothing. Returns the daemon's
-        report (None when there was nothing to pause)."""
+        report (None when there was nothing to pause).
+
+        Beyond torch_memory_saver: ``release_context=True`` then releases
+        this process's own device state (its CUDA context, graph pools,
+        PyTorch's cached blocks) to host memory, as gpumem.torch.pause
+        does, if it opted in (GPUMEM_RELEASE_CONTEXT=1) and nothing of it
+        is still mapped; the report's ``releases`` say how much moved."""
+        if not isinstance(release_context, bool):
+            raise TypeError("release_context must be a bool, not %s"
+                            % type(release_context).__name__)
         tags = self._tags(tag)
         self._start()
-        return self._op(_gt.pause, tags)
+        return self._op(_gt.pause, tags, release_context)
 
     def resume(self, tag: Optional[str] = None) -> Optional[gpumem.OpResult]:
         """Take the memory of ``tag`` (None: as for :meth:`pause`) again at
@@ -322,11 +332,15 @@ class TorchMemorySaver:
         return self._op(_gt.resume, tags)
 
     @staticmethod
-    def _op(fn: Any, tags: Tuple[str, ...]) -> Optional[gpumem.OpResult]:
-        """Run fn over tags, at most _MAX_TAGS a call; the last report."""
+    def _op(fn: Any, tags: Tuple[str, ...],
+            release_context: bool = False) -> Optional[gpumem.OpResult]:
+        """Run fn over tags, at most _MAX_TAGS a call (the last one asking
+        for a context release, where asked); the last report."""
         result = None
         for i in range(0, len(tags), _MAX_TAGS):
-            result = fn(*tags[i:i + _MAX_TAGS], missing_ok=True) or result
+            last = i + _MAX_TAGS >= len(tags)
+            extra = {"release_context": True} if release_context and last else {}
+            result = fn(*tags[i:i + _MAX_TAGS], missing_ok=True, **extra) or result
         return result
 
     @staticmethod

@@ -174,6 +174,13 @@ s/ +[0-9.]+ m?s +[0-9.-]+ (running|OK)$/ TOOK RATE \1/
 EOF
     ;;
   grace) printf '%s\n' 's/^(re-registration grace: )[0-9.]+ s left/\1T s left/' ;;
+  release)
+    cat <<'EOF'
+s/^pid [0-9]+: /pid PID: /
+s/ in [0-9]+\.[0-9]+ ms$/ in T ms/
+s/^[0-9]+ +[0-9]+ +(worker|controller) +/ID PID \1 /
+EOF
+    ;;
   progress) printf '%s\n' 's/^(resuming [^:]*: )[0-9.]+ [KMGT]?i?B( of [0-9.]+ [KMGT]?i?B, )[0-9.]+ s$/\1X\2T s/' ;;
   python-client) printf '%s\n' 's/0x[0-9a-f]+/0xADDR/g' ;;
   esac
@@ -580,6 +587,22 @@ if tty_for json; then
   compare json "$t/json.out"
 fi
 
+# Context release: a worker that opted in, paused with --release-context
+# (the host backend stops its process), its session in the status, and
+# the resume that lets it go on.
+if tty_for release; then
+  start_daemon release --host-devices 1 --host-device-size 256M
+  export GPUMEM_RELEASE_CONTEXT=1
+  start_worker vllm-rank0 kv_cache 64M
+  unset GPUMEM_RELEASE_CONTEXT
+  {
+    run_cmd "gpumemctl pause --release-context kv_cache"
+    run_cmd "gpumemctl status" | sed -n '1p;/^SESSION/,/vllm-rank0/p'
+    run_cmd "gpumemctl resume kv_cache"
+  } >"$t/release.out"
+  compare release "$t/release.out"
+fi
+
 # make demo, and the log of its weights worker.
 what="make demo"
 wait "$demo" || fail "tools/demo.sh failed: $(cat "$t/demo.raw")"
@@ -728,7 +751,8 @@ fi
 # Every marker is one of the samples above, and each only once.
 known=" gpumemd-help gpumemctl-help worker-help gpumemd-version examples-worker.c unsafe-socket"
 known="$known backend-auto json-errors untrusted status-holders tags-transit pause-not-released"
-known="$known json python-client python-orchestrator metrics progress top demo demo-worker grace "
+known="$known json python-client python-orchestrator metrics progress top demo demo-worker grace"
+known="$known release "
 markers | while read -r kind name _; do
   case $known in
   *" $name "*) ;;

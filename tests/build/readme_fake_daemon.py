@@ -51,8 +51,9 @@ def m(field, body):
 
 
 def device_check(device, released, free_before, free_after, shortfall, residual):
+    # Of an 80 GiB device: used_after (field 10) is what free_after leaves.
     return (u(1, device) + u(2, released) + u(3, free_before) + u(4, free_after) +
-            u(5, shortfall) + u(6, residual) + u(7, True))
+            u(5, shortfall) + u(6, residual) + u(7, True) + u(10, 80 * GiB - free_after))
 
 
 def hello_reply():

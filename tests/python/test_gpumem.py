@@ -41,7 +41,7 @@ C_ERRORS = {
     "WRONG_STATE": "WRONG_STATE", "BACKEND": "BACKEND_ERROR", "INTERNAL": "INTERNAL",
     "CONNECT": "CONNECT", "DISCONNECTED": "DISCONNECTED", "NOMEM": "NOMEM", "MAP": "MAP",
     "NOT_RELEASED": "NOT_RELEASED", "RESIDUAL": "RESIDUAL_EXCEEDED",
-    "SHUTTING_DOWN": "SHUTTING_DOWN", "TIMEOUT": "TIMEOUT",
+    "SHUTTING_DOWN": "SHUTTING_DOWN", "TIMEOUT": "TIMEOUT", "RELEASE_REFUSED": "RELEASE_REFUSED",
 }
 
 
@@ -642,7 +642,7 @@ def test_error_codes_are_one_list_in_header_library_and_package():
     neither knows a code the header does not."""
     header = (REPO / "include" / "gpumem.h").read_text()
     codes = {int(v): n for n, v in re.findall(r"^\s*(GPUMEM_E_\w+) = (-\d+),", header, re.M)}
-    assert len(codes) == 20, codes
+    assert len(codes) == 21, codes
     assert {int(c) for c in gpumem.ErrorCode} == set(codes)
     for value, cname in codes.items():
         name = gpumem.error_name(value)
@@ -730,3 +730,56 @@ def test_thread_tags_and_the_default_client(daemon, worker):
         gpumem.set_default_client(c)
         assert lib.gpumem_default_client() == c._ptr()
     assert gpumem._default is None  # closing the default client cleared it
+
+
+def _proc_state(pid):
+    """The state letter of /proc/PID/stat ("T": stopped)."""
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_release_context_through_the_package(make_daemon):
+    """A Python worker opted in by GPUMEM_RELEASE_CONTEXT=1 is released by
+    a controller's pause(release_context=True) (the host backend stops the
+    process), the result and the status say so, and resume() brings it
+    back; a pause asking a worker that did not opt in raises
+    RELEASE_REFUSED with the reason, its buffer paused all the same."""
+    import gpumem
+
+    d = make_daemon()
+    code = ("import os, sys, gpumem\n"
+            "c = gpumem.connect(sys.argv[1], name=sys.argv[2])\n"
+            "b = c.alloc('kv', 4 << 20)\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.read()\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), GPUMEM_RELEASE_CONTEXT="1")
+    opted = subprocess.Popen([sys.executable, "-c", code, d.sock, "opted"], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    env.pop("GPUMEM_RELEASE_CONTEXT")
+    other = subprocess.Popen([sys.executable, "-c", code, d.sock, "other"], env=env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert opted.stdout.readline() == "ready\n"
+        assert other.stdout.readline() == "ready\n"
+        with gpumem.connect(d.sock, name="ctl", role="controller") as c:
+            with pytest.raises(gpumem.Error) as e:
+                c.pause("kv", release_context=True)
+            assert e.value.code_name == "RELEASE_REFUSED"
+            assert "did not opt in" in e.value.message
+            by_pid = {x["pid"]: x for x in e.value.result.releases}
+            assert by_pid[opted.pid]["released"] and by_pid[opted.pid]["why"] == ""
+            assert not by_pid[other.pid]["released"]
+            assert _proc_state(opted.pid) == "T" and _proc_state(other.pid) != "T"
+            ses = {s["pid"]: s for s in c.status()["sessions"]}
+            assert ses[opted.pid]["release_context"] and ses[opted.pid]["context_released"]
+            assert not ses[other.pid]["release_context"]
+            r = c.resume("kv")
+            assert [x["pid"] for x in r.releases] == [opted.pid]
+            assert r.as_dict()["releases"][0]["released"] is False
+            assert _proc_state(opted.pid) != "T"
+            with pytest.raises(TypeError):
+                c.pause("kv", release_context="yes")
+    finally:
+        for p in (opted, other):
+            p.stdin.close()
+            p.wait(timeout=10)

@@ -1588,8 +1588,8 @@ END_TEST
 /* The version, the error names and the words of the new code. */
 START_TEST(test_version_and_error_names) {
   ck_assert_int_eq(gpumem_version(), GPUMEM_VERSION);
-  ck_assert_int_eq(GPUMEM_VERSION, 10500);
-  ck_assert_str_eq(gpumem_version_string(), "1.5.0");
+  ck_assert_int_eq(GPUMEM_VERSION, 10600);
+  ck_assert_str_eq(gpumem_version_string(), "1.6.0");
   ck_assert_str_eq(gpumem_error_name(0), "OK");
   ck_assert_str_eq(gpumem_error_name(GPUMEM_E_TAG_PAUSED), "TAG_PAUSED");
   ck_assert_str_eq(gpumem_error_name(GPUMEM_E_INVALID), "INVALID_ARGUMENT");
@@ -1597,10 +1597,12 @@ START_TEST(test_version_and_error_names) {
   ck_assert_str_eq(gpumem_error_name(GPUMEM_E_SHUTTING_DOWN), "SHUTTING_DOWN");
   ck_assert_str_eq(gpumem_error_name(GPUMEM_E_DISCONNECTED), "DISCONNECTED");
   ck_assert_str_eq(gpumem_error_name(GPUMEM_E_TIMEOUT), "TIMEOUT");
-  ck_assert_str_eq(gpumem_error_name(-21), "UNKNOWN");
+  ck_assert_str_eq(gpumem_error_name(GPUMEM_E_RELEASE_REFUSED), "RELEASE_REFUSED");
+  ck_assert_str_eq(gpumem_error_name(-22), "UNKNOWN");
   ck_assert_str_eq(gpumem_error_name(5), "UNKNOWN");
   ck_assert_str_eq(gpumem_strerror(GPUMEM_E_TIMEOUT), "gpumemd did not answer in time");
-  ck_assert_str_eq(gpumem_strerror(-21), "unknown error");
+  ck_assert_str_eq(gpumem_strerror(GPUMEM_E_RELEASE_REFUSED), "context release refused");
+  ck_assert_str_eq(gpumem_strerror(-22), "unknown error");
 }
 END_TEST
 

@@ -405,6 +405,7 @@ static void canned_check(void) {
   check0.shortfall = 4 * GiB;
   check0.residual = 1 * GiB;
   check0.residual_known = true;
+  check0.used_after = 66 * GiB; /* of an 80 GiB device */
 }
 
 /* A failure that names the pids that hold buffers (one each) and bytes,
@@ -455,7 +456,8 @@ START_TEST(a_failed_pause_says_what_is_held_and_by_whom) {
            " and j['checks']==[{'device':0,'node_device':0,'released':8589934592,"
            "'free_before':10737418240,'free_after':15032385536,"
            "'shortfall':4294967296,'residual':1073741824,"
-           "'residual_known':True}]");
+           "'residual_known':True,'exit_wait_ms':0,'exit_listed':0,'exit_listed_pid':0,"
+           "'used_after':70866960384}]");
 }
 END_TEST
 

@@ -473,6 +473,98 @@ START_TEST(a_pause_read_with_a_late_ack_finds_it_settled) {
 }
 END_TEST
 
+/* A child worker that allocates 64 MiB of kv, says so on ready, and ends
+ * its session when the pause's Unmap comes, its fds to the memory still
+ * open (as a process the driver has not yet let go of), then waits for a
+ * byte on hold (or for hold_ms where hold is -1) before it exits. */
+static pid_t ending_owner(int ready, int hold, int hold_ms) {
+  pid_t kid = fork();
+  ck_assert_int_ge(kid, 0);
+  if (kid) return kid;
+  struct peer w;
+  struct pbuf b;
+  peer_open(&w, &d, WORKER);
+  peer_alloc(&w, "kv", 0, 64 * MiB, 0, &b);
+  ck_assert_int_eq(write(ready, "r", 1), 1);
+  wire_env_free(peer_event(&w, NULL));
+  peer_close(&w);
+  char x;
+  if (hold >= 0)
+    (void)!read(hold, &x, 1);
+  else
+    poll(NULL, 0, hold_ms); /* a slow exit: the pause may not judge before it */
+  _exit(0);
+}
+
+/* An owner whose session ends during a pause while its process still
+ * holds the memory for a moment: the pause waits for it to leave the
+ * driver's list, then finds the memory free and says how long it waited. */
+START_TEST(a_pause_waits_for_an_ended_owner_to_let_go) {
+  daemon_start(&d, NULL);
+  int ready[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  pid_t kid = ending_owner(ready[1], -1, 200);
+  struct peer c;
+  peer_open(&c, &d, CONTROLLER);
+  char x;
+  ck_assert_int_eq(read(ready[0], &x, 1), 1);
+  peer_op(&c, false, "kv", 0, 0);
+  wire_env *r;
+  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  ck_assert_uint_eq(r->op_reply->n_checks, 1);
+  ck_assert_uint_gt(r->op_reply->checks[0]->exit_wait_ms, 0);
+  ck_assert_uint_eq(r->op_reply->checks[0]->n_exit_listed_pids, 0);
+  wire_env_free(r);
+  int st;
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  ck_assert_int_eq(daemon_log_count(&d, "waited"), 1);
+  close(ready[0]);
+  close(ready[1]);
+  peer_close(&c);
+}
+END_TEST
+
+/* The wait is bounded (--exit-wait): for an ended owner that goes on
+ * holding the memory the daemon says how long it waited and that the
+ * driver still lists it (the host model's free memory is the daemon's
+ * own figure, so the pause itself is judged a success here; on a GPU the
+ * memory it holds is not free and the pause fails, tests/gpu). */
+START_TEST(an_ended_owner_that_holds_on_fails_the_pause_after_the_wait) {
+  daemon_start(&d, "--exit-wait", "300ms", NULL);
+  int ready[2], hold[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  ck_assert_int_eq(pipe(hold), 0);
+  pid_t kid = ending_owner(ready[1], hold[0], 0);
+  struct peer c;
+  peer_open(&c, &d, CONTROLLER);
+  char x;
+  ck_assert_int_eq(read(ready[0], &x, 1), 1);
+  peer_op(&c, false, "kv", 0, 0);
+  wire_env *r;
+  ck_assert_int_eq(peer_op_wait(&c, &r), CODE(OK));
+  ck_assert_uint_eq(r->op_reply->n_checks, 1);
+  const Gpumem__Wire__DeviceCheck *k = r->op_reply->checks[0];
+  ck_assert_uint_ge(k->exit_wait_ms, 300);
+  ck_assert_uint_eq(k->n_exit_listed_pids, 1);
+  ck_assert_uint_eq(k->exit_listed_pids[0], (uint32_t)kid);
+  wire_env_free(r);
+  ck_assert_int_eq(daemon_log_count(&d, "still listed by the driver after"), 1);
+  wire_env *last = peer_status(&c); /* the last pause's figures are kept */
+  ck_assert_uint_eq(last->status_reply->n_last_pause_checks, 1);
+  ck_assert_uint_eq(last->status_reply->last_pause_checks[0]->exit_listed_pids[0],
+                    (uint32_t)kid);
+  wire_env_free(last);
+  ck_assert_int_eq(write(hold[1], "x", 1), 1);
+  int st;
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  close(ready[0]);
+  close(ready[1]);
+  close(hold[0]);
+  close(hold[1]);
+  peer_close(&c);
+}
+END_TEST
+
 /* On SIGTERM every session is told, outside any request. */
 START_TEST(shutdown_is_announced) {
   daemon_start(&d, NULL);
@@ -496,5 +588,7 @@ int main(void) {
                      a_free_read_with_the_ack_frees_the_buffer,
                      an_owner_that_acks_and_exits_is_counted,
                      an_ack_behind_other_frames_is_settled_at_once,
-                     a_pause_read_with_a_late_ack_finds_it_settled);
+                     a_pause_read_with_a_late_ack_finds_it_settled,
+                     a_pause_waits_for_an_ended_owner_to_let_go,
+                     an_ended_owner_that_holds_on_fails_the_pause_after_the_wait);
 }

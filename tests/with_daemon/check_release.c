@@ -1,0 +1,331 @@
+/* Context release (a pause with release_context) on the host backend,
+ * whose stand-in for the driver's checkpoint stops the worker's process
+ * (SIGSTOP) and lets it go on (SIGCONT): the kernel's word on the process
+ * (/proc/PID/stat) says whether it is released. Real workers (gpumem-worker,
+ * and forked processes on libgpumem) opt in with GPUMEM_RELEASE_CONTEXT=1;
+ * the refusals, a worker that dies while released, and a daemon that stops
+ * or dies while a worker is released. */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpumem.h"
+#include "harness.h"
+
+static struct daemon d;
+
+static void teardown(void) { harness_daemon_teardown(&d); }
+
+/* The state letter of a process ('T': stopped), 0 when it is gone. */
+static char proc_state(pid_t pid) {
+  char p[64], buf[512];
+  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(p, "re");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *s = strrchr(buf, ')');
+  return s ? s[2] : 0;
+}
+
+/* A gpumem-worker of 8 MiB of kv, opted in to context release or not. */
+static void start_worker(struct worker *w, bool opt_in) {
+  if (opt_in) setenv("GPUMEM_RELEASE_CONTEXT", "1", 1);
+  worker_start(w, &d, "--tag", "kv", "--size", "8M", NULL);
+  unsetenv("GPUMEM_RELEASE_CONTEXT");
+}
+
+/* A controller of d. */
+static gpumem_client *controller(void) {
+  gpumem_client *c;
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
+  return c;
+}
+
+/* Pause tag (NULL: every tag) asking for a release: the call's code, the
+ * report in *r. */
+static int pause_releasing(gpumem_client *c, const char *tag, struct gpumem_op_report **r) {
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.release_context = 1;
+  const char *tags[] = {tag};
+  return gpumem_pause(c, tags, tag ? 1 : 0, NULL, 0, &o, r);
+}
+
+/* Resume every tag: the call's code, the report in *r. */
+static int resume_all(gpumem_client *c, struct gpumem_op_report **r) {
+  return gpumem_resume(c, NULL, 0, NULL, 0, NULL, r);
+}
+
+/* The session status of pid's first session; NULL-free: fails if none. */
+static struct gpumem_session_status *session_of(struct gpumem_status *s, pid_t pid) {
+  for (size_t i = 0; i < s->nsessions; i++)
+    if (s->sessions[i]->pid == (uint32_t)pid) return s->sessions[i];
+  ck_abort_msg("no session of pid %d", (int)pid);
+  return NULL;
+}
+
+/* Wait (bounded) until the daemon lists n sessions. */
+static void wait_sessions(gpumem_client *c, size_t n) {
+  double end = now_ms() + harness_patience_ms(2000);
+  size_t now;
+  do {
+    struct gpumem_status *s;
+    ck_assert_int_eq(gpumem_status(c, &s), 0);
+    now = s->nsessions;
+    gpumem_status_free(s);
+  } while (now != n && now_ms() < end);
+  ck_assert_uint_eq(now, n);
+}
+
+/* The daemon's journal of released processes. */
+static bool journal_names(pid_t pid) {
+  char path[160], line[64];
+  snprintf(path, sizeof path, "%s.released", d.socket);
+  FILE *f = fopen(path, "re");
+  bool found = false;
+  while (f && fgets(line, sizeof line, f)) found |= atoi(line) == (int)pid;
+  if (f) fclose(f);
+  return found;
+}
+
+/* A worker that opted in is stopped once its buffers are paused, said so
+ * in the reply, the status and the journal; the resume lets it go on
+ * before its remap, and it verifies its buffer. */
+START_TEST(a_released_worker_stops_and_comes_back) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  start_worker(&w, true);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), 0);
+  ck_assert_uint_eq(r->nreleases, 1);
+  ck_assert_uint_eq(r->releases[0]->pid, (uint32_t)w.pid);
+  ck_assert_int_eq(r->releases[0]->released, 1);
+  ck_assert_str_eq(r->releases[0]->why, "");
+  gpumem_op_report_free(r);
+  ck_assert_int_eq(proc_state(w.pid), 'T');
+  ck_assert(journal_names(w.pid));
+  struct gpumem_status *s;
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  ck_assert_int_eq(session_of(s, w.pid)->release_context, 1);
+  ck_assert_int_eq(session_of(s, w.pid)->context_released, 1);
+  gpumem_status_free(s);
+  /* A second pause finds it released already: nothing more to do. */
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), 0);
+  ck_assert_uint_eq(r->nreleases, 1);
+  ck_assert_int_eq(r->releases[0]->released, 1);
+  gpumem_op_report_free(r);
+  ck_assert_int_eq(resume_all(c, &r), 0);
+  ck_assert_uint_eq(r->nreleases, 1);
+  ck_assert_int_eq(r->releases[0]->released, 0);
+  ck_assert_str_eq(r->releases[0]->why, "");
+  gpumem_op_report_free(r);
+  ck_assert_int_ne(proc_state(w.pid), 'T');
+  ck_assert(worker_wait_for(&w, "verified buffer", 1, harness_patience_ms(2000)));
+  ck_assert(!journal_names(w.pid));
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  ck_assert_int_eq(session_of(s, w.pid)->context_released, 0);
+  gpumem_status_free(s);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* A worker that did not opt in is refused with the reason, and the pause
+ * itself happens: its buffer is paused, the process runs. */
+START_TEST(a_worker_that_did_not_opt_in_is_refused_and_paused) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  start_worker(&w, false);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), GPUMEM_E_RELEASE_REFUSED);
+  ck_assert_str_eq(r->code, "RELEASE_REFUSED");
+  ck_assert_msg(strstr(r->message, "did not opt in"), "%s", r->message);
+  ck_assert_uint_eq(r->nreleases, 1);
+  ck_assert_int_eq(r->releases[0]->released, 0);
+  ck_assert_ptr_nonnull(strstr(r->releases[0]->why, "did not opt in"));
+  gpumem_op_report_free(r);
+  ck_assert_int_ne(proc_state(w.pid), 'T');
+  ck_assert(worker_wait_for(&w, "paused buffer", 1, harness_patience_ms(2000)));
+  struct gpumem_status *s;
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  ck_assert_int_eq(session_of(s, w.pid)->context_released, 0);
+  ck_assert_str_eq(s->tags[0]->name, "kv");
+  ck_assert_int_eq(s->tags[0]->state, GPUMEM_PAUSED);
+  gpumem_status_free(s);
+  ck_assert_int_eq(resume_all(c, &r), 0);
+  ck_assert_uint_eq(r->nreleases, 0);
+  gpumem_op_report_free(r);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* A forked worker on libgpumem, opted in, with 4 MiB in each of two tags;
+ * it leaves when its pipe closes. */
+static pid_t two_tag_worker(int *hold_w) {
+  int ready[2], hold[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  ck_assert_int_eq(pipe(hold), 0);
+  pid_t kid = fork();
+  ck_assert_int_ge(kid, 0);
+  if (kid == 0) {
+    close(ready[0]);
+    close(hold[1]);
+    gpumem_client *c;
+    gpumem_buffer *a, *b;
+    if (gpumem_connect(d.socket, "two", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_RELEASE_CONTEXT, &c) ||
+        gpumem_alloc(c, "kv", 0, 4 << 20, 0, &a) || gpumem_alloc(c, "weights", 0, 4 << 20, 0, &b))
+      _exit(1);
+    (void)!write(ready[1], "r", 1);
+    char x;
+    (void)!read(hold[0], &x, 1);
+    gpumem_disconnect(c);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  char x;
+  ck_assert_int_eq(read(ready[0], &x, 1), 1);
+  close(ready[0]);
+  *hold_w = hold[1];
+  return kid;
+}
+
+/* A worker that still maps a buffer (of a tag the pause did not name) is
+ * refused, names the buffer, and keeps running; once everything of it is
+ * paused it is released. */
+START_TEST(a_worker_that_still_maps_a_buffer_is_refused) {
+  daemon_start(&d, NULL);
+  int hold;
+  pid_t kid = two_tag_worker(&hold);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), GPUMEM_E_RELEASE_REFUSED);
+  ck_assert_msg(strstr(r->message, "still maps buffer") && strstr(r->message, "tag weights"),
+                "%s", r->message);
+  gpumem_op_report_free(r);
+  ck_assert_int_ne(proc_state(kid), 'T');
+  ck_assert_int_eq(pause_releasing(c, "weights", &r), 0);
+  ck_assert_uint_eq(r->nreleases, 1);
+  ck_assert_int_eq(r->releases[0]->released, 1);
+  gpumem_op_report_free(r);
+  ck_assert_int_eq(proc_state(kid), 'T');
+  ck_assert_int_eq(resume_all(c, &r), 0);
+  gpumem_op_report_free(r);
+  ck_assert_int_ne(proc_state(kid), 'T');
+  close(hold);
+  int st;
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  gpumem_disconnect(c);
+}
+END_TEST
+
+/* A released worker that is killed is forgotten: its session and buffer
+ * go, the journal no longer names it, and the next pause and resume work. */
+START_TEST(a_released_worker_that_dies_is_forgotten) {
+  daemon_start(&d, NULL);
+  struct worker w, other;
+  start_worker(&w, true);
+  start_worker(&other, false);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), GPUMEM_E_RELEASE_REFUSED); /* other did not opt in */
+  ck_assert_uint_eq(r->nreleases, 2);
+  gpumem_op_report_free(r);
+  ck_assert_int_eq(proc_state(w.pid), 'T');
+  pid_t gone = w.pid;
+  ck_assert_int_eq(worker_stop(&w, SIGKILL), 128 + SIGKILL);
+  wait_sessions(c, 2); /* other and the controller */
+  ck_assert(!journal_names(gone));
+  ck_assert_int_eq(resume_all(c, &r), 0);
+  ck_assert_uint_eq(r->buffers, 1);
+  gpumem_op_report_free(r);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&other, SIGTERM), 0);
+}
+END_TEST
+
+/* A daemon that stops (SIGTERM) lets its released workers go on first. */
+START_TEST(a_stopping_daemon_restores_its_released_workers) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  start_worker(&w, true);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), 0);
+  gpumem_op_report_free(r);
+  ck_assert_int_eq(proc_state(w.pid), 'T');
+  gpumem_disconnect(c);
+  int st;
+  kill(d.pid, SIGTERM);
+  ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid);
+  d.pid = 0;
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ck_assert_int_ne(proc_state(w.pid), 'T');
+  ck_assert_int_eq(daemon_log_count(&d, "device state restored (gpumemd is stopping)"), 1);
+  ck_assert_int_eq(worker_stop(&w, SIGKILL), 128 + SIGKILL);
+}
+END_TEST
+
+/* A daemon that dies (SIGKILL) leaves its released worker stopped; the
+ * daemon that follows on the socket restores it from the journal before
+ * it serves, and the worker re-registers with it. */
+START_TEST(a_daemon_that_dies_is_followed_by_one_that_restores) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  start_worker(&w, true);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), 0);
+  gpumem_op_report_free(r);
+  gpumem_disconnect(c);
+  kill(d.pid, SIGKILL);
+  ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
+  ck_assert_int_eq(proc_state(w.pid), 'T');
+  ck_assert(journal_names(w.pid));
+  d.pid = daemon_spawn(d.socket, d.log, NULL);
+  ck_assert(daemon_wait_ready(&d));
+  ck_assert_int_ne(proc_state(w.pid), 'T');
+  ck_assert_int_eq(daemon_log_count(&d, "restored (released by a gpumemd that stopped)"), 1);
+  ck_assert(worker_wait_for(&w, "re-registered 1 buffers", 1, harness_patience_ms(3000)));
+  c = controller();
+  ck_assert_int_eq(resume_all(c, &r), 0);
+  ck_assert_uint_eq(r->buffers, 1);
+  gpumem_op_report_free(r);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* A resume request that asks for a release is bad input: refused before
+ * anything is sent, and so is the tool's flag on a resume. */
+START_TEST(a_release_asked_of_a_resume_is_refused) {
+  daemon_start(&d, NULL);
+  gpumem_client *c = controller();
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.release_context = 1;
+  ck_assert_int_eq(gpumem_resume(c, NULL, 0, NULL, 0, &o, NULL), GPUMEM_E_INVALID);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "pause only"));
+  gpumem_disconnect(c);
+}
+END_TEST
+
+int main(void) {
+  return HARNESS_RUN("release", 30, harness_fd_setup, teardown,
+                     a_released_worker_stops_and_comes_back,
+                     a_worker_that_did_not_opt_in_is_refused_and_paused,
+                     a_worker_that_still_maps_a_buffer_is_refused,
+                     a_released_worker_that_dies_is_forgotten,
+                     a_stopping_daemon_restores_its_released_workers,
+                     a_daemon_that_dies_is_followed_by_one_that_restores,
+                     a_release_asked_of_a_resume_is_refused);
+}
