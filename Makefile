@@ -102,7 +102,8 @@ GPUDEV_SRC := $(sort $(GPUDEV_SRC))
 GPUVA_SRC := $(sort $(GPUVA_SRC))
 
 GEN := $(O)/gen/proto/gpumemd.pb-c.c
-COMMON_SRC := common/frame.c common/idmap.c common/log.c common/size.c common/wire.c
+COMMON_SRC := common/frame.c common/idmap.c common/log.c common/procstat.c common/size.c \
+  common/wire.c
 DAEMON_SRC := $(wildcard daemon/*.c)
 CLIENT_SRC := $(wildcard client/*.c)
 CTL_SRC := $(wildcard ctl/*.c)

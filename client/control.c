@@ -115,6 +115,10 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
     OP_REQUEST_SET(p, tags, ntags, devs, ndevices, o);
     p.max_residual = o.max_residual;
     p.release_context = o.release_context != 0;
+    unsigned minor = hello_minor(c->hello);
+    if (p.release_context && minor < 6) /* an older daemon would pause and release nothing */
+      return error_set(GPUMEM_E_VERSION,
+                       "release_context needs gpumemd 1.6 or later (it speaks 1.%u)", minor);
     req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE, &p);
   }
   /* The daemon may wait this long for owners before it answers. */

@@ -1,6 +1,7 @@
 #include "ctxrelease.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/procstat.h"
 #include "common/size.h"
 #include "group.h"
 
@@ -80,22 +82,10 @@ static void jobs_run(struct job *v, size_t n) {
   free(threaded);
 }
 
-/* The start time of pid (field 22 of /proc/PID/stat), 0 if it is gone. */
+/* The start time of pid, 0 if it is gone. */
 static unsigned long long start_time(pid_t pid) {
-  char p[64], buf[1024];
-  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(p, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *s = strrchr(buf, ')'); /* the name may hold anything */
-  unsigned long long t = 0;
-  if (s && sscanf(s + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-                         "%*d %*d %llu",
-                  &t) != 1)
-    t = 0;
-  return t;
+  struct procstat st;
+  return procstat_read((int)pid, &st) == 0 ? st.start_time : 0;
 }
 
 /* Write the released processes (pid and start time, one per line) to
@@ -108,8 +98,10 @@ static void journal_write(ctxrelease *c) {
   for (struct list *p = c->owners->next; p != c->owners; p = p->next) {
     const struct owner *o = list_entry(p, struct owner, link);
     if (!o->released) continue;
-    if (!f && !(f = fopen(tmp, "we"))) {
+    int fd = f ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (!f && (fd < 0 || !(f = fdopen(fd, "w")))) {
       log_error("context release: cannot write %s: %s", tmp, strerror(errno));
+      if (fd >= 0) close(fd);
       return;
     }
     fprintf(f, "%d %llu\n", (int)o->pid, start_time(o->pid));
@@ -183,11 +175,17 @@ static void session_refusal(ctxrelease *c, struct owner *o, char *why, size_t le
     snprintf(why, len, "it is no longer the process that connected");
 }
 
-/* Why process pid may not be released now ("" if it may). */
-static void refusal(ctxrelease *c, pid_t pid, char *why, size_t len) {
+/* Why process pid may not be released now, by a pause that requester's
+ * process asked for ("" if it may). */
+static void refusal(ctxrelease *c, pid_t pid, pid_t requester, char *why, size_t len) {
   why[0] = '\0';
   if (pid <= 0 || !same_pid_namespace(pid)) {
     snprintf(why, len, "it is in another pid namespace");
+    return;
+  }
+  if (pid == requester && gpudev_release_stops_process(c->gpu)) {
+    snprintf(why, len, "it asked for the pause itself, and the %s backend's release stops the "
+             "whole process", gpudev_name(c->gpu));
     return;
   }
   for (struct list *p = c->owners->next; p != c->owners && !why[0]; p = p->next) {
@@ -215,32 +213,30 @@ static bool add_pid(pid_t *v, size_t *n, pid_t pid) {
 /* What a job's outcome means for the operation. */
 enum verdict { RELEASE, REFUSAL, RESTORE };
 
-/* Note one job's outcome in o: a failed release fails it (NOT_RELEASED),
- * a refusal too (RELEASE_REFUSED, the pause itself done); a restore's
- * failure is the resume's to report. Returns true if the job did it. */
+/* Note one job's outcome in o: a refusal (RELEASE_REFUSED, the pause
+ * itself done) or a release that did not hold (NOT_RELEASED) becomes the
+ * operation's failure once the driver's figures are judged
+ * (outcome_fail_releases); a restore's failure is the resume's to report.
+ * Returns true if the job did it. */
 static bool note(struct outcome *o, const struct job *j, enum verdict v) {
   bool done = !j->why[0];
   struct outcome_release *r = outcome_add_release(o, j->pid);
   if (r) {
     r->released = v == RELEASE && done;
+    r->refused = v == REFUSAL;
+    r->failed = v == RELEASE && !done;
     r->moved = j->moved;
     r->us = j->us;
     snprintf(r->why, sizeof r->why, "%s", j->why);
   }
-  if (done || v == RESTORE) return done;
-  outcome_note_pid(o, j->pid);
-  if (v == REFUSAL)
-    outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__RELEASE_REFUSED,
-                 "pid %d: context release refused: %s (its buffers are paused)", (int)j->pid,
-                 j->why);
-  else
-    outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d: device state not released: %s",
-                 (int)j->pid, j->why);
-  return false;
+  if (!done && v != RESTORE) outcome_note_pid(o, j->pid);
+  if (!r && !done) outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  return done;
 }
 
 /* Release the covered worker processes that may be released. */
-void ctxrelease_pause(ctxrelease *c, const struct scope *sc, struct outcome *o) {
+void ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
+                      struct outcome *o) {
   size_t cap = 0, n = 0;
   for (struct list *p = c->owners->next; p != c->owners; p = p->next) cap++;
   pid_t *pids = calloc(cap + 1, sizeof *pids);
@@ -262,7 +258,7 @@ void ctxrelease_pause(ctxrelease *c, const struct scope *sc, struct outcome *o) 
       if (r) *r = (struct outcome_release){.pid = pids[i], .released = true, .moved = done->moved};
       continue;
     }
-    refusal(c, pids[i], j.why, sizeof j.why);
+    refusal(c, pids[i], requester, j.why, sizeof j.why);
     if (j.why[0])
       note(o, &j, REFUSAL);
     else
@@ -276,6 +272,12 @@ void ctxrelease_pause(ctxrelease *c, const struct scope *sc, struct outcome *o) 
       log_info("pid %d: device state released, %s moved to host memory, in %llu us",
                (int)jobs[i].pid, size_format(jobs[i].moved, moved, sizeof moved),
                (unsigned long long)jobs[i].us);
+    } else if (gpudev_process_released(c->gpu, jobs[i].pid) == 1) {
+      /* Still held by the driver: kept, so that a resume, its session's
+       * end or the daemon's stop (or the next daemon) restores it. */
+      mark(c, jobs[i].pid, true, 0);
+      log_error("pid %d: device state not released, and the driver still holds it (restored "
+                "at the resume): %s", (int)jobs[i].pid, jobs[i].why);
     } else {
       log_error("pid %d: device state not released: %s", (int)jobs[i].pid, jobs[i].why);
     }
@@ -295,7 +297,7 @@ bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, st
   bool ok = jobs && pids;
   for (struct list *p = groups->next; ok && p != groups; p = p->next) {
     struct owner *w = list_entry(p, struct group, link)->s;
-    if (w->released && add_pid(pids, &n, w->pid))
+    if (released_session(c, w->pid) && add_pid(pids, &n, w->pid))
       jobs[n - 1] = (struct job){.gpu = c->gpu, .pid = w->pid, .restore = true};
   }
   if (!ok) fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
@@ -316,15 +318,19 @@ bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, st
   return ok && !f->code;
 }
 
-/* Restore one process now, saying why it happens. */
-static void restore_now(ctxrelease *c, pid_t pid, const char *because) {
+/* Restore one process now, saying why it happens; false if it failed. */
+static bool restore_now(ctxrelease *c, pid_t pid, const char *because) {
   struct job j = {.gpu = c->gpu, .pid = pid, .restore = true};
   job_run(&j);
   if (j.rc == 0)
     log_info("pid %d: device state restored (%s)", (int)pid, because);
   else
     log_error("pid %d: device state not restored (%s): %s", (int)pid, because, j.why);
+  return j.rc == 0;
 }
+
+/* Whether a process is released. */
+bool ctxrelease_holds(ctxrelease *c, pid_t pid) { return released_session(c, pid) != NULL; }
 
 /* A released session ended. */
 void ctxrelease_forget(ctxrelease *c, struct owner *s) {
@@ -338,28 +344,41 @@ void ctxrelease_forget(ctxrelease *c, struct owner *s) {
 /* Restore everything still released, then free. */
 void ctxrelease_destroy(ctxrelease *c) {
   if (!c) return;
+  bool all = true;
   for (struct list *p = c->owners->next; p != c->owners; p = p->next) {
     struct owner *o = list_entry(p, struct owner, link);
-    if (!o->released) continue;
-    if (pinned(c, o) == 0) restore_now(c, o->pid, "gpumemd is stopping");
-    mark(c, o->pid, false, 0);
+    if (o->released && pinned(c, o) == 0 && restore_now(c, o->pid, "gpumemd is stopping"))
+      mark(c, o->pid, false, 0);
+    else if (o->released && pinned(c, o) != 0)
+      mark(c, o->pid, false, 0); /* gone */
+    else if (o->released)
+      all = false; /* kept in the journal for the next daemon */
   }
-  if (c->journal[0]) unlink(c->journal);
+  if (all && c->journal[0]) unlink(c->journal);
+  else journal_write(c);
   free(c);
 }
 
 /* Restore what a daemon that died left released. */
 void ctxrelease_recover(gpudev *g, const char *journal_path) {
-  FILE *f = fopen(journal_path, "re");
-  if (!f) return;
+  int fd = open(journal_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0) return;
+  FILE *f = fstat(fd, &st) == 0 && st.st_uid == geteuid() ? fdopen(fd, "r") : NULL;
+  if (!f) { /* not ours: someone else's file is not trusted with pids */
+    log_warn("context release: %s is not this user's file: ignored", journal_path);
+    close(fd);
+    return;
+  }
   int pid;
   unsigned long long started;
+  bool all = true;
   while (fscanf(f, "%d %llu", &pid, &started) == 2) {
     if (pid <= 0 || start_time(pid) != started) continue; /* gone, or another process now */
     if (gpudev_process_released(g, pid) != 1) continue;
     struct ctxrelease c = {.gpu = g};
-    restore_now(&c, pid, "released by a gpumemd that stopped");
+    all &= restore_now(&c, pid, "released by a gpumemd that stopped");
   }
   fclose(f);
-  unlink(journal_path);
+  if (all) unlink(journal_path); /* else kept: the next start tries again */
 }

@@ -46,9 +46,16 @@ ctxrelease *ctxrelease_create(gpudev *g, struct list *owners, const struct outbo
 /* Restore every process still released, remove the journal, free c. */
 void ctxrelease_destroy(ctxrelease *c);
 
-/* After a pause that asked for it: release each worker process owning a
- * buffer sc covers, into o (one entry each, failures recorded). */
-void ctxrelease_pause(ctxrelease *c, const struct scope *sc, struct outcome *o);
+/* After a pause that asked for it (and that failed nothing): release each
+ * worker process owning a buffer sc covers, into o (one entry each; the
+ * refusals and failures become o's failure at outcome_fail_releases).
+ * requester: the pid that asked (where the backend's release stops the
+ * whole process, as the host stand-in does, it is refused). */
+void ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
+                      struct outcome *o);
+
+/* True while any session of pid is released. */
+bool ctxrelease_holds(ctxrelease *c, pid_t pid);
 
 /* Before a resume sends its remaps: restore each released process among
  * the owners of groups (struct group.link), into o. False, with f set,

@@ -70,6 +70,7 @@ struct op {
   uint32_t timeout_ms;
   uint64_t max_residual;
   bool release_context; /* release workers' device state once paused (ctxrelease.h) */
+  bool let_go;          /* a release pause: the daemon lets go of its own context too */
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
   struct list groups;
   size_t pending; /* groups not done */
@@ -248,7 +249,7 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
   if (!op->by_controller && op->timeout_ms > e->cfg->ack_timeout_ms)
     op->timeout_ms = e->cfg->ack_timeout_ms;
   op->max_residual = max_residual;
-  op->release_context = release_context && !resume;
+  op->release_context = op->let_go = release_context && !resume;
   enqueue(e, op);
   run_queue(e);
 }
@@ -454,11 +455,6 @@ static int send_remap(engine *e, struct group *g) {
 /* True if the operation covers every session (no scope). */
 static bool unscoped(const struct op *op) { return scope_is_all(&op->scope); }
 
-/* What the operation names must exist (scope_resolve). */
-static bool names_exist(engine *e, struct op *op) {
-  return scope_resolve(&op->scope, e->reg, e->owners, e->grace, &op->outcome);
-}
-
 /* A buffer that an earlier operation still waits on: it holds its memory
  * until its owner's late ack. */
 static void held_in_transit(struct op *op, const struct buffer *b) {
@@ -468,7 +464,7 @@ static void held_in_transit(struct op *op, const struct buffer *b) {
 
 /* Phase one of a pause: mark buffers and ask their owners to unmap. */
 static void start_pause(engine *e, struct op *op) {
-  if (!names_exist(e, op)) return;
+  if (!scope_resolve(&op->scope, e->reg, e->owners, e->grace, &op->outcome)) return;
   devcheck_before(e->reg, e->gpu, op->scope.devmask, op->dev, op->ndev);
   idmap *by_session = idmap_create();
   for (size_t t = 0; t < op->scope.ntags && by_session; t++) {
@@ -550,7 +546,9 @@ static void start_resume(engine *e, struct op *op) {
   struct buffer **bufs = NULL;
   bool *made = NULL;
   idmap *by_session = NULL;
-  if (!names_exist(e, op) || !collect_paused(e, op, &bufs, &n)) goto out;
+  if (!scope_resolve(&op->scope, e->reg, e->owners, e->grace, &op->outcome) ||
+      !collect_paused(e, op, &bufs, &n))
+    goto out;
   for (size_t i = 0; i < n; i++) stats_op_cover(op->rec, bufs[i]->size);
   devcheck_before(e->reg, e->gpu, op->scope.devmask, op->dev, op->ndev);
   if (!(made = calloc(n + 1, sizeof *made)) || !(by_session = idmap_create())) {
@@ -656,6 +654,7 @@ static bool start_rollback(engine *e, struct op *op) {
 /* Answer the controller (if still there) with the figures or the fault,
  * and count the operation as it ended. */
 static void reply(engine *e, struct op *op) {
+  if (op->let_go) registry_let_go(e->reg); /* before the driver's figures: it goes too */
   uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000;
   Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
@@ -668,6 +667,7 @@ static void reply(engine *e, struct op *op) {
       checks && checkp ? devcheck_after(e->reg, e->gpu, op->dev, op->ndev, &rules, &op->outcome,
                                         checks)
                        : 0;
+  outcome_fail_releases(&op->outcome); /* after the driver's figures, which come first */
   stats_op_end(e->stats, op->rec, op->outcome.fault.code, op->outcome.bytes,
                op->outcome.backup_bytes, us);
   op->rec = NULL;
@@ -720,9 +720,10 @@ static void check_done(engine *e) {
     }
   }
   uv_timer_stop(&e->timer);
-  if (op->release_context) { /* once: its owners have all answered */
+  if (op->release_context) { /* once its owners answered, and only if nothing failed */
     op->release_context = false;
-    ctxrelease_pause(e->ctx, &op->scope, &op->outcome);
+    if (!op->outcome.fault.code)
+      ctxrelease_pause(e->ctx, &op->scope, op->pid, &op->outcome);
   }
   if (!op->resume && op->exits == EXITS_UNASKED) {
     op->exits = EXITS_DONE;
@@ -867,6 +868,9 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   }
   check_done(e);
 }
+
+/* Whether a process is released. */
+bool engine_released(const engine *e, pid_t pid) { return ctxrelease_holds(e->ctx, pid); }
 
 /* A session is ending: stop waiting for it and never answer it. */
 void engine_forget(engine *e, struct owner *s) {

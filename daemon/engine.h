@@ -61,6 +61,9 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
  * still PAUSING. The operation's own end still comes at the turn's end. */
 void engine_settle(engine *e);
 
+/* True while process pid's device state is released (ctxrelease.h). */
+bool engine_released(const engine *e, pid_t pid);
+
 /* A session is ending: stop waiting for it and never answer it. Called
  * once its buffers are freed. */
 void engine_forget(engine *e, struct owner *s);

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 
 #include "common/log.h"
+#include "common/procstat.h"
+
 
 /* How often the driver's list is read while waiting. */
 #define EXITWAIT_POLL_MS 10
@@ -90,15 +92,28 @@ static void on_poll(uv_timer_t *t) {
   if (done) done(w->arg);
 }
 
-/* Start waiting for the noted pids without a session. */
+/* Whether pid has exited or is exiting, by the kernel's word: gone, a
+ * zombie, or PF_EXITING among its flags (a process whose socket the kernel
+ * closed on its way out may not be a zombie yet). A process that lives on
+ * is not waited for: the driver lists a live process with a context for
+ * as long as it lives. */
+static bool exited(int pid) {
+  struct procstat st;
+  if (procstat_read(pid, &st) < 0) return true;
+  return st.state == 'Z' || st.state == 'X' || (st.flags & PROCSTAT_PF_EXITING);
+}
+
+/* Start waiting for the noted pids without a session that have exited. */
 bool exitwait_start(exitwait *w, uint32_t limit_ms, bool (*keep)(void *arg, int pid),
                     void (*done)(void *arg), void *arg) {
   size_t k = 0;
   for (size_t i = 0; i < w->n; i++)
-    if (!keep(arg, w->pids[i])) w->pids[k++] = w->pids[i];
+    if (w->pids[i] > 0 && !keep(arg, w->pids[i]) && exited(w->pids[i])) w->pids[k++] = w->pids[i];
   w->n = k;
   w->waited_ms = 0;
   if (!still_listed(w) || limit_ms == 0) return false;
+  log_info("pause: waiting up to %u ms for %zu ended owners to leave the driver: pid %d%s",
+           (unsigned)limit_ms, w->n, w->pids[0], w->n > 1 ? ", ..." : "");
   w->t0 = uv_hrtime();
   w->limit_ns = (uint64_t)limit_ms * 1000000;
   w->done = done;

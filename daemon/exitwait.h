@@ -4,8 +4,8 @@
  * 0.3 s after the session closed): judged at once, the pause would fail
  * with memory that is on its way back. The engine notes each owner that
  * ended while it waited for it, and before judging the pause waits until
- * none of them is listed, or the bound has passed; the reply says how
- * long it waited and who was still listed. */
+ * none of those whose process exited is listed, or the bound has passed;
+ * the reply says how long it waited and who was still listed. */
 #ifndef GPUMEMD_EXITWAIT_H
 #define GPUMEMD_EXITWAIT_H
 
@@ -34,7 +34,8 @@ void exitwait_clear(exitwait *w);
 
 /* Start waiting, at most limit_ms, for the noted pids to leave the
  * driver's list, polling it; those that still have a session (keep is
- * true for them) are not waited for. Returns false when there is nothing
+ * true for them), and those whose process lives on (the kernel does not
+ * show it exited or exiting), are not waited for. Returns false when there is nothing
  * to wait for (none noted, none listed, or the driver lists no processes),
  * and then done is never called; else done(arg) is called from the loop
  * once none is listed or the bound has passed. */

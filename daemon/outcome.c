@@ -83,6 +83,20 @@ struct outcome_release *outcome_add_release(struct outcome *o, pid_t pid) {
   return r;
 }
 
+/* The first refused or failed release as the failure. */
+void outcome_fail_releases(struct outcome *o) {
+  for (size_t i = 0; i < o->nreleases && !o->fault.code; i++) {
+    const struct outcome_release *r = &o->releases[i];
+    if (r->refused)
+      outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__RELEASE_REFUSED,
+                   "pid %d: context release refused: %s (its buffers are paused)", (int)r->pid,
+                   r->why);
+    else if (r->failed)
+      outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+                   "pid %d: device state not released: %s", (int)r->pid, r->why);
+  }
+}
+
 /* Free the pids, the detail and the releases. */
 void outcome_free(struct outcome *o) {
   free(o->pids);

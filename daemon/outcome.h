@@ -25,6 +25,8 @@ struct outcome_detail {
 struct outcome_release {
   pid_t pid;
   bool released;  /* its device state is in host memory now */
+  bool refused;   /* not tried: why says why (RELEASE_REFUSED) */
+  bool failed;    /* tried, and the release did not hold (NOT_RELEASED) */
   uint64_t moved; /* device bytes the driver listed for it before */
   uint64_t us;
   char why[200];  /* not released, or not restored: why ("" when done) */
@@ -64,6 +66,11 @@ void outcome_count(struct outcome *o, const struct buffer *b);
 /* Add a process's release (or restore) to the outcome: NULL out of
  * memory, else the entry, zeroed but for its pid. */
 struct outcome_release *outcome_add_release(struct outcome *o, pid_t pid);
+
+/* Make the first release that was refused or failed the operation's
+ * failure, unless it has one already: called after the driver's figures
+ * are judged, so that memory not returned is what a pause reports. */
+void outcome_fail_releases(struct outcome *o);
 
 /* Free what the outcome holds. */
 void outcome_free(struct outcome *o);

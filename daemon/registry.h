@@ -239,6 +239,15 @@ wire_code registry_restore(registry *r, struct buffer *b, struct fault *f);
 /* Bytes and microseconds of backup copies so far, one way. */
 void registry_copy_totals(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us);
 
+/* Let go of what backups hold (a device context on GPUs, held from a
+ * device's first BACKUP buffer on, so that copies start at once): after a
+ * pause with release_context, so that a paused node holds nothing. The
+ * next copy takes it again (120-160 ms on an H200), and keeps it. Where
+ * the backups' host memory lives in the context (HIP's pinned memory), the
+ * backend keeps it alive all the same. */
+void registry_let_go(registry *r);
+
+
 /* Remember the copy figures of the last operation that copied, one way. */
 void registry_note_last(registry *r, bool to_host, uint64_t bytes, uint64_t us);
 

@@ -508,6 +508,7 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
   s->owner.role = h->role;
   s->owner.minor = h->version_minor;
   s->owner.release_ok = h->role == GPUMEM__WIRE__ROLE__ROLE_WORKER && h->release_context;
+  s->owner.nothing_mapped = true; /* until memory of ours goes to it */
   snprintf(s->owner.name, sizeof s->owner.name, "%s", h->name);
   Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
   r.version_major = WIRE_VERSION_MAJOR;
@@ -545,6 +546,12 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
     return;
   }
   if (room_for_buffers(srv, s, id, 1) < 0) return;
+  if (srv->eng && engine_released(srv->eng, s->owner.pid)) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                "this process's device state is released (a pause with release_context): "
+                "resume it before allocating");
+    return;
+  }
   if (grace_active(srv->grace) && !registry_tag(srv->reg, a->tag)) {
     int rc = grace_defer(srv->grace, s, id, a);
     if (rc == 0) {
@@ -575,6 +582,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
       return;
     }
     nfds = b->ipc ? 0 : b->nchunks;
+    s->owner.nothing_mapped = false; /* it maps this one now */
   }
   Gpumem__Wire__AllocReply r = GPUMEM__WIRE__ALLOC_REPLY__INIT;
   r.buffer_id = b->id;
@@ -676,6 +684,7 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
       break;
     fd_at += b->paused ? 0 : b->n_chunk_sizes;
     ids[done] = bufs[done]->id;
+    if (!b->paused) s->owner.nothing_mapped = false;
     if (b->paused && (b->flags & BUF_FLAG_BACKUP))
       log_warn("pid %d: BACKUP buffer %llu ('%s') was paused when the previous daemon went "
                "away: its saved contents are lost",

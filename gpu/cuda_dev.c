@@ -16,7 +16,8 @@
   X(cuMemGetInfo) X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle) X(cuStreamCreate)       \
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync)     \
   X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister)          \
-  X(cuMemGetAllocationPropertiesFromHandle)
+  X(cuMemGetAllocationPropertiesFromHandle) X(cuMemGetAllocationGranularity) X(cuMemSetAccess) \
+  X(cuDeviceGetAttribute)
 
 DEV_CALLS(CUDA_DECLARE)
 
@@ -105,6 +106,59 @@ static int cuda_create(int dev, uint64_t size, uint64_t *handle) {
   *handle = h;
   return (int)rc;
 }
+
+#if CUDA_VERSION >= 12020
+/* The properties of backup host memory for dev: pinned memory of the host
+ * NUMA node nearest dev (node 0 where the device names none). */
+static CUmemAllocationProp host_prop(int dev) {
+  CUmemAllocationProp p;
+  memset(&p, 0, sizeof p);
+  int node = -1;
+  CUdevice d;
+  if (p_cuDeviceGet(&d, dev) == 0) p_cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, d);
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  p.location.id = node < 0 ? 0 : node;
+  return p;
+}
+
+/* Whether dev can have host-NUMA memory, and its granularity (0: none). */
+static int cuda_host_granularity(int dev, uint64_t *g) {
+  int ok = 0;
+  CUdevice d;
+  *g = 0;
+  if (p_cuDeviceGet(&d, dev) != 0 ||
+      p_cuDeviceGetAttribute(&ok, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                             d) != 0 || !ok)
+    return 0;
+  CUmemAllocationProp p = host_prop(dev);
+  size_t min = 0;
+  CUresult rc = p_cuMemGetAllocationGranularity(&min, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  *g = rc == CUDA_SUCCESS ? min : 0;
+  return 0;
+}
+
+/* Pinned host memory for dev's backups, made without a context. */
+static int cuda_host_create(int dev, uint64_t size, uint64_t *handle) {
+  CUmemAllocationProp p = host_prop(dev);
+  CUmemGenericAllocationHandle h;
+  CUresult rc = p_cuMemCreate(&h, size, &p, 0);
+  *handle = h;
+  return (int)rc;
+}
+
+/* Let dev and the host read and write a mapped range of host memory. */
+static int cuda_host_access(uint64_t va, uint64_t size, int dev) {
+  CUmemAccessDesc a[2];
+  memset(a, 0, sizeof a);
+  a[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a[0].location.id = dev;
+  a[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  a[1].location = host_prop(dev).location;
+  a[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return p_cuMemSetAccess(va, size, a, 2);
+}
+#endif
 
 /* A chunk as a new POSIX fd. */
 static int cuda_export_fd(uint64_t handle, int *fd) {
@@ -323,7 +377,7 @@ static int cuda_ckpt_state(int pid, enum vmm_ckpt_state *state) {
       !p_cuCheckpointProcessCheckpoint || !p_cuCheckpointProcessRestore ||
       !p_cuCheckpointProcessUnlock)
     return -ENOTSUP;
-  CUprocessState s;
+  CUprocessState s = CU_PROCESS_STATE_RUNNING;
   CUresult rc = p_cuCheckpointProcessGetState(pid, &s);
   *state = s == CU_PROCESS_STATE_LOCKED         ? VMM_CKPT_LOCKED
            : s == CU_PROCESS_STATE_CHECKPOINTED ? VMM_CKPT_CHECKPOINTED
@@ -354,6 +408,11 @@ const struct vmm_dev_vendor vmm_cuda_dev = {
     .processes = cuda_processes,
     .ipc_alloc = cuda_ipc_alloc,
     .ipc_free = cuda_ipc_free,
+#if CUDA_VERSION >= 12020
+    .host_granularity = cuda_host_granularity,
+    .host_create = cuda_host_create,
+    .host_access = cuda_host_access,
+#endif
 #if CUDA_VERSION >= 12080
     .ckpt_lock = cuda_ckpt_lock,
     .ckpt_checkpoint = cuda_ckpt_checkpoint,

@@ -123,6 +123,9 @@ int gpudev_process_release(gpudev *g, int pid, uint32_t lock_ms, uint64_t *moved
   return g->ops->process_release(g->state, pid, lock_ms, moved);
 }
 
+/* Whether a release stops the whole process. */
+bool gpudev_release_stops_process(const gpudev *g) { return g->ops->release_stops; }
+
 /* Bring a released process's device state back. */
 int gpudev_process_restore(gpudev *g, int pid) {
   if (!g->ops->process_restore)

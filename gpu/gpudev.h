@@ -101,6 +101,11 @@ int gpudev_process_listed(gpudev *g, int pid);
  * still maps or holds device memory. */
 int gpudev_process_release(gpudev *g, int pid, uint32_t lock_ms, uint64_t *moved);
 
+/* True where a release stops the whole process (the host stand-in), not
+ * only its device calls (CUDA): a process may then not be released by its
+ * own pause, whose answer it waits for. */
+bool gpudev_release_stops_process(const gpudev *g);
+
 /* Bring back what gpudev_process_release moved to host memory and let
  * the process make device calls again (the host stand-in: SIGCONT). */
 int gpudev_process_restore(gpudev *g, int pid);

@@ -11,6 +11,7 @@ struct gpudev_ops {
   const char *built_with; /* the vendor headers compiled against (NULL: none) */
   const void *impl;       /* what open needs beyond the options (vendor table) */
   bool fd_per_chunk;      /* each chunk the daemon holds is one of its descriptors */
+  bool release_stops;     /* a process release stops the whole process */
   int (*open)(const struct gpudev_ops *self, const struct gpudev_options *opt, void **state,
               char *err, size_t errlen);
   void (*close)(void *state);

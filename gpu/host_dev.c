@@ -370,6 +370,7 @@ static int host_chunk_adopt(void *state, unsigned dev, int fd, uint64_t size,
 const struct gpudev_ops gpudev_host_ops = {
     .name = "host",
     .fd_per_chunk = true,
+    .release_stops = true,
     .open = host_open,
     .close = host_close,
     .device_count = host_device_count,

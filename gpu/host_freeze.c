@@ -11,20 +11,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/procstat.h"
 #include "error.h"
 #include "host.h"
 
-/* The state letter of /proc/PID/stat ('T' stopped), or 0 when gone. */
+/* The state letter of pid ('T' stopped), or 0 when it is gone. */
 static char proc_state(int pid) {
-  char p[64], buf[512];
-  snprintf(p, sizeof p, "/proc/%d/stat", pid);
-  FILE *f = fopen(p, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *close_paren = strrchr(buf, ')'); /* the name may hold anything */
-  return close_paren && close_paren[1] == ' ' ? close_paren[2] : 0;
+  struct procstat st;
+  return procstat_read(pid, &st) == 0 ? st.state : 0;
 }
 
 /* Milliseconds of the monotonic clock. */

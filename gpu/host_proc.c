@@ -285,14 +285,35 @@ static bool listed_named(void *arg, const char *link) {
   return false;
 }
 
-/* The model of "the driver lists pid": it maps or holds a memfd of any
- * simulated device, the daemon's or not (a process that has exited, a
- * zombie too, holds none). */
+/* Whether one thread's view (its mappings and fds: /proc/TID) shows
+ * device memory; 0 when the thread is gone. */
+static int thread_listed(struct listed_scan *s, int tid) {
+  int rc = maps_each(tid, listed_mapping, s);
+  if (rc == 0 && !s->found) rc = fds_each(tid, listed_named, NULL, s);
+  if (rc == -ENOENT || rc == -ESRCH) return 0;
+  return rc < 0 ? rc : s->found;
+}
+
+/* The model of "the driver lists pid": any thread of it maps or holds a
+ * memfd of any simulated device, the daemon's or not. A process whose
+ * main thread has exited while another still runs is listed for as long
+ * as that one holds the memory (the main thread's own view is empty by
+ * then), as a dying process stays in the driver's list for a moment; one
+ * that has exited, a zombie too, holds none. */
 int host_proc_listed(void *state, int pid) {
   struct listed_scan s = {.h = state};
-  int rc = maps_each(pid, listed_mapping, &s);
-  if (rc == 0 && !s.found) rc = fds_each(pid, listed_named, NULL, &s);
-  if (rc == -ENOENT || rc == -ESRCH) return 0;
+  char p[64];
+  snprintf(p, sizeof p, "/proc/%d/task", pid);
+  DIR *d = opendir(p);
+  if (!d) return errno == ENOENT || errno == ESRCH ? 0 : gpu_fail(-errno, "%s: %s", p, strerror(errno));
+  int rc = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir(d))) {
+    char *end;
+    long tid = strtol(e->d_name, &end, 10);
+    if (!*end && tid > 0) rc = thread_listed(&s, (int)tid);
+  }
+  closedir(d);
   if (rc < 0) return gpu_fail(rc, "reading /proc/%d: %s", pid, strerror(-rc));
-  return s.found;
+  return rc;
 }

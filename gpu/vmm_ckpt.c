@@ -66,7 +66,9 @@ int vmm_process_release(void *state, int pid, uint32_t lock_ms, uint64_t *moved)
     return rc;
   }
   uint64_t left;
-  if ((rc = listed_bytes(x, pid, &left, &listed)) == 0 && left == 0) return 0;
+  /* Released means gone from the list: a figure of 0 (or none, where the
+   * library gives no figures) for a process still listed is not enough. */
+  if ((rc = listed_bytes(x, pid, &left, &listed)) == 0 && !listed) return 0;
   /* The driver said yes and kept the memory: undo it where it lets us. */
   int rst = x->v->ckpt_restore(pid), ust = rst ? 0 : x->v->ckpt_unlock(pid);
   if (rc < 0) return rc;

@@ -25,6 +25,13 @@ static int vmm_open_dev(const struct gpudev_ops *self, const struct gpudev_optio
   if (rc < 0) return rc;
   struct vmm_dev *x = *state;
   x->v = v;
+  if (!(x->backups = idmap_create())) {
+    vmm_close_state(&x->m);
+    snprintf(err, errlen, "out of memory");
+    return -ENOMEM;
+  }
+  for (int d = 0; v->host_granularity && d < x->m.ndev && d < GPUMEM_MAX_DEVICES; d++)
+    v->host_granularity(d, &x->host_gran[d]);
   vmm_gate_init(&x->gate);
   return 0;
 }
@@ -33,6 +40,7 @@ static int vmm_open_dev(const struct gpudev_ops *self, const struct gpudev_optio
 static void vmm_close_dev(void *state) {
   struct vmm_dev *x = state;
   vmm_gate_destroy(&x->gate);
+  idmap_destroy(x->backups);
   vmm_close_state(&x->m);
 }
 

@@ -54,6 +54,15 @@ struct vmm_dev_vendor {
   int (*processes)(int dev, struct gpudev_process **list, size_t *n);
   int (*ipc_alloc)(uint64_t size, uint64_t *dptr, uint8_t *handle);
   int (*ipc_free)(uint64_t dptr);
+  /* Backup host memory that lives apart from any context (CUDA's
+   * host-NUMA allocations; NULL where the vendor has none, HIP): the
+   * granularity of such memory for dev (0: dev cannot have it), one made
+   * (a handle, released with base->release, mapped with base->map, all
+   * without a context), and read-write access to a mapped range for dev
+   * and the host. Copies through it run as from pinned memory. */
+  int (*host_granularity)(int dev, uint64_t *g);
+  int (*host_create)(int dev, uint64_t size, uint64_t *handle);
+  int (*host_access)(uint64_t va, uint64_t size, int dev);
   /* The driver's checkpoint of another process, by pid (NULL, or -ENOTSUP
    * from ckpt_state, where the driver has none): hold its device calls
    * (waiting at most timeout_ms), move its device state to host memory,
@@ -73,6 +82,8 @@ struct vmm_dev {
   struct vmm m; /* first (vmm_open_state): devices, context holds, kept fds */
   const struct vmm_dev_vendor *v;
   struct vmm_gate gate; /* between backup pieces and every other call */
+  idmap *backups; /* host address -> struct vmm_host_backup, under m.mu */
+  uint64_t host_gran[GPUMEM_MAX_DEVICES]; /* of host-NUMA memory; 0: none */
 };
 
 #endif

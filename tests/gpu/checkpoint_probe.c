@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fdpass.h"
+
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 #define WATCHDOG_MS 30000
@@ -146,30 +148,16 @@ static int get(int fd, int ms) {
   return read(fd, &c, 1) == 1 ? c : -1;
 }
 
-static void send_fd(int sock, int fd, size_t size) {
-  char buf[CMSG_SPACE(sizeof(int))];
-  struct iovec io = {&size, sizeof size};
-  struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1};
-  if (fd >= 0) {
-    m.msg_control = buf;
-    m.msg_controllen = sizeof buf;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  }
-  if (sendmsg(sock, &m, 0) != (ssize_t)sizeof size) say("sendmsg: %s", strerror(errno));
+/* Pass an fd and the size of what it holds (fdpass.h, then the size). */
+static void send_sized_fd(int sock, int fd, size_t size) {
+  send_fd(sock, fd);
+  if (write(sock, &size, sizeof size) != (ssize_t)sizeof size) say("write: %s", strerror(errno));
 }
 
-static int recv_fd(int sock, size_t *size) {
-  char buf[CMSG_SPACE(sizeof(int))];
-  struct iovec io = {size, sizeof *size};
-  struct msghdr m = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = buf, .msg_controllen = sizeof buf};
-  if (recvmsg(sock, &m, 0) != (ssize_t)sizeof *size) return -1;
-  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-  int fd = -1;
-  if (c && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+/* Receive what send_sized_fd sent: the fd (-1 if none), the size in *size. */
+static int recv_sized_fd(int sock, size_t *size) {
+  int fd = recv_fd(sock);
+  if (read(sock, size, sizeof *size) != (ssize_t)sizeof *size) *size = 0;
   return fd;
 }
 
@@ -488,7 +476,7 @@ static CUmemGenericAllocationHandle host_create(int x, int verbose) {
         "granularity %s min %zu KiB, recommended %zu KiB; cuMemCreate HOST_NUMA %zu MiB %s %.1f ms; export fd %s; "
         "device used %ld -> %ld MiB; creator in NVML %ld", numa, vmm, en(rg), gmin >> 10, grec >> 10, n / MiB,
         en(rc), t1 - t0, en(re), u0, nv_used(), nv_pid(getpid()));
-  if (x >= 0) send_fd(x, fd, n);
+  if (x >= 0) send_sized_fd(x, fd, n);
   if (fd >= 0) close(fd);
   host_n = n;
   return rc ? 0 : h;
@@ -581,7 +569,7 @@ static void creator6(int s, long x) {
 }
 
 static CUresult import_fd(int x, CUmemGenericAllocationHandle *h, size_t *n) {
-  int fd = recv_fd(x, n);
+  int fd = recv_sized_fd(x, n);
   CUresult r = fd < 0 ? CUDA_ERROR_INVALID_HANDLE
                       : cuMemImportFromShareableHandle(h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (fd >= 0) close(fd);

@@ -43,7 +43,7 @@ failures = 0
 WORKER = r'''
 import os, sys, torch
 sys.path.insert(0, os.path.join(sys.argv[1], "python"))
-import gpumem.torch as gt
+import gpumem, gpumem.torch as gt
 torch.cuda.init()
 with gt.region("weights", backup=True):
     w = torch.arange(64 << 20, dtype=torch.float32, device="cuda")
@@ -65,6 +65,13 @@ torch.cuda.synchronize()
 want = float(w.sum().item())
 print("ready", os.getpid(), flush=True)
 for line in sys.stdin:
+    if line.strip() == "alloc":
+        try:
+            gt.client().alloc("late", 1 << 20).free()
+            print("alloc OK", flush=True)
+        except gpumem.Error as e:
+            print("alloc", e.code_name, flush=True)
+        continue
     if not line.startswith("check"):
         continue
     g.replay()
@@ -132,6 +139,15 @@ class Worker:
                 return self.said == "checked ok"
         return False
 
+    def alloc_code(self, timeout=30):
+        """Ask the worker to allocate 1 MiB outside torch: the daemon's code."""
+        self.p.stdin.write("alloc\n")
+        self.p.stdin.flush()
+        import select
+        r, _, _ = select.select([self.p.stdout], [], [], timeout)
+        self.said = self.p.stdout.readline().strip() if r else "no answer"
+        return self.said.split()[-1] if self.said.startswith("alloc") else self.said
+
     def stop(self):
         if self.p.poll() is None:
             self.p.kill()
@@ -162,6 +178,10 @@ def main():
     c.pause()
     plain_pause = time.monotonic() - t0
     plain_used = node_used_mib()
+    apps = nvml_apps()
+    print("FIGURE release after a plain pause gpumemd holds %s MiB (its context, kept while "
+          "BACKUP buffers exist, so that copies start at once)" % apps.get(daemon.pid, 0),
+          flush=True)
     t0 = time.monotonic()
     c.resume()
     plain_resume = time.monotonic() - t0
@@ -178,9 +198,15 @@ def main():
           "release reported", json.dumps(x))
     check(w.pid not in apps, "NVML lists the released worker holding nothing",
           "compute apps %s" % apps)
+    check(daemon.pid not in apps, "NVML lists no gpumemd process after a pause with backups",
+          "compute apps %s, gpumemd is pid %d" % (apps, daemon.pid))
+    check(rel_used <= base + 16, "a released node holds at most 16 MiB more than idle",
+          "%d MiB used paused, %d MiB idle (nvidia-smi, the driver's reserve left out)"
+          % (rel_used, base))
     st = c.status()
     ses = [s for s in st["sessions"] if s["pid"] == w.pid]
     check(bool(ses) and ses[0]["context_released"], "status says released", json.dumps(ses))
+    check(w.alloc_code() == "WRONG_STATE", "a released worker's allocation is refused", w.said)
     t0 = time.monotonic()
     r = c.resume()
     rel_resume = time.monotonic() - t0
@@ -189,6 +215,7 @@ def main():
           json.dumps(x))
     check(w.check(), "resume after release",
           "weights, outside tensor, graph replay and kv as before")
+    check(w.alloc_code() == "OK", "the worker allocates again after the resume", w.said)
     check(w.pid in nvml_apps(), "NVML lists the worker again", "")
     print("FIGURE release node_used_mib idle=%d paused_plain=%d paused_released=%d "
           "(driver reserve not counted by nvidia-smi)" % (base, plain_used, rel_used), flush=True)

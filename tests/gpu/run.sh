@@ -25,7 +25,7 @@ cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -pthread -Iinclude -I"$CUDA_HOME/inc
 status=0
 # The backend's driver-facing calls, from the gpu/ sources alone.
 cc -std=c11 -D_GNU_SOURCE -DHAVE_CUDA -O2 -Wall -Wextra -Werror -I. -I"$CUDA_HOME/include" \
-  tests/gpu/backend_probe.c $(ls gpu/*.c | grep -v '^gpu/hip') common/idmap.c \
+  tests/gpu/backend_probe.c $(ls gpu/*.c | grep -v '^gpu/hip') common/idmap.c common/procstat.c \
   -ldl -lpthread -o build/tests/backend_probe || exit 1
 build/tests/backend_probe || status=1
 # Sockets and logs in a private directory: gpumemd refuses a socket

@@ -15,23 +15,36 @@
 #include <unistd.h>
 
 #include "gpumem.h"
+#include "common/procstat.h"
 #include "harness.h"
 
 static struct daemon d;
 
-static void teardown(void) { harness_daemon_teardown(&d); }
+/* Workers a test started: a failed assertion must not leave one stopped
+ * (a stopped process keeps a SIGTERM pending for ever). */
+static pid_t started[8];
+static size_t nstarted;
 
-/* The state letter of a process ('T': stopped), 0 when it is gone. */
+/* Note a worker's pid for the teardown. */
+static void track(pid_t pid) {
+  if (nstarted < sizeof started / sizeof started[0]) started[nstarted++] = pid;
+}
+
+/* Let every worker of the test go on and end, then stop the daemon. */
+static void teardown(void) {
+  for (size_t i = 0; i < nstarted; i++) {
+    kill(started[i], SIGCONT);
+    kill(started[i], SIGKILL);
+  }
+  nstarted = 0;
+  harness_daemon_teardown(&d);
+}
+
+/* The state letter of a process ('T': stopped, 'Z': a zombie), 0 when
+ * it is gone. */
 static char proc_state(pid_t pid) {
-  char p[64], buf[512];
-  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(p, "re");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *s = strrchr(buf, ')');
-  return s ? s[2] : 0;
+  struct procstat st;
+  return procstat_read((int)pid, &st) == 0 ? st.state : 0;
 }
 
 /* A gpumem-worker of 8 MiB of kv, opted in to context release or not. */
@@ -39,6 +52,7 @@ static void start_worker(struct worker *w, bool opt_in) {
   if (opt_in) setenv("GPUMEM_RELEASE_CONTEXT", "1", 1);
   worker_start(w, &d, "--tag", "kv", "--size", "8M", NULL);
   unsetenv("GPUMEM_RELEASE_CONTEXT");
+  track(w->pid);
 }
 
 /* A controller of d. */
@@ -196,6 +210,7 @@ static pid_t two_tag_worker(int *hold_w) {
   ck_assert_int_eq(read(ready[0], &x, 1), 1);
   close(ready[0]);
   *hold_w = hold[1];
+  track(kid);
   return kid;
 }
 
@@ -254,17 +269,23 @@ START_TEST(a_released_worker_that_dies_is_forgotten) {
 }
 END_TEST
 
-/* A daemon that stops (SIGTERM) lets its released workers go on first. */
-START_TEST(a_stopping_daemon_restores_its_released_workers) {
+/* A daemon, a gpumem-worker that opted in, and a controller's pause of kv
+ * with a release that stopped the worker: the controller. */
+static gpumem_client *released_worker(struct worker *w) {
   daemon_start(&d, NULL);
-  struct worker w;
-  start_worker(&w, true);
+  start_worker(w, true);
   gpumem_client *c = controller();
   struct gpumem_op_report *r;
   ck_assert_int_eq(pause_releasing(c, "kv", &r), 0);
   gpumem_op_report_free(r);
-  ck_assert_int_eq(proc_state(w.pid), 'T');
-  gpumem_disconnect(c);
+  ck_assert_int_eq(proc_state(w->pid), 'T');
+  return c;
+}
+
+/* A daemon that stops (SIGTERM) lets its released workers go on first. */
+START_TEST(a_stopping_daemon_restores_its_released_workers) {
+  struct worker w;
+  gpumem_disconnect(released_worker(&w));
   int st;
   kill(d.pid, SIGTERM);
   ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid);
@@ -280,13 +301,9 @@ END_TEST
  * daemon that follows on the socket restores it from the journal before
  * it serves, and the worker re-registers with it. */
 START_TEST(a_daemon_that_dies_is_followed_by_one_that_restores) {
-  daemon_start(&d, NULL);
   struct worker w;
-  start_worker(&w, true);
-  gpumem_client *c = controller();
+  gpumem_client *c = released_worker(&w);
   struct gpumem_op_report *r;
-  ck_assert_int_eq(pause_releasing(c, "kv", &r), 0);
-  gpumem_op_report_free(r);
   gpumem_disconnect(c);
   kill(d.pid, SIGKILL);
   ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
@@ -303,6 +320,55 @@ START_TEST(a_daemon_that_dies_is_followed_by_one_that_restores) {
   gpumem_op_report_free(r);
   gpumem_disconnect(c);
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* A pause that fails (a tag that does not exist) releases nothing. */
+START_TEST(a_failed_pause_releases_nothing) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  start_worker(&w, true);
+  gpumem_client *c = controller();
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.release_context = 1;
+  const char *tags[] = {"kv", "nope"};
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(gpumem_pause(c, tags, 2, NULL, 0, &o, &r), GPUMEM_E_NOT_FOUND);
+  ck_assert_uint_eq(r->nreleases, 0);
+  gpumem_op_report_free(r);
+  ck_assert_int_ne(proc_state(w.pid), 'T');
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+/* A worker that pauses its own buffers asking for a release is refused on
+ * the host backend, whose stand-in would stop the process that waits for
+ * the answer; it gets RELEASE_REFUSED with the reason, and keeps running. */
+START_TEST(a_release_of_the_process_that_asked_is_refused_here) {
+  daemon_start(&d, NULL);
+  pid_t kid = fork();
+  ck_assert_int_ge(kid, 0);
+  if (kid == 0) {
+    gpumem_client *c;
+    gpumem_buffer *b;
+    struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+    o.scope = GPUMEM_SCOPE_OWN;
+    o.release_context = 1;
+    struct gpumem_op_report *r = NULL;
+    if (gpumem_connect(d.socket, "self", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_RELEASE_CONTEXT, &c) ||
+        gpumem_alloc(c, "kv", 0, 4 << 20, 0, &b))
+      _exit(10);
+    int rc = gpumem_pause(c, NULL, 0, NULL, 0, &o, &r);
+    bool said = r && r->nreleases == 1 && strstr(r->releases[0]->why, "asked for the pause itself");
+    gpumem_op_report_free(r);
+    gpumem_disconnect(c);
+    _exit(rc == GPUMEM_E_RELEASE_REFUSED && said ? 0 : 11);
+  }
+  track(kid);
+  int st;
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
 }
 END_TEST
 
@@ -327,5 +393,6 @@ int main(void) {
                      a_released_worker_that_dies_is_forgotten,
                      a_stopping_daemon_restores_its_released_workers,
                      a_daemon_that_dies_is_followed_by_one_that_restores,
-                     a_release_asked_of_a_resume_is_refused);
+                     a_release_asked_of_a_resume_is_refused, a_failed_pause_releases_nothing,
+                     a_release_of_the_process_that_asked_is_refused_here);
 }
