@@ -91,6 +91,9 @@ static void fake_send(struct fake *f, wire_env *env, const int *fds, size_t nfds
   fake_flush(f);
 }
 
+/* The protocol minor version the fake daemon says it speaks. */
+static unsigned fake_minor = WIRE_VERSION_MINOR;
+
 /* Read the Hello and answer it: host backend, n devices with these bus
  * ids (the daemon's device i is "host-<node>:d", this process's d), 2 MiB. */
 static bool fake_hello_devices(struct fake *f, const char *const *bus, size_t n) {
@@ -108,7 +111,7 @@ static bool fake_hello_devices(struct fake *f, const char *const *bus, size_t n)
     }
     Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
     r.version_major = WIRE_VERSION_MAJOR;
-    r.version_minor = WIRE_VERSION_MINOR;
+    r.version_minor = fake_minor;
     r.backend = "host";
     r.granularity = 2 * MIB;
     r.devices = dp;
@@ -502,6 +505,28 @@ START_TEST(test_error_outside_request_is_reported) {
   char buf[256];
   ck_assert_int_eq(gpumem_daemon_error(c, buf, sizeof buf), GPUMEM_E_LIMIT);
   ck_assert_str_eq(buf, "LIMIT_EXCEEDED: too many buffers for uid 0");
+  script_finish(&s, c);
+}
+END_TEST
+
+/* Script: a 1.5 daemon, which must be sent nothing after the Hello. */
+static void run_minor5(struct script *s) {
+  fake_minor = 5;
+  script_greet(s);
+  fake_minor = WIRE_VERSION_MINOR;
+  EXPECT(s, fake_ended(&s->f));
+}
+
+/* A pause asking for a context release from a daemon older than 1.6 (which
+ * would pause and release nothing, silently) fails before it is sent. */
+START_TEST(test_release_context_needs_a_1_6_daemon) {
+  struct script s;
+  gpumem_client *c = script_connect(&s, run_minor5, "old", GPUMEM_ROLE_CONTROLLER);
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.release_context = 1;
+  ck_assert_int_eq(gpumem_pause(c, NULL, 0, NULL, 0, &o, NULL), GPUMEM_E_VERSION);
+  ck_assert_msg(strstr(gpumem_last_error(), "needs gpumemd 1.6 or later (it speaks 1.5)"), "%s",
+                gpumem_last_error());
   script_finish(&s, c);
 }
 END_TEST
@@ -1609,6 +1634,7 @@ END_TEST
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   return HARNESS_RUN("client", 60, NULL, NULL, test_unmap_right_after_alloc_reply_unmaps,
+                     test_release_context_needs_a_1_6_daemon,
                      test_event_acks_name_what_failed, test_error_outside_request_is_reported,
                      test_refused_session_says_why,
                      test_refusal_read_before_the_send_failure_is_reported,
