@@ -196,7 +196,8 @@ static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env
       ok = r->pids != NULL;
     }
     ok = ok && results_checks(map, &r->checks, &r->nchecks, e->checks, e->n_checks) &&
-         copy_releases(r, e->releases, e->n_releases);
+         copy_releases(r, e->releases, e->n_releases) &&
+         results_processes(map, &r->processes, &r->nprocesses, e->processes, e->n_processes);
   } else {
     const Gpumem__Wire__OpReply *o = env->op_reply;
     r->code = wire_code_name(GPUMEM__WIRE__ERROR_CODE__OK);
@@ -208,7 +209,8 @@ static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env
     r->elapsed_us = o->elapsed_us;
     r->backup_us = o->backup_us;
     ok = r->message && results_checks(map, &r->checks, &r->nchecks, o->checks, o->n_checks) &&
-         copy_details(map, r, o) && copy_releases(r, o->releases, o->n_releases);
+         copy_details(map, r, o) && copy_releases(r, o->releases, o->n_releases) &&
+         results_processes(map, &r->processes, &r->nprocesses, o->processes, o->n_processes);
   }
   if (!ok) {
     gpumem_op_report_free(r);
@@ -266,6 +268,7 @@ void gpumem_op_report_free(struct gpumem_op_report *r) {
   results_free_array((void **)r->details, r->ndetails);
   for (size_t i = 0; r->releases && i < r->nreleases; i++) free((char *)r->releases[i]->why);
   results_free_array((void **)r->releases, r->nreleases);
+  results_free_processes(r->processes, r->nprocesses);
   free(r);
 }
 

@@ -52,3 +52,30 @@ bool results_checks(const int *map, struct gpumem_device_check ***out, size_t *n
   }
   return true;
 }
+
+/* Copy the per-process figures. */
+bool results_processes(const int *map, struct gpumem_process_status ***out, size_t *nout,
+                       Gpumem__Wire__ProcessMemory *const *v, size_t n) {
+  if (!(*out = calloc(n + 1, sizeof **out))) return false;
+  for (size_t i = 0; i < n; i++) {
+    const Gpumem__Wire__ProcessMemory *p = v[i];
+    struct gpumem_process_status *o = results_sized(sizeof *o);
+    if (!o) return false;
+    (*out)[(*nout)++] = o;
+    o->pid = p->pid;
+    o->device = hello_local_device(map, p->device);
+    o->node_device = p->device;
+    o->used = p->used;
+    o->managed = p->managed;
+    o->residual = p->residual;
+    o->session_id = p->session_id;
+    if (!(o->name = results_text(p->name))) return false;
+  }
+  return true;
+}
+
+/* Free the per-process figures and their names. */
+void results_free_processes(struct gpumem_process_status **v, size_t n) {
+  for (size_t i = 0; v && i < n; i++) free((char *)v[i]->name);
+  results_free_array((void **)v, n);
+}

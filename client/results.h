@@ -24,4 +24,13 @@ void results_free_array(void **v, size_t n);
 bool results_checks(const int *map, struct gpumem_device_check ***out, size_t *nout,
                     Gpumem__Wire__DeviceCheck *const *v, size_t n);
 
+/* Copy the driver's per-process figures into *out (n of them; map turns
+ * the daemon's device numbers into this process's), *nout counting those
+ * made; false when out of memory. */
+bool results_processes(const int *map, struct gpumem_process_status ***out, size_t *nout,
+                       Gpumem__Wire__ProcessMemory *const *v, size_t n);
+
+/* Free what results_processes made. */
+void results_free_processes(struct gpumem_process_status **v, size_t n);
+
 #endif

@@ -125,22 +125,7 @@ static bool copy_sessions(struct gpumem_status *s, const Gpumem__Wire__StatusRep
 static bool copy_processes(const int *map, struct gpumem_status *s,
                            const Gpumem__Wire__StatusReply *r) {
   s->processes_known = r->processes_known;
-  if (!(s->processes = calloc(r->n_processes + 1, sizeof *s->processes))) return false;
-  for (size_t i = 0; i < r->n_processes; i++) {
-    const Gpumem__Wire__ProcessMemory *p = r->processes[i];
-    struct gpumem_process_status *o = results_sized(sizeof *o);
-    if (!o) return false;
-    s->processes[s->nprocesses++] = o;
-    o->pid = p->pid;
-    o->device = hello_local_device(map, p->device);
-    o->node_device = p->device;
-    o->used = p->used;
-    o->managed = p->managed;
-    o->residual = p->residual;
-    o->session_id = p->session_id;
-    if (!(o->name = results_text(p->name))) return false;
-  }
-  return true;
+  return results_processes(map, &s->processes, &s->nprocesses, r->processes, r->n_processes);
 }
 
 /* The name of an operation's kind. */
@@ -325,9 +310,7 @@ void gpumem_status_free(struct gpumem_status *s) {
   results_free_array((void **)s->tags, s->ntags);
   for (size_t i = 0; s->sessions && i < s->nsessions; i++) free((char *)s->sessions[i]->name);
   results_free_array((void **)s->sessions, s->nsessions);
-  for (size_t i = 0; s->processes && i < s->nprocesses; i++)
-    free((char *)s->processes[i]->name);
-  results_free_array((void **)s->processes, s->nprocesses);
+  results_free_processes(s->processes, s->nprocesses);
   results_free_array((void **)s->last_pause_checks, s->nlast_pause_checks);
   results_free_array((void **)s->op_counts, s->nop_counts);
   results_free_array((void **)s->error_counts, s->nerror_counts);

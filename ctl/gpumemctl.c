@@ -128,6 +128,20 @@ static void json_checks(struct gpumem_device_check *const *v, size_t n) {
   }
 }
 
+/* Processes as the driver lists them, as JSON array elements. */
+static void json_processes(struct gpumem_process_status *const *v, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const struct gpumem_process_status *p = v[i];
+    printf("%s{\"pid\":%u,\"device\":%d,\"node_device\":%u,\"used\":%llu,\"managed\":%llu,"
+           "\"residual\":%llu,\"session_id\":%llu,\"name\":",
+           i ? "," : "", p->pid, p->device, p->node_device, (unsigned long long)p->used,
+           (unsigned long long)p->managed, (unsigned long long)p->residual,
+           (unsigned long long)p->session_id);
+    json_str(p->name ? p->name : "");
+    printf("}");
+  }
+}
+
 /* What the driver shows of each device the operation touched: the bytes
  * released (or taken) next to the change in free memory, the shortfall
  * and what is held outside gpumemd. */
@@ -207,16 +221,7 @@ static void print_status_json(const struct gpumem_status *s) {
            (unsigned long long)x->moved_to_host);
   }
   printf("],\"processes_known\":%s,\"processes\":[", json_bool(s->processes_known));
-  for (size_t i = 0; i < s->nprocesses; i++) {
-    const struct gpumem_process_status *p = s->processes[i];
-    printf("%s{\"pid\":%u,\"device\":%d,\"node_device\":%u,\"used\":%llu,\"managed\":%llu,"
-           "\"residual\":%llu,\"session_id\":%llu,\"name\":",
-           i ? "," : "", p->pid, p->device, p->node_device, (unsigned long long)p->used,
-           (unsigned long long)p->managed, (unsigned long long)p->residual,
-           (unsigned long long)p->session_id);
-    json_str(p->name ? p->name : "");
-    printf("}");
-  }
+  json_processes(s->processes, s->nprocesses);
   printf("],\"tenants\":[");
   for (size_t i = 0; i < s->ntenants; i++) {
     const struct gpumem_tenant_status *t = s->tenants[i];
@@ -449,6 +454,18 @@ static void print_list(const struct gpumem_list *l, bool json) {
   if (json) printf("]\n");
 }
 
+/* What each process the driver lists still holds after a pause. */
+static void print_still_held(FILE *out, const struct gpumem_op_report *r) {
+  char a[32], dev[32], name[NAME_BUF];
+  for (size_t i = 0; i < r->nprocesses; i++) {
+    const struct gpumem_process_status *p = r->processes[i];
+    view_device(p->device, p->node_device, dev, sizeof dev);
+    fprintf(out, "pid %u (%s) still holds %s on device %s\n", p->pid,
+            p->name && p->name[0] ? printable(p->name, name, sizeof name) : "-",
+            size_format(p->used, a, sizeof a), dev);
+  }
+}
+
 /* What a pause released (or a resume restored) of each worker process. */
 static void print_releases(FILE *out, const struct gpumem_op_report *r, bool resume) {
   char a[32], words[4 * NAME_BUF];
@@ -493,6 +510,8 @@ static void print_op_json(const struct gpumem_op_report *r) {
     json_str(x->why);
     printf("}");
   }
+  printf("],\"processes\":[");
+  json_processes(r->processes, r->nprocesses);
   printf("],\"error\":");
   if (r->error == 0) {
     printf("null}\n");
@@ -538,6 +557,7 @@ static int run_op(gpumem_client *c, const char *socket_path, uid_t owner, bool r
       fprintf(stderr, "\n");
     }
     if (r && !json) print_checks(stderr, r->checks, r->nchecks, resume);
+    if (r && !json) print_still_held(stderr, r);
     if (r && !json) print_releases(stderr, r, resume);
     gpumem_op_report_free(r);
     return 1;
@@ -548,6 +568,7 @@ static int run_op(gpumem_client *c, const char *socket_path, uid_t owner, bool r
            size_format(r->bytes, a, sizeof a), size_format(r->backup_bytes, b, sizeof b),
            (unsigned long long)r->skipped, (double)r->elapsed_us / 1000);
     print_checks(stdout, r->checks, r->nchecks, resume);
+    print_still_held(stdout, r);
     print_releases(stdout, r, resume);
   }
   gpumem_op_report_free(r);

@@ -681,7 +681,7 @@ static void reply(engine *e, struct op *op) {
               (op->t_sent - op->t0) / 1000, (now - op->t_sent) / 1000);
   if (op->ctl)
     outcome_reply(&op->outcome, op->req_id, us, copy_us, checkp, nchecks, e->reg, e->gpu, e->out,
-                  op->ctl);
+                  op->ctl, op->resume ? NULL : e->owners);
   free(checks);
   free(checkp);
 }

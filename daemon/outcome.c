@@ -134,10 +134,11 @@ void outcome_log(const struct outcome *o, const char *what, const char *first_ta
            (unsigned long long)owners_us, o->fault.code ? ": " : "", o->fault.text);
 }
 
-/* Send the answer: an Error with the fault, or an OpReply. */
+/* Send the answer: an Error with the fault, or an OpReply; a pause's
+ * (sessions given) with the processes on the devices it touched. */
 void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint64_t backup_us,
                    Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpudev *g,
-                   const struct outbox *out, struct owner *to) {
+                   const struct outbox *out, struct owner *to, struct list *sessions) {
   wire_env env;
   char text[sizeof o->fault.text];
   Gpumem__Wire__Error err = GPUMEM__WIRE__ERROR__INIT;
@@ -148,6 +149,11 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
   Gpumem__Wire__ProcessRelease **rp = calloc(o->nreleases + 1, sizeof *rp);
   size_t nrel = rv && rp ? o->nreleases : 0;
   wire_releases(o, rv, rp);
+  uint64_t devmask = 0; /* the devices the operation touched: those checked */
+  for (size_t i = 0; i < nchecks; i++)
+    devmask |= checks[i]->device < 64 ? 1ull << checks[i]->device : 0;
+  struct report_processes pr = {0};
+  if (sessions && devmask) report_processes(g, sessions, devmask, to, &pr);
   if (o->fault.code) {
     fault_to_wire(&o->fault, text, &err);
     err.pids = o->pids;
@@ -158,6 +164,8 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
     err.n_checks = nchecks;
     err.releases = rp;
     err.n_releases = nrel;
+    err.processes = pr.p;
+    err.n_processes = pr.n;
     env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_ERROR, &err);
   } else {
     r.buffers = o->buffers;
@@ -180,6 +188,8 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
     r.n_checks = nchecks;
     r.releases = rp;
     r.n_releases = nrel;
+    r.processes = pr.p;
+    r.n_processes = pr.n;
     r.devices = report_devices(reg, g, &r.n_devices);
     env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY, &r);
   }
@@ -189,6 +199,7 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
   free(tdp);
   free(rv);
   free(rp);
+  report_processes_free(&pr);
 }
 
 /* Note and log the copies an operation made. */

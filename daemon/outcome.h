@@ -89,9 +89,11 @@ uint64_t outcome_copies(registry *reg, bool resume, uint64_t copied0, uint64_t u
 
 /* Send to (through out) the answer to request req_id: the fault, or the
  * figures of a success that took elapsed_us (backup_us of it copying),
- * with the devices' checks and their state now. */
+ * with the devices' checks and their state now, and for a pause (sessions:
+ * the server's struct owner.link list, NULL for a resume) what the driver
+ * lists per process on the devices it touched. */
 void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint64_t backup_us,
                    Gpumem__Wire__DeviceCheck **checks, size_t nchecks, registry *reg, gpudev *g,
-                   const struct outbox *out, struct owner *to);
+                   const struct outbox *out, struct owner *to, struct list *sessions);
 
 #endif

@@ -199,6 +199,28 @@ static size_t own_processes(Gpumem__Wire__ProcessMemory **procp, size_t n, struc
   return kept;
 }
 
+/* The processes on the devices in devmask, as a viewer may see them. */
+void report_processes(gpudev *g, struct list *sessions, uint64_t devmask,
+                      const struct owner *viewer, struct report_processes *pr) {
+  *pr = (struct report_processes){0};
+  long n = processes_of(g, sessions, &pr->v, &pr->names);
+  if (n > 0 && (pr->p = calloc((size_t)n + 1, sizeof *pr->p)))
+    for (long k = 0; k < n; k++) {
+      pr->v[k].name = pr->names[k];
+      if (pr->v[k].device < 64 && (devmask & (1ull << pr->v[k].device))) pr->p[pr->n++] = &pr->v[k];
+    }
+  if (pr->p && viewer && viewer->role != GPUMEM__WIRE__ROLE__ROLE_CONTROLLER)
+    pr->n = own_processes(pr->p, pr->n, sessions, (uint32_t)viewer->uid);
+}
+
+/* Free the processes. */
+void report_processes_free(struct report_processes *pr) {
+  free(pr->v);
+  free(pr->p);
+  free(pr->names);
+  *pr = (struct report_processes){0};
+}
+
 /* One page of the tags after cursor (by creation order) that the viewer
  * may see, into tags/tagp (room for limit); *n set to the count. Returns
  * the next page's cursor, or 0 when this is the last. */

@@ -62,4 +62,20 @@ int report_residual(gpudev *g, unsigned dev, struct report_residual *r);
 /* Free what report_devices returned. */
 void report_devices_free(Gpumem__Wire__DeviceInfo **v);
 
+/* The processes the driver lists on the devices in devmask, with what
+ * each holds there, as status gives them (sessions: struct owner.link);
+ * only viewer's uid's processes unless it is a controller. */
+struct report_processes {
+  Gpumem__Wire__ProcessMemory *v, **p;
+  char (*names)[WIRE_NAME_MAX + 1];
+  size_t n;
+};
+
+/* Fill pr (empty where the driver lists none, or out of memory). */
+void report_processes(gpudev *g, struct list *sessions, uint64_t devmask,
+                      const struct owner *viewer, struct report_processes *pr);
+
+/* Free what report_processes filled. */
+void report_processes_free(struct report_processes *pr);
+
 #endif

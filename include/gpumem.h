@@ -467,6 +467,11 @@ struct gpumem_op_report {
   struct gpumem_op_detail **details;   /* per tag and device (success) */
   size_t nreleases;
   struct gpumem_process_release **releases; /* context releases and restores (1.6) */
+  /* A pause: each process the driver lists on the devices it touched and
+   * what it still holds there, as gpumem_status gives them (a worker's
+   * own processes only) (1.6). */
+  size_t nprocesses;
+  struct gpumem_process_status **processes;
 };
 
 /* Pause the buffers of tags (ntags 0: every tag) on devices (ndevices 0:

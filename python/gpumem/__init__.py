@@ -375,13 +375,15 @@ class OpResult:
     driver's figures per device: :class:`DeviceCheck` dicts), details (per
     tag and device: :class:`OpDetail` dicts), releases (per worker
     process whose device state a pause released or a resume restored:
-    dicts of pid, released, moved_to_host, elapsed_us and why) and error
+    dicts of pid, released, moved_to_host, elapsed_us and why), processes
+    (a pause: each process the driver lists on the devices it touched, as
+    :meth:`Client.status` gives them) and error
     (None, or a dict with code, message, pids, buffers_held, bytes_held,
     bytes_needed and bytes_free).
     """
 
     __slots__ = ("buffers", "bytes", "backup_bytes", "skipped", "elapsed_us",
-                 "backup_us", "checks", "details", "releases", "error")
+                 "backup_us", "checks", "details", "releases", "processes", "error")
 
     def __init__(self, r: _native.OpReport) -> None:
         self.buffers: int = r.buffers
@@ -400,6 +402,12 @@ class OpResult:
             {"pid": x.pid, "released": bool(x.released), "moved_to_host": x.moved_to_host,
              "elapsed_us": x.elapsed_us, "why": _text(x.why)}
             for x in (r.releases[i][0] for i in range(r.nreleases))
+        ]
+        self.processes: List[Dict[str, Any]] = [
+            {"pid": q.pid, "device": q.device, "node_device": q.node_device, "used": q.used,
+             "managed": q.managed, "residual": q.residual, "session_id": q.session_id,
+             "name": _text(q.name)}
+            for q in (r.processes[i][0] for i in range(r.nprocesses))
         ]
         self.error: Optional[Dict[str, Any]] = None
         if r.error:
@@ -425,6 +433,7 @@ class OpResult:
             "checks": [dict(c) for c in self.checks],
             "details": [dict(d) for d in self.details],
             "releases": [dict(x) for x in self.releases],
+            "processes": [dict(q) for q in self.processes],
             "error": dict(self.error) if self.error else None,
         }
 

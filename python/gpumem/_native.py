@@ -106,6 +106,22 @@ class ProcessRelease(ctypes.Structure):
     ]
 
 
+class ProcessStatus(ctypes.Structure):
+    """struct gpumem_process_status."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("pid", ctypes.c_uint32),
+        ("device", ctypes.c_int),
+        ("node_device", ctypes.c_uint),
+        ("used", ctypes.c_uint64),
+        ("managed", ctypes.c_uint64),
+        ("residual", ctypes.c_uint64),
+        ("session_id", ctypes.c_uint64),
+        ("name", ctypes.c_char_p),
+    ]
+
+
 class OpReport(ctypes.Structure):
     """struct gpumem_op_report (allocated by the library; read only)."""
 
@@ -132,6 +148,8 @@ class OpReport(ctypes.Structure):
         ("details", ctypes.POINTER(ctypes.POINTER(OpDetail))),
         ("nreleases", ctypes.c_size_t),
         ("releases", ctypes.POINTER(ctypes.POINTER(ProcessRelease))),
+        ("nprocesses", ctypes.c_size_t),
+        ("processes", ctypes.POINTER(ctypes.POINTER(ProcessStatus))),
     ]
 
 
@@ -190,22 +208,6 @@ class SessionStatus(ctypes.Structure):
         ("release_context", ctypes.c_int),
         ("context_released", ctypes.c_int),
         ("moved_to_host", ctypes.c_uint64),
-    ]
-
-
-class ProcessStatus(ctypes.Structure):
-    """struct gpumem_process_status."""
-
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("pid", ctypes.c_uint32),
-        ("device", ctypes.c_int),
-        ("node_device", ctypes.c_uint),
-        ("used", ctypes.c_uint64),
-        ("managed", ctypes.c_uint64),
-        ("residual", ctypes.c_uint64),
-        ("session_id", ctypes.c_uint64),
-        ("name", ctypes.c_char_p),
     ]
 
 

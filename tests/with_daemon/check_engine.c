@@ -381,6 +381,11 @@ START_TEST(residual_memory_fails_a_pause_that_allows_less) {
   snprintf(pid, sizeof pid, "pid %d", (int)getpid());
   ck_assert_ptr_nonnull(strstr(r->error->message, pid));
   ck_assert_uint_eq(r->error->checks[0]->residual, 8 * MiB);
+  /* The reply names it too, per process, with what it still holds. */
+  ck_assert_uint_eq(r->error->n_processes, 1);
+  ck_assert_uint_eq(r->error->processes[0]->pid, (uint32_t)getpid());
+  ck_assert_uint_eq(r->error->processes[0]->device, 0);
+  ck_assert_uint_eq(r->error->processes[0]->used, 8 * MiB);
   wire_env_free(r);
   munmap(p, 8 * MiB);
   peer_close(&w);
