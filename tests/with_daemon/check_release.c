@@ -310,11 +310,11 @@ START_TEST(a_daemon_that_dies_is_followed_by_one_that_restores) {
   ck_assert_int_eq(proc_state(w.pid), 'T');
   ck_assert(journal_names(w.pid));
   d.pid = daemon_spawn(d.socket, d.log, NULL);
-  ck_assert(daemon_wait_ready(&d));
+  ck_assert(daemon_wait_ready(&d)); /* it listens: its loop may not run yet */
+  c = controller(); /* answered: the loop runs, after the restore */
   ck_assert_int_ne(proc_state(w.pid), 'T');
   ck_assert_int_eq(daemon_log_count(&d, "restored (released by a gpumemd that stopped)"), 1);
   ck_assert(worker_wait_for(&w, "re-registered 1 buffers", 1, harness_patience_ms(3000)));
-  c = controller();
   ck_assert_int_eq(resume_all(c, &r), 0);
   ck_assert_uint_eq(r->buffers, 1);
   gpumem_op_report_free(r);
