@@ -35,7 +35,7 @@ static void check_released(registry *reg, gpudev *g, unsigned d, const struct de
   char waited[96] = "";
   if (rules->exit_nlisted)
     snprintf(waited, sizeof waited, " (pid %d, whose session ended, still listed by the driver "
-             "after %u ms)", rules->exit_listed[0], (unsigned)rules->exit_wait_ms);
+             "after %u ms)", (int)rules->exit_listed[0], (unsigned)rules->exit_wait_ms);
   else if (rules->exit_wait_ms)
     snprintf(waited, sizeof waited, " (after %u ms waiting for ended owners to leave the driver)",
              (unsigned)rules->exit_wait_ms);
@@ -91,7 +91,7 @@ size_t devcheck_after(registry *reg, gpudev *g, const struct devfig *dev, unsign
     c->used_after = m.total > m.free + m.reserved ? m.total - m.free - m.reserved : 0;
     c->exit_wait_ms = rules->exit_wait_ms;
     c->n_exit_listed_pids = rules->exit_nlisted;
-    c->exit_listed_pids = (uint32_t *)rules->exit_listed; /* pids are positive: same bits */
+    c->exit_listed_pids = (uint32_t *)rules->exit_listed; /* the wire's own type, not written */
     if (!rules->resume) check_released(reg, g, d, df, &m, rules, o, c);
     struct report_residual r;
     c->residual_known = report_residual(g, d, &r) == 0;

@@ -35,7 +35,7 @@ struct devcheck_rules {
   uint64_t max_residual; /* a pause: at most this outside gpumemd (0: any) */
   bool by_controller;    /* a controller is told which process holds it */
   uint32_t exit_wait_ms; /* waited for ended owners to leave the driver */
-  const int *exit_listed; /* those still listed after it (exit_nlisted) */
+  const uint32_t *exit_listed; /* those still listed after it (exit_nlisted) */
   size_t exit_nlisted;
 };
 

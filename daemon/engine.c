@@ -69,8 +69,8 @@ struct op {
   struct scope scope;    /* the tags, devices and sessions it covers */
   uint32_t timeout_ms;
   uint64_t max_residual;
-  bool release_context; /* release workers' device state once paused (ctxrelease.h) */
-  bool let_go;          /* a release pause: the daemon lets go of its own context too */
+  bool release_context; /* release workers' device state once paused (ctxrelease.h), and
+                           the daemon's own context (registry_let_go) */
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
   struct list groups;
   size_t pending; /* groups not done */
@@ -249,7 +249,7 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
   if (!op->by_controller && op->timeout_ms > e->cfg->ack_timeout_ms)
     op->timeout_ms = e->cfg->ack_timeout_ms;
   op->max_residual = max_residual;
-  op->release_context = op->let_go = release_context && !resume;
+  op->release_context = release_context && !resume;
   enqueue(e, op);
   run_queue(e);
 }
@@ -654,15 +654,14 @@ static bool start_rollback(engine *e, struct op *op) {
 /* Answer the controller (if still there) with the figures or the fault,
  * and count the operation as it ended. */
 static void reply(engine *e, struct op *op) {
-  if (op->let_go) registry_let_go(e->reg); /* before the driver's figures: it goes too */
+  if (op->release_context) registry_let_go(e->reg); /* before the driver's figures */
   uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000;
   Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
-  int listed[8];
+  uint32_t listed[8];
   struct devcheck_rules rules = {.resume = op->resume, .max_residual = op->max_residual,
                                  .by_controller = op->by_controller, .exit_listed = listed};
   rules.exit_nlisted = exitwait_result(e->exits, &rules.exit_wait_ms, listed, 8);
-  if (rules.exit_nlisted > 8) rules.exit_nlisted = 8;
   size_t nchecks =
       checks && checkp ? devcheck_after(e->reg, e->gpu, op->dev, op->ndev, &rules, &op->outcome,
                                         checks)
@@ -720,13 +719,10 @@ static void check_done(engine *e) {
     }
   }
   uv_timer_stop(&e->timer);
-  if (op->release_context) { /* once its owners answered, and only if nothing failed */
-    op->release_context = false;
-    if (!op->outcome.fault.code)
-      ctxrelease_pause(e->ctx, &op->scope, op->pid, &op->outcome);
-  }
-  if (!op->resume && op->exits == EXITS_UNASKED) {
+  if (!op->resume && op->exits == EXITS_UNASKED) { /* once: its owners have answered */
     op->exits = EXITS_DONE;
+    if (op->release_context && !op->outcome.fault.code) /* only if nothing failed */
+      ctxrelease_pause(e->ctx, &op->scope, op->pid, &op->outcome);
     if (exitwait_start(e->exits, e->cfg->exit_wait_ms, has_session, on_exits_gone, e)) {
       op->exits = EXITS_WAITING;
       return;

@@ -123,9 +123,9 @@ bool exitwait_start(exitwait *w, uint32_t limit_ms, bool (*keep)(void *arg, int 
 }
 
 /* The last wait's figures. */
-size_t exitwait_result(const exitwait *w, uint32_t *waited_ms, int *out, size_t max) {
+size_t exitwait_result(const exitwait *w, uint32_t *waited_ms, uint32_t *out, size_t max) {
   *waited_ms = w->waited_ms;
   size_t i;
-  for (i = 0; i < w->n && i < max; i++) out[i] = w->pids[i];
-  return w->n;
+  for (i = 0; i < w->n && i < max; i++) out[i] = (uint32_t)w->pids[i];
+  return i;
 }

@@ -43,7 +43,8 @@ bool exitwait_start(exitwait *w, uint32_t limit_ms, bool (*keep)(void *arg, int 
                     void (*done)(void *arg), void *arg);
 
 /* What the last wait saw: how long it waited (ms), and the pids still
- * listed when it ended (at most max into out; returns how many). */
-size_t exitwait_result(const exitwait *w, uint32_t *waited_ms, int *out, size_t max);
+ * listed when it ended (the first max of them into out; returns how many
+ * it wrote). */
+size_t exitwait_result(const exitwait *w, uint32_t *waited_ms, uint32_t *out, size_t max);
 
 #endif
