@@ -22,6 +22,7 @@ struct config {
   uint32_t ack_timeout_ms;
   uint32_t exit_wait_ms; /* a pause waits this long for ended owners to leave the driver */
   uint32_t lock_timeout_ms;    /* a context release waits this long for device calls */
+  uint32_t release_timeout_ms; /* and this long for the driver's release or restore */
   const char *release_journal; /* the released processes, for a daemon that follows */
   uint32_t adopt_grace_ms; /* new tags wait this long after start (0: not) */
   enum timeout_policy timeout_policy;

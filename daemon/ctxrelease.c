@@ -16,36 +16,88 @@
 #include "common/size.h"
 #include "group.h"
 
+/* What a job does. */
+enum job_kind {
+  JOB_RELEASE, /* a pause's release */
+  JOB_RESTORE, /* a resume's restore, before its remaps */
+  JOB_FORGET,  /* the restore of a process whose last session ended */
+};
+
+/* Who collects a job that finished. */
+enum job_collector {
+  BY_BATCH,  /* the pause it belongs to (at the loop's next turn) */
+  BY_WAITER, /* the resume waiting for it on the loop's thread */
+  LATE,      /* nobody waits: its result is applied when it comes */
+};
+
+/* One process's release or restore, on a thread of its own. The thread
+ * touches nothing of it after it sets finished, under the lock. */
+struct job {
+  struct list link; /* ctxrelease.jobs, until collected */
+  ctxrelease *c;
+  pid_t pid;
+  enum job_kind kind;
+  enum job_collector by;
+  bool finished; /* under c->lock */
+  int rc;
+  uint64_t moved, us;
+  char why[200];
+};
+
 struct ctxrelease {
   gpudev *gpu;
   struct list *owners;
   const struct outbox *out;
-  uint32_t lock_ms;
+  uint32_t lock_ms, limit_ms;
   char journal[PATH_MAX];
+  struct list jobs;     /* started and not collected */
+  pthread_mutex_t lock; /* job.finished, closed */
+  pthread_cond_t cond;  /* a job finished */
+  bool closed;          /* no more wake-ups: the loop's handles are closing */
+  bool leak;            /* jobs still in the driver at the stop: never freed */
+  uv_async_t wake;      /* a job finished */
+  uv_timer_t timer;     /* the pause's bound on its releases */
+  int open_handles;
+  struct {              /* the pause whose releases run */
+    bool active;
+    size_t left;
+    struct outcome *o;
+    ctxrelease_done done;
+    void *arg;
+  } batch;
 };
 
-/* One process's release or restore, run on a thread of its own. */
-struct job {
-  gpudev *gpu;
-  pid_t pid;
-  bool restore;
-  uint32_t lock_ms;
-  int rc;
-  uint64_t moved, us;
-  char why[200];
-  pthread_t thread;
-};
+static void on_wake(uv_async_t *h);
 
 /* Create the releaser. */
-ctxrelease *ctxrelease_create(gpudev *g, struct list *owners, const struct outbox *out,
-                              const char *journal_path, uint32_t lock_ms) {
+ctxrelease *ctxrelease_create(uv_loop_t *loop, gpudev *g, struct list *owners,
+                              const struct outbox *out, const char *journal_path,
+                              uint32_t lock_ms, uint32_t limit_ms) {
   ctxrelease *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
+  pthread_condattr_t ca;
+  if (!c || pthread_condattr_init(&ca)) {
+    free(c);
+    return NULL;
+  }
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  int rc = pthread_cond_init(&c->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  if (rc || pthread_mutex_init(&c->lock, NULL)) {
+    if (!rc) pthread_cond_destroy(&c->cond);
+    free(c);
+    return NULL;
+  }
   c->gpu = g;
   c->owners = owners;
   c->out = out;
   c->lock_ms = lock_ms;
+  c->limit_ms = limit_ms ? limit_ms : 1;
+  list_init(&c->jobs);
   snprintf(c->journal, sizeof c->journal, "%s", journal_path ? journal_path : "");
+  uv_async_init(loop, &c->wake, on_wake);
+  uv_timer_init(loop, &c->timer);
+  c->wake.data = c->timer.data = c;
+  c->open_handles = 2;
   return c;
 }
 
@@ -56,30 +108,96 @@ static uint64_t now_us(void) {
   return (uint64_t)t.tv_sec * 1000000 + (uint64_t)t.tv_nsec / 1000;
 }
 
-/* Run one job (on its thread). */
+/* Run one job (on its thread), then say it finished. */
 static void *job_run(void *arg) {
   struct job *j = arg;
-  uint64_t t0 = now_us();
-  j->rc = j->restore ? gpudev_process_restore(j->gpu, j->pid)
-                     : gpudev_process_release(j->gpu, j->pid, j->lock_ms, &j->moved);
-  if (j->rc < 0) snprintf(j->why, sizeof j->why, "%s", gpu_error());
+  ctxrelease *c = j->c;
+  uint64_t t0 = now_us(), moved = 0;
+  int rc = j->kind == JOB_RELEASE ? gpudev_process_release(c->gpu, j->pid, c->lock_ms, &moved)
+                                  : gpudev_process_restore(c->gpu, j->pid);
+  pthread_mutex_lock(&c->lock);
+  j->rc = rc;
+  j->moved = moved;
   j->us = now_us() - t0;
+  if (rc < 0) snprintf(j->why, sizeof j->why, "%s", gpu_error());
+  j->finished = true;
+  pthread_cond_broadcast(&c->cond);
+  if (!c->closed) uv_async_send(&c->wake);
+  pthread_mutex_unlock(&c->lock);
   return NULL;
 }
 
-/* Run n jobs at once, one thread each (inline where no thread can be
- * made), and wait for all of them. */
-static void jobs_run(struct job *v, size_t n) {
-  bool *threaded = calloc(n + 1, sizeof *threaded);
-  for (size_t i = 0; i < n; i++) {
-    if (threaded && pthread_create(&v[i].thread, NULL, job_run, &v[i]) == 0)
-      threaded[i] = true;
-    else
-      job_run(&v[i]);
+/* Start a job on a thread of its own (inline where none can be made);
+ * NULL out of host memory. */
+static struct job *job_start(ctxrelease *c, pid_t pid, enum job_kind kind,
+                             enum job_collector by) {
+  struct job *j = calloc(1, sizeof *j);
+  if (!j) return NULL;
+  *j = (struct job){.c = c, .pid = pid, .kind = kind, .by = by};
+  list_append(&c->jobs, &j->link);
+  pthread_attr_t a;
+  pthread_t t;
+  bool threaded = pthread_attr_init(&a) == 0;
+  if (threaded) {
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    threaded = pthread_create(&t, &a, job_run, j) == 0;
+    pthread_attr_destroy(&a);
   }
-  for (size_t i = 0; i < n; i++)
-    if (threaded && threaded[i]) pthread_join(v[i].thread, NULL);
-  free(threaded);
+  if (!threaded) job_run(j);
+  return j;
+}
+
+/* Whether j has finished. */
+static bool job_finished(ctxrelease *c, struct job *j) {
+  pthread_mutex_lock(&c->lock);
+  bool f = j->finished;
+  pthread_mutex_unlock(&c->lock);
+  return f;
+}
+
+/* Whether every job collected by `by` has finished (under the lock). */
+static bool all_finished(ctxrelease *c, enum job_collector by) {
+  for (struct list *p = c->jobs.next; p != &c->jobs; p = p->next) {
+    const struct job *j = list_entry(p, struct job, link);
+    if (j->by == by && !j->finished) return false;
+  }
+  return true;
+}
+
+/* Wait, at most until the monotonic time end_us, for the jobs collected
+ * by `by` to finish; true if they all did. */
+static bool jobs_wait(ctxrelease *c, enum job_collector by, uint64_t end_us) {
+  struct timespec ts = {.tv_sec = (time_t)(end_us / 1000000),
+                        .tv_nsec = (long)(end_us % 1000000) * 1000};
+  pthread_mutex_lock(&c->lock);
+  bool all;
+  while (!(all = all_finished(c, by)) && pthread_cond_timedwait(&c->cond, &c->lock, &ts) == 0) {
+  }
+  all = all || all_finished(c, by);
+  pthread_mutex_unlock(&c->lock);
+  return all;
+}
+
+/* The job of pid that has not been collected, or NULL. */
+static struct job *inflight(ctxrelease *c, pid_t pid) {
+  for (struct list *p = c->jobs.next; p != &c->jobs; p = p->next) {
+    struct job *j = list_entry(p, struct job, link);
+    if (j->pid == pid) return j;
+  }
+  return NULL;
+}
+
+/* What the operation that waited for j says when it gave no answer in
+ * time (into said); j's result is applied when it comes (LATE). */
+static void job_timed_out(const ctxrelease *c, struct job *j, struct job *said) {
+  *said = (struct job){.pid = j->pid, .kind = j->kind, .rc = -ETIMEDOUT,
+                       .us = (uint64_t)c->limit_ms * 1000};
+  snprintf(said->why, sizeof said->why,
+           "the driver has not returned from the %s of pid %d in %u ms (--release-timeout); %s",
+           j->kind == JOB_RELEASE ? "release" : "restore", (int)j->pid, (unsigned)c->limit_ms,
+           j->kind == JOB_RELEASE ? "it counts as released until the driver says otherwise"
+                                  : "it stays released, for a later resume");
+  j->by = LATE;
 }
 
 /* The start time of pid, 0 if it is gone. */
@@ -234,129 +352,280 @@ static bool note(struct outcome *o, const struct job *j, enum verdict v) {
   return done;
 }
 
-/* Release the covered worker processes that may be released. */
-void ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
-                      struct outcome *o) {
-  size_t cap = 0, n = 0;
+/* Start restoring pid, whose sessions all ended, without waiting. */
+static void forget_start(ctxrelease *c, pid_t pid) {
+  if (!job_start(c, pid, JOB_FORGET, LATE))
+    log_error("pid %d: device state not restored: out of host memory", (int)pid);
+}
+
+/* Apply a finished release of pid: keep it released where the driver
+ * holds it (restoring it at once if its sessions ended meanwhile). */
+static void release_done(ctxrelease *c, const struct job *j, bool late) {
+  bool held = j->rc == 0 || gpudev_process_released(c->gpu, j->pid) == 1;
+  mark(c, j->pid, held, j->rc == 0 ? j->moved : 0);
+  char moved[32];
+  if (held && !released_session(c, j->pid)) {
+    log_info("pid %d: its sessions ended while it was released: restoring it", (int)j->pid);
+    forget_start(c, j->pid);
+  } else if (j->rc == 0) {
+    log_info("pid %d: device state released%s, %s moved to host memory, in %llu us",
+             (int)j->pid, late ? " after its pause answered" : "",
+             size_format(j->moved, moved, sizeof moved), (unsigned long long)j->us);
+  } else if (held) {
+    /* Kept, so that a resume, its session's end or the daemon's stop (or
+     * the next daemon) restores it. */
+    log_error("pid %d: device state not released, and the driver still holds it (restored "
+              "at the resume): %s", (int)j->pid, j->why);
+  } else {
+    log_error("pid %d: device state not released: %s", (int)j->pid, j->why);
+  }
+}
+
+/* Apply a finished restore of pid. */
+static void restore_done(ctxrelease *c, const struct job *j, const char *because) {
+  if (j->rc == 0) {
+    if (j->kind != JOB_FORGET) mark(c, j->pid, false, 0);
+    log_info("pid %d: device state restored (%s) in %llu us", (int)j->pid, because,
+             (unsigned long long)j->us);
+  } else {
+    log_error("pid %d: device state not restored (%s): %s", (int)j->pid, because, j->why);
+  }
+}
+
+/* The pause's releases have all ended, or its bound passed. */
+static void batch_end(ctxrelease *c) {
+  uv_timer_stop(&c->timer);
+  c->batch.active = false;
+  journal_write(c);
+  c->batch.done(c->batch.arg);
+}
+
+/* Collect the jobs that finished and apply their results; with no batch
+ * (the daemon stops), a release is only marked, for the stop to restore. */
+static bool collect(ctxrelease *c) {
+  bool changed = false;
+  struct list *p, *n;
+  list_for_each_safe(p, n, &c->jobs) {
+    struct job *j = list_entry(p, struct job, link);
+    if (j->by == BY_WAITER || !job_finished(c, j)) continue;
+    list_remove(&j->link);
+    if (j->by == BY_BATCH && c->batch.active) {
+      note(c->batch.o, j, j->rc == -ENOTSUP ? REFUSAL : RELEASE);
+      release_done(c, j, false);
+      c->batch.left--;
+    } else if (j->kind == JOB_RELEASE && !c->batch.active && c->closed) {
+      mark(c, j->pid, j->rc == 0 || gpudev_process_released(c->gpu, j->pid) == 1, j->moved);
+    } else if (j->kind == JOB_RELEASE) {
+      release_done(c, j, true);
+    } else {
+      restore_done(c, j, j->kind == JOB_FORGET ? "its last session ended"
+                                              : "after its resume answered");
+    }
+    changed = true;
+    free(j);
+  }
+  return changed;
+}
+
+/* A job finished (from the loop). */
+static void on_wake(uv_async_t *h) {
+  ctxrelease *c = h->data;
+  bool changed = collect(c);
+  if (c->batch.active && !c->batch.left)
+    batch_end(c);
+  else if (changed)
+    journal_write(c);
+}
+
+/* The pause's bound passed: it answers without the releases still in the
+ * driver, which count as released until they return. */
+static void on_deadline(uv_timer_t *t) {
+  ctxrelease *c = t->data;
+  on_wake(&c->wake);
+  if (!c->batch.active) return;
+  for (struct list *p = c->jobs.next; p != &c->jobs; p = p->next) {
+    struct job *j = list_entry(p, struct job, link), said;
+    if (j->by != BY_BATCH) continue;
+    job_timed_out(c, j, &said);
+    note(c->batch.o, &said, RELEASE);
+    log_error("pid %d: %s", (int)j->pid, said.why);
+  }
+  batch_end(c);
+}
+
+/* Start releasing the covered worker processes that may be released. */
+bool ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
+                      struct outcome *o, ctxrelease_done done, void *arg) {
+  size_t cap = 0, n = 0, started = 0;
   for (struct list *p = c->owners->next; p != c->owners; p = p->next) cap++;
   pid_t *pids = calloc(cap + 1, sizeof *pids);
-  struct job *jobs = calloc(cap + 1, sizeof *jobs);
-  if (!pids || !jobs) {
+  if (!pids) {
     outcome_fail(o, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory: nothing released");
-    goto out;
+    return false;
   }
   for (struct list *p = c->owners->next; p != c->owners; p = p->next) {
     struct owner *w = list_entry(p, struct owner, link);
     if (w->role == GPUMEM__WIRE__ROLE__ROLE_WORKER && covered(w, sc)) add_pid(pids, &n, w->pid);
   }
-  size_t njobs = 0;
   for (size_t i = 0; i < n; i++) {
-    struct owner *done = released_session(c, pids[i]);
-    struct job j = {.gpu = c->gpu, .pid = pids[i], .lock_ms = c->lock_ms};
-    if (done) { /* an earlier pause released it */
+    struct owner *done_before = released_session(c, pids[i]);
+    struct job j = {.pid = pids[i]};
+    if (inflight(c, pids[i])) {
+      snprintf(j.why, sizeof j.why, "the driver has not yet returned from an earlier release "
+               "or restore of pid %d", (int)pids[i]);
+      note(o, &j, RELEASE);
+      continue;
+    }
+    if (done_before) { /* an earlier pause released it */
       struct outcome_release *r = outcome_add_release(o, pids[i]);
-      if (r) *r = (struct outcome_release){.pid = pids[i], .released = true, .moved = done->moved};
+      if (r)
+        *r = (struct outcome_release){.pid = pids[i], .released = true,
+                                      .moved = done_before->moved};
       continue;
     }
     refusal(c, pids[i], requester, j.why, sizeof j.why);
-    if (j.why[0])
+    if (j.why[0]) {
       note(o, &j, REFUSAL);
-    else
-      jobs[njobs++] = j;
-  }
-  jobs_run(jobs, njobs);
-  for (size_t i = 0; i < njobs; i++) {
-    char moved[32];
-    if (note(o, &jobs[i], jobs[i].rc == -ENOTSUP ? REFUSAL : RELEASE)) {
-      mark(c, jobs[i].pid, true, jobs[i].moved);
-      log_info("pid %d: device state released, %s moved to host memory, in %llu us",
-               (int)jobs[i].pid, size_format(jobs[i].moved, moved, sizeof moved),
-               (unsigned long long)jobs[i].us);
-    } else if (gpudev_process_released(c->gpu, jobs[i].pid) == 1) {
-      /* Still held by the driver: kept, so that a resume, its session's
-       * end or the daemon's stop (or the next daemon) restores it. */
-      mark(c, jobs[i].pid, true, 0);
-      log_error("pid %d: device state not released, and the driver still holds it (restored "
-                "at the resume): %s", (int)jobs[i].pid, jobs[i].why);
-    } else {
-      log_error("pid %d: device state not released: %s", (int)jobs[i].pid, jobs[i].why);
+      continue;
     }
+    mark(c, pids[i], true, 0); /* held from now: no allocation, in the journal */
+    if (job_start(c, pids[i], JOB_RELEASE, BY_BATCH)) {
+      started++;
+      continue;
+    }
+    mark(c, pids[i], false, 0);
+    snprintf(j.why, sizeof j.why, "out of host memory");
+    note(o, &j, RELEASE);
   }
-  journal_write(c);
-out:
   free(pids);
-  free(jobs);
+  if (!started) return false;
+  c->batch.active = true;
+  c->batch.left = started;
+  c->batch.o = o;
+  c->batch.done = done;
+  c->batch.arg = arg;
+  uv_timer_start(&c->timer, on_deadline, c->limit_ms, 0);
+  journal_write(c);
+  return true;
 }
 
-/* Restore the released owners of groups. */
+/* Restore the released owners of groups, waiting for the driver (at most
+ * the bound) on the loop's thread. */
 bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, struct fault *f) {
-  size_t cap = 0, n = 0;
-  for (struct list *p = groups->next; p != groups; p = p->next) cap++;
-  struct job *jobs = calloc(cap + 1, sizeof *jobs);
-  pid_t *pids = calloc(cap + 1, sizeof *pids);
-  bool ok = jobs && pids;
-  for (struct list *p = groups->next; ok && p != groups; p = p->next) {
-    struct owner *w = list_entry(p, struct group, link)->s;
-    if (released_session(c, w->pid) && add_pid(pids, &n, w->pid))
-      jobs[n - 1] = (struct job){.gpu = c->gpu, .pid = w->pid, .restore = true};
+  size_t n = 0;
+  for (struct list *p = groups->next; p != groups && !f->code; p = p->next) {
+    pid_t pid = list_entry(p, struct group, link)->s->pid;
+    struct job *j = inflight(c, pid);
+    if (j && j->by == BY_WAITER) continue; /* another session of it */
+    if (j)
+      fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+                "pid %d: the driver has not yet returned from its release; nothing resumed",
+                (int)pid);
+    else if (released_session(c, pid) && !job_start(c, pid, JOB_RESTORE, BY_WAITER))
+      fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    else if (released_session(c, pid))
+      n++;
   }
-  if (!ok) fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-  jobs_run(jobs, ok ? n : 0);
-  for (size_t i = 0; ok && i < n; i++) {
-    if (note(o, &jobs[i], RESTORE)) {
-      mark(c, jobs[i].pid, false, 0);
-      log_info("pid %d: device state restored in %llu us", (int)jobs[i].pid,
-               (unsigned long long)jobs[i].us);
-    } else if (!f->code) {
-      fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d: device state not restored: %s",
-                (int)jobs[i].pid, jobs[i].why);
+  if (n) jobs_wait(c, BY_WAITER, now_us() + (uint64_t)c->limit_ms * 1000);
+  struct list *p, *x;
+  list_for_each_safe(p, x, &c->jobs) {
+    struct job *j = list_entry(p, struct job, link), said;
+    if (j->by != BY_WAITER) continue;
+    if (!job_finished(c, j)) {
+      job_timed_out(c, j, &said);
+      note(o, &said, RESTORE);
+      if (!f->code) fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "%s", said.why);
+      continue;
     }
+    list_remove(&j->link);
+    if (note(o, j, RESTORE))
+      restore_done(c, j, "its resume");
+    else if (!f->code)
+      fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d: device state not restored: %s",
+                (int)j->pid, j->why);
+    free(j);
   }
   if (n) journal_write(c);
-  free(jobs);
-  free(pids);
-  return ok && !f->code;
+  return !f->code;
 }
 
-/* Restore one process now, saying why it happens; false if it failed. */
-static bool restore_now(ctxrelease *c, pid_t pid, const char *because) {
-  struct job j = {.gpu = c->gpu, .pid = pid, .restore = true};
-  job_run(&j);
-  if (j.rc == 0)
-    log_info("pid %d: device state restored (%s)", (int)pid, because);
-  else
-    log_error("pid %d: device state not restored (%s): %s", (int)pid, because, j.why);
-  return j.rc == 0;
+/* Whether a process is released, or its release is under way. */
+bool ctxrelease_holds(ctxrelease *c, pid_t pid) {
+  return released_session(c, pid) || inflight(c, pid);
 }
-
-/* Whether a process is released. */
-bool ctxrelease_holds(ctxrelease *c, pid_t pid) { return released_session(c, pid) != NULL; }
 
 /* A released session ended. */
 void ctxrelease_forget(ctxrelease *c, struct owner *s) {
   if (!s->released) return;
   s->released = false;
   if (released_session(c, s->pid)) return; /* its other sessions keep it released */
-  if (pinned(c, s) == 0) restore_now(c, s->pid, "its last session ended");
+  /* A release still in the driver restores it when it returns. */
+  if (!inflight(c, s->pid) && pinned(c, s) == 0) forget_start(c, s->pid);
   journal_write(c);
 }
 
-/* Restore everything still released, then free. */
+/* Free c once the loop has closed both its handles. */
+static void on_closed(uv_handle_t *h) {
+  ctxrelease *c = h->data;
+  if (--c->open_handles || c->leak) return;
+  pthread_mutex_destroy(&c->lock);
+  pthread_cond_destroy(&c->cond);
+  free(c);
+}
+
+/* Restore everything still released (waiting for the driver at most the
+ * bound), then free. */
 void ctxrelease_destroy(ctxrelease *c) {
   if (!c) return;
-  bool all = true;
+  uv_timer_stop(&c->timer);
+  c->batch.active = false; /* its operation is gone */
+  pthread_mutex_lock(&c->lock);
+  c->closed = true; /* no more wake-ups */
+  pthread_mutex_unlock(&c->lock);
+  collect(c);
   for (struct list *p = c->owners->next; p != c->owners; p = p->next) {
     struct owner *o = list_entry(p, struct owner, link);
-    if (o->released && pinned(c, o) == 0 && restore_now(c, o->pid, "gpumemd is stopping"))
-      mark(c, o->pid, false, 0);
-    else if (o->released && pinned(c, o) != 0)
+    if (!o->released || inflight(c, o->pid)) continue;
+    if (pinned(c, o) != 0)
       mark(c, o->pid, false, 0); /* gone */
-    else if (o->released)
-      all = false; /* kept in the journal for the next daemon */
+    else if (!job_start(c, o->pid, JOB_RESTORE, BY_WAITER))
+      log_error("pid %d: device state not restored: out of host memory", (int)o->pid);
   }
-  if (all && c->journal[0]) unlink(c->journal);
-  else journal_write(c);
-  free(c);
+  jobs_wait(c, BY_WAITER, now_us() + (uint64_t)c->limit_ms * 1000);
+  struct list *p, *x;
+  list_for_each_safe(p, x, &c->jobs) {
+    struct job *j = list_entry(p, struct job, link);
+    if (!job_finished(c, j)) {
+      log_error("pid %d: the driver has not returned from its %s: kept for the next gpumemd",
+                (int)j->pid, j->kind == JOB_RELEASE ? "release" : "restore");
+      c->leak = true; /* its thread still holds c */
+      continue;
+    }
+    list_remove(&j->link);
+    if (j->by == BY_WAITER) restore_done(c, j, "gpumemd is stopping");
+    free(j);
+  }
+  bool any = false;
+  for (struct list *q = c->owners->next; q != c->owners; q = q->next)
+    any |= list_entry(q, struct owner, link)->released;
+  if (!any && c->journal[0])
+    unlink(c->journal);
+  else
+    journal_write(c); /* for the next daemon */
+  uv_close((uv_handle_t *)&c->wake, on_closed);
+  uv_close((uv_handle_t *)&c->timer, on_closed);
+}
+
+/* Restore pid at the daemon's start, before the loop runs; false if it
+ * failed. */
+static bool restore_at_start(gpudev *g, pid_t pid) {
+  if (gpudev_process_restore(g, pid) == 0) {
+    log_info("pid %d: device state restored (released by a gpumemd that stopped)", (int)pid);
+    return true;
+  }
+  log_error("pid %d: device state not restored (released by a gpumemd that stopped): %s",
+            (int)pid, gpu_error());
+  return false;
 }
 
 /* Restore what a daemon that died left released. */
@@ -376,8 +645,7 @@ void ctxrelease_recover(gpudev *g, const char *journal_path) {
   while (fscanf(f, "%d %llu", &pid, &started) == 2) {
     if (pid <= 0 || start_time(pid) != started) continue; /* gone, or another process now */
     if (gpudev_process_released(g, pid) != 1) continue;
-    struct ctxrelease c = {.gpu = g};
-    all &= restore_now(&c, pid, "released by a gpumemd that stopped");
+    all &= restore_at_start(g, pid);
   }
   fclose(f);
   if (all) unlink(journal_path); /* else kept: the next start tries again */

@@ -13,7 +13,11 @@
  * (RELEASE_REFUSED, the pause itself still done). The backend releases it
  * (gpudev_process_release: the driver's checkpoint, checked against the
  * driver's process list) on a thread of its own, in parallel across
- * processes; one that does not release fails the pause (NOT_RELEASED).
+ * processes, while the loop serves on; one that does not release fails
+ * the pause (NOT_RELEASED). The driver's calls are bounded: a pause
+ * answers at most --release-timeout after its releases began, and one
+ * still in the driver then fails it and counts as released until it
+ * returns (a driver that never returns holds only that process).
  *
  * Nothing may stay held for ever: a released process whose last session
  * ends is restored; the daemon restores every released process when it
@@ -24,6 +28,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <uv.h>
 
 #include "common/list.h"
 #include "fault.h"
@@ -36,30 +41,43 @@
 
 typedef struct ctxrelease ctxrelease;
 
-/* Release over backend g, the server's owners (struct owner.link), reached
- * through out; lock_ms bounds the wait for a process's device calls to
- * stop; the journal is kept at journal_path (NULL: none). NULL out of
- * memory. */
-ctxrelease *ctxrelease_create(gpudev *g, struct list *owners, const struct outbox *out,
-                              const char *journal_path, uint32_t lock_ms);
+/* Called from the loop when a pause's releases have ended. */
+typedef void (*ctxrelease_done)(void *arg);
 
-/* Restore every process still released, remove the journal, free c. */
+/* Release over the loop and backend g, the server's owners (struct
+ * owner.link), reached through out; lock_ms bounds the wait for a
+ * process's device calls to stop, limit_ms the driver's release or
+ * restore of a process; the journal is kept at journal_path (NULL: none).
+ * NULL out of memory. */
+ctxrelease *ctxrelease_create(uv_loop_t *loop, gpudev *g, struct list *owners,
+                              const struct outbox *out, const char *journal_path,
+                              uint32_t lock_ms, uint32_t limit_ms);
+
+/* Restore every process still released (waiting at most the bound for
+ * the driver), remove the journal (or keep it for what is still held),
+ * and free c once the loop has closed its handles. */
 void ctxrelease_destroy(ctxrelease *c);
 
-/* After a pause that asked for it (and that failed nothing): release each
- * worker process owning a buffer sc covers, into o (one entry each; the
- * refusals and failures become o's failure at outcome_fail_releases).
- * requester: the pid that asked (where the backend's release stops the
- * whole process, as the host stand-in does, it is refused). */
-void ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
-                      struct outcome *o);
+/* After a pause that asked for it (and that failed nothing): start
+ * releasing each worker process owning a buffer sc covers, into o (one
+ * entry each; the refusals and failures become o's failure at
+ * outcome_fail_releases). requester: the pid that asked (where the
+ * backend's release stops the whole process, as the host stand-in does,
+ * it is refused). Returns true when releases run: done(arg) is called
+ * once they have all ended, or the bound passed (o must live until then);
+ * false when all was decided at once (done is not called). */
+bool ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
+                      struct outcome *o, ctxrelease_done done, void *arg);
 
-/* True while any session of pid is released. */
+/* True while any session of pid is released, or its release or restore
+ * is still in the driver. */
 bool ctxrelease_holds(ctxrelease *c, pid_t pid);
 
 /* Before a resume sends its remaps: restore each released process among
- * the owners of groups (struct group.link), into o. False, with f set,
- * when one could not be restored (the resume then sends nothing). */
+ * the owners of groups (struct group.link), into o, waiting for the
+ * driver (at most the bound). False, with f set, when one could not be
+ * restored, or one's release is still in the driver (the resume then
+ * sends nothing). */
 bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, struct fault *f);
 
 /* Session s has ended (it has left the owners list): restore its process

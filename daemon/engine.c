@@ -77,7 +77,9 @@ struct op {
   uint64_t copied0, copy_us0; /* the registry's copy totals at the start */
   struct devfig *dev;         /* per device: what it did, the driver's figures */
   unsigned ndev;
-  enum { EXITS_UNASKED, EXITS_WAITING, EXITS_DONE } exits; /* ended owners (exitwait.h) */
+  /* A pause's step once its owners answered: its releases (ctxrelease.h),
+   * then the wait for its owners that ended (exitwait.h). */
+  enum { EXITS_UNASKED, EXITS_RELEASING, EXITS_RELEASED, EXITS_WAITING, EXITS_DONE } exits;
   struct outcome outcome;     /* what it did and could not do, its failure */
 };
 
@@ -114,7 +116,8 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct co
                       struct list *owners, const struct outbox *out, stats *st) {
   engine *e = calloc(1, sizeof *e);
   if (!e || !(e->events = idmap_create()) || !(e->exits = exitwait_create(loop, g)) ||
-      !(e->ctx = ctxrelease_create(g, owners, out, cfg->release_journal, cfg->lock_timeout_ms))) {
+      !(e->ctx = ctxrelease_create(loop, g, owners, out, cfg->release_journal,
+                                   cfg->lock_timeout_ms, cfg->release_timeout_ms))) {
     if (e) idmap_destroy(e->events);
     if (e) exitwait_destroy(e->exits);
     free(e);
@@ -693,6 +696,13 @@ static bool has_session(void *arg, int pid) {
   return false;
 }
 
+/* The pause's releases have ended: go on to its exit wait. */
+static void on_released(void *arg) {
+  engine *e = arg;
+  e->current->exits = EXITS_RELEASED;
+  check_done(e);
+}
+
 /* The pause's owners that ended have left the driver, or it waited long
  * enough: judge it now. */
 static void on_exits_gone(void *arg) {
@@ -706,7 +716,9 @@ static void on_exits_gone(void *arg) {
  * its owners that ended to leave the driver (exitwait.h). */
 static void check_done(engine *e) {
   struct op *op = e->current;
-  if (e->busy || !op || op->pending || op->exits == EXITS_WAITING) return;
+  if (e->busy || !op || op->pending || op->exits == EXITS_WAITING ||
+      op->exits == EXITS_RELEASING)
+    return;
   if (op->resume && !op->rolling_back) {
     if (op->outcome.fault.code) {
       if (start_rollback(e, op)) {
@@ -720,9 +732,14 @@ static void check_done(engine *e) {
   }
   uv_timer_stop(&e->timer);
   if (!op->resume && op->exits == EXITS_UNASKED) { /* once: its owners have answered */
+    op->exits = EXITS_RELEASING;
+    if (op->release_context && !op->outcome.fault.code && /* only if nothing failed */
+        ctxrelease_pause(e->ctx, &op->scope, op->pid, &op->outcome, on_released, e))
+      return;
+    op->exits = EXITS_RELEASED;
+  }
+  if (!op->resume && op->exits == EXITS_RELEASED) {
     op->exits = EXITS_DONE;
-    if (op->release_context && !op->outcome.fault.code) /* only if nothing failed */
-      ctxrelease_pause(e->ctx, &op->scope, op->pid, &op->outcome);
     if (exitwait_start(e->exits, e->cfg->exit_wait_ms, has_session, on_exits_gone, e)) {
       op->exits = EXITS_WAITING;
       return;

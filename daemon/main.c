@@ -42,6 +42,8 @@ static void usage(FILE *out) {
           "                            it to leave the driver before it judges (default 3s)\n"
           "  --lock-timeout DURATION   a context release waits this long for a worker's\n"
           "                            device calls in flight (default 5s)\n"
+          "  --release-timeout DURATION  a pause or resume waits this long for the driver to\n"
+          "                            release or restore a worker's device state (default 60s)\n"
           "  --adopt-grace DURATION    after start, allocations that would make a new tag\n"
           "                            wait this long, so that workers re-register theirs\n"
           "                            first (default none; the systemd unit sets 3s)\n"
@@ -126,6 +128,7 @@ static int parse_value_option(int c, const char *arg, struct config *cfg) {
       {'t', &cfg->ack_timeout_ms},
       {'X', &cfg->exit_wait_ms},
       {'L', &cfg->lock_timeout_ms},
+      {'R', &cfg->release_timeout_ms},
       {'a', &cfg->adopt_grace_ms},
       {'F', &cfg->frame_timeout_ms},
   };
@@ -242,6 +245,7 @@ int main(int argc, char **argv) {
       .ack_timeout_ms = 10000,
       .exit_wait_ms = 3000,
       .lock_timeout_ms = 5000,
+      .release_timeout_ms = 60000,
       .timeout_policy = TIMEOUT_REPORT,
       .shared_tags = shared_tags,
       .nshared_tags = 1,
@@ -273,6 +277,7 @@ int main(int argc, char **argv) {
       {"ack-timeout", required_argument, 0, 't'},
       {"exit-wait", required_argument, 0, 'X'},
       {"lock-timeout", required_argument, 0, 'L'},
+      {"release-timeout", required_argument, 0, 'R'},
       {"adopt-grace", required_argument, 0, 'a'},
       {"timeout-policy", required_argument, 0, 'p'},
       {"controller-uid", required_argument, 0, 'u'},

@@ -6,11 +6,14 @@
  * the refusals, a worker that dies while released, and a daemon that stops
  * or dies while a worker is released. */
 #include <check.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -385,6 +388,140 @@ START_TEST(a_release_asked_of_a_resume_is_refused) {
 }
 END_TEST
 
+/* The vfork child of a held worker: it waits for a byte on *fd, then
+ * ends. Until then its parent's thread waits for it uninterruptibly, where
+ * no SIGSTOP takes it: the stand-in's release cannot stop the process.
+ * Raw system calls only, on a stack of its own in its parent's memory. */
+__attribute__((no_sanitize("address", "thread"))) static int vfork_child(void *fd) {
+  char byte;
+  syscall(SYS_read, *(int *)fd, &byte, 1);
+  syscall(SYS_exit, 0);
+  return 0;
+}
+
+/* A worker on libgpumem (opted in, 4 MiB of kv) whose main thread then
+ * waits for a vfork child that ends on a byte written to go[1], and
+ * after that for a byte on end[0] before it exits 0. */
+static pid_t start_held_worker(int go[2], int end[2]) {
+  int ready[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  ck_assert_int_eq(pipe(end), 0);
+  pid_t kid = fork();
+  ck_assert_int_ge(kid, 0);
+  if (kid == 0) {
+    gpumem_client *c;
+    gpumem_buffer *b;
+    if (gpumem_connect(d.socket, "held", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_RELEASE_CONTEXT, &c) ||
+        gpumem_alloc(c, "kv", 0, 4 << 20, 0, &b))
+      _exit(10);
+    size_t size = 64 << 10;
+    char *stack = malloc(size), byte = 1;
+    if (!stack || write(ready[1], &byte, 1) != 1) _exit(11);
+    if (clone(vfork_child, stack + size, CLONE_VM | CLONE_VFORK | SIGCHLD, &go[0]) < 0) _exit(12);
+    if (read(end[0], &byte, 1) != 1) _exit(13);
+    _exit(0);
+  }
+  track(kid);
+  char byte;
+  ck_assert_int_eq(read(ready[0], &byte, 1), 1);
+  close(ready[0]);
+  close(ready[1]);
+  return kid;
+}
+
+/* A controller's pause with release, on a thread of its own. */
+struct pausing {
+  gpumem_client *c;
+  int rc;
+  struct gpumem_op_report *r;
+  bool done; /* under lock */
+  pthread_mutex_t lock;
+};
+
+/* Run the pause (thread). */
+static void *pause_thread(void *arg) {
+  struct pausing *p = arg;
+  int rc = pause_releasing(p->c, "kv", &p->r);
+  pthread_mutex_lock(&p->lock);
+  p->rc = rc;
+  p->done = true;
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
+/* A release the driver takes longer over than --release-timeout (here a
+ * worker the stand-in cannot stop) runs while the daemon serves others,
+ * and fails the pause with NOT_RELEASED at the bound, saying so; the
+ * worker counts as released, a resume fails while the release is still
+ * in the driver, and once it returns, the worker is released and the
+ * next resume restores it. */
+START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
+  char bound[32];
+  snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
+  daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
+  int go[2], end[2];
+  pid_t kid = start_held_worker(go, end);
+  gpumem_client *c = controller(), *other = controller();
+  wait_sessions(c, 3);
+  struct pausing p = {.c = c, .lock = PTHREAD_MUTEX_INITIALIZER};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, pause_thread, &p), 0);
+  /* Served while the release runs: the status says the worker is held. */
+  bool held = false;
+  double until = now_ms() + harness_patience_ms(1000);
+  while (!held && now_ms() < until) {
+    struct gpumem_status *s;
+    ck_assert_int_eq(gpumem_status(other, &s), 0);
+    held = session_of(s, kid)->context_released;
+    gpumem_status_free(s);
+  }
+  pthread_mutex_lock(&p.lock);
+  bool answered = p.done;
+  pthread_mutex_unlock(&p.lock);
+  ck_assert(held);
+  ck_assert(!answered);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_int_eq(p.rc, GPUMEM_E_NOT_RELEASED);
+  ck_assert_uint_eq(p.r->nreleases, 1);
+  ck_assert_int_eq(p.r->releases[0]->released, 0);
+  ck_assert_ptr_nonnull(strstr(p.r->releases[0]->why, "has not returned from the release"));
+  gpumem_op_report_free(p.r);
+  ck_assert_int_ne(proc_state(kid), 'T');
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(resume_all(other, &r), GPUMEM_E_NOT_RELEASED);
+  gpumem_op_report_free(r);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "has not yet returned from its release"));
+  /* The vfork child ends: the stop takes, and the release returns. */
+  char byte = 1;
+  ck_assert_int_eq(write(go[1], &byte, 1), 1);
+  until = now_ms() + harness_patience_ms(3000);
+  while (daemon_log_count(&d, "released after its pause answered") < 1 && now_ms() < until) {
+    struct gpumem_status *s; /* a round trip: the daemon's loop has turned */
+    ck_assert_int_eq(gpumem_status(other, &s), 0);
+    gpumem_status_free(s);
+  }
+  ck_assert_int_eq(daemon_log_count(&d, "released after its pause answered"), 1);
+  ck_assert_int_eq(proc_state(kid), 'T');
+  ck_assert(journal_names(kid));
+  ck_assert_int_eq(resume_all(other, &r), 0);
+  ck_assert_uint_eq(r->nreleases, 1);
+  ck_assert_str_eq(r->releases[0]->why, "");
+  gpumem_op_report_free(r);
+  ck_assert_int_ne(proc_state(kid), 'T');
+  ck_assert_int_eq(write(end[1], &byte, 1), 1);
+  int st;
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+  for (int i = 0; i < 2; i++) {
+    close(go[i]);
+    close(end[i]);
+  }
+  gpumem_disconnect(other);
+  gpumem_disconnect(c);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("release", 30, harness_fd_setup, teardown,
                      a_released_worker_stops_and_comes_back,
@@ -394,5 +531,6 @@ int main(void) {
                      a_stopping_daemon_restores_its_released_workers,
                      a_daemon_that_dies_is_followed_by_one_that_restores,
                      a_release_asked_of_a_resume_is_refused, a_failed_pause_releases_nothing,
-                     a_release_of_the_process_that_asked_is_refused_here);
+                     a_release_of_the_process_that_asked_is_refused_here,
+                     a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept);
 }
