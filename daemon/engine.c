@@ -69,8 +69,7 @@ struct op {
   struct scope scope;    /* the tags, devices and sessions it covers */
   uint32_t timeout_ms;
   uint64_t max_residual;
-  bool release_context; /* release workers' device state once paused (ctxrelease.h), and
-                           the daemon's own context (registry_let_go) */
+  bool release_context; /* release workers' device state once paused (ctxrelease.h) */
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
   struct list groups;
   size_t pending; /* groups not done */
@@ -657,7 +656,7 @@ static bool start_rollback(engine *e, struct op *op) {
 /* Answer the controller (if still there) with the figures or the fault,
  * and count the operation as it ended. */
 static void reply(engine *e, struct op *op) {
-  if (op->release_context) registry_let_go(e->reg); /* before the driver's figures */
+  registry_let_go(e->reg); /* a context for copies only; before the driver's figures */
   uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000;
   Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);

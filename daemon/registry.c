@@ -507,8 +507,8 @@ static void buffer_destroy(struct buffer *b) {
   free(b);
 }
 
-/* Reserve backup room for a BACKUP buffer, holding what its device's
- * backups need while any exist (until registry_let_go). */
+/* Reserve backup room for a BACKUP buffer (the context its copies need
+ * is taken by the first copy and let go of at the operation's end). */
 static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) {
   if (!(b->flags & BUF_FLAG_BACKUP)) return GPUMEM__WIRE__ERROR_CODE__OK;
   if (b->size > r->opt.backup_limit - r->backup_reserved)
@@ -517,10 +517,6 @@ static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) 
                      "--backup-limit %llu",
                      (unsigned long long)r->backup_reserved, (unsigned long long)b->size,
                      (unsigned long long)r->opt.backup_limit);
-  if (!r->held[b->device] && gpudev_hold(r->gpu, b->device) < 0)
-    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "device %u: %s", b->device,
-                     gpu_error());
-  r->held[b->device] = true;
   r->backup_buffers[b->device]++;
   r->backup_reserved += b->size;
   return GPUMEM__WIRE__ERROR_CODE__OK;

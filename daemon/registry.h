@@ -239,12 +239,12 @@ wire_code registry_restore(registry *r, struct buffer *b, struct fault *f);
 /* Bytes and microseconds of backup copies so far, one way. */
 void registry_copy_totals(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us);
 
-/* Let go of what backups hold (a device context on GPUs, held from a
- * device's first BACKUP buffer on, so that copies start at once): after a
- * pause with release_context, so that a paused node holds nothing. The
- * next copy takes it again (120-160 ms on an H200), and keeps it. Where
- * the backups' host memory lives in the context (HIP's pinned memory), the
- * backend keeps it alive all the same. */
+/* Let go of what backup copies held (a device context on GPUs, taken by
+ * an operation's first copy on the device): at every pause's and
+ * resume's end, so that the daemon holds no device memory outside its
+ * copies. The next copy takes it again (120-160 ms on an H200). Where
+ * the backups' host memory lives in the context (HIP's pinned memory),
+ * the backend keeps it alive all the same. */
 void registry_let_go(registry *r);
 
 

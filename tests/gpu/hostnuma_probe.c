@@ -45,6 +45,15 @@ static long nvml_self(void) {
 }
 
 /* Pinned memory of host NUMA node 0 (host) or of device 0, exportable. */
+/* The device's memory used, MiB, by NVML (through nvidia-smi; -1: none). */
+static long node_used(void) {
+  FILE *p = popen("nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits", "r");
+  long v = -1;
+  if (p && fscanf(p, "%ld", &v) != 1) v = -1;
+  if (p) pclose(p);
+  return v;
+}
+
 static CUmemAllocationProp prop(CUmemLocationType where) {
   CUmemAllocationProp p;
   memset(&p, 0, sizeof p);
@@ -82,6 +91,33 @@ int main(void) {
   size_t g = 0;
   cuMemGetAllocationGranularity(&g, &hp, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   printf("host-NUMA granularity %zu KiB\n", g >> 10);
+  /* 0. What 16 GiB of host-NUMA memory (1 GiB handles, mapped for the
+   * host and written, no context) costs the device. */
+  {
+    enum { N = 16 };
+    CUmemGenericAllocationHandle v[N];
+    CUdeviceptr a[N];
+    long before = node_used();
+    int made = 0;
+    for (; made < N && cuMemCreate(&v[made], GiB, &hp, 0) == CUDA_SUCCESS; made++) {
+    }
+    long created = node_used();
+    for (int i = 0; i < made; i++) {
+      a[i] = map_rw(v[i], GiB, "host-NUMA, no context");
+      if (a[i]) memset((void *)a[i], 1, GiB);
+    }
+    long mapped = node_used();
+    for (int i = 0; i < made; i++) {
+      if (a[i]) {
+        cuMemUnmap(a[i], GiB);
+        cuMemAddressFree(a[i], GiB);
+      }
+      cuMemRelease(v[i]);
+    }
+    printf("device memory used for %d GiB of host-NUMA memory, no context: %ld MiB before, "
+           "%ld created, %ld mapped and written, %ld released\n",
+           made, before, created, mapped, node_used());
+  }
   /* 1. No context at all: create, map for the host, write from the CPU. */
   CUmemGenericAllocationHandle hh;
   double t = now_ms();

@@ -179,9 +179,8 @@ def main():
     plain_pause = time.monotonic() - t0
     plain_used = node_used_mib()
     apps = nvml_apps()
-    print("FIGURE release after a plain pause gpumemd holds %s MiB (its context, kept while "
-          "BACKUP buffers exist, so that copies start at once)" % apps.get(daemon.pid, 0),
-          flush=True)
+    check(daemon.pid not in apps, "NVML lists no gpumemd process after a plain pause with "
+          "backups", "compute apps %s, gpumemd is pid %d" % (apps, daemon.pid))
     t0 = time.monotonic()
     c.resume()
     plain_resume = time.monotonic() - t0
