@@ -53,7 +53,7 @@ REPO = os.path.normpath(os.path.join(HERE, ".."))
 
 MiB = 1 << 20
 GiB = 1 << 30
-IMPLS = ("tms", "gpumem", "gpumem-release")
+IMPLS = ("tms", "tms-retain", "gpumem", "gpumem-release")
 PHASES = ("pause", "resume_weights", "resume_kv")
 SEED = 20261130
 N_WEIGHTS = 8          # weight tensors, weights_gib / N_WEIGHTS each
@@ -92,7 +92,7 @@ class EngineState:
         self.impl = impl
         self.release = impl == "gpumem-release"
         self.fresh_release = False  # paused with release and not resumed since
-        if impl == "tms":
+        if impl.startswith("tms"):
             import torch_memory_saver as module
             self.tms = module.torch_memory_saver
             where = module.__file__
@@ -106,7 +106,7 @@ class EngineState:
         import torch
         self.torch = torch
         torch.cuda.set_device(0)
-        if impl == "tms" and args.tms_retain_cpu_backup:
+        if impl == "tms-retain" or (impl == "tms" and args.tms_retain_cpu_backup):
             self.tms.retain_cpu_backup = True
         dt = torch.bfloat16
         per = max(1, int(args.weights_gib * GiB) // N_WEIGHTS // 2)
@@ -570,7 +570,7 @@ def run_impl(args, impl, run_dir, failures):
     rec = {"impl": impl, "ok": False, "error": None, "ready": None, "cycles": [],
            "failed_checks": 0}
     daemon = eng = None
-    if impl == "tms":
+    if impl.startswith("tms"):
         env = tms_env(args)
     else:
         env = dict(os.environ)
@@ -579,7 +579,7 @@ def run_impl(args, impl, run_dir, failures):
             env["GPUMEM_RELEASE_CONTEXT"] = "1"
     print("== rl_step %s" % impl, flush=True)
     try:
-        if impl != "tms":
+        if not impl.startswith("tms"):
             daemon, sock, dlog = start_daemon(args, run_dir, impl)
             env["GPUMEM_SOCKET"] = sock
             rec["daemon"] = {"pid": daemon.pid, "log": dlog, "idle_mib": node_used_mib()}
@@ -723,9 +723,9 @@ def print_figures(results, summary, idle):
                     print("FIGURE rl_step gpumem-release release cycle=%d: no entry for the "
                           "engine (%s)" % (c["cycle"], c[key].get("release_error", "none given")))
     ratios = {}
-    base = summary.get("tms")
-    for impl in ("gpumem", "gpumem-release"):
-        s = summary.get(impl)
+    for base_name, impl in [(b, i) for b in ("tms", "tms-retain")
+                            for i in ("gpumem", "gpumem-release")]:
+        base, s = summary.get(base_name), summary.get(impl)
         if not base or not s:
             continue
         # The engine's time against tms's, then the daemon's share of ours
@@ -733,8 +733,8 @@ def print_figures(results, summary, idle):
         for key, ph in [(ph, ph) for ph in PHASES] + [(ph + "_daemon", ph) for ph in PHASES]:
             if s[key] and base[ph] and base[ph]["median"] > 0:
                 r = s[key]["median"] / base[ph]["median"]
-                ratios["%s/tms %s" % (impl, key)] = r
-                print("RATIO rl_step %s/tms %s %.2f" % (impl, key, r))
+                ratios["%s/%s %s" % (impl, base_name, key)] = r
+                print("RATIO rl_step %s/%s %s %.2f" % (impl, base_name, key, r))
     return ratios
 
 
@@ -864,7 +864,7 @@ def main(argv):
           % (args.weights_gib, args.kv_gib, args.outside_gib, args.cycles,
              args.trainer_fraction * 100, run_dir), flush=True)
     impls = list(args.impls)
-    if "tms" in impls:
+    if any(i.startswith("tms") for i in impls):
         try:
             if args.tms_path and not os.path.isdir(args.tms_path):
                 raise Broken("--tms-path %s is not a directory" % args.tms_path)
@@ -872,14 +872,15 @@ def main(argv):
                                os.path.join(run_dir, "tms-probe.log"), "import torch_memory_saver")
             print("rl_step: torch_memory_saver %s, %s" % (probe["module"], probe["torch_so"]))
         except Broken as e:
-            skipped["tms"] = str(e)
-            impls.remove("tms")
+            for i in [i for i in impls if i.startswith("tms")]:
+                skipped[i] = str(e)
+                impls.remove(i)
             print("SKIP rl_step tms: torch_memory_saver cannot be used (ratios omitted): %s" % e,
                   flush=True)
-    if any(i != "tms" for i in impls) and not os.access(args.daemon, os.X_OK):
+    if any(not i.startswith("tms") for i in impls) and not os.access(args.daemon, os.X_OK):
         print("FAIL rl_step: no gpumemd at %s (--daemon)" % args.daemon, flush=True)
         failures.append("no gpumemd at %s" % args.daemon)
-        impls = [i for i in impls if i == "tms"]
+        impls = [i for i in impls if i.startswith("tms")]
     idle = node_used_mib()
     print("rl_step: idle node uses %s MiB (nvidia-smi, device 0)" % idle, flush=True)
     copy = None

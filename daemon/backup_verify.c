@@ -16,6 +16,12 @@ wire_code backup_verify(gpudev *g, const struct buffer *b, struct fault *f) {
   uint64_t h = rc == 0 ? XXH3_64bits(back, b->size) : 0;
   free(back);
   if (rc == 0 && h == b->backup_hash) return GPUMEM__WIRE__ERROR_CODE__OK;
+  if (rc < 0) { /* the read-back failed: the driver's words, not a mismatch */
+    log_error("restore of buffer %llu not verified: %s", id, gpu_error());
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                     "restore of buffer %llu not verified: reading it back failed: %s", id,
+                     gpu_error());
+  }
   log_error("restore of buffer %llu does not match its backup (hash %016llx, backup %016llx)", id,
             (unsigned long long)h, (unsigned long long)b->backup_hash);
   return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,

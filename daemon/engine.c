@@ -656,7 +656,7 @@ static bool start_rollback(engine *e, struct op *op) {
 /* Answer the controller (if still there) with the figures or the fault,
  * and count the operation as it ended. */
 static void reply(engine *e, struct op *op) {
-  registry_let_go(e->reg); /* a context for copies only; before the driver's figures */
+  registry_let_go(e->reg, op->release_context); /* before the driver's figures */
   uint64_t now = uv_hrtime(), us = (now - op->t0) / 1000;
   Gpumem__Wire__DeviceCheck *checks = calloc(op->ndev + 1, sizeof *checks);
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);

@@ -344,8 +344,13 @@ static int copy(registry *r, struct buffer *b, void *host, bool to_host) {
   return rc;
 }
 
-/* Let go of every context held for backups (the next copy takes one). */
-void registry_let_go(registry *r) {
+/* Let go of every context held for backups (the next copy takes one);
+ * host_only: and of the device's reach into paused buffers' backups. */
+void registry_let_go(registry *r, bool host_only) {
+  for (struct list *p = r->all.next; host_only && p != &r->all; p = p->next) {
+    struct buffer *b = list_entry(p, struct buffer, all_link);
+    if (b->backup && b->state == BUF_PAUSED) gpudev_backup_host_only(r->gpu, b->device, b->backup);
+  }
   for (unsigned d = 0; d < GPUMEM_MAX_DEVICES; d++)
     if (r->held[d]) gpudev_unhold(r->gpu, d);
   memset(r->held, 0, sizeof r->held);

@@ -147,13 +147,14 @@ static int cuda_host_create(int dev, uint64_t size, uint64_t *handle) {
   return (int)rc;
 }
 
-/* Let dev and the host read and write a mapped range of host memory. */
-static int cuda_host_access(uint64_t va, uint64_t size, int dev) {
+/* Let the host read and write a mapped range of host memory, and dev
+ * too where device is true (else dev's access is taken away). */
+static int cuda_host_access(uint64_t va, uint64_t size, int dev, bool device) {
   CUmemAccessDesc a[2];
   memset(a, 0, sizeof a);
   a[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   a[0].location.id = dev;
-  a[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  a[0].flags = device ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
   a[1].location = host_prop(dev).location;
   a[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   return p_cuMemSetAccess(va, size, a, 2);

@@ -216,6 +216,11 @@ void gpudev_backup_free(gpudev *g, unsigned dev, void *host, uint64_t size) {
   g->ops->backup_free(g->state, dev, host, size);
 }
 
+/* Let only the host reach a backup until its next copy. */
+void gpudev_backup_host_only(gpudev *g, unsigned dev, void *host) {
+  if (g->ops->backup_host_only) g->ops->backup_host_only(g->state, dev, host);
+}
+
 /* Hold what backups need. */
 int gpudev_hold(gpudev *g, unsigned dev) { return g->ops->hold(g->state, dev); }
 

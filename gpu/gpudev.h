@@ -188,6 +188,12 @@ int gpudev_backup_alloc(gpudev *g, unsigned dev, uint64_t size, void **host);
 /* Free memory from gpudev_backup_alloc. */
 void gpudev_backup_free(gpudev *g, unsigned dev, void *host, uint64_t size);
 
+/* Let only the host reach the backup at host (made by gpudev_backup_make
+ * on dev) until the next copy through it: where the device's page tables
+ * for it cost device memory (CUDA's host-NUMA backups, 2 MiB per GiB on
+ * an H200), they are freed; the next copy makes them again. */
+void gpudev_backup_host_only(gpudev *g, unsigned dev, void *host);
+
 /* Hold what backups on dev need (a device context on GPUs), counted;
  * gpudev_unhold lets go. */
 int gpudev_hold(gpudev *g, unsigned dev);

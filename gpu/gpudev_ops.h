@@ -43,6 +43,7 @@ struct gpudev_ops {
   void (*backup_release)(void *state, unsigned dev, void *host, uint64_t size, uint64_t made);
   int (*backup_alloc)(void *state, unsigned dev, uint64_t size, void **host);
   void (*backup_free)(void *state, unsigned dev, void *host, uint64_t size);
+  void (*backup_host_only)(void *state, unsigned dev, void *host); /* NULL: nothing to do */
   int (*hold)(void *state, unsigned dev);
   void (*unhold)(void *state, unsigned dev);
   bool (*holding)(void *state, unsigned dev);

@@ -52,13 +52,12 @@ static int map_chunks(struct vmm *m, unsigned dev, const uint64_t *handles,
   int st = m->v->reserve(total, m->granularity, va);
   if (st != 0) return vmm_fail(m, st, "MemAddressReserve");
   uint64_t off = 0;
-  size_t i = 0;
-  for (; i < n && st == 0; off += sizes[i++]) st = m->v->map(*va + off, sizes[i], handles[i]);
+  size_t mapped = 0; /* the chunks mapped, each at its own offset */
+  for (; mapped < n; off += sizes[mapped++])
+    if ((st = m->v->map(*va + off, sizes[mapped], handles[mapped])) != 0) break;
   if (st == 0 && (st = m->v->set_access(*va, total, (int)dev)) == 0) return 0;
-  for (off = 0; i-- > 0;) {
-    m->v->unmap(*va + off, sizes[i]);
-    off += sizes[i];
-  }
+  off = 0;
+  for (size_t i = 0; i < mapped; off += sizes[i++]) m->v->unmap(*va + off, sizes[i]);
   m->v->address_free(*va, total);
   return vmm_fail(m, st, "MemMap/MemSetAccess");
 }
@@ -141,17 +140,6 @@ void vmm_drop_end(struct vmm_dev *x, unsigned dev, int saved, bool entered) {
   vmm_gate_end(&x->gate);
 }
 
-/* Copy whole chunks to or from host memory in the device's context. */
-int vmm_backup_copy(void *state, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
-                    size_t n, void *host, bool to_host) {
-  struct vmm_dev *x = state;
-  int saved = 0;
-  int rc = vmm_held_begin(x, dev, &saved);
-  if (rc < 0) return rc;
-  rc = copy_chunks(x, dev, handles, sizes, n, host, to_host);
-  vmm_drop_end(x, dev, saved, true);
-  return rc;
-}
 
 /* A backup in host memory that lives apart from any context: its range
  * (the size rounded up to the granularity) and one allocation per piece
@@ -159,6 +147,7 @@ int vmm_backup_copy(void *state, unsigned dev, const uint64_t *handles, const ui
 struct vmm_host_backup {
   uint64_t va, span;
   unsigned dev;
+  bool device; /* dev may reach every piece (under the gate) */
   size_t npieces;
   uint64_t handles[];
 };
@@ -186,6 +175,7 @@ static int host_reserve(struct vmm_dev *x, unsigned dev, uint64_t size, void **h
   if (!b) return gpu_fail(-ENOMEM, "out of memory");
   b->span = span;
   b->dev = dev;
+  b->device = true;
   b->npieces = n;
   vmm_gate_begin(&x->gate);
   int st = m->v->reserve(span, g, &b->va);
@@ -213,7 +203,8 @@ static int host_make(struct vmm_dev *x, struct vmm_host_backup *b, size_t i, boo
   const char *call = "MemCreate";
   int st = x->v->host_create((int)b->dev, len, &h);
   if (st == 0 && (call = "MemMap", st = m->v->map(b->va + off, len, h)) != 0) m->v->release(h);
-  if (st == 0 && (call = "MemSetAccess", st = x->v->host_access(b->va + off, len, (int)b->dev))) {
+  if (st == 0 &&
+      (call = "MemSetAccess", st = x->v->host_access(b->va + off, len, (int)b->dev, true))) {
     m->v->unmap(b->va + off, len);
     m->v->release(h);
   }
@@ -237,6 +228,47 @@ static void host_release(struct vmm_dev *x, struct vmm_host_backup *b) {
   m->v->address_free(b->va, b->span);
   vmm_gate_end(&x->gate);
   free(b);
+}
+
+/* Let dev in to (device true) or out of every piece of host-NUMA backup
+ * b that overlaps [host, host + len), under the gate. */
+static int host_device_access(struct vmm_dev *x, struct vmm_host_backup *b, const void *host,
+                              uint64_t len, bool device) {
+  uint64_t from = (uint64_t)(uintptr_t)host - b->va, to = from + len;
+  for (size_t i = 0; i < b->npieces; i++) {
+    uint64_t off = (uint64_t)i * GPUDEV_BACKUP_PIECE, plen = host_piece_len(b, i);
+    if (!b->handles[i] || off >= to || off + plen <= from) continue;
+    int st = x->v->host_access(b->va + off, plen, (int)b->dev, device);
+    if (st) return vmm_check(&x->m, st, "MemSetAccess");
+  }
+  return 0;
+}
+
+/* Copy whole chunks to or from host memory in the device's context (a
+ * host-NUMA backup lets the device in again if it was kept out). */
+int vmm_backup_copy(void *state, unsigned dev, const uint64_t *handles, const uint64_t *sizes,
+                    size_t n, void *host, bool to_host) {
+  struct vmm_dev *x = state;
+  struct vmm_host_backup *b = host_backup(x, host);
+  int saved = 0;
+  int rc = vmm_held_begin(x, dev, &saved);
+  if (rc < 0) return rc;
+  if (b && !b->device && (rc = host_device_access(x, b, host, b->span, true)) == 0)
+    b->device = true;
+  if (rc == 0) rc = copy_chunks(x, dev, handles, sizes, n, host, to_host);
+  vmm_drop_end(x, dev, saved, true);
+  return rc;
+}
+
+/* Keep the device out of a host-NUMA backup until its next copy. */
+void vmm_backup_host_only(void *state, unsigned dev, void *host) {
+  struct vmm_dev *x = state;
+  struct vmm_host_backup *b = host_backup(x, host);
+  (void)dev;
+  if (!b) return;
+  vmm_gate_begin(&x->gate);
+  if (b->device && host_device_access(x, b, host, b->span, false) == 0) b->device = false;
+  vmm_gate_end(&x->gate);
 }
 
 /* Backup ranges start at a multiple of this, so that huge pages fit. */

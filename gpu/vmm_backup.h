@@ -51,4 +51,8 @@ int vmm_backup_alloc(void *state, unsigned dev, uint64_t size, void **host);
 /* Free memory from vmm_backup_alloc and let go of its context. */
 void vmm_backup_free(void *state, unsigned dev, void *host, uint64_t size);
 
+/* Take the device's access to a host-NUMA backup away until its next
+ * copy (gpudev_backup_host_only); pinned backups: nothing. */
+void vmm_backup_host_only(void *state, unsigned dev, void *host);
+
 #endif

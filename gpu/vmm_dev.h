@@ -58,11 +58,14 @@ struct vmm_dev_vendor {
    * host-NUMA allocations; NULL where the vendor has none, HIP): the
    * granularity of such memory for dev (0: dev cannot have it), one made
    * (a handle, released with base->release, mapped with base->map, all
-   * without a context), and read-write access to a mapped range for dev
-   * and the host. Copies through it run as from pinned memory. */
+   * without a context), and read-write access to a mapped range for the
+   * host, and for dev too where device is true (the device's page tables
+   * for it cost 2 MiB of device memory per GiB on an H200: they are freed
+   * when a node is to hold nothing, gpudev_backup_host_only). Copies
+   * through it run as from pinned memory. */
   int (*host_granularity)(int dev, uint64_t *g);
   int (*host_create)(int dev, uint64_t size, uint64_t *handle);
-  int (*host_access)(uint64_t va, uint64_t size, int dev);
+  int (*host_access)(uint64_t va, uint64_t size, int dev, bool device);
   /* The driver's checkpoint of another process, by pid (NULL, or -ENOTSUP
    * from ckpt_state, where the driver has none): hold its device calls
    * (waiting at most timeout_ms), move its device state to host memory,

@@ -2,7 +2,7 @@
 # Everything GPU in one go, on a machine with an NVIDIA GPU: build with the
 # CUDA backend, run the test suites, the GPU checks (judged by the driver's
 # own free-memory figure) and the benchmarks. Log: $LOG (default gpu.log).
-#   [GPU_BENCH=0] [GPU_SUITES=0] tests/gpu/run.sh [LOG]
+#   [GPU_BENCH=0] [GPU_SUITES=0] [TMS_SRC=DIR] tests/gpu/run.sh [LOG]
 set -u
 log=${1:-gpu.log}
 # No package registry there: never try apt; no HIP headers there either.
@@ -83,6 +83,12 @@ if python3 -c 'import torch' 2>/dev/null; then
   python3 tests/gpu/torch_check.py build/bin/gpumemd || status=1
   # Context release through the driver's checkpoint calls, judged by NVML.
   python3 tests/gpu/release_check.py build/bin/gpumemd || status=1
+  # Two NCCL ranks, one GPU each, released: on a machine of two GPUs.
+  if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 2 ]; then
+    python3 tests/gpu/nccl_release.py build/bin/gpumemd || status=1
+  else
+    echo "nccl_release: SKIPPED: needs two GPUs"
+  fi
 else
   echo "torch_check: SKIPPED: python3 cannot import torch"
 fi
@@ -105,6 +111,13 @@ bench build/bench/bench_scale build/bin
 bench build/bench/bench_trace --backend cuda build/bin
 bench build/bench/bench_scale --backend cuda --sessions 1000 --buffers 20000 build/bin
 CHUNK=1G bench/plot.sh build cuda 4G 8G 16G 32G > /dev/null 2>&1 || status=1
+# The RL step against torch_memory_saver, built from its source where
+# TMS_SRC names a checkout of it (nothing is fetched here).
+if [ -n "${TMS_SRC:-}" ] && bench/tms_build.sh "$TMS_SRC" build/tms >/dev/null; then
+  python3 bench/rl_step.py --tms-path build/tms --json build/bench/rl_step.json || status=1
+else
+  echo "rl_step: SKIPPED: set TMS_SRC to a torch_memory_saver source tree"
+fi
 cat build/bench/results-gpu.jsonl
 fi
 # GPU_SUITES=0 skips the test suites (CI runs them on every commit).
