@@ -279,6 +279,18 @@ $(O)/tests/preload_app: tests/preload/preload_app.c $(O)/tests/libcudart_stub.so
 
 $(O)/tests/check_preload: $(O)/lib/libgpumem_preload.so $(O)/tests/preload_app
 
+# The HIP suite's stand-in runtime (no AMD GPU here), under the name the
+# HIP backend dlopens first; with HIP=0 check_hip only says it skipped.
+ifeq ($(HIP),1)
+$(O)/tests/hip/libamdhip64.so: tests/hip/fake_hip.c $(BUILD_CONFIG)
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) -isystem $(HIP_INCLUDE) -Wno-strict-prototypes $(LDFLAGS) -shared -o $@ $< \
+	  -lpthread
+
+$(O)/tests/check_hip: $(O)/tests/hip/libamdhip64.so
+endif
+
 # The README's example, built as a user would: public header and -lgpumem
 # (with LDFLAGS: under SAN, the sanitizer runtime libgpumem then needs).
 $(O)/examples/%: examples/%.c $(O)/lib/libgpumem.so
