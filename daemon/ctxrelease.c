@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,10 @@ struct ctxrelease {
 
 static void on_wake(uv_async_t *h);
 
+/* Job threads inside a backend call, process-wide (the backend must
+ * outlive them: ctxrelease_in_driver). */
+static atomic_int in_driver;
+
 /* Create the releaser. */
 ctxrelease *ctxrelease_create(uv_loop_t *loop, gpudev *g, struct list *owners,
                               const struct outbox *out, const char *journal_path,
@@ -115,11 +120,12 @@ static void *job_run(void *arg) {
   uint64_t t0 = now_us(), moved = 0;
   int rc = j->kind == JOB_RELEASE ? gpudev_process_release(c->gpu, j->pid, c->lock_ms, &moved)
                                   : gpudev_process_restore(c->gpu, j->pid);
+  atomic_fetch_sub(&in_driver, 1);
   pthread_mutex_lock(&c->lock);
   j->rc = rc;
   j->moved = moved;
   j->us = now_us() - t0;
-  if (rc < 0) snprintf(j->why, sizeof j->why, "%s", gpu_error());
+  if (rc < 0) snprintf(j->why, sizeof j->why, "%s", *gpu_error() ? gpu_error() : strerror(-rc));
   j->finished = true;
   pthread_cond_broadcast(&c->cond);
   if (!c->closed) uv_async_send(&c->wake);
@@ -135,6 +141,7 @@ static struct job *job_start(ctxrelease *c, pid_t pid, enum job_kind kind,
   if (!j) return NULL;
   *j = (struct job){.c = c, .pid = pid, .kind = kind, .by = by};
   list_append(&c->jobs, &j->link);
+  atomic_fetch_add(&in_driver, 1);
   pthread_attr_t a;
   pthread_t t;
   bool threaded = pthread_attr_init(&a) == 0;
@@ -155,17 +162,19 @@ static bool job_finished(ctxrelease *c, struct job *j) {
   return f;
 }
 
-/* Whether every job collected by `by` has finished (under the lock). */
+/* Whether every job collected by `by` (every job: ANY) has finished
+ * (under the lock). */
+#define ANY ((enum job_collector)-1)
 static bool all_finished(ctxrelease *c, enum job_collector by) {
   for (struct list *p = c->jobs.next; p != &c->jobs; p = p->next) {
     const struct job *j = list_entry(p, struct job, link);
-    if (j->by == by && !j->finished) return false;
+    if ((by == ANY || j->by == by) && !j->finished) return false;
   }
   return true;
 }
 
 /* Wait, at most until the monotonic time end_us, for the jobs collected
- * by `by` to finish; true if they all did. */
+ * by `by` (ANY: all) to finish; true if they all did. */
 static bool jobs_wait(ctxrelease *c, enum job_collector by, uint64_t end_us) {
   struct timespec ts = {.tv_sec = (time_t)(end_us / 1000000),
                         .tv_nsec = (long)(end_us % 1000000) * 1000};
@@ -213,16 +222,27 @@ static void journal_write(ctxrelease *c) {
   char tmp[PATH_MAX + 8];
   snprintf(tmp, sizeof tmp, "%s.new", c->journal);
   FILE *f = NULL;
-  for (struct list *p = c->owners->next; p != c->owners; p = p->next) {
-    const struct owner *o = list_entry(p, struct owner, link);
-    if (!o->released) continue;
+  /* The released sessions' pids, then those whose release or restore is
+   * still in the driver (their sessions may have ended). */
+  struct list *p = c->owners->next, *q = c->jobs.next;
+  while (p != c->owners || q != &c->jobs) {
+    pid_t pid;
+    if (p != c->owners) {
+      const struct owner *o = list_entry(p, struct owner, link);
+      p = p->next;
+      if (!o->released) continue;
+      pid = o->pid;
+    } else {
+      pid = list_entry(q, struct job, link)->pid;
+      q = q->next;
+    }
     int fd = f ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (!f && (fd < 0 || !(f = fdopen(fd, "w")))) {
       log_error("context release: cannot write %s: %s", tmp, strerror(errno));
       if (fd >= 0) close(fd);
       return;
     }
-    fprintf(f, "%d %llu\n", (int)o->pid, start_time(o->pid));
+    fprintf(f, "%d %llu\n", (int)pid, start_time(pid)); /* a pid twice is restored once */
   }
   if (!f) {
     unlink(c->journal);
@@ -313,10 +333,14 @@ static void refusal(ctxrelease *c, pid_t pid, pid_t requester, char *why, size_t
   }
 }
 
-/* Whether owner o has a buffer sc covers. */
+/* Whether owner o has a buffer of a tag sc names, on its devices. */
 static bool covered(const struct owner *o, const struct scope *sc) {
-  for (struct list *p = o->buffers.next; p != &o->buffers; p = p->next)
-    if (scope_covers(sc, list_entry(p, struct buffer, owner_link))) return true;
+  for (struct list *p = o->buffers.next; p != &o->buffers; p = p->next) {
+    const struct buffer *b = list_entry(p, struct buffer, owner_link);
+    if (!scope_covers(sc, b)) continue; /* devices and sessions */
+    for (size_t t = 0; t < sc->ntags; t++)
+      if (strcmp(sc->tags[t], b->tag->name) == 0) return true;
+  }
   return false;
 }
 
@@ -337,7 +361,7 @@ enum verdict { RELEASE, REFUSAL, RESTORE };
  * (outcome_fail_releases); a restore's failure is the resume's to report.
  * Returns true if the job did it. */
 static bool note(struct outcome *o, const struct job *j, enum verdict v) {
-  bool done = !j->why[0];
+  bool done = j->rc == 0 && !j->why[0];
   struct outcome_release *r = outcome_add_release(o, j->pid);
   if (r) {
     r->released = v == RELEASE && done;
@@ -441,8 +465,7 @@ static void on_wake(uv_async_t *h) {
  * driver, which count as released until they return. */
 static void on_deadline(uv_timer_t *t) {
   ctxrelease *c = t->data;
-  on_wake(&c->wake);
-  if (!c->batch.active) return;
+  collect(c); /* what finished meanwhile counts; the batch ends once, below */
   for (struct list *p = c->jobs.next; p != &c->jobs; p = p->next) {
     struct job *j = list_entry(p, struct job, link), said;
     if (j->by != BY_BATCH) continue;
@@ -504,6 +527,7 @@ bool ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
   c->batch.o = o;
   c->batch.done = done;
   c->batch.arg = arg;
+  uv_update_time(c->timer.loop); /* the bound counts from now, not the turn's start */
   uv_timer_start(&c->timer, on_deadline, c->limit_ms, 0);
   journal_write(c);
   return true;
@@ -519,8 +543,8 @@ bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, st
     if (j && j->by == BY_WAITER) continue; /* another session of it */
     if (j)
       fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
-                "pid %d: the driver has not yet returned from its release; nothing resumed",
-                (int)pid);
+                "pid %d: the driver has not yet returned from an earlier release or restore "
+                "of it", (int)pid);
     else if (released_session(c, pid) && !job_start(c, pid, JOB_RESTORE, BY_WAITER))
       fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     else if (released_session(c, pid))
@@ -582,6 +606,9 @@ void ctxrelease_destroy(ctxrelease *c) {
   pthread_mutex_lock(&c->lock);
   c->closed = true; /* no more wake-ups */
   pthread_mutex_unlock(&c->lock);
+  /* What is still in the driver first (a release may yet hold its
+   * process), then the restores, each within the bound. */
+  jobs_wait(c, ANY, now_us() + (uint64_t)c->limit_ms * 1000);
   collect(c);
   for (struct list *p = c->owners->next; p != c->owners; p = p->next) {
     struct owner *o = list_entry(p, struct owner, link);
@@ -605,7 +632,7 @@ void ctxrelease_destroy(ctxrelease *c) {
     if (j->by == BY_WAITER) restore_done(c, j, "gpumemd is stopping");
     free(j);
   }
-  bool any = false;
+  bool any = !list_empty(&c->jobs); /* the journal names those still in the driver */
   for (struct list *q = c->owners->next; q != c->owners; q = q->next)
     any |= list_entry(q, struct owner, link)->released;
   if (!any && c->journal[0])
@@ -615,6 +642,9 @@ void ctxrelease_destroy(ctxrelease *c) {
   uv_close((uv_handle_t *)&c->wake, on_closed);
   uv_close((uv_handle_t *)&c->timer, on_closed);
 }
+
+/* Whether a release or restore of this process is still in the driver. */
+bool ctxrelease_in_driver(void) { return atomic_load(&in_driver) > 0; }
 
 /* Restore pid at the daemon's start, before the loop runs; false if it
  * failed. */

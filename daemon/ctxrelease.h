@@ -84,6 +84,10 @@ bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, st
  * if it was released and no other session of it still is. */
 void ctxrelease_forget(ctxrelease *c, struct owner *s);
 
+/* Whether a release or restore is still in the driver on a thread of its
+ * own (after ctxrelease_destroy: the backend must not be closed under it). */
+bool ctxrelease_in_driver(void);
+
 /* At the daemon's start: restore the processes the journal at
  * journal_path names that are still there and released (a daemon that
  * died left them so), then remove it. */

@@ -378,6 +378,7 @@ static void settle_unmapped(engine *e) {
   }
   free(bufs);
   free(held);
+  if (!e->current) registry_let_go(e->reg, false); /* late acks' copies: no context after */
 }
 
 /* The turn's end (or the loop about to wait while acks wait): settle

@@ -431,7 +431,10 @@ int main(int argc, char **argv) {
   if (notify_failed) status = 1;
   server_destroy(srv);
   uv_loop_close(&loop);
-  gpudev_close(g);
+  if (ctxrelease_in_driver()) /* a thread is in the driver: its backend stays */
+    log_error("a driver call has not returned: the backend is left open at exit");
+  else
+    gpudev_close(g);
   log_info("stopped");
   return status;
 }

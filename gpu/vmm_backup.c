@@ -267,7 +267,11 @@ void vmm_backup_host_only(void *state, unsigned dev, void *host) {
   (void)dev;
   if (!b) return;
   vmm_gate_begin(&x->gate);
-  if (b->device && host_device_access(x, b, host, b->span, false) == 0) b->device = false;
+  /* Pieces taken away before a failure are given back at the next copy. */
+  if (b->device) {
+    b->device = false;
+    host_device_access(x, b, host, b->span, false);
+  }
   vmm_gate_end(&x->gate);
 }
 

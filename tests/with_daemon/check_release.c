@@ -388,22 +388,25 @@ START_TEST(a_release_asked_of_a_resume_is_refused) {
 }
 END_TEST
 
-/* The vfork child of a held worker: it waits for a byte on *fd, then
- * ends. Until then its parent's thread waits for it uninterruptibly, where
- * no SIGSTOP takes it: the stand-in's release cannot stop the process.
- * Raw system calls only, on a stack of its own in its parent's memory. */
-__attribute__((no_sanitize("address", "thread"))) static int vfork_child(void *fd) {
-  char byte;
-  syscall(SYS_read, *(int *)fd, &byte, 1);
+/* The vfork child of a held worker: it says it runs with a byte on
+ * fds[1], waits for a byte on fds[0], then ends. Until then its parent's
+ * thread waits for it uninterruptibly, where no SIGSTOP takes it: the
+ * stand-in's release cannot stop the process. Raw system calls only, on
+ * a stack of its own in its parent's memory. */
+__attribute__((no_sanitize("address", "thread"))) static int vfork_child(void *arg) {
+  const int *fds = arg;
+  char byte = 1;
+  syscall(SYS_write, fds[1], &byte, 1);
+  syscall(SYS_read, fds[0], &byte, 1);
   syscall(SYS_exit, 0);
   return 0;
 }
 
 /* A worker on libgpumem (opted in, 4 MiB of kv) whose main thread then
- * waits for a vfork child that ends on a byte written to go[1], and
- * after that for a byte on end[0] before it exits 0. */
-static pid_t start_held_worker(int go[2], int end[2]) {
-  int ready[2];
+ * waits for a vfork child that says it runs on ready[0] and ends on a
+ * byte written to go[1]; after it, the worker waits for a byte on end[0]
+ * and exits 0. */
+static pid_t start_held_worker(int go[2], int end[2], int ready[2]) {
   ck_assert_int_eq(pipe(ready), 0);
   ck_assert_int_eq(pipe(go), 0);
   ck_assert_int_eq(pipe(end), 0);
@@ -416,18 +419,26 @@ static pid_t start_held_worker(int go[2], int end[2]) {
         gpumem_alloc(c, "kv", 0, 4 << 20, 0, &b))
       _exit(10);
     size_t size = 64 << 10;
-    char *stack = malloc(size), byte = 1;
-    if (!stack || write(ready[1], &byte, 1) != 1) _exit(11);
-    if (clone(vfork_child, stack + size, CLONE_VM | CLONE_VFORK | SIGCHLD, &go[0]) < 0) _exit(12);
+    char *stack = malloc(size), byte;
+    int fds[2] = {go[0], ready[1]};
+    if (!stack) _exit(11);
+    if (clone(vfork_child, stack + size, CLONE_VM | CLONE_VFORK | SIGCHLD, fds) < 0) _exit(12);
     if (read(end[0], &byte, 1) != 1) _exit(13);
     _exit(0);
   }
   track(kid);
   char byte;
-  ck_assert_int_eq(read(ready[0], &byte, 1), 1);
-  close(ready[0]);
-  close(ready[1]);
+  ck_assert_int_eq(read(ready[0], &byte, 1), 1); /* the vfork child runs */
   return kid;
+}
+
+/* Close the pipes of a held worker. */
+static void close_pipes(int go[2], int end[2], int ready[2]) {
+  for (int i = 0; i < 2; i++) {
+    close(go[i]);
+    close(end[i]);
+    close(ready[i]);
+  }
 }
 
 /* A controller's pause with release, on a thread of its own. */
@@ -460,8 +471,8 @@ START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
   char bound[32];
   snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
   daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
-  int go[2], end[2];
-  pid_t kid = start_held_worker(go, end);
+  int go[2], end[2], ready[2];
+  pid_t kid = start_held_worker(go, end, ready);
   gpumem_client *c = controller(), *other = controller();
   wait_sessions(c, 3);
   struct pausing p = {.c = c, .lock = PTHREAD_MUTEX_INITIALIZER};
@@ -491,7 +502,7 @@ START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
   struct gpumem_op_report *r;
   ck_assert_int_eq(resume_all(other, &r), GPUMEM_E_NOT_RELEASED);
   gpumem_op_report_free(r);
-  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "has not yet returned from its release"));
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "has not yet returned from an earlier release"));
   /* The vfork child ends: the stop takes, and the release returns. */
   char byte = 1;
   ck_assert_int_eq(write(go[1], &byte, 1), 1);
@@ -513,11 +524,49 @@ START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
   int st;
   ck_assert_int_eq(waitpid(kid, &st, 0), kid);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
-  for (int i = 0; i < 2; i++) {
-    close(go[i]);
-    close(end[i]);
-  }
+  close_pipes(go, end, ready);
   gpumem_disconnect(other);
+  gpumem_disconnect(c);
+}
+END_TEST
+
+/* A daemon that stops while a release is still in the driver waits at
+ * most the bound for it, keeps the worker in the journal and leaves the
+ * backend open; when the release returns the worker is stopped, and the
+ * daemon that follows on the socket restores it. */
+START_TEST(a_release_in_the_driver_when_the_daemon_stops_is_restored_after) {
+  char bound[32];
+  snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
+  daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
+  int go[2], end[2], ready[2];
+  pid_t kid = start_held_worker(go, end, ready);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), GPUMEM_E_NOT_RELEASED);
+  gpumem_op_report_free(r);
+  gpumem_disconnect(c);
+  int st;
+  kill(d.pid, SIGTERM);
+  ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid);
+  d.pid = 0;
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ck_assert(journal_names(kid));
+  ck_assert_int_eq(daemon_log_count(&d, "kept for the next gpumemd"), 1);
+  ck_assert_int_eq(daemon_log_count(&d, "the backend is left open at exit"), 1);
+  char byte = 1;
+  ck_assert_int_eq(write(go[1], &byte, 1), 1); /* the vfork child ends: the stop takes */
+  double until = now_ms() + harness_patience_ms(2000);
+  while (proc_state(kid) != 'T' && now_ms() < until) sched_yield();
+  ck_assert_int_eq(proc_state(kid), 'T');
+  d.pid = daemon_spawn(d.socket, d.log, NULL);
+  ck_assert(daemon_wait_ready(&d));
+  c = controller(); /* answered: the restore came first */
+  ck_assert_int_ne(proc_state(kid), 'T');
+  ck_assert_int_eq(daemon_log_count(&d, "restored (released by a gpumemd that stopped)"), 1);
+  ck_assert_int_eq(write(end[1], &byte, 1), 1);
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+  close_pipes(go, end, ready);
   gpumem_disconnect(c);
 }
 END_TEST
@@ -532,5 +581,6 @@ int main(void) {
                      a_daemon_that_dies_is_followed_by_one_that_restores,
                      a_release_asked_of_a_resume_is_refused, a_failed_pause_releases_nothing,
                      a_release_of_the_process_that_asked_is_refused_here,
-                     a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept);
+                     a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept,
+                     a_release_in_the_driver_when_the_daemon_stops_is_restored_after);
 }
