@@ -263,6 +263,13 @@ START_TEST(a_released_worker_that_dies_is_forgotten) {
   pid_t gone = w.pid;
   ck_assert_int_eq(worker_stop(&w, SIGKILL), 128 + SIGKILL);
   wait_sessions(c, 2); /* other and the controller */
+  /* A restore its session's end started may still be running: bounded. */
+  double until = now_ms() + harness_patience_ms(2000);
+  while (journal_names(gone) && now_ms() < until) {
+    struct gpumem_status *s;
+    ck_assert_int_eq(gpumem_status(c, &s), 0);
+    gpumem_status_free(s);
+  }
   ck_assert(!journal_names(gone));
   ck_assert_int_eq(resume_all(c, &r), 0);
   ck_assert_uint_eq(r->buffers, 1);
@@ -571,6 +578,32 @@ START_TEST(a_release_in_the_driver_when_the_daemon_stops_is_restored_after) {
 }
 END_TEST
 
+/* A pause releases the workers of the tags it pauses only: one of
+ * another tag on the same device runs on, and is not asked about. */
+START_TEST(a_release_covers_the_workers_of_the_tags_paused) {
+  daemon_start(&d, NULL);
+  struct worker kv, other;
+  start_worker(&kv, true);
+  setenv("GPUMEM_RELEASE_CONTEXT", "1", 1);
+  worker_start(&other, &d, "--tag", "other", "--size", "8M", NULL);
+  unsetenv("GPUMEM_RELEASE_CONTEXT");
+  track(other.pid);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), 0);
+  ck_assert_uint_eq(r->nreleases, 1);
+  ck_assert_uint_eq(r->releases[0]->pid, (uint32_t)kv.pid);
+  gpumem_op_report_free(r);
+  ck_assert_int_eq(proc_state(kv.pid), 'T');
+  ck_assert_int_ne(proc_state(other.pid), 'T');
+  ck_assert_int_eq(resume_all(c, &r), 0);
+  gpumem_op_report_free(r);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&kv, SIGTERM), 0);
+  ck_assert_int_eq(worker_stop(&other, SIGTERM), 0);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("release", 30, harness_fd_setup, teardown,
                      a_released_worker_stops_and_comes_back,
@@ -582,5 +615,6 @@ int main(void) {
                      a_release_asked_of_a_resume_is_refused, a_failed_pause_releases_nothing,
                      a_release_of_the_process_that_asked_is_refused_here,
                      a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept,
-                     a_release_in_the_driver_when_the_daemon_stops_is_restored_after);
+                     a_release_in_the_driver_when_the_daemon_stops_is_restored_after,
+                     a_release_covers_the_workers_of_the_tags_paused);
 }
