@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -395,25 +396,49 @@ START_TEST(a_release_asked_of_a_resume_is_refused) {
 }
 END_TEST
 
-/* The vfork child of a held worker: it says it runs with a byte on
- * fds[1], waits for a byte on fds[0], then ends. Until then its parent's
- * thread waits for it uninterruptibly, where no SIGSTOP takes it: the
- * stand-in's release cannot stop the process. Raw system calls only, on
- * a stack of its own in its parent's memory. */
+/* What the vfork child of a held worker does: it says it runs (a byte on
+ * ready), waits for a byte on go; with a socket (not -1), it shuts it
+ * down (its parent's session ends), says so, and waits for another. */
+struct held {
+  int go, ready, socket;
+};
+
+/* The vfork child of a held worker (struct held), then it ends. Until
+ * then its parent's thread waits for it uninterruptibly, where no SIGSTOP
+ * takes it: the stand-in's release cannot stop the process. Raw system
+ * calls only, on a stack of its own in its parent's memory. */
 __attribute__((no_sanitize("address", "thread"))) static int vfork_child(void *arg) {
-  const int *fds = arg;
+  const struct held *h = arg;
   char byte = 1;
-  syscall(SYS_write, fds[1], &byte, 1);
-  syscall(SYS_read, fds[0], &byte, 1);
+  syscall(SYS_write, h->ready, &byte, 1);
+  syscall(SYS_read, h->go, &byte, 1);
+  if (h->socket >= 0) {
+    syscall(SYS_shutdown, h->socket, SHUT_RDWR);
+    syscall(SYS_write, h->ready, &byte, 1);
+    syscall(SYS_read, h->go, &byte, 1);
+  }
   syscall(SYS_exit, 0);
   return 0;
 }
 
+/* The last socket among this process's fds, or -1. */
+static int last_socket(void) {
+  int found = -1;
+  for (int fd = 3; fd < 1024; fd++) {
+    char p[64], to[64];
+    snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+    ssize_t len = readlink(p, to, sizeof to - 1);
+    if (len > 0 && (to[len] = '\0', strncmp(to, "socket:", 7) == 0)) found = fd;
+  }
+  return found;
+}
+
 /* A worker on libgpumem (opted in, 4 MiB of kv) whose main thread then
- * waits for a vfork child that says it runs on ready[0] and ends on a
- * byte written to go[1]; after it, the worker waits for a byte on end[0]
- * and exits 0. */
-static pid_t start_held_worker(int go[2], int end[2], int ready[2]) {
+ * waits for a vfork child (struct held) told through go[1], heard on
+ * ready[0]; with end_session the child shuts the worker's connection
+ * down when told. After the child, the worker waits for a byte on
+ * end[0] and exits 0. */
+static pid_t start_held_worker(int go[2], int end[2], int ready[2], bool end_session) {
   ck_assert_int_eq(pipe(ready), 0);
   ck_assert_int_eq(pipe(go), 0);
   ck_assert_int_eq(pipe(end), 0);
@@ -427,9 +452,9 @@ static pid_t start_held_worker(int go[2], int end[2], int ready[2]) {
       _exit(10);
     size_t size = 64 << 10;
     char *stack = malloc(size), byte;
-    int fds[2] = {go[0], ready[1]};
-    if (!stack) _exit(11);
-    if (clone(vfork_child, stack + size, CLONE_VM | CLONE_VFORK | SIGCHLD, fds) < 0) _exit(12);
+    struct held h = {.go = go[0], .ready = ready[1], .socket = end_session ? last_socket() : -1};
+    if (!stack || (end_session && h.socket < 0)) _exit(11);
+    if (clone(vfork_child, stack + size, CLONE_VM | CLONE_VFORK | SIGCHLD, &h) < 0) _exit(12);
     if (read(end[0], &byte, 1) != 1) _exit(13);
     _exit(0);
   }
@@ -479,7 +504,7 @@ START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
   snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
   daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
   int go[2], end[2], ready[2];
-  pid_t kid = start_held_worker(go, end, ready);
+  pid_t kid = start_held_worker(go, end, ready, false);
   gpumem_client *c = controller(), *other = controller();
   wait_sessions(c, 3);
   struct pausing p = {.c = c, .lock = PTHREAD_MUTEX_INITIALIZER};
@@ -546,7 +571,7 @@ START_TEST(a_release_in_the_driver_when_the_daemon_stops_is_restored_after) {
   snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
   daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
   int go[2], end[2], ready[2];
-  pid_t kid = start_held_worker(go, end, ready);
+  pid_t kid = start_held_worker(go, end, ready, false);
   gpumem_client *c = controller();
   struct gpumem_op_report *r;
   ck_assert_int_eq(pause_releasing(c, "kv", &r), GPUMEM_E_NOT_RELEASED);
@@ -604,6 +629,44 @@ START_TEST(a_release_covers_the_workers_of_the_tags_paused) {
 }
 END_TEST
 
+/* A worker whose session ends while its release is still in the driver
+ * stays in the journal; when the release returns, the daemon restores it
+ * (nobody is left to resume it) and the journal lets it go. */
+START_TEST(a_release_in_the_driver_when_its_session_ends_is_restored_when_it_returns) {
+  char bound[32];
+  snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
+  daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
+  int go[2], end[2], ready[2];
+  pid_t kid = start_held_worker(go, end, ready, true);
+  gpumem_client *c = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), GPUMEM_E_NOT_RELEASED);
+  gpumem_op_report_free(r);
+  char byte = 1;
+  ck_assert_int_eq(write(go[1], &byte, 1), 1); /* the session ends */
+  ck_assert_int_eq(read(ready[0], &byte, 1), 1);
+  wait_sessions(c, 1);
+  ck_assert(journal_names(kid));
+  ck_assert_int_eq(write(go[1], &byte, 1), 1); /* the release returns */
+  double until = now_ms() + harness_patience_ms(2000);
+  while ((journal_names(kid) || daemon_log_count(&d, "its last session ended") < 1) &&
+         now_ms() < until) {
+    struct gpumem_status *s; /* a round trip: the daemon's loop has turned */
+    ck_assert_int_eq(gpumem_status(c, &s), 0);
+    gpumem_status_free(s);
+  }
+  ck_assert(!journal_names(kid));
+  ck_assert_int_eq(daemon_log_count(&d, "device state restored (its last session ended)"), 1);
+  ck_assert_int_ne(proc_state(kid), 'T');
+  ck_assert_int_eq(write(end[1], &byte, 1), 1);
+  int st;
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+  close_pipes(go, end, ready);
+  gpumem_disconnect(c);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("release", 30, harness_fd_setup, teardown,
                      a_released_worker_stops_and_comes_back,
@@ -616,5 +679,6 @@ int main(void) {
                      a_release_of_the_process_that_asked_is_refused_here,
                      a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept,
                      a_release_in_the_driver_when_the_daemon_stops_is_restored_after,
-                     a_release_covers_the_workers_of_the_tags_paused);
+                     a_release_covers_the_workers_of_the_tags_paused,
+                     a_release_in_the_driver_when_its_session_ends_is_restored_when_it_returns);
 }
