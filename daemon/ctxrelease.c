@@ -26,8 +26,8 @@ enum job_kind {
 
 /* Who collects a job that finished. */
 enum job_collector {
-  BY_BATCH,  /* the pause it belongs to (at the loop's next turn) */
-  BY_WAITER, /* the resume waiting for it on the loop's thread */
+  BY_BATCH,  /* the pause or resume it belongs to (at the loop's next turn) */
+  BY_WAITER, /* the daemon's stop, waiting for it on the loop's thread */
   LATE,      /* nobody waits: its result is applied when it comes */
 };
 
@@ -59,10 +59,11 @@ struct ctxrelease {
   uv_async_t wake;      /* a job finished */
   uv_timer_t timer;     /* the pause's bound on its releases */
   int open_handles;
-  struct {              /* the pause whose releases run */
+  struct {              /* the pause whose releases (or resume whose restores) run */
     bool active;
     size_t left;
     struct outcome *o;
+    struct fault *f; /* a resume's: its first failed restore */
     ctxrelease_done done;
     void *arg;
   } batch;
@@ -424,6 +425,16 @@ static void batch_end(ctxrelease *c) {
   c->batch.done(c->batch.arg);
 }
 
+/* Note a resume's restore of j in its outcome; its first failure is the
+ * resume's. */
+static void restore_noted(ctxrelease *c, const struct job *j) {
+  if (note(c->batch.o, j, RESTORE))
+    restore_done(c, j, "its resume");
+  else if (!c->batch.f->code)
+    fault_set(c->batch.f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+              "pid %d: device state not restored: %s", (int)j->pid, j->why);
+}
+
 /* Collect the jobs that finished and apply their results; with no batch
  * (the daemon stops), a release is only marked, for the stop to restore. */
 static bool collect(ctxrelease *c) {
@@ -433,7 +444,10 @@ static bool collect(ctxrelease *c) {
     struct job *j = list_entry(p, struct job, link);
     if (j->by == BY_WAITER || !job_finished(c, j)) continue;
     list_remove(&j->link);
-    if (j->by == BY_BATCH && c->batch.active) {
+    if (j->by == BY_BATCH && c->batch.active && j->kind == JOB_RESTORE) {
+      restore_noted(c, j);
+      c->batch.left--;
+    } else if (j->by == BY_BATCH && c->batch.active) {
       note(c->batch.o, j, j->rc == -ENOTSUP ? REFUSAL : RELEASE);
       release_done(c, j, false);
       c->batch.left--;
@@ -469,11 +483,29 @@ static void on_deadline(uv_timer_t *t) {
   for (struct list *p = c->jobs.next; p != &c->jobs; p = p->next) {
     struct job *j = list_entry(p, struct job, link), said;
     if (j->by != BY_BATCH) continue;
+    bool restore = j->kind == JOB_RESTORE;
     job_timed_out(c, j, &said);
-    note(c->batch.o, &said, RELEASE);
+    note(c->batch.o, &said, restore ? RESTORE : RELEASE);
+    if (restore && !c->batch.f->code)
+      fault_set(c->batch.f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "%s", said.why);
     log_error("pid %d: %s", (int)j->pid, said.why);
   }
   batch_end(c);
+}
+
+/* The operation whose n jobs were just started waits for them (done),
+ * at most the bound from now. */
+static void batch_start(ctxrelease *c, size_t n, struct outcome *o, struct fault *f,
+                        ctxrelease_done done, void *arg) {
+  c->batch.active = true;
+  c->batch.left = n;
+  c->batch.o = o;
+  c->batch.f = f;
+  c->batch.done = done;
+  c->batch.arg = arg;
+  uv_update_time(c->timer.loop); /* the bound counts from now, not the turn's start */
+  uv_timer_start(&c->timer, on_deadline, c->limit_ms, 0);
+  journal_write(c);
 }
 
 /* Start releasing the covered worker processes that may be released. */
@@ -522,55 +554,31 @@ bool ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
   }
   free(pids);
   if (!started) return false;
-  c->batch.active = true;
-  c->batch.left = started;
-  c->batch.o = o;
-  c->batch.done = done;
-  c->batch.arg = arg;
-  uv_update_time(c->timer.loop); /* the bound counts from now, not the turn's start */
-  uv_timer_start(&c->timer, on_deadline, c->limit_ms, 0);
-  journal_write(c);
+  batch_start(c, started, o, NULL, done, arg);
   return true;
 }
 
-/* Restore the released owners of groups, waiting for the driver (at most
- * the bound) on the loop's thread. */
-bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, struct fault *f) {
+/* Start restoring the released owners of groups. */
+bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, struct fault *f,
+                       struct fault *later, ctxrelease_done done, void *arg) {
   size_t n = 0;
   for (struct list *p = groups->next; p != groups && !f->code; p = p->next) {
     pid_t pid = list_entry(p, struct group, link)->s->pid;
     struct job *j = inflight(c, pid);
-    if (j && j->by == BY_WAITER) continue; /* another session of it */
+    if (j && j->by == BY_BATCH && j->kind == JOB_RESTORE) continue; /* another session of it */
     if (j)
       fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
                 "pid %d: the driver has not yet returned from an earlier release or restore "
                 "of it", (int)pid);
-    else if (released_session(c, pid) && !job_start(c, pid, JOB_RESTORE, BY_WAITER))
+    else if (released_session(c, pid) && !job_start(c, pid, JOB_RESTORE, BY_BATCH))
       fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     else if (released_session(c, pid))
       n++;
   }
-  if (n) jobs_wait(c, BY_WAITER, now_us() + (uint64_t)c->limit_ms * 1000);
-  struct list *p, *x;
-  list_for_each_safe(p, x, &c->jobs) {
-    struct job *j = list_entry(p, struct job, link), said;
-    if (j->by != BY_WAITER) continue;
-    if (!job_finished(c, j)) {
-      job_timed_out(c, j, &said);
-      note(o, &said, RESTORE);
-      if (!f->code) fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "%s", said.why);
-      continue;
-    }
-    list_remove(&j->link);
-    if (note(o, j, RESTORE))
-      restore_done(c, j, "its resume");
-    else if (!f->code)
-      fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d: device state not restored: %s",
-                (int)j->pid, j->why);
-    free(j);
-  }
-  if (n) journal_write(c);
-  return !f->code;
+  if (!n) return false;
+  *later = (struct fault){0};
+  batch_start(c, n, o, later, done, arg); /* also where f is set: the started ones end */
+  return true;
 }
 
 /* Whether a process is released, or its release is under way. */

@@ -14,10 +14,11 @@
  * (gpudev_process_release: the driver's checkpoint, checked against the
  * driver's process list) on a thread of its own, in parallel across
  * processes, while the loop serves on; one that does not release fails
- * the pause (NOT_RELEASED). The driver's calls are bounded: a pause
- * answers at most --release-timeout after its releases began, and one
- * still in the driver then fails it and counts as released until it
- * returns (a driver that never returns holds only that process).
+ * the pause (NOT_RELEASED). A resume's restores run the same way. The
+ * driver's calls are bounded: an operation goes on at most
+ * --release-timeout after its releases or restores began, and one still
+ * in the driver then fails it (a release counts as released until it
+ * returns: a driver that never returns holds only that process).
  *
  * Nothing may stay held for ever: a released process whose last session
  * ends is restored; the daemon restores every released process when it
@@ -73,12 +74,16 @@ bool ctxrelease_pause(ctxrelease *c, const struct scope *sc, pid_t requester,
  * is still in the driver. */
 bool ctxrelease_holds(ctxrelease *c, pid_t pid);
 
-/* Before a resume sends its remaps: restore each released process among
- * the owners of groups (struct group.link), into o, waiting for the
- * driver (at most the bound). False, with f set, when one could not be
- * restored, or one's release is still in the driver (the resume then
- * sends nothing). */
-bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, struct fault *f);
+/* Before a resume sends its remaps: start restoring each released
+ * process among the owners of groups (struct group.link), into o. Returns
+ * true when restores run: done(arg) is called once they have all ended,
+ * or the bound passed, with later (the caller's, living until then) set
+ * to the first that failed. f is set at once where one cannot start (a
+ * release or restore of it still in the driver, no memory): the resume
+ * then sends nothing, once any started restores ended (true) or at once
+ * (false). */
+bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, struct fault *f,
+                       struct fault *later, ctxrelease_done done, void *arg);
 
 /* Session s has ended (it has left the owners list): restore its process
  * if it was released and no other session of it still is. */

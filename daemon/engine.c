@@ -79,6 +79,14 @@ struct op {
   /* A pause's step once its owners answered: its releases (ctxrelease.h),
    * then the wait for its owners that ended (exitwait.h). */
   enum { EXITS_UNASKED, EXITS_RELEASING, EXITS_RELEASED, EXITS_WAITING, EXITS_DONE } exits;
+  /* A resume whose released owners are being restored (ctxrelease.h)
+   * before its remaps: its buffers by id (a session may end meanwhile),
+   * the memory it made for them, and the restores' first failure. */
+  bool restoring;
+  uint64_t *restore_ids;
+  bool *restore_made;
+  size_t nrestore;
+  struct fault restore_fault;
   struct outcome outcome;     /* what it did and could not do, its failure */
 };
 
@@ -148,6 +156,8 @@ static void op_free(engine *e, struct op *op) {
   scope_free(&op->scope);
   outcome_free(&op->outcome);
   free(op->dev);
+  free(op->restore_ids);
+  free(op->restore_made);
   free(op);
 }
 
@@ -543,6 +553,28 @@ static bool collect_paused(engine *e, struct op *op, struct buffer ***out, size_
   return true;
 }
 
+/* A resume's last step before its owners: with no failure f, send each
+ * group its remaps; else (nothing was sent) free the groups, put the
+ * buffers back to PAUSED and release the memory it made. */
+static void remap_or_undo(engine *e, struct op *op, struct buffer **bufs, const bool *made,
+                          size_t n, const struct fault *f) {
+  struct list *p, *x;
+  if (!f->code) {
+    list_for_each_safe(p, x, &op->groups) send_remap(e, list_entry(p, struct group, link));
+    return;
+  }
+  list_for_each_safe(p, x, &op->groups) group_free(list_entry(p, struct group, link), e->events);
+  op->pending = 0;
+  for (size_t i = 0; i < n; i++)
+    if (bufs[i]->state == BUF_RESUMING) registry_move(e->reg, bufs[i], BUF_EV_ROLL_BACK);
+  resume_memory_undo(e->reg, bufs, made, n);
+  op->outcome.backup_bytes = 0;
+  fail(op, f->code, "%s; nothing resumed", f->text);
+}
+
+static void on_restored(void *arg);
+static void on_timeout(uv_timer_t *t);
+
 /* Resume: memory, contents and fds for every selected buffer, or none. */
 static void start_resume(engine *e, struct op *op) {
   size_t n = 0;
@@ -577,22 +609,48 @@ static void start_resume(engine *e, struct op *op) {
     if (f.code) break;
     group_export(list_entry(p, struct group, link), e->reg, &f);
   }
-  if (!f.code) ctxrelease_resume(e->ctx, &op->groups, &op->outcome, &f); /* before any remap */
-  if (f.code) {
-    /* Nothing was sent: free the groups and what was made. */
-    list_for_each_safe(p, x, &op->groups) group_free(list_entry(p, struct group, link), e->events);
-    op->pending = 0;
-    resume_memory_undo(e->reg, bufs, made, n);
-    op->outcome.backup_bytes = 0;
-    fail(op, f.code, "%s; nothing resumed", f.text);
+  /* RESUMING from here: no owner frees them while its restores run. */
+  for (size_t i = 0; i < n && !f.code; i++) registry_move(e->reg, bufs[i], BUF_EV_RESUME);
+  if (!f.code && !(op->restore_ids = calloc(n + 1, sizeof *op->restore_ids)))
+    fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  if (!f.code && ctxrelease_resume(e->ctx, &op->groups, &op->outcome, &f, &op->restore_fault,
+                                   on_restored, e)) { /* the remaps wait for the restores */
+    if (f.code) op->restore_fault = f;
+    for (size_t i = 0; i < n; i++) op->restore_ids[i] = bufs[i]->id;
+    op->restore_made = made;
+    op->nrestore = n;
+    op->restoring = true;
+    made = NULL;
     goto out;
   }
-  for (size_t i = 0; i < n; i++) registry_move(e->reg, bufs[i], BUF_EV_RESUME);
-  list_for_each_safe(p, x, &op->groups) send_remap(e, list_entry(p, struct group, link));
+  remap_or_undo(e, op, bufs, made, n, &f);
 out:
   idmap_destroy(by_session);
   free(bufs);
   free(made);
+}
+
+/* The resume's restores have ended: remap, or undo on their failure, the
+ * buffers still there. */
+static void on_restored(void *arg) {
+  engine *e = arg;
+  struct op *op = e->current;
+  op->restoring = false;
+  struct buffer **bufs = calloc(op->nrestore + 1, sizeof *bufs);
+  size_t n = 0;
+  for (size_t i = 0; bufs && i < op->nrestore; i++) {
+    struct buffer *b = registry_find(e->reg, op->restore_ids[i]);
+    if (!b) continue; /* its session ended meanwhile: freed with it */
+    op->restore_made[n] = op->restore_made[i];
+    bufs[n++] = b;
+  }
+  if (!bufs) fault_set(&op->restore_fault, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  remap_or_undo(e, op, bufs, op->restore_made, n, &op->restore_fault);
+  free(bufs);
+  op->t_sent = uv_hrtime();
+  uv_update_time(e->loop);
+  if (op->pending) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
+  check_done(e);
 }
 
 /* A resume that every owner acknowledged: its buffers are ACTIVE and its
@@ -716,7 +774,7 @@ static void on_exits_gone(void *arg) {
  * its owners that ended to leave the driver (exitwait.h). */
 static void check_done(engine *e) {
   struct op *op = e->current;
-  if (e->busy || !op || op->pending || op->exits == EXITS_WAITING ||
+  if (e->busy || !op || op->restoring || op->pending || op->exits == EXITS_WAITING ||
       op->exits == EXITS_RELEASING)
     return;
   if (op->resume && !op->rolling_back) {
@@ -809,7 +867,7 @@ static void run_queue(engine *e) {
      * events went out may have taken a while since the loop last looked
      * at the clock. */
     uv_update_time(e->loop);
-    if (op->pending) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
+    if (op->pending && !op->restoring) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
     check_done(e);
   }
 }

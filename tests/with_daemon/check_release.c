@@ -421,18 +421,6 @@ __attribute__((no_sanitize("address", "thread"))) static int vfork_child(void *a
   return 0;
 }
 
-/* The last socket among this process's fds, or -1. */
-static int last_socket(void) {
-  int found = -1;
-  for (int fd = 3; fd < 1024; fd++) {
-    char p[64], to[64];
-    snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
-    ssize_t len = readlink(p, to, sizeof to - 1);
-    if (len > 0 && (to[len] = '\0', strncmp(to, "socket:", 7) == 0)) found = fd;
-  }
-  return found;
-}
-
 /* A worker on libgpumem (opted in, 4 MiB of kv) whose main thread then
  * waits for a vfork child (struct held) told through go[1], heard on
  * ready[0]; with end_session the child shuts the worker's connection
@@ -447,12 +435,14 @@ static pid_t start_held_worker(int go[2], int end[2], int ready[2], bool end_ses
   if (kid == 0) {
     gpumem_client *c;
     gpumem_buffer *b;
-    if (gpumem_connect(d.socket, "held", GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_RELEASE_CONTEXT, &c) ||
+    /* A session that ends stays ended: no reconnection. */
+    unsigned flags = GPUMEM_CONNECT_RELEASE_CONTEXT | (end_session ? GPUMEM_CONNECT_NO_RECONNECT : 0);
+    if (gpumem_connect(d.socket, "held", GPUMEM_ROLE_WORKER, flags, &c) ||
         gpumem_alloc(c, "kv", 0, 4 << 20, 0, &b))
       _exit(10);
     size_t size = 64 << 10;
     char *stack = malloc(size), byte;
-    struct held h = {.go = go[0], .ready = ready[1], .socket = end_session ? last_socket() : -1};
+    struct held h = {.go = go[0], .ready = ready[1], .socket = end_session ? gpumem_fd(c) : -1};
     if (!stack || (end_session && h.socket < 0)) _exit(11);
     if (clone(vfork_child, stack + size, CLONE_VM | CLONE_VFORK | SIGCHLD, &h) < 0) _exit(12);
     if (read(end[0], &byte, 1) != 1) _exit(13);
