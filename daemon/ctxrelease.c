@@ -406,15 +406,20 @@ static void release_done(ctxrelease *c, const struct job *j, bool late) {
   }
 }
 
-/* Apply a finished restore of pid. */
+/* Apply a finished restore of pid; one that failed for a process the
+ * driver still holds and no session keeps released is tried again once
+ * (its sessions ended during it: no resume will come). */
 static void restore_done(ctxrelease *c, const struct job *j, const char *because) {
   if (j->rc == 0) {
     if (j->kind != JOB_FORGET) mark(c, j->pid, false, 0);
     log_info("pid %d: device state restored (%s) in %llu us", (int)j->pid, because,
              (unsigned long long)j->us);
-  } else {
-    log_error("pid %d: device state not restored (%s): %s", (int)j->pid, because, j->why);
+    return;
   }
+  log_error("pid %d: device state not restored (%s): %s", (int)j->pid, because, j->why);
+  if (j->kind != JOB_FORGET && !released_session(c, j->pid) &&
+      gpudev_process_released(c->gpu, j->pid) == 1)
+    forget_start(c, j->pid);
 }
 
 /* The pause's releases have all ended, or its bound passed. */
@@ -428,11 +433,10 @@ static void batch_end(ctxrelease *c) {
 /* Note a resume's restore of j in its outcome; its first failure is the
  * resume's. */
 static void restore_noted(ctxrelease *c, const struct job *j) {
-  if (note(c->batch.o, j, RESTORE))
-    restore_done(c, j, "its resume");
-  else if (!c->batch.f->code)
+  if (!note(c->batch.o, j, RESTORE) && !c->batch.f->code)
     fault_set(c->batch.f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
               "pid %d: device state not restored: %s", (int)j->pid, j->why);
+  restore_done(c, j, "its resume");
 }
 
 /* Collect the jobs that finished and apply their results; with no batch

@@ -85,6 +85,7 @@ struct op {
   bool restoring;
   uint64_t *restore_ids;
   bool *restore_made;
+  struct buffer **restore_bufs; /* room for them, found again after */
   size_t nrestore;
   struct fault restore_fault;
   struct outcome outcome;     /* what it did and could not do, its failure */
@@ -158,6 +159,7 @@ static void op_free(engine *e, struct op *op) {
   free(op->dev);
   free(op->restore_ids);
   free(op->restore_made);
+  free(op->restore_bufs);
   free(op);
 }
 
@@ -611,7 +613,8 @@ static void start_resume(engine *e, struct op *op) {
   }
   /* RESUMING from here: no owner frees them while its restores run. */
   for (size_t i = 0; i < n && !f.code; i++) registry_move(e->reg, bufs[i], BUF_EV_RESUME);
-  if (!f.code && !(op->restore_ids = calloc(n + 1, sizeof *op->restore_ids)))
+  if (!f.code && (!(op->restore_ids = calloc(n + 1, sizeof *op->restore_ids)) ||
+                  !(op->restore_bufs = calloc(n + 1, sizeof *op->restore_bufs))))
     fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   if (!f.code && ctxrelease_resume(e->ctx, &op->groups, &op->outcome, &f, &op->restore_fault,
                                    on_restored, e)) { /* the remaps wait for the restores */
@@ -635,18 +638,18 @@ out:
 static void on_restored(void *arg) {
   engine *e = arg;
   struct op *op = e->current;
-  op->restoring = false;
-  struct buffer **bufs = calloc(op->nrestore + 1, sizeof *bufs);
+  struct buffer **bufs = op->restore_bufs;
   size_t n = 0;
-  for (size_t i = 0; bufs && i < op->nrestore; i++) {
+  op->restoring = false;
+  for (size_t i = 0; i < op->nrestore; i++) {
     struct buffer *b = registry_find(e->reg, op->restore_ids[i]);
     if (!b) continue; /* its session ended meanwhile: freed with it */
     op->restore_made[n] = op->restore_made[i];
     bufs[n++] = b;
   }
-  if (!bufs) fault_set(&op->restore_fault, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  e->busy = true; /* nothing finishes the operation under the sends */
   remap_or_undo(e, op, bufs, op->restore_made, n, &op->restore_fault);
-  free(bufs);
+  e->busy = false;
   op->t_sent = uv_hrtime();
   uv_update_time(e->loop);
   if (op->pending) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
@@ -815,7 +818,7 @@ static void check_done(engine *e) {
 static void on_timeout(uv_timer_t *t) {
   engine *e = t->data;
   struct op *op = e->current;
-  if (!op) return;
+  if (!op || op->restoring) return; /* nothing sent yet: the timer starts after */
   settle_unmapped(e); /* acks read before the timer count as answers */
   bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
   struct timeout_tally tally = {0};
@@ -840,6 +843,7 @@ static void on_timeout(uv_timer_t *t) {
 /* Start queued operations until one has to wait for owners. */
 static void run_queue(engine *e) {
   struct op *op = e->current;
+  if (op && op->restoring) return; /* its remaps, and then its timer, come after */
   if (op && op->pending) {
     /* A rollback just started: wait for it as long again. */
     uv_update_time(e->loop);

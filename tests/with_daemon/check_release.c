@@ -6,12 +6,14 @@
  * the refusals, a worker that dies while released, and a daemon that stops
  * or dies while a worker is released. */
 #include <check.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -483,6 +485,39 @@ static void *pause_thread(void *arg) {
   return NULL;
 }
 
+/* A controller's pause of a tag nobody has, on a thread of its own. */
+static void *nope_thread(void *arg) {
+  struct pausing *p = arg;
+  const char *nope[] = {"nope"};
+  int rc = gpumem_pause(p->c, nope, 1, NULL, 0, NULL, &p->r);
+  pthread_mutex_lock(&p->lock);
+  p->rc = rc;
+  p->done = true;
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
+/* The owners' timeout of resume_thread's resume: short, as the stand-in's
+ * restore waits at most 1 s for the process (twice this must fit). */
+static unsigned short_timeout_ms(void) {
+  int ms = harness_patience_ms(40);
+  return ms < 400 ? (unsigned)ms : 400;
+}
+
+/* A controller's resume (owners' timeout short_timeout_ms), on a thread
+ * of its own. */
+static void *resume_thread(void *arg) {
+  struct pausing *p = arg;
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.timeout_ms = short_timeout_ms();
+  int rc = gpumem_resume(p->c, NULL, 0, NULL, 0, &o, &p->r);
+  pthread_mutex_lock(&p->lock);
+  p->rc = rc;
+  p->done = true;
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
 /* A release the driver takes longer over than --release-timeout (here a
  * worker the stand-in cannot stop) runs while the daemon serves others,
  * and fails the pause with NOT_RELEASED at the bound, saying so; the
@@ -657,6 +692,71 @@ START_TEST(a_release_in_the_driver_when_its_session_ends_is_restored_when_it_ret
 }
 END_TEST
 
+/* Another request that comes while a resume restores its released
+ * workers waits for it: the resume's owners get the whole timeout from
+ * their remaps, not from the request (it used to start their timer, and
+ * the resume failed with its buffers left RESUMING). The restore is held
+ * in the stand-in's "driver" by tracing the worker: a stopped tracee
+ * stays stopped after SIGCONT until its tracer lets go. */
+START_TEST(a_request_during_a_resumes_restores_waits_for_them) {
+  daemon_start(&d, NULL);
+  struct worker w;
+  start_worker(&w, true);
+  gpumem_client *c = controller(), *other = controller();
+  struct gpumem_op_report *r;
+  ck_assert_int_eq(pause_releasing(c, "kv", &r), 0);
+  gpumem_op_report_free(r);
+  ck_assert_int_eq(proc_state(w.pid), 'T');
+  if (ptrace(PTRACE_SEIZE, w.pid, 0, 0) != 0) { /* a machine that forbids tracing */
+    fprintf(stderr, "skipped: cannot trace the worker: %s\n", strerror(errno));
+    resume_all(c, &r);
+    gpumem_op_report_free(r);
+    gpumem_disconnect(other);
+    gpumem_disconnect(c);
+    return;
+  }
+  double until = now_ms() + harness_patience_ms(2000); /* traced: 't' */
+  while (proc_state(w.pid) != 't' && now_ms() < until) sched_yield();
+  ck_assert_int_eq(proc_state(w.pid), 't');
+  struct pausing p = {.c = c, .lock = PTHREAD_MUTEX_INITIALIZER};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, resume_thread, &p), 0);
+  bool restoring = false; /* the resume's buffers are RESUMING while it restores */
+  until = now_ms() + harness_patience_ms(2000);
+  while (!restoring && now_ms() < until) {
+    struct gpumem_status *s;
+    ck_assert_int_eq(gpumem_status(other, &s), 0);
+    for (size_t i = 0; i < s->ntags; i++)
+      restoring |= strcmp(s->tags[i]->name, "kv") == 0 && s->tags[i]->transit_buffers == 1;
+    gpumem_status_free(s);
+  }
+  ck_assert(restoring);
+  gpumem_client *third = controller(); /* its pause waits behind the resume */
+  struct pausing q = {.c = third, .lock = PTHREAD_MUTEX_INITIALIZER};
+  pthread_t t2;
+  ck_assert_int_eq(pthread_create(&t2, NULL, nope_thread, &q), 0);
+  /* Twice the resume's timeout passes, the loop turning. */
+  until = now_ms() + 2 * short_timeout_ms();
+  while (now_ms() < until) {
+    struct gpumem_status *s;
+    ck_assert_int_eq(gpumem_status(other, &s), 0);
+    gpumem_status_free(s);
+  }
+  ck_assert_int_eq(ptrace(PTRACE_DETACH, w.pid, 0, 0), 0);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_int_eq(pthread_join(t2, NULL), 0);
+  ck_assert_msg(p.rc == 0, "resume: %d %s", p.rc, p.r ? p.r->message : "");
+  ck_assert_int_eq(q.rc, GPUMEM_E_NOT_FOUND);
+  gpumem_op_report_free(p.r);
+  gpumem_op_report_free(q.r);
+  gpumem_disconnect(third);
+  ck_assert(worker_wait_for(&w, "verified buffer", 1, harness_patience_ms(2000)));
+  gpumem_disconnect(other);
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("release", 30, harness_fd_setup, teardown,
                      a_released_worker_stops_and_comes_back,
@@ -670,5 +770,6 @@ int main(void) {
                      a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept,
                      a_release_in_the_driver_when_the_daemon_stops_is_restored_after,
                      a_release_covers_the_workers_of_the_tags_paused,
-                     a_release_in_the_driver_when_its_session_ends_is_restored_when_it_returns);
+                     a_release_in_the_driver_when_its_session_ends_is_restored_when_it_returns,
+                     a_request_during_a_resumes_restores_waits_for_them);
 }
