@@ -29,6 +29,7 @@ enum job_collector {
   BY_BATCH,  /* the pause or resume it belongs to (at the loop's next turn) */
   BY_WAITER, /* the daemon's stop, waiting for it on the loop's thread */
   LATE,      /* nobody waits: its result is applied when it comes */
+  ANY,       /* (jobs_wait only: every job, whoever collects it) */
 };
 
 /* One process's release or restore, on a thread of its own. The thread
@@ -165,7 +166,6 @@ static bool job_finished(ctxrelease *c, struct job *j) {
 
 /* Whether every job collected by `by` (every job: ANY) has finished
  * (under the lock). */
-#define ANY ((enum job_collector)-1)
 static bool all_finished(ctxrelease *c, enum job_collector by) {
   for (struct list *p = c->jobs.next; p != &c->jobs; p = p->next) {
     const struct job *j = list_entry(p, struct job, link);
@@ -574,10 +574,12 @@ bool ctxrelease_resume(ctxrelease *c, struct list *groups, struct outcome *o, st
       fault_set(f, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
                 "pid %d: the driver has not yet returned from an earlier release or restore "
                 "of it", (int)pid);
-    else if (released_session(c, pid) && !job_start(c, pid, JOB_RESTORE, BY_BATCH))
-      fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-    else if (released_session(c, pid))
+    else if (!released_session(c, pid))
+      continue;
+    else if (job_start(c, pid, JOB_RESTORE, BY_BATCH))
       n++;
+    else
+      fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   }
   if (!n) return false;
   *later = (struct fault){0};

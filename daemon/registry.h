@@ -245,9 +245,10 @@ void registry_copy_totals(const registry *r, bool to_host, uint64_t *bytes, uint
  * copies. The next copy takes it again (120-160 ms on an H200). Where
  * the backups' host memory lives in the context (HIP's pinned memory),
  * the backend keeps it alive all the same. host_only (a pause that
- * released its workers, for a node that holds nothing): also free the
- * device's page tables for paused buffers' backups (32 MiB for 16 GiB on
- * an H200), which the next copy makes again (gpudev_backup_host_only). */
+ * released its workers, for a node that holds nothing): also take the
+ * device's access to paused buffers' backups away (32 MiB of device
+ * memory for 16 GiB on an H200, by NVML), which the next copy gives back
+ * (gpudev_backup_host_only). */
 void registry_let_go(registry *r, bool host_only);
 
 

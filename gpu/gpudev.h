@@ -189,9 +189,9 @@ int gpudev_backup_alloc(gpudev *g, unsigned dev, uint64_t size, void **host);
 void gpudev_backup_free(gpudev *g, unsigned dev, void *host, uint64_t size);
 
 /* Let only the host reach the backup at host (made by gpudev_backup_make
- * on dev) until the next copy through it: where the device's page tables
- * for it cost device memory (CUDA's host-NUMA backups, 2 MiB per GiB on
- * an H200), they are freed; the next copy makes them again. */
+ * on dev) until the next copy through it: where the device's access
+ * costs device memory (CUDA's host-NUMA backups, 2 MiB per GiB on an
+ * H200, by NVML), it is given back; the next copy lets the device in. */
 void gpudev_backup_host_only(gpudev *g, unsigned dev, void *host);
 
 /* Hold what backups on dev need (a device context on GPUs), counted;

@@ -59,9 +59,9 @@ struct vmm_dev_vendor {
    * granularity of such memory for dev (0: dev cannot have it), one made
    * (a handle, released with base->release, mapped with base->map, all
    * without a context), and read-write access to a mapped range for the
-   * host, and for dev too where device is true (the device's page tables
-   * for it cost 2 MiB of device memory per GiB on an H200: they are freed
-   * when a node is to hold nothing, gpudev_backup_host_only). Copies
+   * host, and for dev too where device is true (dev's access costs 2 MiB
+   * of device memory per GiB on an H200, by NVML: it is taken away when a
+   * node is to hold nothing, gpudev_backup_host_only). Copies
    * through it run as from pinned memory. */
   int (*host_granularity)(int dev, uint64_t *g);
   int (*host_create)(int dev, uint64_t size, uint64_t *handle);

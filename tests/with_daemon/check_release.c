@@ -103,6 +103,13 @@ static void wait_sessions(gpumem_client *c, size_t n) {
   ck_assert_uint_eq(now, n);
 }
 
+/* One status round trip: the daemon's loop has turned since. */
+static void round_trip(gpumem_client *c) {
+  struct gpumem_status *s;
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  gpumem_status_free(s);
+}
+
 /* The daemon's journal of released processes. */
 static bool journal_names(pid_t pid) {
   char path[160], line[64];
@@ -268,11 +275,7 @@ START_TEST(a_released_worker_that_dies_is_forgotten) {
   wait_sessions(c, 2); /* other and the controller */
   /* A restore its session's end started may still be running: bounded. */
   double until = now_ms() + harness_patience_ms(2000);
-  while (journal_names(gone) && now_ms() < until) {
-    struct gpumem_status *s;
-    ck_assert_int_eq(gpumem_status(c, &s), 0);
-    gpumem_status_free(s);
-  }
+  while (journal_names(gone) && now_ms() < until) round_trip(c);
   ck_assert(!journal_names(gone));
   ck_assert_int_eq(resume_all(c, &r), 0);
   ck_assert_uint_eq(r->buffers, 1);
@@ -465,57 +468,77 @@ static void close_pipes(int go[2], int end[2], int ready[2]) {
   }
 }
 
-/* A controller's pause with release, on a thread of its own. */
-struct pausing {
-  gpumem_client *c;
-  int rc;
-  struct gpumem_op_report *r;
-  bool done; /* under lock */
-  pthread_mutex_t lock;
-};
-
-/* Run the pause (thread). */
-static void *pause_thread(void *arg) {
-  struct pausing *p = arg;
-  int rc = pause_releasing(p->c, "kv", &p->r);
-  pthread_mutex_lock(&p->lock);
-  p->rc = rc;
-  p->done = true;
-  pthread_mutex_unlock(&p->lock);
-  return NULL;
-}
-
-/* A controller's pause of a tag nobody has, on a thread of its own. */
-static void *nope_thread(void *arg) {
-  struct pausing *p = arg;
-  const char *nope[] = {"nope"};
-  int rc = gpumem_pause(p->c, nope, 1, NULL, 0, NULL, &p->r);
-  pthread_mutex_lock(&p->lock);
-  p->rc = rc;
-  p->done = true;
-  pthread_mutex_unlock(&p->lock);
-  return NULL;
-}
-
-/* The owners' timeout of resume_thread's resume: short, as the stand-in's
+/* The owners' timeout of resume_short's resume: short, as the stand-in's
  * restore waits at most 1 s for the process (twice this must fit). */
 static unsigned short_timeout_ms(void) {
   int ms = harness_patience_ms(40);
   return ms < 400 ? (unsigned)ms : 400;
 }
 
-/* A controller's resume (owners' timeout short_timeout_ms), on a thread
- * of its own. */
-static void *resume_thread(void *arg) {
-  struct pausing *p = arg;
+/* A pause of kv asking for a release. */
+static int pause_kv_releasing(gpumem_client *c, struct gpumem_op_report **r) {
+  return pause_releasing(c, "kv", r);
+}
+
+/* A pause of a tag nobody has. */
+static int pause_nope(gpumem_client *c, struct gpumem_op_report **r) {
+  const char *nope[] = {"nope"};
+  return gpumem_pause(c, nope, 1, NULL, 0, NULL, r);
+}
+
+/* A resume of every tag, owners' timeout short_timeout_ms. */
+static int resume_short(gpumem_client *c, struct gpumem_op_report **r) {
   struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
   o.timeout_ms = short_timeout_ms();
-  int rc = gpumem_resume(p->c, NULL, 0, NULL, 0, &o, &p->r);
+  return gpumem_resume(c, NULL, 0, NULL, 0, &o, r);
+}
+
+/* A controller's operation (call) on a thread of its own. */
+struct pausing {
+  gpumem_client *c;
+  int (*call)(gpumem_client *c, struct gpumem_op_report **r);
+  int rc;
+  struct gpumem_op_report *r;
+  bool done; /* under lock */
+  pthread_mutex_t lock;
+  pthread_t thread;
+};
+
+/* Run the operation (thread). */
+static void *op_thread(void *arg) {
+  struct pausing *p = arg;
+  int rc = p->call(p->c, &p->r);
   pthread_mutex_lock(&p->lock);
   p->rc = rc;
   p->done = true;
   pthread_mutex_unlock(&p->lock);
   return NULL;
+}
+
+/* Start call by c on a thread, into p. */
+static void op_start(struct pausing *p, gpumem_client *c,
+                     int (*call)(gpumem_client *, struct gpumem_op_report **)) {
+  *p = (struct pausing){.c = c, .call = call, .lock = PTHREAD_MUTEX_INITIALIZER};
+  ck_assert_int_eq(pthread_create(&p->thread, NULL, op_thread, p), 0);
+}
+
+/* A daemon whose context releases wait up to 60 s for device calls and
+ * whose driver calls are bounded short (--release-timeout). */
+static void start_bounded_daemon(void) {
+  char bound[32];
+  snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
+  daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
+}
+
+/* Let a held worker past its vfork child's end exit, see it exit 0, and
+ * close its pipes. */
+static void finish_held_worker(pid_t kid, int go[2], int end[2], int ready[2]) {
+  char byte = 1;
+  int st;
+  ck_assert_int_eq(write(end[1], &byte, 1), 1);
+  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+  close_pipes(go, end, ready);
 }
 
 /* A release the driver takes longer over than --release-timeout (here a
@@ -525,16 +548,13 @@ static void *resume_thread(void *arg) {
  * in the driver, and once it returns, the worker is released and the
  * next resume restores it. */
 START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
-  char bound[32];
-  snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
-  daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
+  start_bounded_daemon();
   int go[2], end[2], ready[2];
   pid_t kid = start_held_worker(go, end, ready, false);
   gpumem_client *c = controller(), *other = controller();
   wait_sessions(c, 3);
-  struct pausing p = {.c = c, .lock = PTHREAD_MUTEX_INITIALIZER};
-  pthread_t t;
-  ck_assert_int_eq(pthread_create(&t, NULL, pause_thread, &p), 0);
+  struct pausing p;
+  op_start(&p, c, pause_kv_releasing);
   /* Served while the release runs: the status says the worker is held. */
   bool held = false;
   double until = now_ms() + harness_patience_ms(1000);
@@ -549,7 +569,7 @@ START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
   pthread_mutex_unlock(&p.lock);
   ck_assert(held);
   ck_assert(!answered);
-  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_int_eq(pthread_join(p.thread, NULL), 0);
   ck_assert_int_eq(p.rc, GPUMEM_E_NOT_RELEASED);
   ck_assert_uint_eq(p.r->nreleases, 1);
   ck_assert_int_eq(p.r->releases[0]->released, 0);
@@ -564,11 +584,8 @@ START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
   char byte = 1;
   ck_assert_int_eq(write(go[1], &byte, 1), 1);
   until = now_ms() + harness_patience_ms(3000);
-  while (daemon_log_count(&d, "released after its pause answered") < 1 && now_ms() < until) {
-    struct gpumem_status *s; /* a round trip: the daemon's loop has turned */
-    ck_assert_int_eq(gpumem_status(other, &s), 0);
-    gpumem_status_free(s);
-  }
+  while (daemon_log_count(&d, "released after its pause answered") < 1 && now_ms() < until)
+    round_trip(other);
   ck_assert_int_eq(daemon_log_count(&d, "released after its pause answered"), 1);
   ck_assert_int_eq(proc_state(kid), 'T');
   ck_assert(journal_names(kid));
@@ -577,11 +594,7 @@ START_TEST(a_release_that_outlasts_its_bound_fails_the_pause_and_is_kept) {
   ck_assert_str_eq(r->releases[0]->why, "");
   gpumem_op_report_free(r);
   ck_assert_int_ne(proc_state(kid), 'T');
-  ck_assert_int_eq(write(end[1], &byte, 1), 1);
-  int st;
-  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
-  close_pipes(go, end, ready);
+  finish_held_worker(kid, go, end, ready);
   gpumem_disconnect(other);
   gpumem_disconnect(c);
 }
@@ -592,9 +605,7 @@ END_TEST
  * backend open; when the release returns the worker is stopped, and the
  * daemon that follows on the socket restores it. */
 START_TEST(a_release_in_the_driver_when_the_daemon_stops_is_restored_after) {
-  char bound[32];
-  snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
-  daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
+  start_bounded_daemon();
   int go[2], end[2], ready[2];
   pid_t kid = start_held_worker(go, end, ready, false);
   gpumem_client *c = controller();
@@ -620,10 +631,7 @@ START_TEST(a_release_in_the_driver_when_the_daemon_stops_is_restored_after) {
   c = controller(); /* answered: the restore came first */
   ck_assert_int_ne(proc_state(kid), 'T');
   ck_assert_int_eq(daemon_log_count(&d, "restored (released by a gpumemd that stopped)"), 1);
-  ck_assert_int_eq(write(end[1], &byte, 1), 1);
-  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
-  close_pipes(go, end, ready);
+  finish_held_worker(kid, go, end, ready);
   gpumem_disconnect(c);
 }
 END_TEST
@@ -658,9 +666,7 @@ END_TEST
  * stays in the journal; when the release returns, the daemon restores it
  * (nobody is left to resume it) and the journal lets it go. */
 START_TEST(a_release_in_the_driver_when_its_session_ends_is_restored_when_it_returns) {
-  char bound[32];
-  snprintf(bound, sizeof bound, "%dms", harness_patience_ms(200));
-  daemon_start(&d, "--lock-timeout", "60s", "--release-timeout", bound, NULL);
+  start_bounded_daemon();
   int go[2], end[2], ready[2];
   pid_t kid = start_held_worker(go, end, ready, true);
   gpumem_client *c = controller();
@@ -675,19 +681,12 @@ START_TEST(a_release_in_the_driver_when_its_session_ends_is_restored_when_it_ret
   ck_assert_int_eq(write(go[1], &byte, 1), 1); /* the release returns */
   double until = now_ms() + harness_patience_ms(2000);
   while ((journal_names(kid) || daemon_log_count(&d, "its last session ended") < 1) &&
-         now_ms() < until) {
-    struct gpumem_status *s; /* a round trip: the daemon's loop has turned */
-    ck_assert_int_eq(gpumem_status(c, &s), 0);
-    gpumem_status_free(s);
-  }
+         now_ms() < until)
+    round_trip(c);
   ck_assert(!journal_names(kid));
   ck_assert_int_eq(daemon_log_count(&d, "device state restored (its last session ended)"), 1);
   ck_assert_int_ne(proc_state(kid), 'T');
-  ck_assert_int_eq(write(end[1], &byte, 1), 1);
-  int st;
-  ck_assert_int_eq(waitpid(kid, &st, 0), kid);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
-  close_pipes(go, end, ready);
+  finish_held_worker(kid, go, end, ready);
   gpumem_disconnect(c);
 }
 END_TEST
@@ -718,9 +717,8 @@ START_TEST(a_request_during_a_resumes_restores_waits_for_them) {
   double until = now_ms() + harness_patience_ms(2000); /* traced: 't' */
   while (proc_state(w.pid) != 't' && now_ms() < until) sched_yield();
   ck_assert_int_eq(proc_state(w.pid), 't');
-  struct pausing p = {.c = c, .lock = PTHREAD_MUTEX_INITIALIZER};
-  pthread_t t;
-  ck_assert_int_eq(pthread_create(&t, NULL, resume_thread, &p), 0);
+  struct pausing p, q;
+  op_start(&p, c, resume_short);
   bool restoring = false; /* the resume's buffers are RESUMING while it restores */
   until = now_ms() + harness_patience_ms(2000);
   while (!restoring && now_ms() < until) {
@@ -732,19 +730,13 @@ START_TEST(a_request_during_a_resumes_restores_waits_for_them) {
   }
   ck_assert(restoring);
   gpumem_client *third = controller(); /* its pause waits behind the resume */
-  struct pausing q = {.c = third, .lock = PTHREAD_MUTEX_INITIALIZER};
-  pthread_t t2;
-  ck_assert_int_eq(pthread_create(&t2, NULL, nope_thread, &q), 0);
+  op_start(&q, third, pause_nope);
   /* Twice the resume's timeout passes, the loop turning. */
   until = now_ms() + 2 * short_timeout_ms();
-  while (now_ms() < until) {
-    struct gpumem_status *s;
-    ck_assert_int_eq(gpumem_status(other, &s), 0);
-    gpumem_status_free(s);
-  }
+  while (now_ms() < until) round_trip(other);
   ck_assert_int_eq(ptrace(PTRACE_DETACH, w.pid, 0, 0), 0);
-  ck_assert_int_eq(pthread_join(t, NULL), 0);
-  ck_assert_int_eq(pthread_join(t2, NULL), 0);
+  ck_assert_int_eq(pthread_join(p.thread, NULL), 0);
+  ck_assert_int_eq(pthread_join(q.thread, NULL), 0);
   ck_assert_msg(p.rc == 0, "resume: %d %s", p.rc, p.r ? p.r->message : "");
   ck_assert_int_eq(q.rc, GPUMEM_E_NOT_FOUND);
   gpumem_op_report_free(p.r);
