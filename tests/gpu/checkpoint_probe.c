@@ -11,6 +11,9 @@
  *      the primary context itself (timed) and maps it too.
  *   F7 checkpoint/restore of a worker that maps imported host-NUMA memory;
  *   F8 the same with host-NUMA memory the worker created itself.
+ *   F9 the same after the worker copied 1 GiB into imported host-NUMA memory
+ *      (the owner's half of a backup, timed) and unmapped and released it;
+ *   F10 the same, unmapped but the imported handle kept.
  * Each fact runs in its own forked process group with a watchdog; processes
  * step each other along over socket pairs (no sleeps as synchronization).
  * Build and run on the GPU machine:
@@ -601,16 +604,25 @@ static void creator7(int s, long x) {
   get(s, 60000); /* holds the memory until the fact ends */
 }
 
-/* A worker mapping host-NUMA memory (pattern), imported from x or (x < 0)
- * created here, and 256 MiB of cuMemAlloc. */
+/* How a worker holds its host-NUMA memory when it is checkpointed. */
+enum hold { HOLD_OWN_MAPPED, HOLD_IMPORTED_MAPPED, HOLD_IMPORTED_RELEASED, HOLD_IMPORTED_KEPT };
+
+/* A worker with host-NUMA memory (pattern), imported from x or (x < 0)
+ * created here, and 1 GiB of cuMemAlloc; with HOLD_IMPORTED_RELEASED
+ * or HOLD_IMPORTED_KEPT it copies from device memory into the host-NUMA
+ * memory (timed: what an owner copying its own backup would pay), then
+ * unmaps it (and releases the handle: RELEASED). */
 static void worker7(int s, long x) {
+  enum hold how = (enum hold)(x >> 16);
+  int xs = (int)(x & 0xffff) == 0xffff ? -1 : (int)(x & 0xffff);
   ctx_up();
   CUmemGenericAllocationHandle h = 0;
   CUdeviceptr va = 0, d = 0;
   size_t n = 0;
   CUresult ri = CUDA_ERROR_UNKNOWN;
-  if (x >= 0) ri = import_fd((int)x, &h, &n);
+  if (xs >= 0) ri = import_fd(xs, &h, &n);
   else if ((h = host_create(-1, 0)) != 0) ri = CUDA_SUCCESS, n = host_n;
+  double t0 = now_ms();
   CUresult rm = ri;
   if (!ri) rm = cuMemAddressReserve(&va, n, 0, 0, 0);
   if (!rm) rm = cuMemMap(va, n, 0, h, 0);
@@ -619,25 +631,44 @@ static void worker7(int s, long x) {
   a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   CUresult ra = rm ? rm : cuMemSetAccess(va, n, &a, 1);
+  double t_map = now_ms() - t0;
   uint32_t *b = pattern(GiB, 0x7777u);
-  CUresult rf = ra ? ra : cuMemcpyHtoD(va, b, GiB);
-  if (!rf) rf = cuMemAlloc(&d, 256 * MiB);
-  if (!rf) rf = cuMemcpyHtoD(d, b, 256 * MiB);
+  CUresult rf = ra ? ra : cuMemAlloc(&d, GiB);
+  if (!rf) rf = cuMemcpyHtoD(d, b, GiB);
   free(b);
-  say("worker: %s %s, map %s, device access %s, fill 1 GiB host-NUMA + 256 MiB cuMemAlloc %s",
-      x >= 0 ? "import" : "own cuMemCreate", en(ri), en(rm), en(ra), en(rf));
+  if (!rf && how <= HOLD_IMPORTED_MAPPED) rf = cuMemcpyDtoD(va, d, GiB);
+  if (!rf && how >= HOLD_IMPORTED_RELEASED) {
+    cuCtxSynchronize();
+    t0 = now_ms();
+    rf = cuMemcpyDtoD(va, d, GiB);
+    cuCtxSynchronize();
+    double t_copy = now_ms() - t0;
+    t0 = now_ms();
+    CUresult ru = cuMemUnmap(va, n);
+    if (!ru) ru = cuMemAddressFree(va, n);
+    if (!ru && how == HOLD_IMPORTED_RELEASED) ru = cuMemRelease(h);
+    double t_unmap = now_ms() - t0;
+    say("worker: owner's copy of 1 GiB into imported host-NUMA memory: map+access %.1f ms, "
+        "copy %s %.1f ms (%.1f GiB/s), unmap%s %s %.1f ms", t_map, en(rf), t_copy, 1e3 / t_copy,
+        how == HOLD_IMPORTED_RELEASED ? "+release" : " (handle kept)", en(ru), t_unmap);
+    if (!rf) rf = ru;
+  }
+  say("worker: %s %s, map %s, device access %s, fill 1 GiB host-NUMA + 1 GiB cuMemAlloc %s%s",
+      xs >= 0 ? "import" : "own cuMemCreate", en(ri), en(rm), en(ra), en(rf),
+      how >= HOLD_IMPORTED_RELEASED ? " (host-NUMA no longer mapped)" : "");
   put(s, rf ? 'F' : 'R');
   if (get(s, 60000) != 'c') return;
-  check_pattern("worker host-NUMA", va, GiB, 0x7777u);
-  check_pattern("worker cuMemAlloc", d, 256 * MiB, 0x7777u);
+  if (how <= HOLD_IMPORTED_MAPPED) check_pattern("worker host-NUMA", va, GiB, 0x7777u);
+  check_pattern("worker cuMemAlloc", d, GiB, 0x7777u);
   put(s, 'C');
 }
 
-static void host_numa_checkpoint(int imported) {
+static void host_numa_checkpoint(enum hold how) {
   int x[2], cs = -1, ws;
+  int imported = how != HOLD_OWN_MAPPED;
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, x)) return;
   if (imported) child(&cs, creator7, x[0]);
-  pid_t w = child(&ws, worker7, imported ? x[1] : -1);
+  pid_t w = child(&ws, worker7, ((long)how << 16) | (imported ? x[1] : 0xffff));
   if ((imported && get(cs, 20000) != 'R') || get(ws, 20000) != 'R') { say("creator or worker not ready"); return; }
   cuInit(0);
   nv_init();
@@ -654,8 +685,10 @@ static void host_numa_checkpoint(int imported) {
   say("1 s later: device used %ld MiB", nv_used());
 }
 
-static void fact7(void) { host_numa_checkpoint(1); }
-static void fact8(void) { host_numa_checkpoint(0); }
+static void fact7(void) { host_numa_checkpoint(HOLD_IMPORTED_MAPPED); }
+static void fact8(void) { host_numa_checkpoint(HOLD_OWN_MAPPED); }
+static void fact9(void) { host_numa_checkpoint(HOLD_IMPORTED_RELEASED); }
+static void fact10(void) { host_numa_checkpoint(HOLD_IMPORTED_KEPT); }
 
 /* Run one fact in its own process group; kill the group after WATCHDOG_MS. */
 static void run_fact(const char *tag, void (*fn)(void), sigset_t *chld) {
@@ -688,13 +721,13 @@ static void run_fact(const char *tag, void (*fn)(void), sigset_t *chld) {
 int main(int argc, char **argv) {
   static struct { const char *tag; void (*fn)(void); } facts[] = {
       {"F1", fact1}, {"F2", fact2}, {"F3", fact3}, {"F4", fact4}, {"F5", fact5}, {"F6", fact6}, {"F7", fact7},
-      {"F8", fact8}};
+      {"F8", fact8}, {"F9", fact9}, {"F10", fact10}};
   int only = argc > 1 ? atoi(argv[1]) : 0;
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
   sigprocmask(SIG_BLOCK, &chld, NULL);
-  for (int i = 0; i < 8; i++)
+  for (int i = 0; i < (int)(sizeof facts / sizeof facts[0]); i++)
     if (!only || only == i + 1) run_fact(facts[i].tag, facts[i].fn, &chld);
   return 0;
 }

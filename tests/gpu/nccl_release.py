@@ -1,14 +1,15 @@
-"""Two PyTorch processes with an NCCL communicator between them, one GPU
-each (the two-H200 machine), and what context release does to them:
+"""PyTorch processes with an NCCL communicator between them, one GPU each
+(two ranks on the two-H200 machine; one rank alone where there is one
+GPU, a communicator of one), and what context release does to them:
 
 - facts: the NCCL version, whether it has ncclCommSuspend, what NVML and
   /proc show of each rank (its device files, the devices it is listed on);
 - driver: the checkpoint calls made directly on rank 0 (lock with a time
   limit, checkpoint, restore, unlock), each in a child with a watchdog,
   and whether rank 1's state can be read meanwhile; then an all-reduce;
-- daemon: gpumemd's pause with release_context over both ranks (each a
+- daemon: gpumemd's pause with release_context over every rank (each a
   gpumem worker that opted in): the answer must come, say why where it
-  refuses, and leave both ranks able to all-reduce after the resume;
+  refuses, and leave every rank able to all-reduce after the resume;
 - suspend: the same after each rank suspended its communicator with NCCL's
   own ncclCommSuspend(NCCL_SUSPEND_MEM), resumed after.
 
@@ -37,6 +38,7 @@ import gpumem  # noqa: E402
 from gpucheck import start_gpumemd  # noqa: E402
 
 failures = 0
+WORLD = 2  # ranks: one per GPU, at most two (main sets it)
 
 # One rank: commands on stdin, one answer line each on stdout.
 RANK = r'''
@@ -45,9 +47,10 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(sys.argv[1], "python"))
 rank = int(sys.argv[2])
 use_gpumem = sys.argv[3] == "gpumem"
+world = int(sys.argv[4])
 torch.cuda.set_device(rank)
 dev = torch.device("cuda", rank)
-dist.init_process_group("nccl", rank=rank, world_size=2, device_id=dev)
+dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
 if use_gpumem:
     import gpumem.torch as gt
     with gt.region("kv_cache"):
@@ -89,7 +92,8 @@ for line in sys.stdin:
         if cmd == "allreduce":
             y = torch.full((1 << 20,), float(rank + 1), device=dev)
             dist.all_reduce(y)
-            ok = float(y[0].item()) == 3.0 and float(y[-1].item()) == 3.0
+            want = world * (world + 1) / 2.0
+            ok = float(y[0].item()) == want and float(y[-1].item()) == want
             out = "ok" if ok else "WRONG %r" % float(y[0].item())
         elif cmd in ("suspend", "unsuspend"):
             torch.cuda.synchronize()
@@ -153,16 +157,18 @@ def free_port():
 
 
 class Ranks:
-    """Two rank processes; use_gpumem: each a gpumem worker that opted in."""
+    """One rank process per GPU (WORLD of them); use_gpumem: each a gpumem
+    worker that opted in."""
 
     def __init__(self, sock, use_gpumem):
         port = free_port()
         self.ps = []
-        for r in range(2):
+        for r in range(WORLD):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        GPUMEM_SOCKET=sock or "", GPUMEM_RELEASE_CONTEXT="1")
             self.ps.append(subprocess.Popen(
-                [sys.executable, "-c", RANK, REPO, str(r), "gpumem" if use_gpumem else "-"],
+                [sys.executable, "-c", RANK, REPO, str(r), "gpumem" if use_gpumem else "-",
+                 str(WORLD)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
         said = self.read_all(120)
         self.facts = [json.loads(s[len("ready "):]) if s.startswith("ready ") else None
@@ -172,7 +178,7 @@ class Ranks:
     def read_all(self, timeout):
         """One line from each rank, or 'no answer' where none came in time."""
         end = time.monotonic() + timeout
-        out = [None, None]
+        out = [None] * len(self.ps)
         while None in out and time.monotonic() < end:
             waiting = [p.stdout for i, p in enumerate(self.ps) if out[i] is None]
             r, _, _ = select.select(waiting, [], [], max(0, end - time.monotonic()))
@@ -182,7 +188,7 @@ class Ranks:
         return [o if o is not None else "no answer in %d s" % timeout for o in out]
 
     def both(self, cmd, timeout=30):
-        """Send cmd to both ranks (a collective needs both); their answers."""
+        """Send cmd to every rank (a collective needs them all); their answers."""
         for p in self.ps:
             if p.poll() is None:
                 p.stdin.write(cmd + "\n")
@@ -279,11 +285,12 @@ def driver_direct():
         for r, pid in enumerate(ranks.pids):
             fact("rank %d listed" % r, "NVML lists pid %d on %s; its device files %s"
                  % (pid, seen.get(pid), device_files(pid)))
-        p0, p1 = ranks.pids
+        p0 = ranks.pids[0]
         fact("driver state rank 0", ckpt("state", p0))
         lock = ckpt("lock", p0)
         fact("driver lock rank 0 (5 s limit)", lock)
-        fact("driver state rank 1 while rank 0 is locked", ckpt("state", p1, 15))
+        if WORLD > 1:
+            fact("driver state rank 1 while rank 0 is locked", ckpt("state", ranks.pids[1], 15))
         if lock.startswith("rc=0"):
             cp = ckpt("checkpoint", p0, 60)
             fact("driver checkpoint rank 0", cp)
@@ -301,7 +308,7 @@ def driver_direct():
 
 
 def daemon_release(daemon, sock, nccl_suspend):
-    """gpumemd's pause with release over both ranks, then resume and all-reduce."""
+    """gpumemd's pause with release over every rank, then resume and all-reduce."""
     ranks = Ranks(sock, True)
     c = gpumem.connect(sock, name="nccl-ctl", role="controller")
     what = "after ncclCommSuspend" if nccl_suspend else "with a live communicator"
@@ -327,10 +334,10 @@ def daemon_release(daemon, sock, nccl_suspend):
         if nccl_suspend:
             fact("ncclCommResume", ranks.both("unsuspend", 60))
         ar = ranks.both("allreduce", 30)
-        check(ar == ["ok", "ok"], "both ranks all-reduce after it (%s)" % what, ar)
+        check(ar == ["ok"] * WORLD, "every rank all-reduces after it (%s)" % what, ar)
         if isinstance(r, gpumem.OpResult):
             released = [x for x in r.releases if x["released"]]
-            fact("released (%s)" % what, "%d of 2 ranks" % len(released))
+            fact("released (%s)" % what, "%d of %d ranks" % (len(released), WORLD))
     finally:
         c.close()
         ranks.stop()
@@ -339,10 +346,13 @@ def daemon_release(daemon, sock, nccl_suspend):
 
 
 def main():
-    if subprocess.run(["nvidia-smi", "-L"], capture_output=True,
-                      text=True).stdout.count("GPU ") < 2:
-        print("nccl_release: needs two GPUs")
+    global WORLD
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU ")
+    if gpus < 1:
+        print("nccl_release: needs a GPU")
         return 2
+    WORLD = min(gpus, 2)
+    fact("ranks", "%d (one per GPU; a communicator of one rank where there is one GPU)" % WORLD)
     driver_direct()
     run = tempfile.mkdtemp(prefix="gpumemd-nccl.")
     sock = os.path.join(run, "sock")

@@ -83,12 +83,9 @@ if python3 -c 'import torch' 2>/dev/null; then
   python3 tests/gpu/torch_check.py build/bin/gpumemd || status=1
   # Context release through the driver's checkpoint calls, judged by NVML.
   python3 tests/gpu/release_check.py build/bin/gpumemd || status=1
-  # Two NCCL ranks, one GPU each, released: on a machine of two GPUs.
-  if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 2 ]; then
-    python3 tests/gpu/nccl_release.py build/bin/gpumemd || status=1
-  else
-    echo "nccl_release: SKIPPED: needs two GPUs"
-  fi
+  # NCCL ranks, one GPU each (two where there are two GPUs, else one
+  # rank alone), released.
+  python3 tests/gpu/nccl_release.py build/bin/gpumemd || status=1
 else
   echo "torch_check: SKIPPED: python3 cannot import torch"
 fi
