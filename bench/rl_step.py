@@ -8,7 +8,10 @@ torch_memory_saver measured in the same run:
 - gpumem: the same engine code through gpumem.torch_memory_saver, over a
   gpumemd started here on the CUDA backend;
 - gpumem-release: as gpumem, the engine opted in to context release
-  (GPUMEM_RELEASE_CONTEXT=1) and pausing with release_context=True.
+  (GPUMEM_RELEASE_CONTEXT=1) and pausing with release_context=True;
+- gpumem-daemon: as gpumem, with the daemon copying the backups in a
+  context it makes for the copies (GPUMEM_DAEMON_COPIES=1, the design
+  before protocol 1.7) instead of the engine copying them itself.
 
 The engine holds backed-up weights (region "weights"), a KV cache (region
 "kv_cache"), a tensor outside any region and a captured CUDA graph (a
@@ -53,7 +56,7 @@ REPO = os.path.normpath(os.path.join(HERE, ".."))
 
 MiB = 1 << 20
 GiB = 1 << 30
-IMPLS = ("tms", "tms-retain", "gpumem", "gpumem-release")
+IMPLS = ("tms", "tms-retain", "gpumem", "gpumem-release", "gpumem-daemon")
 PHASES = ("pause", "resume_weights", "resume_kv")
 SEED = 20261130
 N_WEIGHTS = 8          # weight tensors, weights_gib / N_WEIGHTS each
@@ -575,8 +578,11 @@ def run_impl(args, impl, run_dir, failures):
     else:
         env = dict(os.environ)
         env.pop("GPUMEM_RELEASE_CONTEXT", None)
+        env.pop("GPUMEM_DAEMON_COPIES", None)
         if impl == "gpumem-release":
             env["GPUMEM_RELEASE_CONTEXT"] = "1"
+        if impl == "gpumem-daemon":
+            env["GPUMEM_DAEMON_COPIES"] = "1"
     print("== rl_step %s" % impl, flush=True)
     try:
         if not impl.startswith("tms"):
@@ -724,7 +730,7 @@ def print_figures(results, summary, idle):
                           "engine (%s)" % (c["cycle"], c[key].get("release_error", "none given")))
     ratios = {}
     for base_name, impl in [(b, i) for b in ("tms", "tms-retain")
-                            for i in ("gpumem", "gpumem-release")]:
+                            for i in ("gpumem", "gpumem-release", "gpumem-daemon")]:
         base, s = summary.get(base_name), summary.get(impl)
         if not base or not s:
             continue

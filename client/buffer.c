@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "buffer.h"
+
+#include "backup_io.h"
 #include "common/clock.h"
 #include "error.h"
 
@@ -54,9 +56,9 @@ static void set_mapped(gpumem_buffer *b, bool mapped) {
 }
 
 /* Import and map chunk fds (taken as they are used) at the buffer's
- * address, then allow access once for the whole range. On failure nothing
- * stays mapped. */
-static int map_chunks(gpumem_buffer *b, int *fds) {
+ * address, then allow access once for the whole range, and say it is
+ * mapped if publish. On failure nothing stays mapped. */
+static int map_chunks(gpumem_buffer *b, int *fds, bool publish) {
   uint64_t off = 0;
   int rc = 0;
   for (size_t i = 0; i < b->nchunks; off += b->chunk_sizes[i++]) {
@@ -72,7 +74,7 @@ static int map_chunks(gpumem_buffer *b, int *fds) {
   }
   if (rc == 0) rc = gpuva_set_access(b->gpu, b->local, b->va, b->size);
   if (rc == 0) {
-    set_mapped(b, true);
+    if (publish) set_mapped(b, true);
     return 0;
   }
   char why[256];
@@ -134,7 +136,7 @@ int buffer_create(gpuva *g, const struct buffer_spec *s, const Gpumem__Wire__All
   }
   *out = b;
   if (r->state != GPUMEM__WIRE__BUFFER_STATE__ACTIVE || b->ipc) return 0;
-  int rc = map_chunks(b, fds);
+  int rc = map_chunks(b, fds, true);
   if (rc < 0) b->doomed = true; /* no other thread has it yet */
   return rc;
 }
@@ -167,8 +169,32 @@ int buffer_unmap(gpumem_buffer *b) {
   return rc;
 }
 
-/* Map a Remap entry's chunks, if they fit the buffer. */
-int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds) {
+/* Refuse copies from now on, once those in flight ended (or allow them
+ * again). */
+static void set_unmapping(gpumem_buffer *b, bool unmapping) {
+  pthread_mutex_lock(&b->mu);
+  b->unmapping = unmapping;
+  while (unmapping && b->copies) pthread_cond_wait(&b->cv, &b->mu);
+  pthread_mutex_unlock(&b->mu);
+}
+
+/* Copy into backup memory with copies refused, then unmap. */
+int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m) {
+  set_unmapping(b, true);
+  int rc = backup_io_copy(b, m->sizes, m->n, m->fds, true);
+  if (rc < 0) {
+    set_unmapping(b, false);
+    return rc;
+  }
+  if (buffer_unmap(b) < 0)
+    return error_set(GPUMEM_E_MAP, "buffer %llu stays mapped: %s", id_of(b), gpu_error());
+  return 0;
+}
+
+/* Map a Remap entry's chunks, if they fit the buffer, and copy its backup
+ * in before anyone may use it. */
+int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
+                 const struct backup_mem *m) {
   pthread_mutex_lock(&b->mu);
   bool mapped = b->mapped;
   pthread_mutex_unlock(&b->mu);
@@ -177,7 +203,14 @@ int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds) {
   if (!fits)
     return error_set(GPUMEM_E_WRONG_STATE, "remap of buffer %llu does not fit it (%s)", id_of(b),
                      mapped ? "it is mapped" : "other chunks");
-  return map_chunks(b, fds);
+  int rc = map_chunks(b, fds, !m);
+  if (rc < 0 || !m) return rc;
+  if ((rc = backup_io_copy(b, m->sizes, m->n, m->fds, false)) < 0) {
+    buffer_unmap(b);
+    return rc;
+  }
+  set_mapped(b, true);
+  return 0;
 }
 
 /* Export a mapped buffer's imported handles again as fds. */

@@ -41,10 +41,27 @@ void buffer_destroy(gpumem_buffer *b);
  * or a negative errno when a chunk stayed mapped (gpu_error says why). */
 int buffer_unmap(gpumem_buffer *b);
 
+/* Backup memory the daemon hands an owner to copy through (protocol
+ * 1.7): n pieces, their sizes, one fd each (taken as used). */
+struct backup_mem {
+  const uint64_t *sizes;
+  size_t n;
+  int *fds;
+};
+
+/* Copy the buffer's contents into backup memory m, then unmap it as
+ * buffer_unmap does; copies are refused from before the copy on, so that
+ * nothing written after it is lost. A failed copy leaves it mapped and
+ * usable (GPUMEM_E_* with words). */
+int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m);
+
 /* Map the chunks of a Remap entry (n chunk sizes, fds taken as used) at
- * the buffer's address; fails with GPUMEM_E_WRONG_STATE (words set) when
- * they do not fit it or it is mapped, GPUMEM_E_MAP when mapping fails. */
-int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds);
+ * the buffer's address, then copy its contents in from backup memory m
+ * (NULL: none) before it is usable; fails with GPUMEM_E_WRONG_STATE
+ * (words set) when they do not fit it or it is mapped, GPUMEM_E_MAP when
+ * mapping fails, and as backup_io_copy does: then nothing stays mapped. */
+int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
+                 const struct backup_mem *m);
 
 /* Export a mapped buffer's chunks again as fds, one per chunk; on failure
  * none stays open. */

@@ -36,11 +36,14 @@ int gpumem_connect(const char *socket_path, const char *name, int role, unsigned
   if (name && strlen(name) > WIRE_NAME_MAX)
     return error_set(GPUMEM_E_INVALID, "name longer than %d bytes", WIRE_NAME_MAX);
   if (flags & ~(unsigned)(GPUMEM_CONNECT_NO_THREAD | GPUMEM_CONNECT_NO_RECONNECT |
-                          GPUMEM_CONNECT_NODE_DEVICES | GPUMEM_CONNECT_RELEASE_CONTEXT))
+                          GPUMEM_CONNECT_NODE_DEVICES | GPUMEM_CONNECT_RELEASE_CONTEXT |
+                          GPUMEM_CONNECT_DAEMON_COPIES))
     return error_set(GPUMEM_E_INVALID, "unknown connect flags 0x%x", flags);
   const char *release = getenv("GPUMEM_RELEASE_CONTEXT");
   if (role == GPUMEM_ROLE_WORKER && release && strcmp(release, "1") == 0)
     flags |= GPUMEM_CONNECT_RELEASE_CONTEXT;
+  const char *daemon_copies = getenv("GPUMEM_DAEMON_COPIES");
+  if (daemon_copies && strcmp(daemon_copies, "1") == 0) flags |= GPUMEM_CONNECT_DAEMON_COPIES;
   if (!socket_path || !*socket_path) socket_path = getenv("GPUMEM_SOCKET");
   if (!socket_path || !*socket_path) socket_path = GPUMEM_DEFAULT_SOCKET;
   gpumem_client *c = calloc(1, sizeof *c);

@@ -113,8 +113,23 @@ static void sync_devices(gpumem_buffer *const *bufs, size_t n) {
   }
 }
 
-/* Unmap: run the hook, unmap and release, keep the ranges. */
-static void on_unmap(events *e, const Gpumem__Wire__UnmapEvent *ev, struct failures *fl) {
+/* The backup memory an Unmap hands buffer id (its fds from *fd_at of the
+ * frame's), or NULL. */
+static const Gpumem__Wire__BackupMemory *backup_of(const Gpumem__Wire__UnmapEvent *ev,
+                                                   uint64_t id, size_t *fd_at) {
+  *fd_at = 0;
+  for (size_t i = 0; i < ev->n_backups; i++) {
+    if (ev->backups[i]->buffer_id == id) return ev->backups[i];
+    *fd_at += ev->backups[i]->n_piece_sizes;
+  }
+  return NULL;
+}
+
+/* Unmap: run the hook, copy what the event hands backup memory for into
+ * it, unmap and release, keep the ranges. A buffer whose copy failed
+ * stays mapped (its contents are not safe anywhere else). */
+static void on_unmap(events *e, const Gpumem__Wire__UnmapEvent *ev, struct frame *f,
+                     struct failures *fl) {
   gpumem_buffer **bufs = calloc(ev->n_buffer_ids + 1, sizeof *bufs);
   if (!bufs) {
     out_of_memory(fl);
@@ -140,15 +155,29 @@ static void on_unmap(events *e, const Gpumem__Wire__UnmapEvent *ev, struct failu
     pre(e->client, bufs, n, user);
   else
     sync_devices(bufs, n);
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    size_t fd_at;
+    const Gpumem__Wire__BackupMemory *m = backup_of(ev, gpumem_buffer_id(bufs[i]), &fd_at);
+    if (m) {
+      struct backup_mem mem = {m->piece_sizes, m->n_piece_sizes, f->fds + fd_at};
+      if (buffer_unmap_into(bufs[i], &mem) < 0)
+        failed(fl, gpumem_buffer_id(bufs[i]), GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+               "buffer %llu: %s", (unsigned long long)gpumem_buffer_id(bufs[i]),
+               gpumem_last_error());
+      continue;
+    }
     if (buffer_unmap(bufs[i]) < 0)
       failed(fl, gpumem_buffer_id(bufs[i]), GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
              "buffer %llu stays mapped: %s", (unsigned long long)gpumem_buffer_id(bufs[i]),
              gpu_error());
+  }
   free(bufs);
 }
 
-/* Remap: import the new chunks at the old addresses, run the hook. */
+/* Remap: import the new chunks at the old addresses, copy in the backups
+ * the event hands (a buffer whose copy fails is unmapped again: it is
+ * named in the ack, and the daemon takes it as not mapped), run the
+ * hook. */
 static void on_remap(events *e, const Gpumem__Wire__RemapEvent *ev, struct frame *f,
                      struct failures *fl) {
   gpumem_hook pre, post;
@@ -163,9 +192,13 @@ static void on_remap(events *e, const Gpumem__Wire__RemapEvent *ev, struct frame
   for (size_t i = 0; i < ev->n_entries; i++) {
     const Gpumem__Wire__RemapEntry *r = ev->entries[i];
     int *fds = f->fds + fd_at; /* fds not taken are closed with the frame */
-    fd_at += r->n_chunk_sizes;
+    fd_at += r->n_chunk_sizes + r->n_backup_piece_sizes;
     gpumem_buffer *b = buffers_find(e->buffers, r->buffer_id);
-    int rc = b ? buffer_remap(b, r->chunk_sizes, r->n_chunk_sizes, fds) : 0;
+    struct backup_mem mem = {r->backup_piece_sizes, r->n_backup_piece_sizes,
+                             fds + r->n_chunk_sizes};
+    int rc = b ? buffer_remap(b, r->chunk_sizes, r->n_chunk_sizes, fds,
+                              r->n_backup_piece_sizes ? &mem : NULL)
+               : 0;
     if (!b)
       failed(fl, r->buffer_id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,
              "no buffer %llu in this process", (unsigned long long)r->buffer_id);
@@ -202,7 +235,7 @@ uint8_t *events_handle(events *e, const wire_env *env, struct frame *f, size_t *
   if (!fl.ids)
     out_of_memory(&fl);
   else if (unmap)
-    on_unmap(e, env->unmap, &fl);
+    on_unmap(e, env->unmap, f, &fl);
   else
     on_remap(e, env->remap, f, &fl);
   uint8_t *bytes = ack(env->id, &fl, unmap && !fl.code && nothing_mapped(e), len);

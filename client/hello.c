@@ -40,13 +40,15 @@ void hello_destroy(hello *h) {
 }
 
 /* Fill a Hello. */
-void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, bool release_context) {
+void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, bool release_context,
+                   bool copies_backups) {
   gpumem__wire__hello__init(msg);
   msg->version_major = WIRE_VERSION_MAJOR;
   msg->version_minor = WIRE_VERSION_MINOR;
   msg->role = (Gpumem__Wire__Role)role;
   msg->name = (char *)name;
   msg->release_context = release_context;
+  msg->copies_backups = copies_backups;
 }
 
 /* Take a HelloReply. Runs on the thread that greets (the only writer of

@@ -22,8 +22,10 @@ hello *hello_create(bool maps_nothing);
 void hello_destroy(hello *h);
 
 /* Fill a Hello for a session of role under name (strings borrowed),
- * opting in to context release or not. */
-void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, bool release_context);
+ * opting in to context release or not, and saying whether it copies its
+ * BACKUP buffers itself (protocol 1.7). */
+void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, bool release_context,
+                   bool copies_backups);
 
 /* Take a HelloReply: the first opens the backend it names; a later one
  * must name the same backend when buffers are mapped here. Returns 0 or

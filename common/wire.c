@@ -188,6 +188,31 @@ static bool chunks_ok(const uint64_t *sizes, size_t n, uint64_t size) {
   return n > 0 && sum == size;
 }
 
+/* Backup pieces: none zero, adding up without overflow; true for none. */
+static bool pieces_ok(const uint64_t *sizes, size_t n) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sizes[i] == 0 || sum + sizes[i] < sum) return false;
+    sum += sizes[i];
+  }
+  return true;
+}
+
+/* An Unmap's backups: each of a buffer the event names, once, with at
+ * least one well-formed piece; adds their pieces (fds) to *fds. */
+static bool unmap_backups_ok(const Gpumem__Wire__UnmapEvent *u, size_t *fds) {
+  for (size_t i = 0; i < u->n_backups; i++) {
+    const Gpumem__Wire__BackupMemory *m = u->backups[i];
+    bool named = false;
+    for (size_t k = 0; k < u->n_buffer_ids && !named; k++) named = u->buffer_ids[k] == m->buffer_id;
+    for (size_t k = 0; k < i && named; k++) named = u->backups[k]->buffer_id != m->buffer_id;
+    if (!named || m->n_piece_sizes == 0 || !pieces_ok(m->piece_sizes, m->n_piece_sizes))
+      return false;
+    *fds += m->n_piece_sizes;
+  }
+  return true;
+}
+
 /* A re-registration: every buffer well formed, one fd per chunk of each
  * buffer that is not paused. */
 static wire_code check_adopt(const Gpumem__Wire__AdoptRequest *a, size_t nfds, char *why,
@@ -301,8 +326,18 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
     break;
   }
   case GPUMEM__WIRE__ENVELOPE__BODY_REMAP:
-    for (size_t i = 0; i < env->remap->n_entries; i++)
-      chunks += env->remap->entries[i]->n_chunk_sizes;
+    for (size_t i = 0; i < env->remap->n_entries; i++) {
+      const Gpumem__Wire__RemapEntry *r = env->remap->entries[i];
+      if (!pieces_ok(r->backup_piece_sizes, r->n_backup_piece_sizes))
+        return refuse(bad, why, whylen, "remap entry %zu: a backup piece of no bytes", i);
+      chunks += r->n_chunk_sizes + r->n_backup_piece_sizes;
+    }
+    break;
+  case GPUMEM__WIRE__ENVELOPE__BODY_UNMAP:
+    if (!unmap_backups_ok(env->unmap, &chunks))
+      return refuse(bad, why, whylen,
+                    "unmap backups: each must be of a buffer the event names, once, with "
+                    "pieces of some bytes");
     break;
   case GPUMEM__WIRE__ENVELOPE__BODY_ERROR:
   case GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY:
@@ -310,7 +345,6 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
   case GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY:
-  case GPUMEM__WIRE__ENVELOPE__BODY_UNMAP:
   case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY:
     break;

@@ -287,10 +287,12 @@ static void count(struct op *op, const struct buffer *b) {
   }
 }
 
-/* A PAUSED buffer that still has memory: back it up and release it, unless
+/* A PAUSED buffer that still has memory: back it up (unless its owner
+ * did: copied_us since the Unmap went out, else 0) and release it, unless
  * its owner still maps it or its backup fails (then it keeps its memory,
  * is counted as held, and the operation fails). */
-static void release(engine *e, struct op *op, struct buffer *b, bool still_held) {
+static void release(engine *e, struct op *op, struct buffer *b, bool still_held,
+                    uint64_t copied_us) {
   unsigned long long id = (unsigned long long)b->id;
   if (still_held) {
     log_error("pid %d acknowledged the unmap of buffer %llu but still maps it", (int)b->owner->pid,
@@ -301,7 +303,11 @@ static void release(engine *e, struct op *op, struct buffer *b, bool still_held)
     return;
   }
   uint64_t copied = 0;
-  if ((b->flags & BUF_FLAG_BACKUP) && !b->backup_valid) {
+  if (copied_us) {
+    registry_backup_copied(e->reg, b, copied_us);
+    copied = b->size;
+    if (op) op->outcome.backup_bytes += b->size;
+  } else if ((b->flags & BUF_FLAG_BACKUP) && !b->backup_valid) {
     struct fault f = {0};
     if (registry_backup(e->reg, b, &f)) {
       log_error("pause: %s; buffer %llu keeps its memory", f.text, id);
@@ -374,7 +380,7 @@ static void settle_unmapped(engine *e) {
       }
       registry_move(e->reg, b, BUF_EV_UNMAPPED);
       if (bufs && held && checked)
-        release(e, g->op, b, held[n++]);
+        release(e, g->op, b, held[n++], g->pieces[i] ? group_copy_us(g, b->size) : 0);
       else
         hold(g->op, b);
     }
@@ -450,21 +456,25 @@ static struct group *group_of(struct op *op, idmap *by_owner, struct owner *o,
   return g;
 }
 
-/* Send a group its Unmap event (one for all its buffers). */
+/* Send a group its Unmap event (one for all its buffers), a pause's with
+ * the backup memory its owner copies into. */
 static void send_unmap(engine *e, struct group *g) {
   if (!(g->ends = calloc(1, sizeof *g->ends))) return;
   g->ends[0] = g->nids;
+  if (g->kind == GROUP_UNMAP) group_hand_backups(g, e->reg);
   group_number(g, e->events, &e->next_event, 1);
-  event_send_unmap(e->out, g->s, g->first_event, g->ids, g->nids);
+  g->sent_ns = uv_hrtime();
+  event_send_unmap(e->out, g);
 }
 
 /* Send one owner its Remap events with the fds exported for them. Returns
  * -1 if the session ended (g is gone). */
 static int send_remap(engine *e, struct group *g) {
-  size_t nevents = event_remap_count(e->reg, g->ids, g->nids);
+  size_t nevents = event_remap_count(e->reg, g);
   if (!(g->ends = calloc(nevents + 1, sizeof *g->ends))) return 0;
   group_number(g, e->events, &e->next_event, nevents);
-  return event_send_remap(e->out, g->s, e->reg, g->first_event, g->ids, g->nids, g->fds, g->ends);
+  g->sent_ns = uv_hrtime();
+  return event_send_remap(e->out, e->reg, g);
 }
 
 /* True if the operation covers every session (no scope). */
@@ -503,7 +513,7 @@ static void start_pause(engine *e, struct op *op) {
           stats_op_cover(op->rec, b->size);
           bool held;
           registry_held_by(e->reg, &b, 1, &held);
-          release(e, op, b, held);
+          release(e, op, b, held, 0);
         }
         continue;
       }
@@ -596,7 +606,9 @@ static void start_resume(engine *e, struct op *op) {
   struct fault f = {0};
   for (size_t i = 0; i < n && !f.code; i++) {
     op->dev[bufs[i]->device].touched = true;
-    if (bufs[i]->backup_valid && !registry_restore(e->reg, bufs[i], &f)) {
+    if (!bufs[i]->backup_valid) continue;
+    /* Where the owner copies it in, group_export hands it the backup. */
+    if (registry_owner_copies(e->reg, bufs[i], true) || !registry_restore(e->reg, bufs[i], &f)) {
       op->outcome.backup_bytes += bufs[i]->size;
       stats_op_progress(op->rec, 0, bufs[i]->size);
     }
@@ -672,6 +684,7 @@ static void commit_resume(engine *e, struct op *op) {
       struct buffer *b = registry_find(e->reg, g->ids[i]);
       if (!b || b->state != BUF_RESUMING) continue;
       registry_move(e->reg, b, BUF_EV_COMMIT);
+      if (g->pieces[i]) registry_restore_copied(e->reg, b, group_copy_us(g, b->size));
       stats_bytes(e->stats, true, b->size);
       count(op, b);
     }

@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include <uv.h>
 
+#include "common/frame.h"
 #include "common/log.h"
 
 /* A new group of one owner's buffers. */
@@ -27,10 +29,13 @@ int group_add(struct group *g, uint64_t id, bool made) {
     bool *failed = ids ? realloc(g->failed, cap * sizeof *failed) : NULL;
     if (failed) g->failed = failed;
     bool *m = failed ? realloc(g->made, cap * sizeof *m) : NULL;
-    if (!m) return -1;
-    g->made = m;
+    if (m) g->made = m;
+    size_t *pieces = m ? realloc(g->pieces, cap * sizeof *pieces) : NULL;
+    if (!pieces) return -1;
+    g->pieces = pieces;
     g->cap = cap;
   }
+  g->pieces[g->nids] = 0;
   g->failed[g->nids] = false;
   g->made[g->nids] = made;
   g->ids[g->nids++] = id;
@@ -45,22 +50,61 @@ void group_number(struct group *g, idmap *events, uint64_t *next_event, size_t n
   for (size_t i = 0; i < nevents; i++) idmap_put(events, g->first_event + i, g);
 }
 
-/* Export every chunk of the group's buffers. */
+/* Room for fds and piece sizes: a buffer's chunks and backup pieces
+ * together never pass one frame's fds. */
+static bool room(struct group *g, size_t fds, size_t pieces) {
+  return (g->fds = malloc((fds + 1) * sizeof *g->fds)) &&
+         (g->piece_sizes = malloc((pieces + 1) * sizeof *g->piece_sizes));
+}
+
+/* Export every chunk of the group's buffers, and the backup pieces of
+ * those whose owner copies them in. */
 wire_code group_export(struct group *g, registry *reg, struct fault *f) {
-  size_t total = 0;
+  size_t total = 0, pieces = 0;
   for (size_t i = 0; i < g->nids; i++) {
     struct buffer *b = registry_find(reg, g->ids[i]);
     total += b->ipc ? 0 : b->nchunks;
+    if (registry_owner_copies(reg, b, true)) pieces += FRAME_MAX_FDS - b->nchunks;
   }
-  if (!(g->fds = malloc((total + 1) * sizeof *g->fds)))
+  if (!room(g, total + pieces, pieces))
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   for (size_t i = 0; i < g->nids; i++) {
     struct buffer *b = registry_find(reg, g->ids[i]);
     wire_code rc = registry_export(reg, b, g->fds + g->nfds, f);
     if (rc) return rc;
     g->nfds += b->ipc ? 0 : b->nchunks;
+    if (!registry_owner_copies(reg, b, true)) continue;
+    if (registry_hand_backup(reg, b, g->fds + g->nfds, g->piece_sizes + g->npiece_sizes,
+                             FRAME_MAX_FDS - b->nchunks, &g->pieces[i])) {
+      g->nfds += g->pieces[i];
+      g->npiece_sizes += g->pieces[i];
+      g->handed += b->size;
+    } else if ((rc = registry_restore(reg, b, f))) {
+      return rc;
+    }
   }
   return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Hand out backups within one Unmap's fds. */
+void group_hand_backups(struct group *g, registry *reg) {
+  if (!room(g, FRAME_MAX_FDS, FRAME_MAX_FDS)) return; /* out of memory: the daemon copies */
+  for (size_t i = 0; i < g->nids && g->nfds < FRAME_MAX_FDS; i++) {
+    struct buffer *b = registry_find(reg, g->ids[i]);
+    if (!registry_owner_copies(reg, b, false)) continue;
+    if (registry_hand_backup(reg, b, g->fds + g->nfds, g->piece_sizes + g->nfds,
+                             FRAME_MAX_FDS - g->nfds, &g->pieces[i])) {
+      g->npiece_sizes = g->nfds += g->pieces[i];
+      g->handed += b->size;
+    }
+  }
+}
+
+/* A buffer's share of the owner's copying time. */
+uint64_t group_copy_us(const struct group *g, uint64_t size) {
+  double share = g->handed ? (double)size / (double)g->handed : 1.0;
+  uint64_t us = (uint64_t)((double)(uv_hrtime() - g->sent_ns) / 1e3 * share);
+  return us ? us : 1;
 }
 
 /* Note which buffers an ack says failed, and why. */
@@ -108,6 +152,8 @@ void group_free(struct group *g, idmap *events) {
   free(g->ids);
   free(g->failed);
   free(g->made);
+  free(g->pieces);
+  free(g->piece_sizes);
   free(g->fds);
   free(g);
 }

@@ -36,8 +36,14 @@ struct group {
   uint64_t *ids;
   bool *failed;   /* the owner could not unmap or map it */
   bool *made;     /* this resume created its memory */
-  int *fds;       /* remap: exported chunk fds, in id and chunk order */
+  size_t *pieces; /* backup pieces handed to the owner to copy (0: the daemon copies) */
+  uint64_t *piece_sizes; /* theirs, in id and piece order */
+  size_t npiece_sizes;
+  uint64_t handed; /* bytes of the buffers whose backups were handed */
+  int *fds;       /* the fds its events carry: a Remap's chunks and backup
+                     pieces, per buffer in id order; an Unmap's pieces */
   size_t nfds;
+  uint64_t sent_ns; /* its events went out (uv_hrtime) */
   size_t nids, cap;
   char why[WIRE_MAX_MESSAGE + 1]; /* the owner's words for its first failure */
   struct list link; /* op's groups, or the engine's stragglers */
@@ -55,8 +61,21 @@ int group_add(struct group *g, uint64_t id, bool made);
  * events (event id -> group) until acked or the group is freed. */
 void group_number(struct group *g, idmap *events, uint64_t *next_event, size_t nevents);
 
-/* Export every chunk of the group's buffers into g->fds (a Remap's). */
+/* Export every chunk of the group's buffers into g->fds (a Remap's),
+ * each followed by its backup's pieces where its owner copies it in
+ * (registry_owner_copies); where they cannot be handed, the backup is
+ * copied in here. */
 wire_code group_export(struct group *g, registry *reg, struct fault *f);
+
+/* Hand the owner of an Unmap group the backup memory of each buffer it
+ * copies itself (registry_owner_copies), as many as one event's fds
+ * allow; the daemon copies the others once they are unmapped. */
+void group_hand_backups(struct group *g, registry *reg);
+
+/* The share of buffer i (of size bytes) in the time since the group's
+ * events went out, in microseconds (at least 1): the owner copied the
+ * backups handed to it one after another. */
+uint64_t group_copy_us(const struct group *g, uint64_t size);
 
 /* Note what an owner's ack of the group's events from..to says: the
  * buffers it could not handle (all of them when it names none but fails)

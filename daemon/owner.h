@@ -22,6 +22,7 @@ struct owner {
   size_t nbuffers;
   bool closed;      /* its session has ended: nothing more is sent to it */
   bool release_ok;     /* opted in to context release at Hello */
+  bool copies_backups; /* copies its BACKUP buffers to and from backup memory itself */
   bool nothing_mapped; /* its last Unmap ack said it maps nothing of ours */
   bool released;       /* its process's device state is released (ctxrelease.h) */
   uint64_t moved;      /* device bytes that release moved to host memory */

@@ -331,16 +331,15 @@ static uint64_t now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+static void count_copy(registry *r, bool to_host, uint64_t size, uint64_t us);
+
 /* Copy all chunks of a buffer one way, counting bytes and time. */
 static int copy(registry *r, struct buffer *b, void *host, bool to_host) {
   if (!r->held[b->device]) r->held[b->device] = gpudev_hold(r->gpu, b->device) == 0;
   uint64_t t0 = now_us(); /* the copy's time: making a context is not in it */
   int rc = gpudev_chunks_copy(r->gpu, b->device, b->handles, b->chunk_sizes, b->nchunks, host,
                               to_host);
-  if (rc == 0) {
-    r->copied[to_host] += b->size;
-    r->copy_us[to_host] += now_us() - t0;
-  }
+  if (rc == 0) count_copy(r, to_host, b->size, now_us() - t0);
   return rc;
 }
 
@@ -389,6 +388,47 @@ wire_code registry_backup(registry *r, struct buffer *b, struct fault *f) {
   b->backup_valid = true;
   r->backup_bytes += b->size;
   return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Whether b's owner copies it itself now (registry.h). */
+bool registry_owner_copies(const registry *r, const struct buffer *b, bool resume) {
+  if (!b->owner->copies_backups || !(b->flags & BUF_FLAG_BACKUP) || b->ipc) return false;
+  return resume ? b->backup_valid && !r->opt.verify_backups : !b->backup_valid;
+}
+
+/* Export b's backup pieces for its owner, making the memory first. */
+bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *sizes, size_t max,
+                          size_t *n) {
+  struct fault f = {0};
+  *n = 0;
+  if (get_backup_memory(r, b, &f)) {
+    log_warn("buffer %llu: %s; the daemon copies it", (unsigned long long)b->id, f.text);
+    return false;
+  }
+  if (gpudev_backup_export(r->gpu, b->device, b->backup, b->size, fds, sizes, max, n) == 0)
+    return true;
+  log_debug("buffer %llu: its backup is not handed to its owner (%s): the daemon copies it",
+            (unsigned long long)b->id, gpu_error());
+  return false;
+}
+
+/* Count one copy of size bytes, one way, that took us. */
+static void count_copy(registry *r, bool to_host, uint64_t size, uint64_t us) {
+  r->copied[to_host] += size;
+  r->copy_us[to_host] += us;
+}
+
+/* The owner filled b's backup. */
+void registry_backup_copied(registry *r, struct buffer *b, uint64_t us) {
+  if (r->opt.verify_backups) b->backup_hash = XXH3_64bits(b->backup, b->size);
+  b->backup_valid = true;
+  r->backup_bytes += b->size;
+  count_copy(r, true, b->size, us);
+}
+
+/* The owner restored b from its backup. */
+void registry_restore_copied(registry *r, struct buffer *b, uint64_t us) {
+  count_copy(r, false, b->size, us);
 }
 
 /* The thread pool made a buffer's backup memory (or could not: a pause
@@ -522,6 +562,10 @@ static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) 
                      "--backup-limit %llu",
                      (unsigned long long)r->backup_reserved, (unsigned long long)b->size,
                      (unsigned long long)r->opt.backup_limit);
+  /* Where the backend's memory is descriptors, the backup is one too. */
+  wire_code rc = gpudev_fd_per_chunk(r->gpu) ? take_chunks(r, b->uid, 1, f)
+                                             : GPUMEM__WIRE__ERROR_CODE__OK;
+  if (rc) return rc;
   r->backup_buffers[b->device]++;
   r->backup_reserved += b->size;
   return GPUMEM__WIRE__ERROR_CODE__OK;
@@ -530,6 +574,7 @@ static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) 
 /* Give back what reserve_backup took. */
 static void unreserve_backup(registry *r, struct buffer *b) {
   if (!(b->flags & BUF_FLAG_BACKUP)) return;
+  if (gpudev_fd_per_chunk(r->gpu)) give_chunks(r, b->uid, 1);
   r->backup_reserved -= b->size;
   if (--r->backup_buffers[b->device] == 0 && r->held[b->device]) {
     gpudev_unhold(r->gpu, b->device);

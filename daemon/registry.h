@@ -236,6 +236,30 @@ wire_code registry_backup(registry *r, struct buffer *b, struct fault *f);
  * a resume that rolls back keeps it. */
 wire_code registry_restore(registry *r, struct buffer *b, struct fault *f);
 
+/* True if buffer b's owner copies its contents itself on a pause (into
+ * its backup) or a resume (out of it): a worker that said so at Hello,
+ * with a backup to make (pause) or a valid one (resume: unless backups
+ * are verified, which reads the device back in the daemon). The daemon
+ * copies for every other owner. */
+bool registry_owner_copies(const registry *r, const struct buffer *b, bool resume);
+
+/* Hand b's backup memory (made now if the thread pool has not made it)
+ * to its owner: at most max pieces' new fds into fds (the caller's), their
+ * sizes into sizes, their count into *n. False when it cannot be handed
+ * (the backend's backups cannot be, more than max pieces, no memory):
+ * the daemon copies instead, and why is logged. */
+bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *sizes, size_t max,
+                          size_t *n);
+
+/* The owner copied b's contents into the backup handed to it (its Unmap
+ * ack said so, us after it was sent): the backup is valid, counted and,
+ * with verification, hashed. */
+void registry_backup_copied(registry *r, struct buffer *b, uint64_t us);
+
+/* The owner copied b's backup into its new memory (its Remap ack said so,
+ * us after it was sent): counted. */
+void registry_restore_copied(registry *r, struct buffer *b, uint64_t us);
+
 /* Bytes and microseconds of backup copies so far, one way. */
 void registry_copy_totals(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us);
 

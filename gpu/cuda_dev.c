@@ -138,9 +138,11 @@ static int cuda_host_granularity(int dev, uint64_t *g) {
   return 0;
 }
 
-/* Pinned host memory for dev's backups, made without a context. */
+/* Pinned host memory for dev's backups, made without a context, that
+ * the buffer's owner may be handed as fds. */
 static int cuda_host_create(int dev, uint64_t size, uint64_t *handle) {
   CUmemAllocationProp p = host_prop(dev);
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle h;
   CUresult rc = p_cuMemCreate(&h, size, &p, 0);
   *handle = h;

@@ -10,6 +10,7 @@
 
 #define VA_CALLS(X)                                                                       \
   X(cuDeviceGetByPCIBusId) X(cuCtxSynchronize) X(cuMemcpyDtoH) X(cuMemcpyHtoD)            \
+  X(cuMemcpyDtoD)                                                                         \
   X(cuMemsetD32) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)
 
 VA_CALLS(CUDA_DECLARE)
@@ -42,6 +43,9 @@ static int cuda_htod(uint64_t dst, const void *src, uint64_t n) {
   return p_cuMemcpyHtoD(dst, src, n);
 }
 
+/* Copy between two device-reachable ranges (asynchronous to the host). */
+static int cuda_dtod(uint64_t dst, uint64_t src, uint64_t n) { return p_cuMemcpyDtoD(dst, src, n); }
+
 /* Set count 32-bit words of device memory. */
 static int cuda_memset32(uint64_t dst, uint32_t value, uint64_t count) {
   return p_cuMemsetD32(dst, value, count);
@@ -67,6 +71,7 @@ const struct vmm_va_vendor vmm_cuda_va = {
     .sync = cuda_sync,
     .dtoh = cuda_dtoh,
     .htod = cuda_htod,
+    .dtod = cuda_dtod,
     .memset32 = cuda_memset32,
     .ipc_open = cuda_ipc_open,
     .ipc_close = cuda_ipc_close,

@@ -221,6 +221,15 @@ void gpudev_backup_host_only(gpudev *g, unsigned dev, void *host) {
   if (g->ops->backup_host_only) g->ops->backup_host_only(g->state, dev, host);
 }
 
+/* Export a backup's pieces for its owner. */
+int gpudev_backup_export(gpudev *g, unsigned dev, void *host, uint64_t size, int *fds,
+                         uint64_t *sizes, size_t max, size_t *n) {
+  *n = 0;
+  if (!g->ops->backup_export)
+    return gpu_fail(-ENOTSUP, "%s backups cannot be handed out", g->ops->name);
+  return g->ops->backup_export(g->state, dev, host, size, fds, sizes, max, n);
+}
+
 /* Hold what backups need. */
 int gpudev_hold(gpudev *g, unsigned dev) { return g->ops->hold(g->state, dev); }
 

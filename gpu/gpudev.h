@@ -194,6 +194,16 @@ void gpudev_backup_free(gpudev *g, unsigned dev, void *host, uint64_t size);
  * H200, by NVML), it is given back; the next copy lets the device in. */
 void gpudev_backup_host_only(gpudev *g, unsigned dev, void *host);
 
+/* Export the pieces of the backup at host (size bytes, every piece made)
+ * as new fds, for its buffer's owner to copy into or out of with its own
+ * context (so that the daemon needs none): at most max of them into fds
+ * (the caller's to close), their sizes, end to end covering size bytes,
+ * into sizes, their count into *n. -ENOTSUP where the backend's backups
+ * cannot be handed out (pinned memory, HIP), -E2BIG where more than max
+ * pieces would be needed. */
+int gpudev_backup_export(gpudev *g, unsigned dev, void *host, uint64_t size, int *fds,
+                         uint64_t *sizes, size_t max, size_t *n);
+
 /* Hold what backups on dev need (a device context on GPUs), counted;
  * gpudev_unhold lets go. */
 int gpudev_hold(gpudev *g, unsigned dev);

@@ -44,6 +44,8 @@ struct gpudev_ops {
   int (*backup_alloc)(void *state, unsigned dev, uint64_t size, void **host);
   void (*backup_free)(void *state, unsigned dev, void *host, uint64_t size);
   void (*backup_host_only)(void *state, unsigned dev, void *host); /* NULL: nothing to do */
+  int (*backup_export)(void *state, unsigned dev, void *host, uint64_t size, int *fds,
+                       uint64_t *sizes, size_t max, size_t *n); /* NULL: cannot */
   int (*hold)(void *state, unsigned dev);
   void (*unhold)(void *state, unsigned dev);
   bool (*holding)(void *state, unsigned dev);

@@ -111,6 +111,11 @@ int gpuva_copy_to(gpuva *g, unsigned dev, void *va, const void *src, uint64_t le
   return g->ops->copy_to(g->state, dev, va, src, len);
 }
 
+/* Copy between two mappings dev reaches. */
+int gpuva_copy_device(gpuva *g, unsigned dev, void *dst, const void *src, uint64_t len) {
+  return g->ops->copy_device(g->state, dev, dst, src, len);
+}
+
 /* Fill device memory with a 32-bit value. */
 int gpuva_fill32(gpuva *g, unsigned dev, void *va, uint64_t len, uint32_t value) {
   return g->ops->fill32(g->state, dev, va, len, value);

@@ -64,6 +64,11 @@ int gpuva_copy_from(gpuva *g, unsigned dev, void *dst, const void *va, uint64_t 
 /* Copy host memory to device memory at va. */
 int gpuva_copy_to(gpuva *g, unsigned dev, void *va, const void *src, uint64_t len);
 
+/* Copy len bytes from src to dst, two ranges mapped here that dev
+ * reaches (device memory, or a backup's host memory mapped for it), and
+ * wait until the copy is done. */
+int gpuva_copy_device(gpuva *g, unsigned dev, void *dst, const void *src, uint64_t len);
+
 /* Set len bytes (a multiple of 4) at va to a 32-bit value. */
 int gpuva_fill32(gpuva *g, unsigned dev, void *va, uint64_t len, uint32_t value);
 

@@ -26,6 +26,7 @@ struct gpuva_ops {
   int (*sync)(void *state, unsigned dev);
   int (*copy_from)(void *state, unsigned dev, void *dst, const void *va, uint64_t len);
   int (*copy_to)(void *state, unsigned dev, void *va, const void *src, uint64_t len);
+  int (*copy_device)(void *state, unsigned dev, void *dst, const void *src, uint64_t len);
   int (*fill32)(void *state, unsigned dev, void *va, uint64_t len, uint32_t value);
   /* Legacy IPC; NULL where the backend has none. */
   int (*ipc_open)(void *state, unsigned dev, const uint8_t *handle, void **va);

@@ -10,6 +10,7 @@
 
 #define VA_CALLS(X)                                                                       \
   X(hipDeviceGetByPCIBusId) X(hipDeviceSynchronize) X(hipMemcpyDtoH) X(hipMemcpyHtoD)     \
+  X(hipMemcpyDtoD)                                                                        \
   X(hipMemsetD32) X(hipIpcOpenMemHandle) X(hipIpcCloseMemHandle)
 
 VA_CALLS(HIP_DECLARE)
@@ -41,6 +42,11 @@ static int hip_htod(uint64_t dst, const void *src, uint64_t n) {
   return p_hipMemcpyHtoD(hip_ptr(dst), (void *)src, n);
 }
 
+/* Copy between two device-reachable ranges. */
+static int hip_dtod(uint64_t dst, uint64_t src, uint64_t n) {
+  return p_hipMemcpyDtoD(hip_ptr(dst), hip_ptr(src), n);
+}
+
 /* Set count 32-bit words of device memory. */
 static int hip_memset32(uint64_t dst, uint32_t value, uint64_t count) {
   return p_hipMemsetD32(hip_ptr(dst), (int)value, count);
@@ -66,6 +72,7 @@ const struct vmm_va_vendor vmm_hip_va = {
     .sync = hip_sync,
     .dtoh = hip_dtoh,
     .htod = hip_htod,
+    .dtod = hip_dtod,
     .memset32 = hip_memset32,
     .ipc_open = hip_ipc_open,
     .ipc_close = hip_ipc_close,

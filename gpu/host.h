@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -29,6 +30,8 @@ struct host {
   char node[40];  /* names the simulated devices: bus id "host-<node>:<d>" */
   idmap *live;    /* inode -> device + 1 of every chunk held */
   dev_t live_dev; /* the filesystem those inodes are on (memfds share one) */
+  pthread_mutex_t mu; /* backups (made on the daemon's thread pool too) */
+  idmap *backups;     /* host address -> memfd + 1 of every backup */
 };
 
 /* Count a chunk as the daemon's own, by inode, so that scans of /proc can

@@ -67,10 +67,12 @@ static int host_open(const struct gpudev_ops *self, const struct gpudev_options 
     return -EINVAL;
   }
   snprintf(h->node, sizeof h->node, "%s", node);
-  if (!(h->live = idmap_create())) {
+  if (!(h->live = idmap_create()) || !(h->backups = idmap_create())) {
+    idmap_destroy(h->live);
     free(h);
     return -ENOMEM;
   }
+  pthread_mutex_init(&h->mu, NULL);
   *state = h;
   return 0;
 }
@@ -79,6 +81,8 @@ static int host_open(const struct gpudev_ops *self, const struct gpudev_options 
 static void host_close(void *state) {
   struct host *h = state;
   idmap_destroy(h->live);
+  idmap_destroy(h->backups);
+  pthread_mutex_destroy(&h->mu);
   free(h);
 }
 
@@ -217,15 +221,57 @@ static int host_chunks_copy(void *state, unsigned dev, const uint64_t *handles,
   return 0;
 }
 
-/* Backups live in anonymous memory, made ready once and then reused. */
+/* The seals of a backup's memfd: its size is fixed before an owner gets
+ * it, so that no owner can make the daemon's reads of it fault. */
+#define BACKUP_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+/* Backups live in a sealed memfd of their own (not device memory: not
+ * named as chunks are), mapped here, made ready once and then reused;
+ * its owner may be handed the memfd to copy through (host_backup_export). */
 static int host_backup_reserve(void *state, unsigned dev, uint64_t size, void **host) {
-  (void)state;
+  struct host *h = state;
   (void)dev;
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
+  int fd = memfd_create("gpumem-backup", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return gpu_fail(-errno, "backup memfd_create: %s", strerror(errno));
+  void *p = MAP_FAILED;
+  int err = 0;
+  if (ftruncate(fd, (off_t)size) < 0 || fcntl(fd, F_ADD_SEALS, BACKUP_SEALS) < 0)
+    err = errno;
+  else if ((p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+    err = errno;
+  pthread_mutex_lock(&h->mu);
+  if (!err && idmap_put(h->backups, (uint64_t)(uintptr_t)p, (void *)(intptr_t)(fd + 1)) < 0)
+    err = ENOMEM;
+  pthread_mutex_unlock(&h->mu);
+  if (err) {
+    if (p != MAP_FAILED) munmap(p, size);
+    close(fd);
     return gpu_fail(-ENOMEM, "backup of %llu bytes: %s", (unsigned long long)size,
-                    strerror(errno));
+                    strerror(err));
+  }
   *host = p;
+  return 0;
+}
+
+/* The memfd of the backup at host, or -1. */
+static int backup_fd(struct host *h, const void *host) {
+  pthread_mutex_lock(&h->mu);
+  intptr_t v = (intptr_t)idmap_get(h->backups, (uint64_t)(uintptr_t)host);
+  pthread_mutex_unlock(&h->mu);
+  return (int)v - 1;
+}
+
+/* A backup is one piece: its memfd again, for its buffer's owner. */
+static int host_backup_export(void *state, unsigned dev, void *host, uint64_t size, int *fds,
+                              uint64_t *sizes, size_t max, size_t *n) {
+  (void)dev;
+  int fd = backup_fd(state, host);
+  if (fd < 0) return gpu_fail(-EINVAL, "no backup at %p", host);
+  if (max < 1) return gpu_fail(-E2BIG, "a backup is one fd; room for none");
+  if ((fds[0] = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+    return gpu_fail(-errno, "backup dup: %s", strerror(errno));
+  sizes[0] = size;
+  *n = 1;
   return 0;
 }
 
@@ -238,13 +284,19 @@ static int host_backup_make(void *state, unsigned dev, void *host, uint64_t size
   return gpu_populate((char *)host + off, gpudev_piece_len(size, off));
 }
 
-/* Unmap a backup (nothing is pinned on the host backend). */
+/* Unmap a backup and close its memfd (nothing is pinned on the host
+ * backend); the memory goes once no owner holds it either. */
 static void host_backup_release(void *state, unsigned dev, void *host, uint64_t size,
                                 uint64_t made) {
-  (void)state;
+  struct host *h = state;
   (void)dev;
   (void)made;
+  int fd = backup_fd(h, host);
+  pthread_mutex_lock(&h->mu);
+  idmap_del(h->backups, (uint64_t)(uintptr_t)host);
+  pthread_mutex_unlock(&h->mu);
   munmap(host, size);
+  if (fd >= 0) close(fd);
 }
 
 /* All of it made ready at once. */
@@ -394,6 +446,7 @@ const struct gpudev_ops gpudev_host_ops = {
     .backup_release = host_backup_release,
     .backup_alloc = host_backup_alloc,
     .backup_free = host_backup_free,
+    .backup_export = host_backup_export,
     .hold = host_hold,
     .unhold = host_unhold,
     .holding = host_holding,

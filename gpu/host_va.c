@@ -136,6 +136,14 @@ static int host_copy_to(void *state, unsigned dev, void *va, const void *src, ui
   return 0;
 }
 
+/* Both are shared mappings here: a plain copy. */
+static int host_copy_device(void *state, unsigned dev, void *dst, const void *src, uint64_t len) {
+  (void)state;
+  (void)dev;
+  memcpy(dst, src, len);
+  return 0;
+}
+
 /* Fill the mapping a word at a time. */
 static int host_fill32(void *state, unsigned dev, void *va, uint64_t len, uint32_t value) {
   (void)state;
@@ -161,5 +169,6 @@ const struct gpuva_ops gpuva_host_ops = {
     .sync = host_sync,
     .copy_from = host_copy_from,
     .copy_to = host_copy_to,
+    .copy_device = host_copy_device,
     .fill32 = host_fill32,
 };

@@ -20,11 +20,15 @@
  *
  * Where the vendor has host memory that lives apart from any context
  * (CUDA's host-NUMA allocations, gpu/vmm_dev.h), backups are made of it
- * instead, a piece per allocation, made and mapped (for the host and the
- * device) without a context: the daemon then holds a context only while
- * copies run (measured on an H200: made, mapped and written with no
- * context, NVML listing no process; a mapping that outlives the context;
- * copies at 19.5 ms per GiB each way, as from cuMemHostAlloc memory). */
+ * instead, one allocation per piece (GPUDEV_BACKUP_PIECE, or a multiple
+ * of it for a large backup: HOST_MAX_PIECES), made and mapped for the
+ * host only, without a context, and exportable: the buffer's owner is
+ * handed the pieces (vmm_backup_export) and copies with its own context,
+ * and the daemon copies (letting the device in, holding a context while
+ * the copy runs) only for an owner that cannot (measured on an H200:
+ * made, mapped and written with no context, NVML listing no process; a
+ * mapping that outlives the context; copies at 19.5 ms per GiB each way,
+ * as from cuMemHostAlloc memory). */
 #include "vmm_backup.h"
 
 #include <errno.h>
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "gpudev_ops.h"
@@ -141,11 +146,20 @@ void vmm_drop_end(struct vmm_dev *x, unsigned dev, int saved, bool entered) {
 }
 
 
+/* A host-NUMA backup has at most this many pieces, each one fd when
+ * handed to its owner, so that a Remap of a buffer of up to 125 chunks
+ * carries its chunks and its pieces in one frame (FRAME_MAX_FDS): up to
+ * 8 GiB a piece is GPUDEV_BACKUP_PIECE, larger backups have pieces of a
+ * multiple of it (16 GiB: 128 MiB). Making a piece holds the gate for as
+ * long as the driver takes (289 ms per GiB on an H200). */
+#define HOST_MAX_PIECES 128
+
 /* A backup in host memory that lives apart from any context: its range
  * (the size rounded up to the granularity) and one allocation per piece
  * made so far (0: not yet). */
 struct vmm_host_backup {
   uint64_t va, span;
+  uint64_t piece; /* bytes of every piece but the last */
   unsigned dev;
   bool device; /* dev may reach every piece (under the gate) */
   size_t npieces;
@@ -162,20 +176,23 @@ static struct vmm_host_backup *host_backup(struct vmm_dev *x, const void *host) 
 
 /* Bytes of piece i of a host-NUMA backup. */
 static uint64_t host_piece_len(const struct vmm_host_backup *b, size_t i) {
-  uint64_t off = (uint64_t)i * GPUDEV_BACKUP_PIECE;
-  return b->span - off < GPUDEV_BACKUP_PIECE ? b->span - off : GPUDEV_BACKUP_PIECE;
+  uint64_t off = (uint64_t)i * b->piece;
+  return b->span - off < b->piece ? b->span - off : b->piece;
 }
 
 /* Reserve a host-NUMA backup's range: no context, no memory yet. */
 static int host_reserve(struct vmm_dev *x, unsigned dev, uint64_t size, void **host) {
   struct vmm *m = &x->m;
   uint64_t g = x->host_gran[dev], span = (size + g - 1) / g * g;
-  size_t n = (size_t)((span + GPUDEV_BACKUP_PIECE - 1) / GPUDEV_BACKUP_PIECE);
+  uint64_t steps = (span + GPUDEV_BACKUP_PIECE - 1) / GPUDEV_BACKUP_PIECE;
+  uint64_t piece = GPUDEV_BACKUP_PIECE * ((steps + HOST_MAX_PIECES - 1) / HOST_MAX_PIECES);
+  size_t n = (size_t)((span + piece - 1) / piece);
   struct vmm_host_backup *b = calloc(1, sizeof *b + n * sizeof b->handles[0]);
   if (!b) return gpu_fail(-ENOMEM, "out of memory");
   b->span = span;
+  b->piece = piece;
   b->dev = dev;
-  b->device = true;
+  b->device = false; /* until a copy of the daemon's needs it */
   b->npieces = n;
   vmm_gate_begin(&x->gate);
   int st = m->v->reserve(span, g, &b->va);
@@ -193,18 +210,20 @@ static int host_reserve(struct vmm_dev *x, unsigned dev, uint64_t size, void **h
   return 0;
 }
 
-/* Make piece i of a host-NUMA backup: an allocation mapped in its place
- * for the host and the device, through the gate like a pinned piece. */
+/* Make piece i of a host-NUMA backup (once): an allocation mapped in its
+ * place for the host (and the device, while the daemon's copies have let
+ * it in), through the gate like a pinned piece. */
 static int host_make(struct vmm_dev *x, struct vmm_host_backup *b, size_t i, bool background) {
   struct vmm *m = &x->m;
-  uint64_t off = (uint64_t)i * GPUDEV_BACKUP_PIECE, len = host_piece_len(b, i), h = 0;
+  uint64_t off = (uint64_t)i * b->piece, len = host_piece_len(b, i), h = 0;
+  if (i >= b->npieces || b->handles[i]) return 0;
   if (background) vmm_gate_wait_piece(&x->gate, true, false);
   vmm_gate_wait_piece(&x->gate, background, true);
   const char *call = "MemCreate";
   int st = x->v->host_create((int)b->dev, len, &h);
   if (st == 0 && (call = "MemMap", st = m->v->map(b->va + off, len, h)) != 0) m->v->release(h);
   if (st == 0 &&
-      (call = "MemSetAccess", st = x->v->host_access(b->va + off, len, (int)b->dev, true))) {
+      (call = "MemSetAccess", st = x->v->host_access(b->va + off, len, (int)b->dev, b->device))) {
     m->v->unmap(b->va + off, len);
     m->v->release(h);
   }
@@ -222,7 +241,7 @@ static void host_release(struct vmm_dev *x, struct vmm_host_backup *b) {
   vmm_gate_begin(&x->gate);
   for (size_t i = 0; i < b->npieces; i++) {
     if (!b->handles[i]) continue;
-    m->v->unmap(b->va + (uint64_t)i * GPUDEV_BACKUP_PIECE, host_piece_len(b, i));
+    m->v->unmap(b->va + (uint64_t)i * b->piece, host_piece_len(b, i));
     m->v->release(b->handles[i]);
   }
   m->v->address_free(b->va, b->span);
@@ -236,7 +255,7 @@ static int host_device_access(struct vmm_dev *x, struct vmm_host_backup *b, cons
                               uint64_t len, bool device) {
   uint64_t from = (uint64_t)(uintptr_t)host - b->va, to = from + len;
   for (size_t i = 0; i < b->npieces; i++) {
-    uint64_t off = (uint64_t)i * GPUDEV_BACKUP_PIECE, plen = host_piece_len(b, i);
+    uint64_t off = (uint64_t)i * b->piece, plen = host_piece_len(b, i);
     if (!b->handles[i] || off >= to || off + plen <= from) continue;
     int st = x->v->host_access(b->va + off, plen, (int)b->dev, device);
     if (st) return vmm_check(&x->m, st, "MemSetAccess");
@@ -273,6 +292,31 @@ void vmm_backup_host_only(void *state, unsigned dev, void *host) {
     host_device_access(x, b, host, b->span, false);
   }
   vmm_gate_end(&x->gate);
+}
+
+/* Export every piece of a host-NUMA backup, all made, for its owner. */
+int vmm_backup_export(void *state, unsigned dev, void *host, uint64_t size, int *fds,
+                      uint64_t *sizes, size_t max, size_t *n) {
+  struct vmm_dev *x = state;
+  struct vmm_host_backup *b = host_backup(x, host);
+  (void)dev;
+  *n = 0;
+  if (!b) return gpu_fail(-ENOTSUP, "pinned backups cannot be handed out");
+  if (b->npieces > max)
+    return gpu_fail(-E2BIG, "a backup of %llu bytes is %zu pieces, more than %zu",
+                    (unsigned long long)size, b->npieces, max);
+  for (size_t i = 0; i < b->npieces; i++)
+    if (!b->handles[i]) return gpu_fail(-EAGAIN, "backup piece %zu is not made yet", i);
+  int st = 0;
+  vmm_gate_begin(&x->gate);
+  for (; *n < b->npieces && st == 0; (*n)++) {
+    sizes[*n] = host_piece_len(b, *n);
+    if ((st = x->v->export_fd(b->handles[*n], &fds[*n])) != 0) break;
+  }
+  vmm_gate_end(&x->gate);
+  if (st == 0) return 0;
+  while (*n > 0) close(fds[--*n]);
+  return vmm_check(&x->m, st, "MemExportToShareableHandle");
 }
 
 /* Backup ranges start at a multiple of this, so that huge pages fit. */
@@ -325,7 +369,7 @@ int vmm_backup_make(void *state, unsigned dev, void *host, uint64_t size, uint64
   struct vmm_dev *x = state;
   struct vmm *m = &x->m;
   struct vmm_host_backup *b = host_backup(x, host);
-  if (b) return host_make(x, b, (size_t)(off / GPUDEV_BACKUP_PIECE), background);
+  if (b) return host_make(x, b, (size_t)(off / b->piece), background);
   char *p = (char *)host + off;
   uint64_t len = gpudev_piece_len(size, off);
   int saved = 0, st = 0, rc;

@@ -51,6 +51,11 @@ int vmm_backup_alloc(void *state, unsigned dev, uint64_t size, void **host);
 /* Free memory from vmm_backup_alloc and let go of its context. */
 void vmm_backup_free(void *state, unsigned dev, void *host, uint64_t size);
 
+/* Export a host-NUMA backup's pieces for its owner (gpudev_backup_export);
+ * pinned backups: -ENOTSUP. */
+int vmm_backup_export(void *state, unsigned dev, void *host, uint64_t size, int *fds,
+                      uint64_t *sizes, size_t max, size_t *n);
+
 /* Take the device's access to a host-NUMA backup away until its next
  * copy (gpudev_backup_host_only); pinned backups: nothing. */
 void vmm_backup_host_only(void *state, unsigned dev, void *host);

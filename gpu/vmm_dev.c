@@ -243,6 +243,7 @@ static void vmm_ipc_free(void *state, unsigned dev, uint64_t dptr, uint64_t size
     .backup_reserve = vmm_backup_reserve, .backup_make = vmm_backup_make,                    \
     .backup_release = vmm_backup_release, .backup_alloc = vmm_backup_alloc,                  \
     .backup_free = vmm_backup_free, .backup_host_only = vmm_backup_host_only,               \
+    .backup_export = vmm_backup_export,                                                      \
     .hold = vmm_hold, .unhold = vmm_unhold,                                                  \
     .holding = vmm_holding, .bus_id = vmm_bus_id, .ipc_alloc = vmm_ipc_alloc,                \
     .ipc_free = vmm_ipc_free,                                                                \

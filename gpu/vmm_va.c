@@ -189,6 +189,20 @@ static int vmm_copy_to(void *state, unsigned dev, void *va, const void *src, uin
   return va_done(x, saved, st, "MemcpyHtoD");
 }
 
+/* Copy between two mappings the device reaches, and wait for it. */
+static int vmm_copy_device(void *state, unsigned dev, void *dst, const void *src, uint64_t len) {
+  struct vmm_va *x = state;
+  int saved, rc = va_enter(x, dev, &saved);
+  if (rc < 0) return rc;
+  const char *call = "MemcpyDtoD";
+  int st = x->v->dtod((uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, len);
+  if (st == 0) {
+    call = "CtxSynchronize";
+    st = x->v->sync();
+  }
+  return va_done(x, saved, st, call);
+}
+
 /* Fill device memory with a 32-bit value and wait for it. */
 static int vmm_fill32(void *state, unsigned dev, void *va, uint64_t len, uint32_t value) {
   struct vmm_va *x = state;
@@ -228,7 +242,8 @@ static void vmm_ipc_close(void *state, unsigned dev, void *va) {
     .device_by_bus_id = vmm_device_by_bus_id, .reserve = vmm_reserve, .free = vmm_free_va,  \
     .import = vmm_import, .map = vmm_map, .set_access = vmm_set_access, .unmap = vmm_unmap, \
     .export_handle = vmm_export_handle, .release = vmm_release, .sync = vmm_sync,           \
-    .copy_from = vmm_copy_from, .copy_to = vmm_copy_to, .fill32 = vmm_fill32,               \
+    .copy_from = vmm_copy_from, .copy_to = vmm_copy_to, .copy_device = vmm_copy_device,     \
+    .fill32 = vmm_fill32,                                                                   \
     .ipc_open = vmm_ipc_open, .ipc_close = vmm_ipc_close,                                   \
   }
 

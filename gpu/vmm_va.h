@@ -14,6 +14,7 @@ struct vmm_va_vendor {
   int (*sync)(void);
   int (*dtoh)(void *dst, uint64_t src, uint64_t n);
   int (*htod)(uint64_t dst, const void *src, uint64_t n);
+  int (*dtod)(uint64_t dst, uint64_t src, uint64_t n);
   int (*memset32)(uint64_t dst, uint32_t value, uint64_t count);
   int (*ipc_open)(const uint8_t *handle, uint64_t *dptr);
   int (*ipc_close)(uint64_t dptr);

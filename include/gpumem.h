@@ -54,12 +54,12 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 6
+#define GPUMEM_VERSION_MINOR 7
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (10500 for 1.5.0). */
+/* The library's version, as GPUMEM_VERSION computes it (10700 for 1.7.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
 /* The library's version as text ("1.5.0"). */
@@ -138,6 +138,14 @@ enum gpumem_connect_flag {
    * process's device calls block until the resume; a released process
    * whose daemon goes away is restored by the daemon that follows. */
   GPUMEM_CONNECT_RELEASE_CONTEXT = 8,
+  /* Have the daemon copy this worker's BACKUP buffers to and from host
+   * memory itself, in a device context of its own made for the copies,
+   * as before 1.7. By default a worker copies them itself, into and out
+   * of the daemon's backup memory that the pause and the resume hand it,
+   * with its own context, so that the daemon holds none (1.7). The
+   * environment variable GPUMEM_DAEMON_COPIES=1 sets it for every
+   * connection of the process. */
+  GPUMEM_CONNECT_DAEMON_COPIES = 16,
 };
 
 /* The default socket path, used when neither an argument nor the

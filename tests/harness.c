@@ -890,7 +890,7 @@ void peer_take_remap(const wire_env *e, struct frame *f, struct pbuf *bufs, size
         f->fds[at + c] = -1;
       }
     }
-    at += en->n_chunk_sizes;
+    at += en->n_chunk_sizes + en->n_backup_piece_sizes; /* pieces: closed with f */
   }
 }
 

@@ -58,7 +58,7 @@ from . import _native
 from ._native import FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_IPC_LEGACY
 
 
-__version__ = "1.6.0"
+__version__ = "1.7.0"
 
 __all__ = [
     "Buffer",

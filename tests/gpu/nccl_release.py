@@ -316,6 +316,11 @@ def daemon_release(daemon, sock, nccl_suspend):
         check(None not in ranks.pids, "gpumem ranks start (%s)" % what, "%s" % ranks.facts)
         if None in ranks.pids:
             return
+        f0 = ranks.facts[0]
+        if nccl_suspend and not (f0["has_suspend"] or f0["pg_suspend"]):
+            fact("ncclCommSuspend", "NCCL %s has no ncclCommSuspend (NCCL 2.29.7 and later "
+                 "have it) and PyTorch's process group no suspend: not tried" % f0["nccl"])
+            return
         if nccl_suspend:
             said = ranks.both("suspend", 60)
             fact("ncclCommSuspend", said)

@@ -1004,6 +1004,11 @@ hipError_t hipMemcpyHtoD(hipDeviceptr_t dst, void *src, size_t n) {
   return copy(dst, true, src, false, n, false, NULL);
 }
 
+/* Copy device memory to device memory. */
+hipError_t hipMemcpyDtoD(hipDeviceptr_t dst, hipDeviceptr_t src, size_t n) {
+  return copy(dst, true, src, true, n, false, NULL);
+}
+
 /* Set count 32-bit words of device memory. */
 hipError_t hipMemsetD32(hipDeviceptr_t dst, int value, size_t count) {
   if (!ready()) return hipErrorNotInitialized;

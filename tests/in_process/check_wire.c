@@ -126,6 +126,72 @@ START_TEST(replies_bring_the_fds_they_declare) {
 }
 END_TEST
 
+/* A remap's backup pieces are fds too, after its chunks', none empty. */
+START_TEST(remap_backup_pieces_are_fds_of_some_bytes) {
+  uint64_t sizes[1] = {2 << 20}, pieces[2] = {1 << 20, 1 << 20};
+  Gpumem__Wire__RemapEntry e = GPUMEM__WIRE__REMAP_ENTRY__INIT, *ep = &e;
+  e.buffer_id = 1;
+  e.chunk_sizes = sizes;
+  e.n_chunk_sizes = 1;
+  e.backup_piece_sizes = pieces;
+  e.n_backup_piece_sizes = 2;
+  Gpumem__Wire__RemapEvent r = GPUMEM__WIRE__REMAP_EVENT__INIT;
+  r.entries = &ep;
+  r.n_entries = 1;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_REMAP;
+  env.remap = &r;
+  env.fd_count = 3;
+  ck_assert_int_eq(wire_check_reply(&env, 3, why, sizeof why), CODE(OK));
+  env.fd_count = 1;
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+  env.fd_count = 3;
+  pieces[1] = 0;
+  ck_assert_int_eq(wire_check_reply(&env, 3, why, sizeof why), CODE(PROTOCOL_ERROR));
+  ck_assert_ptr_nonnull(strstr(why, "backup piece of no bytes"));
+  pieces[0] = UINT64_MAX;
+  pieces[1] = 2;
+  ck_assert_int_eq(wire_check_reply(&env, 3, why, sizeof why), CODE(PROTOCOL_ERROR));
+}
+END_TEST
+
+/* An Unmap's backups are of buffers it names, once each, with pieces
+ * that are its fds. */
+START_TEST(unmap_backups_name_its_buffers_once) {
+  uint64_t ids[2] = {7, 8}, pieces[1] = {2 << 20};
+  Gpumem__Wire__BackupMemory m[2] = {GPUMEM__WIRE__BACKUP_MEMORY__INIT,
+                                     GPUMEM__WIRE__BACKUP_MEMORY__INIT};
+  Gpumem__Wire__BackupMemory *mp[2] = {&m[0], &m[1]};
+  for (int i = 0; i < 2; i++) {
+    m[i].buffer_id = ids[i];
+    m[i].piece_sizes = pieces;
+    m[i].n_piece_sizes = 1;
+  }
+  Gpumem__Wire__UnmapEvent u = GPUMEM__WIRE__UNMAP_EVENT__INIT;
+  u.buffer_ids = ids;
+  u.n_buffer_ids = 2;
+  u.backups = mp;
+  u.n_backups = 2;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_UNMAP;
+  env.unmap = &u;
+  env.fd_count = 2;
+  ck_assert_int_eq(wire_check_reply(&env, 2, why, sizeof why), CODE(OK));
+  env.fd_count = 0; /* fds the event does not declare */
+  ck_assert_int_eq(wire_check_reply(&env, 0, why, sizeof why), CODE(PROTOCOL_ERROR));
+  env.fd_count = 2;
+  m[1].buffer_id = 7; /* the same buffer twice */
+  ck_assert_int_eq(wire_check_reply(&env, 2, why, sizeof why), CODE(PROTOCOL_ERROR));
+  m[1].buffer_id = 9; /* a buffer the event does not unmap */
+  ck_assert_int_eq(wire_check_reply(&env, 2, why, sizeof why), CODE(PROTOCOL_ERROR));
+  ck_assert_ptr_nonnull(strstr(why, "unmap backups"));
+  m[1].buffer_id = 8;
+  m[1].n_piece_sizes = 0; /* a backup of no pieces */
+  env.fd_count = 1;
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+}
+END_TEST
+
 /* Garbage bytes never parse into a message that passes the checks. */
 START_TEST(garbage_does_not_parse_or_is_refused) {
   srand(42);
@@ -246,6 +312,8 @@ int main(void) {
                      clients_send_requests_without_fds,
                      hello_needs_a_known_role,
                      replies_bring_the_fds_they_declare,
+                     remap_backup_pieces_are_fds_of_some_bytes,
+                     unmap_backups_name_its_buffers_once,
                      garbage_does_not_parse_or_is_refused,
                      envelopes_round_trip,
                      sizes_parse_with_binary_suffixes,
