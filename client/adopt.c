@@ -112,6 +112,7 @@ adopt *adopt_create(buffers *r, hello *h) {
   int fds[FRAME_MAX_FDS];
   for (size_t i = 0; i < n; i++) {
     gpumem_buffer *b = all[i];
+    buffer_drop_backup(b); /* the daemon that held it is gone */
     if (buffer_doomed(b)) continue;
     unsigned long long id = (unsigned long long)gpumem_buffer_id(b);
     int dev;

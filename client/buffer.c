@@ -41,6 +41,7 @@ struct gpumem_buffer {
   uint64_t *chunk_sizes;
   uint64_t *handles; /* of chunk i while held[i] */
   bool *held;        /* chunk i is imported and mapped */
+  struct backup_map backup; /* its backup memory, kept mapped (none: all zero) */
 };
 
 /* The buffer's id, read under its lock. */
@@ -178,10 +179,40 @@ static void set_unmapping(gpumem_buffer *b, bool unmapping) {
   pthread_mutex_unlock(&b->mu);
 }
 
+/* One copy between the buffer and backup map m. */
+static int copy_with(gpumem_buffer *b, const struct backup_map *m, bool to_backup) {
+  return backup_io_copy(b->gpu, b->local, b->va, b->size, gpumem_buffer_id(b), m, to_backup);
+}
+
+/* Copy between the buffer and backup memory m: the map kept, or m's
+ * pieces mapped now (then kept if keep, else let go of). A failure keeps
+ * nothing. */
+static int backup_through(gpumem_buffer *b, const struct backup_mem *m, bool to_backup,
+                          bool keep) {
+  int rc;
+  if (m->kept) {
+    rc = b->backup.va ? copy_with(b, &b->backup, to_backup)
+                      : error_set(GPUMEM_E_PROTOCOL,
+                                  "buffer %llu: the daemon says its backup memory was kept "
+                                  "here, and none is", id_of(b));
+    if (rc < 0) backup_io_unmap(b->gpu, b->local, &b->backup);
+    return rc;
+  }
+  backup_io_unmap(b->gpu, b->local, &b->backup); /* memory handed anew replaces it */
+  struct backup_map fresh;
+  if ((rc = backup_io_map(b->gpu, b->local, m->sizes, m->n, m->fds, &fresh)) < 0) return rc;
+  rc = copy_with(b, &fresh, to_backup);
+  if (rc == 0 && keep)
+    b->backup = fresh;
+  else
+    backup_io_unmap(b->gpu, b->local, &fresh);
+  return rc;
+}
+
 /* Copy into backup memory with copies refused, then unmap. */
-int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m) {
+int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m, bool keep) {
   set_unmapping(b, true);
-  int rc = backup_io_copy(b, m->sizes, m->n, m->fds, true);
+  int rc = backup_through(b, m, true, keep);
   if (rc < 0) {
     set_unmapping(b, false);
     return rc;
@@ -194,7 +225,7 @@ int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m) {
 /* Map a Remap entry's chunks, if they fit the buffer, and copy its backup
  * in before anyone may use it. */
 int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
-                 const struct backup_mem *m) {
+                 const struct backup_mem *m, bool keep) {
   pthread_mutex_lock(&b->mu);
   bool mapped = b->mapped;
   pthread_mutex_unlock(&b->mu);
@@ -205,7 +236,7 @@ int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
                      mapped ? "it is mapped" : "other chunks");
   int rc = map_chunks(b, fds, !m);
   if (rc < 0 || !m) return rc;
-  if ((rc = backup_io_copy(b, m->sizes, m->n, m->fds, false)) < 0) {
+  if ((rc = backup_through(b, m, false, keep)) < 0) {
     buffer_unmap(b);
     return rc;
   }
@@ -226,6 +257,12 @@ int buffer_export(gpumem_buffer *b, int *fds) {
   return 0;
 }
 
+/* Let go of the kept backup memory. */
+void buffer_drop_backup(gpumem_buffer *b) { backup_io_unmap(b->gpu, b->local, &b->backup); }
+
+/* Whether backup memory is kept mapped. */
+bool buffer_keeps_backup(const gpumem_buffer *b) { return b->backup.va != NULL; }
+
 /* Forget a buffer completely. */
 void buffer_destroy(gpumem_buffer *b) {
   addrmap_remove(&b->at);
@@ -237,6 +274,7 @@ void buffer_destroy(gpumem_buffer *b) {
     for (size_t i = 0; i < b->nchunks; i++)
       if (b->held[i]) gpuva_release(b->gpu, b->local, b->handles[i]);
     if (b->va) gpuva_free(b->gpu, b->local, b->va, b->size);
+    backup_io_unmap(b->gpu, b->local, &b->backup);
   }
   free_struct(b);
 }

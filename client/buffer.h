@@ -42,26 +42,38 @@ void buffer_destroy(gpumem_buffer *b);
 int buffer_unmap(gpumem_buffer *b);
 
 /* Backup memory the daemon hands an owner to copy through (protocol
- * 1.7): n pieces, their sizes, one fd each (taken as used). */
+ * 1.7): n pieces, their sizes, one fd each (taken as used), or (kept)
+ * the memory it handed before, which the buffer kept mapped. */
 struct backup_mem {
   const uint64_t *sizes;
   size_t n;
   int *fds;
+  bool kept;
 };
 
 /* Copy the buffer's contents into backup memory m, then unmap it as
  * buffer_unmap does; copies are refused from before the copy on, so that
- * nothing written after it is lost. A failed copy leaves it mapped and
- * usable (GPUMEM_E_* with words). */
-int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m);
+ * nothing written after it is lost. The backup memory stays mapped with
+ * the buffer if keep (for the next events to hand by reference), else it
+ * is let go of. A failed copy leaves the buffer mapped and usable
+ * (GPUMEM_E_* with words), and nothing of the backup kept. */
+int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m, bool keep);
 
 /* Map the chunks of a Remap entry (n chunk sizes, fds taken as used) at
  * the buffer's address, then copy its contents in from backup memory m
- * (NULL: none) before it is usable; fails with GPUMEM_E_WRONG_STATE
- * (words set) when they do not fit it or it is mapped, GPUMEM_E_MAP when
- * mapping fails, and as backup_io_copy does: then nothing stays mapped. */
+ * (NULL: none; kept as buffer_unmap_into keeps it) before it is usable;
+ * fails with GPUMEM_E_WRONG_STATE (words set) when they do not fit it or
+ * it is mapped, GPUMEM_E_MAP when mapping fails, and as backup_io_copy
+ * does: then nothing stays mapped. */
 int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
-                 const struct backup_mem *m);
+                 const struct backup_mem *m, bool keep);
+
+/* Let go of the backup memory the buffer kept mapped (a daemon that came
+ * back never refers to it). */
+void buffer_drop_backup(gpumem_buffer *b);
+
+/* True while the buffer keeps backup memory of the daemon's mapped. */
+bool buffer_keeps_backup(const gpumem_buffer *b);
 
 /* Export a mapped buffer's chunks again as fds, one per chunk; on failure
  * none stays open. */

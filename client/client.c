@@ -52,6 +52,9 @@ int gpumem_connect(const char *socket_path, const char *name, int role, unsigned
   c->hello = hello_create(flags & GPUMEM_CONNECT_NODE_DEVICES);
   c->buffers = buffers_create();
   c->events = c->buffers ? events_create(c, c->buffers) : NULL;
+  bool keep = false;
+  hello_copies_backups(role, flags, &keep);
+  if (c->events) events_keep_backups(c->events, keep);
   c->pool = pool_create(&c->addrs);
   struct conn_parts parts = {.client = c, .buffers = c->buffers, .hello = c->hello,
                              .events = c->events, .path = socket_path,

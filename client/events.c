@@ -19,6 +19,7 @@ struct events {
   pthread_mutex_t mu;    /* the hooks */
   gpumem_hook pre_unmap, post_remap;
   void *user;
+  bool keep_backups; /* keep backup memory mapped between events (events_keep_backups) */
 };
 
 /* Make an event handler. */
@@ -30,6 +31,9 @@ events *events_create(gpumem_client *c, buffers *r) {
   pthread_mutex_init(&e->mu, NULL);
   return e;
 }
+
+/* Keep the backup memory handed to buffers mapped between events. */
+void events_keep_backups(events *e, bool keep) { e->keep_backups = keep; }
 
 /* Free an event handler. */
 void events_destroy(events *e) {
@@ -159,8 +163,8 @@ static void on_unmap(events *e, const Gpumem__Wire__UnmapEvent *ev, struct frame
     size_t fd_at;
     const Gpumem__Wire__BackupMemory *m = backup_of(ev, gpumem_buffer_id(bufs[i]), &fd_at);
     if (m) {
-      struct backup_mem mem = {m->piece_sizes, m->n_piece_sizes, f->fds + fd_at};
-      if (buffer_unmap_into(bufs[i], &mem) < 0)
+      struct backup_mem mem = {m->piece_sizes, m->n_piece_sizes, f->fds + fd_at, m->kept};
+      if (buffer_unmap_into(bufs[i], &mem, e->keep_backups) < 0)
         failed(fl, gpumem_buffer_id(bufs[i]), GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
                "buffer %llu: %s", (unsigned long long)gpumem_buffer_id(bufs[i]),
                gpumem_last_error());
@@ -195,9 +199,10 @@ static void on_remap(events *e, const Gpumem__Wire__RemapEvent *ev, struct frame
     fd_at += r->n_chunk_sizes + r->n_backup_piece_sizes;
     gpumem_buffer *b = buffers_find(e->buffers, r->buffer_id);
     struct backup_mem mem = {r->backup_piece_sizes, r->n_backup_piece_sizes,
-                             fds + r->n_chunk_sizes};
-    int rc = b ? buffer_remap(b, r->chunk_sizes, r->n_chunk_sizes, fds,
-                              r->n_backup_piece_sizes ? &mem : NULL)
+                             fds + r->n_chunk_sizes, r->backup_kept};
+    bool copy_in = r->n_backup_piece_sizes || r->backup_kept;
+    int rc = b ? buffer_remap(b, r->chunk_sizes, r->n_chunk_sizes, fds, copy_in ? &mem : NULL,
+                              e->keep_backups)
                : 0;
     if (!b)
       failed(fl, r->buffer_id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,
@@ -222,7 +227,7 @@ static bool nothing_mapped(events *e) {
   gpumem_buffer **v = buffers_list(e->buffers, &n);
   bool none = count == 0 || v;
   for (size_t i = 0; v && i < n; i++)
-    if (gpumem_buffer_mapped(v[i])) none = false;
+    if (gpumem_buffer_mapped(v[i]) || buffer_keeps_backup(v[i])) none = false;
   free(v);
   return none;
 }

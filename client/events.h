@@ -18,6 +18,12 @@ typedef struct events events;
  * when out of memory. */
 events *events_create(gpumem_client *c, buffers *r);
 
+/* Keep the backup memory an event hands a buffer mapped with it for the
+ * next events, which then hand it by reference (a Hello's keeps_backups;
+ * never for a process whose context may be released). Set before the
+ * first connection. */
+void events_keep_backups(events *e, bool keep);
+
 /* Free an event handler. */
 void events_destroy(events *e);
 

@@ -39,16 +39,26 @@ void hello_destroy(hello *h) {
   free(h);
 }
 
+/* Whether the connection copies (and keeps) its backups. */
+bool hello_copies_backups(int role, unsigned flags, bool *keep) {
+  bool copies = role == GPUMEM_ROLE_WORKER &&
+                !(flags & (GPUMEM_CONNECT_DAEMON_COPIES | GPUMEM_CONNECT_NODE_DEVICES));
+  *keep = copies && !(flags & GPUMEM_CONNECT_RELEASE_CONTEXT);
+  return copies;
+}
+
 /* Fill a Hello. */
-void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, bool release_context,
-                   bool copies_backups) {
+void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, unsigned flags) {
+  bool keep;
+  bool copies = hello_copies_backups(role, flags, &keep);
   gpumem__wire__hello__init(msg);
   msg->version_major = WIRE_VERSION_MAJOR;
   msg->version_minor = WIRE_VERSION_MINOR;
   msg->role = (Gpumem__Wire__Role)role;
   msg->name = (char *)name;
-  msg->release_context = release_context;
-  msg->copies_backups = copies_backups;
+  msg->release_context = (flags & GPUMEM_CONNECT_RELEASE_CONTEXT) != 0;
+  msg->copies_backups = copies;
+  msg->keeps_backups = keep;
 }
 
 /* Take a HelloReply. Runs on the thread that greets (the only writer of

@@ -21,11 +21,16 @@ hello *hello_create(bool maps_nothing);
 /* Free a greeting and close its backend. */
 void hello_destroy(hello *h);
 
-/* Fill a Hello for a session of role under name (strings borrowed),
- * opting in to context release or not, and saying whether it copies its
- * BACKUP buffers itself (protocol 1.7). */
-void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, bool release_context,
-                   bool copies_backups);
+/* Whether a connection of role with GPUMEM_CONNECT_* flags copies its
+ * BACKUP buffers itself (keep: and keeps their backup memory mapped
+ * between pauses, which a process whose context may be released must
+ * not: the driver cannot restore one that imports host-NUMA memory). */
+bool hello_copies_backups(int role, unsigned flags, bool *keep);
+
+/* Fill a Hello for a session of role with GPUMEM_CONNECT_* flags under
+ * name (borrowed): its opt-in to context release, and whether it copies
+ * (and keeps) its backups (protocol 1.7). */
+void hello_request(Gpumem__Wire__Hello *msg, int role, const char *name, unsigned flags);
 
 /* Take a HelloReply: the first opens the backend it names; a later one
  * must name the same backend when buffers are mapped here. Returns 0 or

@@ -494,9 +494,7 @@ void loop_attempt(conn *k) {
     return;
   }
   Gpumem__Wire__Hello h;
-  hello_request(&h, k->role, k->name, k->flags & GPUMEM_CONNECT_RELEASE_CONTEXT,
-                k->role == GPUMEM_ROLE_WORKER &&
-                    !(k->flags & (GPUMEM_CONNECT_DAEMON_COPIES | GPUMEM_CONNECT_NODE_DEVICES)));
+  hello_request(&h, k->role, k->name, k->flags);
   wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_HELLO, &h);
   pthread_mutex_lock(&k->mu);
   k->gen++;

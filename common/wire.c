@@ -199,14 +199,15 @@ static bool pieces_ok(const uint64_t *sizes, size_t n) {
 }
 
 /* An Unmap's backups: each of a buffer the event names, once, with at
- * least one well-formed piece; adds their pieces (fds) to *fds. */
+ * least one well-formed piece or (kept) none; adds their pieces (fds) to
+ * *fds. */
 static bool unmap_backups_ok(const Gpumem__Wire__UnmapEvent *u, size_t *fds) {
   for (size_t i = 0; i < u->n_backups; i++) {
     const Gpumem__Wire__BackupMemory *m = u->backups[i];
     bool named = false;
     for (size_t k = 0; k < u->n_buffer_ids && !named; k++) named = u->buffer_ids[k] == m->buffer_id;
     for (size_t k = 0; k < i && named; k++) named = u->backups[k]->buffer_id != m->buffer_id;
-    if (!named || m->n_piece_sizes == 0 || !pieces_ok(m->piece_sizes, m->n_piece_sizes))
+    if (!named || (m->n_piece_sizes == 0) != m->kept || !pieces_ok(m->piece_sizes, m->n_piece_sizes))
       return false;
     *fds += m->n_piece_sizes;
   }
@@ -330,6 +331,8 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
       const Gpumem__Wire__RemapEntry *r = env->remap->entries[i];
       if (!pieces_ok(r->backup_piece_sizes, r->n_backup_piece_sizes))
         return refuse(bad, why, whylen, "remap entry %zu: a backup piece of no bytes", i);
+      if (r->backup_kept && r->n_backup_piece_sizes)
+        return refuse(bad, why, whylen, "remap entry %zu: a kept backup with pieces", i);
       chunks += r->n_chunk_sizes + r->n_backup_piece_sizes;
     }
     break;
@@ -337,7 +340,7 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
     if (!unmap_backups_ok(env->unmap, &chunks))
       return refuse(bad, why, whylen,
                     "unmap backups: each must be of a buffer the event names, once, with "
-                    "pieces of some bytes");
+                    "pieces of some bytes or kept");
     break;
   case GPUMEM__WIRE__ENVELOPE__BODY_ERROR:
   case GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY:

@@ -373,6 +373,7 @@ static void settle_unmapped(engine *e) {
       struct buffer *b = answered(e, g, i, BUF_PAUSING);
       if (!b) continue;
       if (g->failed[i]) {
+        registry_backup_unhanded(b);
         fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
              "pid %d could not unmap buffer %llu: %s", (int)g->s->pid, (unsigned long long)b->id,
              g->why);
@@ -380,7 +381,8 @@ static void settle_unmapped(engine *e) {
       }
       registry_move(e->reg, b, BUF_EV_UNMAPPED);
       if (bufs && held && checked)
-        release(e, g->op, b, held[n++], g->pieces[i] ? group_copy_us(g, b->size) : 0);
+        release(e, g->op, b, held[n++],
+                group_owner_copies(g, i) ? group_copy_us(g, b->size) : 0);
       else
         hold(g->op, b);
     }
@@ -684,7 +686,7 @@ static void commit_resume(engine *e, struct op *op) {
       struct buffer *b = registry_find(e->reg, g->ids[i]);
       if (!b || b->state != BUF_RESUMING) continue;
       registry_move(e->reg, b, BUF_EV_COMMIT);
-      if (g->pieces[i]) registry_restore_copied(e->reg, b, group_copy_us(g, b->size));
+      if (group_owner_copies(g, i)) registry_restore_copied(e->reg, b, group_copy_us(g, b->size));
       stats_bytes(e->stats, true, b->size);
       count(op, b);
     }
@@ -705,6 +707,7 @@ static struct group *roll_back(engine *e, struct op *op, struct group *g) {
   for (size_t i = 0; i < g->nids; i++) {
     struct buffer *b = registry_find(e->reg, g->ids[i]);
     if (!b || b->state != BUF_RESUMING) continue;
+    if (g->failed[i]) registry_backup_unhanded(b);
     if (g->failed[i] || !rb || group_add(rb, b->id, g->made[i]) < 0) undo_resume(e, b, g->made[i]);
   }
   if (!rb || rb->nids == 0) {

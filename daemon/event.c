@@ -12,9 +12,10 @@ void event_send_unmap(const struct outbox *out, struct group *g) {
   ev.buffer_ids = g->ids;
   ev.n_buffer_ids = g->nids;
   for (size_t i = 0, at = 0; i < g->nids; at += g->pieces[i++]) {
-    if (!g->pieces[i]) continue;
+    if (!group_owner_copies(g, i)) continue;
     gpumem__wire__backup_memory__init(&mem[ev.n_backups]);
     mem[ev.n_backups].buffer_id = g->ids[i];
+    mem[ev.n_backups].kept = g->kept[i];
     mem[ev.n_backups].piece_sizes = g->piece_sizes + at;
     mem[ev.n_backups].n_piece_sizes = g->pieces[i];
     memp[ev.n_backups] = &mem[ev.n_backups];
@@ -67,6 +68,7 @@ int event_send_remap(const struct outbox *out, registry *reg, struct group *g) {
       ent[nent].n_chunk_sizes = b->nchunks;
       ent[nent].backup_piece_sizes = g->piece_sizes + piece_at;
       ent[nent].n_backup_piece_sizes = g->pieces[i];
+      ent[nent].backup_kept = g->kept[i];
       entp[nent] = &ent[nent];
       piece_at += g->pieces[i];
       nent++;

@@ -31,11 +31,14 @@ int group_add(struct group *g, uint64_t id, bool made) {
     bool *m = failed ? realloc(g->made, cap * sizeof *m) : NULL;
     if (m) g->made = m;
     size_t *pieces = m ? realloc(g->pieces, cap * sizeof *pieces) : NULL;
-    if (!pieces) return -1;
-    g->pieces = pieces;
+    if (pieces) g->pieces = pieces;
+    bool *kept = pieces ? realloc(g->kept, cap * sizeof *kept) : NULL;
+    if (!kept) return -1;
+    g->kept = kept;
     g->cap = cap;
   }
   g->pieces[g->nids] = 0;
+  g->kept[g->nids] = false;
   g->failed[g->nids] = false;
   g->made[g->nids] = made;
   g->ids[g->nids++] = id;
@@ -75,7 +78,7 @@ wire_code group_export(struct group *g, registry *reg, struct fault *f) {
     g->nfds += b->ipc ? 0 : b->nchunks;
     if (!registry_owner_copies(reg, b, true)) continue;
     if (registry_hand_backup(reg, b, g->fds + g->nfds, g->piece_sizes + g->npiece_sizes,
-                             FRAME_MAX_FDS - b->nchunks, &g->pieces[i])) {
+                             FRAME_MAX_FDS - b->nchunks, &g->pieces[i], &g->kept[i])) {
       g->nfds += g->pieces[i];
       g->npiece_sizes += g->pieces[i];
       g->handed += b->size;
@@ -93,12 +96,15 @@ void group_hand_backups(struct group *g, registry *reg) {
     struct buffer *b = registry_find(reg, g->ids[i]);
     if (!registry_owner_copies(reg, b, false)) continue;
     if (registry_hand_backup(reg, b, g->fds + g->nfds, g->piece_sizes + g->nfds,
-                             FRAME_MAX_FDS - g->nfds, &g->pieces[i])) {
+                             FRAME_MAX_FDS - g->nfds, &g->pieces[i], &g->kept[i])) {
       g->npiece_sizes = g->nfds += g->pieces[i];
       g->handed += b->size;
     }
   }
 }
+
+/* Whether the owner copies buffer i. */
+bool group_owner_copies(const struct group *g, size_t i) { return g->pieces[i] || g->kept[i]; }
 
 /* A buffer's share of the owner's copying time. */
 uint64_t group_copy_us(const struct group *g, uint64_t size) {
@@ -153,6 +159,7 @@ void group_free(struct group *g, idmap *events) {
   free(g->failed);
   free(g->made);
   free(g->pieces);
+  free(g->kept);
   free(g->piece_sizes);
   free(g->fds);
   free(g);

@@ -37,6 +37,7 @@ struct group {
   bool *failed;   /* the owner could not unmap or map it */
   bool *made;     /* this resume created its memory */
   size_t *pieces; /* backup pieces handed to the owner to copy (0: the daemon copies) */
+  bool *kept;     /* or the backup memory the owner kept was handed by reference */
   uint64_t *piece_sizes; /* theirs, in id and piece order */
   size_t npiece_sizes;
   uint64_t handed; /* bytes of the buffers whose backups were handed */
@@ -71,6 +72,9 @@ wire_code group_export(struct group *g, registry *reg, struct fault *f);
  * copies itself (registry_owner_copies), as many as one event's fds
  * allow; the daemon copies the others once they are unmapped. */
 void group_hand_backups(struct group *g, registry *reg);
+
+/* True if the owner copies buffer i's backup (handed by fds or kept). */
+bool group_owner_copies(const struct group *g, size_t i);
 
 /* The share of buffer i (of size bytes) in the time since the group's
  * events went out, in microseconds (at least 1): the owner copied the

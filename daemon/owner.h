@@ -23,6 +23,7 @@ struct owner {
   bool closed;      /* its session has ended: nothing more is sent to it */
   bool release_ok;     /* opted in to context release at Hello */
   bool copies_backups; /* copies its BACKUP buffers to and from backup memory itself */
+  bool keeps_backups;  /* and keeps the backup memory handed to it mapped */
   bool nothing_mapped; /* its last Unmap ack said it maps nothing of ours */
   bool released;       /* its process's device state is released (ctxrelease.h) */
   uint64_t moved;      /* device bytes that release moved to host memory */

@@ -398,19 +398,26 @@ bool registry_owner_copies(const registry *r, const struct buffer *b, bool resum
 
 /* Export b's backup pieces for its owner, making the memory first. */
 bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *sizes, size_t max,
-                          size_t *n) {
+                          size_t *n, bool *kept) {
   struct fault f = {0};
   *n = 0;
+  *kept = b->owner->keeps_backups && b->handed_to == b->owner->id && b->backup;
+  if (*kept) return true;
   if (get_backup_memory(r, b, &f)) {
     log_warn("buffer %llu: %s; the daemon copies it", (unsigned long long)b->id, f.text);
     return false;
   }
-  if (gpudev_backup_export(r->gpu, b->device, b->backup, b->size, fds, sizes, max, n) == 0)
+  if (gpudev_backup_export(r->gpu, b->device, b->backup, b->size, fds, sizes, max, n) == 0) {
+    b->handed_to = b->owner->keeps_backups ? b->owner->id : 0;
     return true;
+  }
   log_debug("buffer %llu: its backup is not handed to its owner (%s): the daemon copies it",
             (unsigned long long)b->id, gpu_error());
   return false;
 }
+
+/* Hand the backup memory anew next time. */
+void registry_backup_unhanded(struct buffer *b) { b->handed_to = 0; }
 
 /* Count one copy of size bytes, one way, that took us. */
 static void count_copy(registry *r, bool to_host, uint64_t size, uint64_t us) {

@@ -76,6 +76,7 @@ struct buffer {
   hostmem_job *making; /* that memory, while the thread pool makes it */
   bool backup_valid; /* the backup holds the contents (paused) */
   uint64_t backup_hash; /* with --verify-backups */
+  uint64_t handed_to; /* the session (owner id) that keeps its backup memory mapped; 0: none */
   struct list tag_link, owner_link;
   struct list all_link; /* the registry's buffers, in id order */
   struct list uid_link; /* its uid's buffers (tenants_members), in id order */
@@ -245,11 +246,16 @@ bool registry_owner_copies(const registry *r, const struct buffer *b, bool resum
 
 /* Hand b's backup memory (made now if the thread pool has not made it)
  * to its owner: at most max pieces' new fds into fds (the caller's), their
- * sizes into sizes, their count into *n. False when it cannot be handed
- * (the backend's backups cannot be, more than max pieces, no memory):
- * the daemon copies instead, and why is logged. */
+ * sizes into sizes, their count into *n; or, where the owner keeps the
+ * memory handed to it before, none, with *kept. False when it cannot be
+ * handed (the backend's backups cannot be, more than max pieces, no
+ * memory): the daemon copies instead, and why is logged. */
 bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *sizes, size_t max,
-                          size_t *n);
+                          size_t *n, bool *kept);
+
+/* The owner of b failed an event about it: whatever backup memory it
+ * kept is not trusted to be there; the next event hands it again. */
+void registry_backup_unhanded(struct buffer *b);
 
 /* The owner copied b's contents into the backup handed to it (its Unmap
  * ack said so, us after it was sent): the backup is valid, counted and,

@@ -152,6 +152,12 @@ START_TEST(remap_backup_pieces_are_fds_of_some_bytes) {
   pieces[0] = UINT64_MAX;
   pieces[1] = 2;
   ck_assert_int_eq(wire_check_reply(&env, 3, why, sizeof why), CODE(PROTOCOL_ERROR));
+  pieces[0] = pieces[1] = 1 << 20;
+  e.backup_kept = true; /* kept means no pieces */
+  ck_assert_int_eq(wire_check_reply(&env, 3, why, sizeof why), CODE(PROTOCOL_ERROR));
+  e.n_backup_piece_sizes = 0;
+  env.fd_count = 1;
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(OK));
 }
 END_TEST
 
@@ -189,6 +195,11 @@ START_TEST(unmap_backups_name_its_buffers_once) {
   m[1].n_piece_sizes = 0; /* a backup of no pieces */
   env.fd_count = 1;
   ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+  m[1].kept = true; /* kept: by reference, no pieces */
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(OK));
+  m[1].n_piece_sizes = 1; /* kept, and pieces too */
+  env.fd_count = 2;
+  ck_assert_int_eq(wire_check_reply(&env, 2, why, sizeof why), CODE(PROTOCOL_ERROR));
 }
 END_TEST
 

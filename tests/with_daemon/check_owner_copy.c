@@ -22,8 +22,9 @@ static struct daemon d;
 
 static void teardown(void) { scene_stop(&d); }
 
-/* Connect a raw worker that says it copies its backups itself. */
-static void owner_open(struct peer *w) {
+/* Connect a raw worker that says it copies its backups itself (and keeps
+ * the memory handed to it, if keeps). */
+static void owner_open_keeping(struct peer *w, bool keeps) {
   peer_connect(w, &d);
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
   h.version_major = WIRE_VERSION_MAJOR;
@@ -31,6 +32,7 @@ static void owner_open(struct peer *w) {
   h.role = WORKER;
   h.name = "owner";
   h.copies_backups = true;
+  h.keeps_backups = keeps;
   wire_env env = peer_env(w->next_id++, GPUMEM__WIRE__ENVELOPE__BODY_HELLO);
   env.hello = &h;
   peer_push(w, &env, NULL, 0);
@@ -38,6 +40,9 @@ static void owner_open(struct peer *w) {
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
   wire_env_free(r);
 }
+
+/* Connect a raw worker that copies its backups and keeps nothing. */
+static void owner_open(struct peer *w) { owner_open_keeping(w, false); }
 
 /* Copy len bytes between two fds' shared mappings, src's to dst's. */
 static void fd_copy(int dst, int src, uint64_t len) {
@@ -212,11 +217,70 @@ START_TEST(a_backup_changed_while_paused_is_caught) {
 }
 END_TEST
 
+/* An owner that keeps its backup memory is handed it once: later pauses
+ * and resumes name it kept, with no fds; after the owner fails an event
+ * about the buffer, the memory is handed anew. */
+START_TEST(an_owner_that_keeps_its_backup_is_handed_it_once) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  owner_open_keeping(&w, true);
+  peer_open(&c, &d, CONTROLLER);
+  struct pbuf a;
+  const uint64_t size = 4 * MiB;
+  peer_alloc(&w, "weights", 0, size, BACKUP, &a);
+  scene_fill(&a, size, 3);
+  peer_op(&c, false, "weights", 0, 0);
+  int kept = -1; /* the owner's "mapping" of its backup memory */
+  wire_env *e = unmap_with_backup(&w, &a, size, &kept);
+  fd_copy(kept, a.fds[0], size);
+  scene_unmap_ack(&w, e, &a);
+  ck_assert_uint_eq(op_backup_bytes(&c), size);
+  for (int round = 0; round < 2; round++) {
+    peer_op(&c, true, "weights", 0, 0);
+    struct frame f;
+    e = peer_event(&w, &f);
+    ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_REMAP);
+    const Gpumem__Wire__RemapEntry *en = e->remap->entries[0];
+    ck_assert(en->backup_kept);
+    ck_assert_uint_eq(en->n_backup_piece_sizes, 0);
+    ck_assert_uint_eq(f.nfds, 1); /* its chunk only */
+    peer_take_remap(e, &f, &a, 1);
+    frame_release(&f);
+    fd_copy(a.fds[0], kept, size);
+    peer_ack(&w, e->id, NULL, 0, NULL);
+    wire_env_free(e);
+    ck_assert_uint_eq(op_backup_bytes(&c), size);
+    ck_assert(scene_holds(&a, size, 3));
+    peer_op(&c, false, "weights", 0, 0);
+    e = peer_event(&w, &f);
+    ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
+    ck_assert_uint_eq(e->unmap->n_backups, 1);
+    ck_assert(e->unmap->backups[0]->kept);
+    ck_assert_uint_eq(f.nfds, 0);
+    frame_release(&f);
+    if (round == 0) { /* the owner lost what it kept: it says so */
+      peer_ack(&w, e->id, &a.id, 1, "none kept here");
+      wire_env_free(e);
+      ck_assert_int_eq(peer_op_code(&c), CODE(NOT_RELEASED));
+      peer_op(&c, false, "weights", 0, 0);
+      close(kept);
+      e = unmap_with_backup(&w, &a, size, &kept); /* handed anew, with its fd */
+    }
+    fd_copy(kept, a.fds[0], size);
+    scene_unmap_ack(&w, e, &a);
+    ck_assert_uint_eq(op_backup_bytes(&c), size);
+  }
+  close(kept);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
 /* A fake daemon that answers one Hello and records what it said. */
 struct hello_seen {
   struct listener l;
   pthread_t t;
-  int copies; /* -1: no Hello came */
+  int copies, keeps; /* -1: no Hello came */
 };
 
 /* Accept one connection, answer its Hello, wait for its end. */
@@ -228,6 +292,7 @@ static void *answer_hello(void *arg) {
   wire_env *in = NULL;
   if (peer_await(&p, &fr, 10000, &in) == 1 && in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_HELLO) {
     h->copies = in->hello->copies_backups;
+    h->keeps = in->hello->keeps_backups;
     Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;
     r.version_major = WIRE_VERSION_MAJOR;
     r.version_minor = WIRE_VERSION_MINOR;
@@ -248,9 +313,10 @@ static void *answer_hello(void *arg) {
   return NULL;
 }
 
-/* What a client connecting with role and flags says of copies_backups. */
+/* What a client connecting with role and flags says of copies_backups
+ * (1 or 0), plus 2 if it says keeps_backups. */
 static int hello_copies(int role, unsigned flags) {
-  struct hello_seen h = {.copies = -1};
+  struct hello_seen h = {.copies = -1, .keeps = -1};
   peer_listen(&h.l, "owner-copy");
   pthread_create(&h.t, NULL, answer_hello, &h);
   gpumem_client *c = NULL;
@@ -258,20 +324,26 @@ static int hello_copies(int role, unsigned flags) {
   gpumem_disconnect(c);
   pthread_join(h.t, NULL);
   peer_listen_close(&h.l);
-  return h.copies;
+  return h.copies < 0 ? -1 : h.copies + 2 * h.keeps;
 }
 
-/* A libgpumem worker copies its own backups unless it asks the daemon to
- * (the connect flag, or GPUMEM_DAEMON_COPIES=1); a controller never says
- * it copies. */
+/* A libgpumem worker copies its own backups and keeps their memory
+ * mapped, unless it asks the daemon to copy (the connect flag, or
+ * GPUMEM_DAEMON_COPIES=1); one that opted in to context release copies
+ * and keeps nothing; a controller never says it copies. */
 START_TEST(workers_copy_by_default_and_the_daemon_on_request) {
   unsetenv("GPUMEM_DAEMON_COPIES");
-  ck_assert_int_eq(hello_copies(GPUMEM_ROLE_WORKER, 0), 1);
+  unsetenv("GPUMEM_RELEASE_CONTEXT");
+  ck_assert_int_eq(hello_copies(GPUMEM_ROLE_WORKER, 0), 3);
+  ck_assert_int_eq(hello_copies(GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_RELEASE_CONTEXT), 1);
   ck_assert_int_eq(hello_copies(GPUMEM_ROLE_WORKER, GPUMEM_CONNECT_DAEMON_COPIES), 0);
   ck_assert_int_eq(hello_copies(GPUMEM_ROLE_CONTROLLER, 0), 0);
   setenv("GPUMEM_DAEMON_COPIES", "1", 1);
   ck_assert_int_eq(hello_copies(GPUMEM_ROLE_WORKER, 0), 0);
   unsetenv("GPUMEM_DAEMON_COPIES");
+  setenv("GPUMEM_RELEASE_CONTEXT", "1", 1);
+  ck_assert_int_eq(hello_copies(GPUMEM_ROLE_WORKER, 0), 1);
+  unsetenv("GPUMEM_RELEASE_CONTEXT");
 }
 END_TEST
 
@@ -324,6 +396,7 @@ int main(void) {
                      an_owner_copies_its_backup_out_and_in,
                      an_owner_that_cannot_copy_keeps_its_buffer,
                      a_backup_changed_while_paused_is_caught,
+                     an_owner_that_keeps_its_backup_is_handed_it_once,
                      workers_copy_by_default_and_the_daemon_on_request,
                      libgpumem_workers_keep_contents_either_way);
 }
