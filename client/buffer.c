@@ -212,6 +212,16 @@ static int backup_through(gpumem_buffer *b, const struct backup_mem *m, bool to_
 /* Copy into backup memory with copies refused, then unmap. */
 int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m, bool keep) {
   set_unmapping(b, true);
+  if (!gpumem_buffer_mapped(b) || buffer_partial(b)) { /* nothing to copy from */
+    set_unmapping(b, false);
+    for (size_t i = 0; i < m->n; i++)
+      if (m->fds[i] >= 0) {
+        close(m->fds[i]);
+        m->fds[i] = -1;
+      }
+    return error_set(GPUMEM_E_WRONG_STATE, "buffer %llu is not mapped: nothing to back up",
+                     id_of(b));
+  }
   int rc = backup_through(b, m, true, keep);
   if (rc < 0) {
     set_unmapping(b, false);

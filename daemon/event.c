@@ -12,7 +12,7 @@ void event_send_unmap(const struct outbox *out, struct group *g) {
   ev.buffer_ids = g->ids;
   ev.n_buffer_ids = g->nids;
   for (size_t i = 0, at = 0; i < g->nids; at += g->pieces[i++]) {
-    if (!group_owner_copies(g, i)) continue;
+    if (!group_owner_copies(g, i) || ev.n_backups == FRAME_MAX_FDS) continue; /* never more */
     gpumem__wire__backup_memory__init(&mem[ev.n_backups]);
     mem[ev.n_backups].buffer_id = g->ids[i];
     mem[ev.n_backups].kept = g->kept[i];
@@ -40,13 +40,15 @@ static size_t fds_of(registry *reg, const struct group *g, size_t i) {
 /* Count the Remap events: a new one where the fds would pass the limit. */
 size_t event_remap_count(registry *reg, const struct group *g) {
   size_t nevents = 0;
-  for (size_t i = 0, fds = 0; i < g->nids; i++) {
+  for (size_t i = 0, fds = 0, entries = 0; i < g->nids; i++) {
     size_t k = fds_of(reg, g, i);
-    if (i == 0 || fds + k > FRAME_MAX_FDS) {
+    if (i == 0 || fds + k > FRAME_MAX_FDS || entries == FRAME_MAX_FDS) {
       nevents++;
       fds = 0;
+      entries = 0;
     }
     fds += k;
+    entries++;
   }
   return nevents;
 }
@@ -61,7 +63,7 @@ int event_send_remap(const struct outbox *out, registry *reg, struct group *g) {
     while (i < g->nids) {
       struct buffer *b = registry_find(reg, g->ids[i]);
       size_t k = fds_of(reg, g, i);
-      if (nent > 0 && nfds + k > FRAME_MAX_FDS) break;
+      if (nent > 0 && (nfds + k > FRAME_MAX_FDS || nent == FRAME_MAX_FDS)) break;
       gpumem__wire__remap_entry__init(&ent[nent]);
       ent[nent].buffer_id = b->id;
       ent[nent].chunk_sizes = b->chunk_sizes;

@@ -89,16 +89,19 @@ wire_code group_export(struct group *g, registry *reg, struct fault *f) {
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
-/* Hand out backups within one Unmap's fds. */
+/* Hand out backups within one Unmap's fds, and as many backups (kept
+ * ones carry no fds) as one event lists (event_send_unmap). */
 void group_hand_backups(struct group *g, registry *reg) {
   if (!room(g, FRAME_MAX_FDS, FRAME_MAX_FDS)) return; /* out of memory: the daemon copies */
-  for (size_t i = 0; i < g->nids && g->nfds < FRAME_MAX_FDS; i++) {
+  size_t handed = 0;
+  for (size_t i = 0; i < g->nids && g->nfds < FRAME_MAX_FDS && handed < FRAME_MAX_FDS; i++) {
     struct buffer *b = registry_find(reg, g->ids[i]);
     if (!registry_owner_copies(reg, b, false)) continue;
     if (registry_hand_backup(reg, b, g->fds + g->nfds, g->piece_sizes + g->nfds,
                              FRAME_MAX_FDS - g->nfds, &g->pieces[i], &g->kept[i])) {
       g->npiece_sizes = g->nfds += g->pieces[i];
       g->handed += b->size;
+      handed++;
     }
   }
 }

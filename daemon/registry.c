@@ -407,10 +407,8 @@ bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *siz
     log_warn("buffer %llu: %s; the daemon copies it", (unsigned long long)b->id, f.text);
     return false;
   }
-  if (gpudev_backup_export(r->gpu, b->device, b->backup, b->size, fds, sizes, max, n) == 0) {
-    b->handed_to = b->owner->keeps_backups ? b->owner->id : 0;
-    return true;
-  }
+  if (gpudev_backup_export(r->gpu, b->device, b->backup, b->size, fds, sizes, max, n) == 0)
+    return true; /* kept by the owner once its ack says it copied */
   log_debug("buffer %llu: its backup is not handed to its owner (%s): the daemon copies it",
             (unsigned long long)b->id, gpu_error());
   return false;
@@ -425,8 +423,15 @@ static void count_copy(registry *r, bool to_host, uint64_t size, uint64_t us) {
   r->copy_us[to_host] += us;
 }
 
+/* The owner copied through the memory handed to it: it keeps that memory
+ * now if it said it would. */
+static void handed(struct buffer *b) {
+  b->handed_to = b->owner->keeps_backups ? b->owner->id : 0;
+}
+
 /* The owner filled b's backup. */
 void registry_backup_copied(registry *r, struct buffer *b, uint64_t us) {
+  handed(b);
   if (r->opt.verify_backups) b->backup_hash = XXH3_64bits(b->backup, b->size);
   b->backup_valid = true;
   r->backup_bytes += b->size;
@@ -435,6 +440,7 @@ void registry_backup_copied(registry *r, struct buffer *b, uint64_t us) {
 
 /* The owner restored b from its backup. */
 void registry_restore_copied(registry *r, struct buffer *b, uint64_t us) {
+  handed(b);
   count_copy(r, false, b->size, us);
 }
 

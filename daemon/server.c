@@ -509,7 +509,9 @@ static void handle_hello(server *srv, struct session *s, const wire_env *env) {
   s->owner.minor = h->version_minor;
   s->owner.release_ok = h->role == GPUMEM__WIRE__ROLE__ROLE_WORKER && h->release_context;
   s->owner.copies_backups = h->role == GPUMEM__WIRE__ROLE__ROLE_WORKER && h->copies_backups;
-  s->owner.keeps_backups = s->owner.copies_backups && h->keeps_backups;
+  /* One that may be released must not keep host-NUMA memory imported:
+   * the driver could not restore it. */
+  s->owner.keeps_backups = s->owner.copies_backups && h->keeps_backups && !s->owner.release_ok;
   s->owner.nothing_mapped = true; /* until memory of ours goes to it */
   snprintf(s->owner.name, sizeof s->owner.name, "%s", h->name);
   Gpumem__Wire__HelloReply r = GPUMEM__WIRE__HELLO_REPLY__INIT;

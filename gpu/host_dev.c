@@ -302,7 +302,7 @@ static void host_backup_release(void *state, unsigned dev, void *host, uint64_t 
 /* All of it made ready at once. */
 static int host_backup_alloc(void *state, unsigned dev, uint64_t size, void **host) {
   int rc = host_backup_reserve(state, dev, size, host);
-  if (rc == 0 && (rc = gpu_populate(*host, size)) < 0) munmap(*host, size);
+  if (rc == 0 && (rc = gpu_populate(*host, size)) < 0) host_backup_release(state, dev, *host, size, 0);
   return rc;
 }
 

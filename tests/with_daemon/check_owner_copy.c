@@ -391,12 +391,52 @@ START_TEST(libgpumem_workers_keep_contents_either_way) {
 }
 END_TEST
 
+/* More kept backups than one event may list (FRAME_MAX_FDS): each pause
+ * and resume still copies every one, in as many events as it takes, and
+ * the contents hold. */
+START_TEST(more_kept_backups_than_one_event_lists) {
+  daemon_start(&d, "--host-granularity", "64K", NULL);
+  gpumem_client *w = NULL, *ctl = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "many", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  enum { N = FRAME_MAX_FDS + 47 };
+  const uint64_t size = 64 * 1024;
+  gpumem_buffer **b = calloc(N, sizeof *b);
+  for (int i = 0; i < N; i++) {
+    ck_assert_msg(gpumem_alloc(w, "many", 0, size, GPUMEM_BACKUP, &b[i]) == 0, "%s",
+                  gpumem_last_error());
+    uint32_t v = 0x1000u + (uint32_t)i;
+    ck_assert_int_eq(gpumem_buffer_fill32(w, b[i], 0, size, v), 0);
+  }
+  const char *tag = "many";
+  for (int round = 0; round < 3; round++) { /* round 0 hands the memory, then kept */
+    struct gpumem_op_report *r = NULL;
+    ck_assert_msg(gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, &r) == 0, "%s", gpumem_last_error());
+    ck_assert_uint_eq(r->backup_bytes, N * size);
+    gpumem_op_report_free(r);
+    ck_assert_msg(gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, &r) == 0, "%s", gpumem_last_error());
+    ck_assert_uint_eq(r->backup_bytes, N * size);
+    gpumem_op_report_free(r);
+  }
+  for (int i = 0; i < N; i++) {
+    uint32_t got[2] = {0, 0};
+    ck_assert_int_eq(gpumem_buffer_read(w, b[i], size - sizeof got, got, sizeof got), 0);
+    ck_assert_uint_eq(got[1], 0x1000u + (uint32_t)i);
+    ck_assert_int_eq(gpumem_free(w, b[i]), 0);
+  }
+  free(b);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("owner_copy", 60, NULL, teardown,
                      an_owner_copies_its_backup_out_and_in,
                      an_owner_that_cannot_copy_keeps_its_buffer,
                      a_backup_changed_while_paused_is_caught,
                      an_owner_that_keeps_its_backup_is_handed_it_once,
+                     more_kept_backups_than_one_event_lists,
                      workers_copy_by_default_and_the_daemon_on_request,
                      libgpumem_workers_keep_contents_either_way);
 }
