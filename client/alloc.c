@@ -3,6 +3,7 @@
  * frame, so that an Unmap right behind the reply finds it); here the
  * caller's side checks the arguments and gives back what was made at the
  * daemon but could not be made here. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,6 +39,12 @@ int alloc_buffer(gpumem_client *c, const char *tag, int device, uint64_t size, u
                      "device %d is not one of the %u gpumemd devices this process sees", device,
                      seen);
   Gpumem__Wire__AllocRequest ar = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  ar.keep_free = atomic_load(&c->keep_free);
+  unsigned minor = hello_minor(c->hello);
+  if (ar.keep_free && conn_live(c->conn) && minor < 7) /* an older daemon ignores it */
+    return error_set(GPUMEM_E_VERSION,
+                     "a margin to keep free (gpumem_set_keep_free) needs gpumemd 1.7 or later "
+                     "(it speaks 1.%u)", minor);
   ar.tag = (char *)tag;
   ar.device = node < 0 ? 0 : (unsigned)node;
   ar.size = size;

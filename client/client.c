@@ -2,6 +2,7 @@
  * then the background thread unless the application drives the loop),
  * the settings and views of its connection, and disconnecting. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,9 @@ int gpumem_fd(const gpumem_client *c) { return conn_fd(c->conn); }
 void gpumem_set_request_timeout(gpumem_client *c, unsigned ms) {
   conn_set_timeout(c->conn, ms);
 }
+
+/* Set the margin allocations keep free. */
+void gpumem_set_keep_free(gpumem_client *c, uint64_t bytes) { atomic_store(&c->keep_free, bytes); }
 
 /* Set the hook told about lost and restored connections. */
 void gpumem_set_connection_hook(gpumem_client *c, gpumem_conn_hook hook, void *user) {

@@ -4,7 +4,9 @@
 #define GPUMEM_CLIENT_CLIENT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "addrmap.h"
 #include "conn.h"
@@ -22,6 +24,7 @@ struct gpumem_client {
   pool *pool;               /* gpumem_malloc's sub-allocations */
   struct addr_owner addrs;  /* its addresses in the process's address map */
   bool threaded;            /* a background thread drives the connection */
+  _Atomic uint64_t keep_free; /* bytes each allocation leaves free (gpumem_set_keep_free) */
   pthread_t thread;
 };
 

@@ -13,7 +13,7 @@ struct waiting {
   uint64_t id;
   char tag[WIRE_TAG_MAX + 1];
   uint32_t device, flags;
-  uint64_t size;
+  uint64_t size, keep_free;
 };
 
 /* Allocations that may wait at once (each some 150 bytes). */
@@ -42,6 +42,7 @@ static void on_end(uv_timer_t *t) {
     a.device = w->device;
     a.size = w->size;
     a.flags = w->flags;
+    a.keep_free = w->keep_free;
     g->serve(g->ctx, w->s, w->id, &a);
     free(w);
   }
@@ -86,6 +87,7 @@ int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__Al
   w->device = a->device;
   w->flags = a->flags;
   w->size = a->size;
+  w->keep_free = a->keep_free;
   list_append(&g->waiting, &w->link);
   g->nwaiting++;
   return 0;

@@ -542,6 +542,30 @@ static int room_for_buffers(server *srv, struct session *s, uint64_t id, uint64_
 /* Allocate a buffer for a worker (request id), unless it would make a new
  * tag during the re-registration grace: then it waits for the grace to end
  * (grace.h). */
+/* True unless allocation a would take device memory (not a buffer that
+ * starts paused) and leave less than its keep_free free by the driver's
+ * figure; then f says so (OUT_OF_MEMORY). A device out of range is
+ * registry_alloc's to refuse. */
+static bool leaves_keep_free(server *srv, const Gpumem__Wire__AllocRequest *a, struct fault *f) {
+  if (!a->keep_free || a->device >= gpudev_device_count(srv->gpu)) return true;
+  const struct tag *t = registry_tag(srv->reg, a->tag);
+  if (t && (t->paused_devices & (1ull << a->device)) &&
+      (a->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED))
+    return true; /* it starts paused: no memory now */
+  uint64_t free_b = 0, total = 0, g = gpudev_granularity(srv->gpu);
+  if (gpudev_mem_info(srv->gpu, a->device, &free_b, &total) < 0) return true;
+  uint64_t size = a->size > UINT64_MAX - g ? UINT64_MAX : (a->size + g - 1) / g * g;
+  if (size <= free_b && free_b - size >= a->keep_free) return true;
+  f->bytes_needed = size > UINT64_MAX - a->keep_free ? UINT64_MAX : size + a->keep_free;
+  f->bytes_free = free_b;
+  fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
+            "device %u: %llu bytes asked with %llu to keep free, %llu free: it would leave %s",
+            a->device, (unsigned long long)size, (unsigned long long)a->keep_free,
+            (unsigned long long)free_b,
+            size > free_b ? "nothing" : "less than the margin");
+  return false;
+}
+
 static void handle_alloc(server *srv, struct session *s, uint64_t id,
                          const Gpumem__Wire__AllocRequest *a) {
   if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
@@ -573,6 +597,10 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
   }
   struct fault f = {0};
   struct buffer *b;
+  if (!leaves_keep_free(srv, a, &f)) {
+    answer_error(s, id, &f);
+    return;
+  }
   if (registry_alloc(srv->reg, &s->owner, a->tag, a->device, a->size, a->flags, &b, &f)) {
     answer_error(s, id, &f);
     return;

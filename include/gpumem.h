@@ -202,6 +202,16 @@ GPUMEM_EXPORT void gpumem_disconnect(gpumem_client *c);
  * send loses the connection, as if it had gone away. */
 GPUMEM_EXPORT void gpumem_set_request_timeout(gpumem_client *c, unsigned ms);
 
+/* Keep at least bytes of a device free: each later allocation of this
+ * client that takes device memory (gpumem_alloc, and the buffers
+ * gpumem_malloc's pool grows by) fails with GPUMEM_E_OUT_OF_MEMORY where
+ * it would leave less than that free by the driver's figure, as
+ * torch_memory_saver's memory_margin_bytes does; 0 (the default) keeps
+ * no margin. A buffer that starts paused takes nothing. With a margin,
+ * allocating from a daemon older than 1.7 fails with GPUMEM_E_VERSION
+ * (it would ignore the margin). */
+GPUMEM_EXPORT void gpumem_set_keep_free(gpumem_client *c, uint64_t bytes);
+
 /* The daemon's backend ("host", "cuda", "hip"). */
 GPUMEM_EXPORT const char *gpumem_backend(const gpumem_client *c);
 

@@ -961,6 +961,18 @@ class Client:
         ms = _check_timeout(seconds, "seconds")
         self._lib.gpumem_set_request_timeout(self._ptr(), ms)
 
+    def set_keep_free(self, nbytes: int) -> None:
+        """Keep nbytes of a device free: each later allocation of this
+        client that takes device memory raises :class:`Error`
+        OUT_OF_MEMORY where it would leave less free by the driver's
+        figure (0: no margin), as torch_memory_saver's memory_margin_bytes
+        does. A daemon older than 1.7 then refuses allocations (VERSION)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+            raise TypeError("nbytes must be an int, not %s" % type(nbytes).__name__)
+        if nbytes < 0 or nbytes >= 1 << 64:
+            raise ValueError("nbytes must be in 0..2**64-1, got %d" % nbytes)
+        self._lib.gpumem_set_keep_free(self._ptr(), nbytes)
+
     # Sub-allocation (gpumem_malloc).
 
     def malloc(self, tag: str, size: int, device: int = 0, backup: bool = False,

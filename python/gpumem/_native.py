@@ -404,6 +404,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gpumem_connect": (i, [cp, cp, i, u, P(c_client_p)]),
         "gpumem_disconnect": (None, [c_client_p]),
         "gpumem_set_request_timeout": (None, [c_client_p, u]),
+        "gpumem_set_keep_free": (None, [c_client_p, u64]),
         "gpumem_backend": (cp, [c_client_p]),
         "gpumem_granularity": (u64, [c_client_p]),
         "gpumem_device_count": (u, [c_client_p]),

@@ -166,22 +166,21 @@ class TorchMemorySaver:
 
     @property
     def memory_margin_bytes(self) -> int:
-        """Accepted for compatibility and not enforced: the daemon refuses
-        an allocation the device cannot hold (PyTorch then raises its
-        out-of-memory error)."""
+        """Bytes each allocation in a region must leave free on its device:
+        one that would leave less raises PyTorch's out-of-memory error, as
+        in torch_memory_saver (the daemon checks the driver's figure;
+        Client.set_keep_free). 0: no margin."""
         return self._margin
 
     @memory_margin_bytes.setter
     def memory_margin_bytes(self, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError("memory_margin_bytes must be an int, not %s" % type(value).__name__)
-        if value < 0:
-            raise ValueError("memory_margin_bytes must be >= 0, got %d" % value)
-        if value:
-            warnings.warn("gpumem.torch_memory_saver does not enforce memory_margin_bytes: "
-                          "gpumemd refuses allocations the device cannot hold",
-                          RuntimeWarning, stacklevel=2)
+        if value < 0 or value >= 1 << 64:
+            raise ValueError("memory_margin_bytes must be in 0..2**64-1, got %d" % value)
         self._margin = value
+        if _gt._client is not None:  # else the first region or pause applies it
+            _gt._client.set_keep_free(value)
 
     @property
     def retain_cpu_backup(self) -> bool:
@@ -210,6 +209,7 @@ class TorchMemorySaver:
             _gt.init(gpumem.default_client())
         else:
             _gt.init()
+        _gt.client().set_keep_free(self._margin)
         return mode
 
     # Regions and graphs.

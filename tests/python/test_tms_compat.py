@@ -173,17 +173,34 @@ def test_memory_margin_and_retain_cpu_backup():
         s.memory_margin_bytes = True
     with pytest.raises(ValueError):
         s.memory_margin_bytes = -1
-    with pytest.warns(RuntimeWarning, match="does not enforce"):
-        s.memory_margin_bytes = 1 << 30
-    assert s.memory_margin_bytes == 1 << 30
+    with pytest.raises(ValueError):
+        s.memory_margin_bytes = 1 << 64
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        s.memory_margin_bytes = 1 << 30
+        assert s.memory_margin_bytes == 1 << 30
         s.memory_margin_bytes = 0
     assert s.retain_cpu_backup is True
     s.retain_cpu_backup = False
     assert s.retain_cpu_backup is True
     with pytest.raises(TypeError):
         s.retain_cpu_backup = 1
+
+
+def test_memory_margin_is_enforced(saver, worker, controller):
+    """memory_margin_bytes: an allocation in a region that would leave less
+    than the margin free on its device is refused (PyTorch would raise its
+    out-of-memory error), one that leaves enough goes through."""
+    free = device_free(controller)
+    saver.memory_margin_bytes = free - 2 * MiB  # for the default client: the worker
+    with pytest.raises(gpumem.Error) as e:
+        worker.alloc("margin", 4 * MiB)
+    assert e.value.code_name == "OUT_OF_MEMORY" and "to keep free" in str(e.value)
+    b = worker.alloc("margin", 2 * MiB)
+    b.free()
+    saver.memory_margin_bytes = 0
+    b = worker.alloc("margin", 4 * MiB)
+    b.free()
 
 
 def test_controller_cannot_be_the_default_client(controller):

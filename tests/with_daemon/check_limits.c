@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "gpumem.h"
 #include "harness.h"
 #include "scenario.h"
 
@@ -238,10 +239,45 @@ START_TEST(the_daemon_keeps_no_fd_behind) {
 }
 END_TEST
 
+/* A client's margin (gpumem_set_keep_free, torch_memory_saver's
+ * memory_margin_bytes): an allocation that would leave less than it free
+ * on its device fails OUT_OF_MEMORY saying so, and takes nothing; one
+ * that leaves enough, or starts paused, goes through; 0 is no margin. */
+START_TEST(an_allocation_keeps_the_clients_margin_free) {
+  daemon_start(&d, "--host-devices", "1", "--host-device-size", "64M", NULL);
+  gpumem_client *w = NULL, *ctl = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "margin", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  gpumem_buffer *a = NULL, *b = NULL, *p = NULL;
+  gpumem_set_keep_free(w, 32 * MiB);
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, 32 * MiB, 0, &a), 0); /* leaves 32 MiB */
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, 2 * MiB, 0, &b), GPUMEM_E_OUT_OF_MEMORY);
+  ck_assert_msg(strstr(gpumem_last_error(), "32 MiB") || strstr(gpumem_last_error(), "33554432"),
+                "%s", gpumem_last_error());
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "to keep free"));
+  struct gpumem_status *s = NULL;
+  ck_assert_int_eq(gpumem_status(ctl, &s), 0);
+  ck_assert_uint_eq(s->devices[0]->managed, 32 * MiB); /* the refusal took nothing */
+  gpumem_status_free(s);
+  const char *tag = "kv";
+  ck_assert_int_eq(gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, NULL), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, 48 * MiB, GPUMEM_ALLOW_PAUSED, &p), 0);
+  ck_assert_int_eq(gpumem_buffer_mapped(p), 0); /* starts paused: no memory, no margin */
+  ck_assert_int_eq(gpumem_free(w, p), 0);
+  ck_assert_int_eq(gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, NULL), 0);
+  gpumem_set_keep_free(w, 0);
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, 30 * MiB, 0, &b), 0);
+  ck_assert_int_eq(gpumem_free(w, b), 0);
+  ck_assert_int_eq(gpumem_free(w, a), 0);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("limits", 20, NULL, teardown, sessions_per_uid_are_limited,
                      buffers_per_session_are_limited, buffers_per_uid_are_limited,
                      oversized_frames_and_stray_fds_end_the_session,
                      out_of_fds_the_daemon_refuses_and_recovers, ipc_legacy_buffers_never_pause,
-                     the_daemon_keeps_no_fd_behind);
+                     the_daemon_keeps_no_fd_behind, an_allocation_keeps_the_clients_margin_free);
 }
