@@ -178,25 +178,29 @@ static bool flags_ok(uint32_t flags) {
                                GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED));
 }
 
-/* Chunk sizes: none zero, adding up to size without overflow. */
-static bool chunks_ok(const uint64_t *sizes, size_t n, uint64_t size) {
-  uint64_t sum = 0;
+/* Sizes of pieces (chunks, backup pieces): none zero, adding up without
+ * overflow (into *sum); true for none. */
+static bool pieces_ok_sum(const uint64_t *sizes, size_t n, uint64_t *sum) {
+  *sum = 0;
   for (size_t i = 0; i < n; i++) {
-    if (sizes[i] == 0 || sum + sizes[i] < sum) return false;
-    sum += sizes[i];
-  }
-  return n > 0 && sum == size;
-}
-
-/* Backup pieces: none zero, adding up without overflow; true for none. */
-static bool pieces_ok(const uint64_t *sizes, size_t n) {
-  uint64_t sum = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (sizes[i] == 0 || sum + sizes[i] < sum) return false;
-    sum += sizes[i];
+    if (sizes[i] == 0 || *sum + sizes[i] < *sum) return false;
+    *sum += sizes[i];
   }
   return true;
 }
+
+/* Backup pieces: as pieces_ok_sum. */
+static bool pieces_ok(const uint64_t *sizes, size_t n) {
+  uint64_t sum;
+  return pieces_ok_sum(sizes, n, &sum);
+}
+
+/* Chunk sizes: at least one, well formed, adding up to size. */
+static bool chunks_ok(const uint64_t *sizes, size_t n, uint64_t size) {
+  uint64_t sum;
+  return n > 0 && pieces_ok_sum(sizes, n, &sum) && sum == size;
+}
+
 
 /* An Unmap's backups: each of a buffer the event names, once, with at
  * least one well-formed piece or (kept) none; adds their pieces (fds) to

@@ -544,14 +544,13 @@ static int room_for_buffers(server *srv, struct session *s, uint64_t id, uint64_
  * (grace.h). */
 /* True unless allocation a would take device memory (not a buffer that
  * starts paused) and leave less than its keep_free free by the driver's
- * figure; then f says so (OUT_OF_MEMORY). A device out of range is
- * registry_alloc's to refuse. */
+ * figure; then f says so (OUT_OF_MEMORY). A device out of range and a
+ * paused tag are registry_alloc's to refuse. */
 static bool leaves_keep_free(server *srv, const Gpumem__Wire__AllocRequest *a, struct fault *f) {
   if (!a->keep_free || a->device >= gpudev_device_count(srv->gpu)) return true;
   const struct tag *t = registry_tag(srv->reg, a->tag);
-  if (t && (t->paused_devices & (1ull << a->device)) &&
-      (a->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED))
-    return true; /* it starts paused: no memory now */
+  if (t && (t->paused_devices & (1ull << a->device)))
+    return true; /* it starts paused (no memory now), or registry_alloc refuses it */
   uint64_t free_b = 0, total = 0, g = gpudev_granularity(srv->gpu);
   if (gpudev_mem_info(srv->gpu, a->device, &free_b, &total) < 0) return true;
   uint64_t size = a->size > UINT64_MAX - g ? UINT64_MAX : (a->size + g - 1) / g * g;
