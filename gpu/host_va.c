@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/limits.h"
@@ -62,7 +63,16 @@ static void host_free(void *state, unsigned dev, void *va, uint64_t size) {
 static int host_import(void *state, unsigned dev, int fd, uint64_t size, uint64_t *handle) {
   (void)state;
   (void)dev;
-  (void)size;
+  struct stat st;
+  /* A shorter memfd would fault (SIGBUS) where the mapping passes its end. */
+  if (fstat(fd, &st) < 0 || st.st_size < 0 || (uint64_t)st.st_size < size) {
+    int err = errno;
+    long long have = fstat(fd, &st) == 0 ? (long long)st.st_size : -1;
+    close(fd);
+    return have < 0 ? gpu_fail(-err, "import: fstat: %s", strerror(err))
+                    : gpu_fail(-EINVAL, "import: the memfd has %lld bytes, %llu claimed", have,
+                               (unsigned long long)size);
+  }
   *handle = (uint64_t)fd;
   return 0;
 }

@@ -1473,6 +1473,42 @@ START_TEST(test_trim_returns_bytes_when_some_buffers_stay) {
 }
 END_TEST
 
+/* Script: answer an alloc with a chunk whose memfd is shorter than the
+ * size the reply claims, then answer the free the client sends for it. */
+static void run_short_chunk(struct script *s) {
+  script_greet(s);
+  uint64_t id = recv_alloc(&s->f);
+  EXPECT(s, id != 0);
+  uint64_t size = 2 * MIB;
+  Gpumem__Wire__AllocReply r = GPUMEM__WIRE__ALLOC_REPLY__INIT;
+  r.buffer_id = 9;
+  r.size = size;
+  r.state = GPUMEM__WIRE__BUFFER_STATE__ACTIVE;
+  r.chunk_sizes = &size;
+  r.n_chunk_sizes = 1;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY);
+  out.alloc_reply = &r;
+  int fd = chunk(4096); /* 4 KiB behind a 2 MiB claim */
+  fake_send(&s->f, &out, &fd, 1);
+  s->ids[0] = answer_free(&s->f);
+  EXPECT(s, fake_ended(&s->f));
+}
+
+/* A chunk shorter than the daemon claims is refused at import (mapping it
+ * would fault past its end), the allocation fails saying so, and the
+ * buffer is given back. */
+START_TEST(test_a_short_chunk_is_refused) {
+  struct script s;
+  gpumem_client *c = script_connect(&s, run_short_chunk, "short", GPUMEM_ROLE_WORKER);
+  gpumem_buffer *b = NULL;
+  ck_assert_int_eq(gpumem_alloc(c, "kv", 0, 2 * MIB, 0, &b), GPUMEM_E_MAP);
+  ck_assert_msg(strstr(gpumem_last_error(), "4096 bytes, 2097152 claimed"), "%s",
+                gpumem_last_error());
+  script_finish(&s, c);
+  ck_assert_int_eq(s.ids[0], 9);
+}
+END_TEST
+
 /* Script: the client pauses its own tag; the daemon sends this session
  * the Unmap and answers the pause only after the ack. */
 static void run_self_pause(struct script *s) {
@@ -1647,7 +1683,7 @@ int main(void) {
                      test_daemon_sigterm_worker_told_and_adopted,
                      test_scopes_and_devices_reach_the_daemon_as_meant,
                      test_unanswered_requests_time_out_and_late_replies_are_handled,
-                     test_no_thread_request_handles_events_while_waiting,
+                     test_no_thread_request_handles_events_while_waiting, test_a_short_chunk_is_refused,
                      test_reads_race_pauses_safely, test_version_and_error_names,
                      test_refused_late_free_keeps_the_buffer_and_retries,
                      test_a_daemon_that_reads_nothing_blocks_no_call,
