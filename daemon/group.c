@@ -60,6 +60,18 @@ static bool room(struct group *g, size_t fds, size_t pieces) {
          (g->piece_sizes = malloc((pieces + 1) * sizeof *g->piece_sizes));
 }
 
+/* Hand buffer i (b) of the group its backup memory, within max more
+ * fds, appended to the group's fds and piece sizes. */
+static bool hand(struct group *g, registry *reg, size_t i, struct buffer *b, size_t max) {
+  if (!registry_hand_backup(reg, b, g->fds + g->nfds, g->piece_sizes + g->npiece_sizes, max,
+                            &g->pieces[i], &g->kept[i]))
+    return false;
+  g->nfds += g->pieces[i];
+  g->npiece_sizes += g->pieces[i];
+  g->handed += b->size;
+  return true;
+}
+
 /* Export every chunk of the group's buffers, and the backup pieces of
  * those whose owner copies them in. */
 wire_code group_export(struct group *g, registry *reg, struct fault *f) {
@@ -76,15 +88,9 @@ wire_code group_export(struct group *g, registry *reg, struct fault *f) {
     wire_code rc = registry_export(reg, b, g->fds + g->nfds, f);
     if (rc) return rc;
     g->nfds += b->ipc ? 0 : b->nchunks;
-    if (!registry_owner_copies(reg, b, true)) continue;
-    if (registry_hand_backup(reg, b, g->fds + g->nfds, g->piece_sizes + g->npiece_sizes,
-                             FRAME_MAX_FDS - b->nchunks, &g->pieces[i], &g->kept[i])) {
-      g->nfds += g->pieces[i];
-      g->npiece_sizes += g->pieces[i];
-      g->handed += b->size;
-    } else if ((rc = registry_restore(reg, b, f))) {
+    if (registry_owner_copies(reg, b, true) && !hand(g, reg, i, b, FRAME_MAX_FDS - b->nchunks) &&
+        (rc = registry_restore(reg, b, f)))
       return rc;
-    }
   }
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
@@ -96,13 +102,8 @@ void group_hand_backups(struct group *g, registry *reg) {
   size_t handed = 0;
   for (size_t i = 0; i < g->nids && g->nfds < FRAME_MAX_FDS && handed < FRAME_MAX_FDS; i++) {
     struct buffer *b = registry_find(reg, g->ids[i]);
-    if (!registry_owner_copies(reg, b, false)) continue;
-    if (registry_hand_backup(reg, b, g->fds + g->nfds, g->piece_sizes + g->nfds,
-                             FRAME_MAX_FDS - g->nfds, &g->pieces[i], &g->kept[i])) {
-      g->npiece_sizes = g->nfds += g->pieces[i];
-      g->handed += b->size;
+    if (registry_owner_copies(reg, b, false) && hand(g, reg, i, b, FRAME_MAX_FDS - g->nfds))
       handed++;
-    }
   }
 }
 

@@ -24,7 +24,7 @@ static void teardown(void) { scene_stop(&d); }
 
 /* Connect a raw worker that says it copies its backups itself (and keeps
  * the memory handed to it, if keeps). */
-static void owner_open_keeping(struct peer *w, bool keeps) {
+static void owner_open(struct peer *w, bool keeps) {
   peer_connect(w, &d);
   Gpumem__Wire__Hello h = GPUMEM__WIRE__HELLO__INIT;
   h.version_major = WIRE_VERSION_MAJOR;
@@ -40,9 +40,6 @@ static void owner_open_keeping(struct peer *w, bool keeps) {
   ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY);
   wire_env_free(r);
 }
-
-/* Connect a raw worker that copies its backups and keeps nothing. */
-static void owner_open(struct peer *w) { owner_open_keeping(w, false); }
 
 /* Copy len bytes between two fds' shared mappings, src's to dst's. */
 static void fd_copy(int dst, int src, uint64_t len) {
@@ -114,30 +111,52 @@ static uint64_t op_backup_bytes(struct peer *c) {
   return bytes;
 }
 
+/* A raw owner w (keeping its backups' memory, if keeps) and a raw
+ * controller c of the daemon, w holding a BACKUP buffer a of size bytes
+ * of tag weights filled with the pattern of seed. */
+static void owned_backup(struct peer *w, struct peer *c, bool keeps, uint64_t size,
+                         uint32_t seed, struct pbuf *a) {
+  owner_open(w, keeps);
+  peer_open(c, &d, CONTROLLER);
+  peer_alloc(w, "weights", 0, size, BACKUP, a);
+  scene_fill(a, size, seed);
+}
+
+/* The owner copies buffer a into the backup memory at piece and acks the
+ * Unmap e; the pause must answer OK, counting a's backup. */
+static void copy_and_ack(struct peer *w, struct peer *c, wire_env *e, struct pbuf *a, int piece,
+                         uint64_t size) {
+  fd_copy(piece, a->fds[0], size);
+  scene_unmap_ack(w, e, a);
+  ck_assert_uint_eq(op_backup_bytes(c), size);
+}
+
+/* c pauses weights and w copies a into the backup memory it is handed
+ * (copy_and_ack): that memory's fd (w's to close). */
+static int pause_copied(struct peer *w, struct peer *c, struct pbuf *a, uint64_t size) {
+  peer_op(c, false, "weights", 0, 0);
+  int piece = -1;
+  wire_env *e = unmap_with_backup(w, a, size, &piece);
+  copy_and_ack(w, c, e, a, piece, size);
+  return piece;
+}
+
 /* An owner that says so copies its buffer into the backup memory the
  * pause hands it, and out of it at the resume: the pause counts the
  * backup, and the buffer's new memory holds what the owner put back. */
 START_TEST(an_owner_copies_its_backup_out_and_in) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  owner_open(&w);
-  peer_open(&c, &d, CONTROLLER);
   struct pbuf a;
   const uint64_t size = 8 * MiB;
-  peer_alloc(&w, "weights", 0, size, BACKUP, &a);
-  scene_fill(&a, size, 41);
-  peer_op(&c, false, "weights", 0, 0);
-  int piece = -1;
-  wire_env *e = unmap_with_backup(&w, &a, size, &piece);
-  fd_copy(piece, a.fds[0], size);
-  scene_unmap_ack(&w, e, &a);
-  ck_assert_uint_eq(op_backup_bytes(&c), size);
+  owned_backup(&w, &c, false, size, 41, &a);
+  int piece = pause_copied(&w, &c, &a, size);
   /* The backup is the daemon's memory: the owner's copy is in it. */
   struct pbuf back = {.fds = {piece}, .nfds = 1};
   ck_assert(scene_holds(&back, size, 41));
   peer_op(&c, true, "weights", 0, 0);
   int piece2 = -1;
-  e = remap_with_backup(&w, &a, &piece2);
+  wire_env *e = remap_with_backup(&w, &a, &piece2);
   ck_assert(!scene_holds(&a, size, 41)); /* new memory: nothing in it yet */
   fd_copy(a.fds[0], piece2, size);
   peer_ack(&w, e->id, NULL, 0, NULL);
@@ -158,12 +177,9 @@ END_TEST
 START_TEST(an_owner_that_cannot_copy_keeps_its_buffer) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  owner_open(&w);
-  peer_open(&c, &d, CONTROLLER);
   struct pbuf a;
   const uint64_t size = 4 * MiB;
-  peer_alloc(&w, "weights", 0, size, BACKUP, &a);
-  scene_fill(&a, size, 7);
+  owned_backup(&w, &c, false, size, 7, &a);
   peer_op(&c, false, "weights", 0, 0);
   int piece = -1;
   wire_env *e = unmap_with_backup(&w, &a, size, &piece);
@@ -175,12 +191,7 @@ START_TEST(an_owner_that_cannot_copy_keeps_its_buffer) {
   ck_assert_ptr_nonnull(strstr(r->error->message, "out of luck"));
   wire_env_free(r);
   ck_assert(scene_holds(&a, size, 7)); /* still mapped, still its contents */
-  peer_op(&c, false, "weights", 0, 0);
-  e = unmap_with_backup(&w, &a, size, &piece);
-  fd_copy(piece, a.fds[0], size);
-  close(piece);
-  scene_unmap_ack(&w, e, &a);
-  ck_assert_uint_eq(op_backup_bytes(&c), size);
+  close(pause_copied(&w, &c, &a, size));
   peer_close(&w);
   peer_close(&c);
 }
@@ -192,18 +203,10 @@ END_TEST
 START_TEST(a_backup_changed_while_paused_is_caught) {
   daemon_start(&d, "--verify-backups", NULL);
   struct peer w, c;
-  owner_open(&w);
-  peer_open(&c, &d, CONTROLLER);
   struct pbuf a;
   const uint64_t size = 4 * MiB;
-  peer_alloc(&w, "weights", 0, size, BACKUP, &a);
-  scene_fill(&a, size, 9);
-  peer_op(&c, false, "weights", 0, 0);
-  int piece = -1;
-  wire_env *e = unmap_with_backup(&w, &a, size, &piece);
-  fd_copy(piece, a.fds[0], size);
-  scene_unmap_ack(&w, e, &a);
-  ck_assert_uint_eq(op_backup_bytes(&c), size);
+  owned_backup(&w, &c, false, size, 9, &a);
+  int piece = pause_copied(&w, &c, &a, size);
   struct pbuf back = {.fds = {piece}, .nfds = 1};
   scene_fill(&back, size, 10); /* the owner kept the fd and wrote through it */
   close(piece);
@@ -223,18 +226,11 @@ END_TEST
 START_TEST(an_owner_that_keeps_its_backup_is_handed_it_once) {
   daemon_start(&d, NULL);
   struct peer w, c;
-  owner_open_keeping(&w, true);
-  peer_open(&c, &d, CONTROLLER);
   struct pbuf a;
   const uint64_t size = 4 * MiB;
-  peer_alloc(&w, "weights", 0, size, BACKUP, &a);
-  scene_fill(&a, size, 3);
-  peer_op(&c, false, "weights", 0, 0);
-  int kept = -1; /* the owner's "mapping" of its backup memory */
-  wire_env *e = unmap_with_backup(&w, &a, size, &kept);
-  fd_copy(kept, a.fds[0], size);
-  scene_unmap_ack(&w, e, &a);
-  ck_assert_uint_eq(op_backup_bytes(&c), size);
+  owned_backup(&w, &c, true, size, 3, &a);
+  int kept = pause_copied(&w, &c, &a, size); /* the owner's "mapping" of its backup memory */
+  wire_env *e;
   for (int round = 0; round < 2; round++) {
     peer_op(&c, true, "weights", 0, 0);
     struct frame f;
@@ -266,9 +262,7 @@ START_TEST(an_owner_that_keeps_its_backup_is_handed_it_once) {
       close(kept);
       e = unmap_with_backup(&w, &a, size, &kept); /* handed anew, with its fd */
     }
-    fd_copy(kept, a.fds[0], size);
-    scene_unmap_ack(&w, e, &a);
-    ck_assert_uint_eq(op_backup_bytes(&c), size);
+    copy_and_ack(&w, &c, e, &a, kept, size);
   }
   close(kept);
   peer_close(&w);
