@@ -98,8 +98,29 @@ gpumem_client *gpumem_default_client(void) {
   return c;
 }
 
-/* Parse $GPUMEM_DEFAULT_FLAGS ("backup", "allow_paused", comma-separated)
- * into *flags; GPUMEM_E_INVALID for a word it does not know. */
+/* torch_memory_saver's reading of a boolean variable: *on is false when it
+ * is unset; GPUMEM_E_INVALID for a value that is not 1/true/yes/0/false/no. */
+static int env_bool(const char *name, bool *on) {
+  static const char *const yes[] = {"1", "true", "TRUE", "yes", "YES"};
+  static const char *const no[] = {"0", "false", "FALSE", "no", "NO"};
+  const char *v = getenv(name);
+  *on = false;
+  if (!v) return 0;
+  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+    if (strcmp(v, yes[i]) == 0) {
+      *on = true;
+      return 0;
+    }
+    if (strcmp(v, no[i]) == 0) return 0;
+  }
+  return error_set(GPUMEM_E_INVALID, "%s: '%.32s' is not 1, true, yes, 0, false or no", name, v);
+}
+
+/* The flags of allocations outside any region: $GPUMEM_DEFAULT_FLAGS
+ * ("backup", "allow_paused", comma-separated), and backup where
+ * torch_memory_saver's TMS_INIT_ENABLE and TMS_INIT_ENABLE_CPU_BACKUP
+ * both say so (the process starts in a backed-up region); GPUMEM_E_INVALID
+ * for a word or value it does not know. */
 static int env_flags(unsigned *flags) {
   *flags = 0;
   const char *v = getenv("GPUMEM_DEFAULT_FLAGS");
@@ -115,6 +136,10 @@ static int env_flags(unsigned *flags) {
                        (int)n, v);
     v += n + (v[n] == ',');
   }
+  bool init, backup;
+  if (env_bool("TMS_INIT_ENABLE", &init) < 0 || env_bool("TMS_INIT_ENABLE_CPU_BACKUP", &backup) < 0)
+    return GPUMEM_E_INVALID;
+  if (init && backup) *flags |= GPUMEM_BACKUP;
   return 0;
 }
 

@@ -813,22 +813,37 @@ def empty_cache(*tags: str) -> int:
     return int(c.trim())
 
 
-def _native_region(tag: Optional[str], backup: bool, device: Any) -> Any:
+def _native_region(tag: str, backup: bool, device: Any) -> Any:
     """A region of PyTorch's own allocator (preload mode): the thread tag
     for the preload library, and a pool of its own so that cached blocks
-    of the region and of the rest never mix. tag None: untagged."""
-    if tag is None:
-        return _untagged()
+    of the region and of the rest never mix."""
     return _region(tag, backup, device, native=True)
 
 
 @contextlib.contextmanager
-def _untagged() -> Iterator[None]:
-    """No thread tag for the block, and the enclosing region's routing
-    suspended: the thread's allocations are PyTorch's own (its default
-    pool) until the block ends."""
-    with _thread_tag(None), _block():
-        yield
+def _disposable(tag: Optional[str]) -> Iterator[None]:
+    """torch_memory_saver's ``disable()``: the calling thread's allocations
+    on the current device go to a pool of PyTorch's own allocator made for
+    the block, with the thread tag ``tag`` for the preload library (None:
+    none), and the enclosing region's routing suspended. The pool is let go
+    of when the block ends (once no region is open), so what the block
+    cached goes back then."""
+    torch = _torch()
+    dev = int(torch.cuda.current_device())
+    pid = _new_pool(torch, dev, native=True)
+    try:
+        with _thread_tag(tag), _block(lambda: [(dev, pid)]):
+            yield
+    finally:
+        with _lock:
+            _doom([pid])
+            _flush()
+            c = _client
+        if c is not None and not c.closed:
+            try:
+                c.trim()  # the library's pooled slabs that the block emptied
+            except gpumem.Error:
+                pass  # none could go back now (a pause holds them): they stay pooled
 
 
 @contextlib.contextmanager

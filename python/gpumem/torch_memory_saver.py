@@ -22,6 +22,12 @@ daemon; ``cuda_graph`` works in both hook modes; CPU backups live in the
 daemon, so ``get_cpu_backup`` is not available; tags are limited to
 ``[A-Za-z0-9_.-]{1,63}``.
 
+A process that starts inside a region (TMS_INIT_ENABLE=1, or
+GPUMEM_INIT_REGION=1, "preload" mode) has pause() and resume() without a
+tag take the default tag too: everything the preload library served
+outside regions, backed up when TMS_INIT_ENABLE_CPU_BACKUP=1 (libgpumem
+reads it) or GPUMEM_DEFAULT_FLAGS=backup.
+
 The hook mode: "torch" serves regions through PyTorch's pluggable
 allocator (:mod:`gpumem.torch`); "preload" relies on libgpumem_preload.so,
 which must be in LD_PRELOAD when the process starts (the setter checks
@@ -43,10 +49,12 @@ import gpumem
 from gpumem import torch as _gt
 
 __all__ = [
+    "DISABLED_TAG",
     "HookMode",
     "PRELOAD_LIBRARY",
     "TorchMemorySaver",
     "configure_subprocess",
+    "init_region_enabled",
     "preload_library_loaded",
     "preload_library_path",
     "torch_memory_saver",
@@ -58,6 +66,10 @@ HookMode = Literal["torch", "preload"]
 PRELOAD_LIBRARY = "libgpumem_preload.so"
 
 _DEFAULT_TAG = "default"
+
+#: The tag of what disable() allocates in "preload" mode when the process
+#: started inside a region (TMS_INIT_ENABLE=1): pause() leaves it alone.
+DISABLED_TAG = "disabled"
 _MODES = ("torch", "preload")
 _MAX_TAGS = 64  # tags one pause or resume may name
 
@@ -123,6 +135,60 @@ def _check_tag(tag: Any) -> str:
     return _gt._check_tag(tag)
 
 
+_TRUE = ("1", "true", "TRUE", "yes", "YES")
+_FALSE = ("0", "false", "FALSE", "no", "NO")
+
+
+def _env_bool(name: str) -> bool:
+    """torch_memory_saver's reading of a boolean variable (unset: False);
+    ValueError for another value."""
+    v = os.environ.get(name)
+    if v is None or v in _FALSE:
+        return False
+    if v in _TRUE:
+        return True
+    raise ValueError("%s=%r: use 1, true, yes, 0, false or no" % (name, v))
+
+
+def init_region_enabled() -> bool:
+    """True when the process starts inside a region, as torch_memory_saver's
+    TMS_INIT_ENABLE=1 says (or GPUMEM_INIT_REGION=1): in "preload" mode
+    every allocation outside a region (the default tag, which the preload
+    library serves from the first cudaMalloc, before any Python runs) is
+    paused and resumed by pause() and resume() without a tag."""
+    return _env_bool("TMS_INIT_ENABLE") or _env_bool("GPUMEM_INIT_REGION")
+
+
+def _default_tag() -> str:
+    """The preload library's tag outside regions."""
+    return os.environ.get("GPUMEM_DEFAULT_TAG") or _DEFAULT_TAG
+
+
+def _check_environment(mode: str) -> bool:
+    """Check torch_memory_saver's variables once, at the first use: raise
+    for one gpumemd cannot honour here, saying what to use instead.
+    Returns whether the process starts inside a region."""
+    init = init_region_enabled()
+    _env_bool("TMS_INIT_ENABLE_CPU_BACKUP")  # read by libgpumem: backup outside regions
+    _env_bool("TMS_RETAIN_CPU_BACKUP")
+    if init and mode != "preload":
+        raise RuntimeError(
+            "TMS_INIT_ENABLE=1 (GPUMEM_INIT_REGION=1) needs hook_mode 'preload': in 'torch' "
+            "mode allocations outside a region are PyTorch's own and cannot be paused; start "
+            "the process with LD_PRELOAD=%s" % preload_library_path())
+    backend = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND")
+    if backend and backend not in ("pinned", "mmap"):
+        raise ValueError("TMS_INIT_CPU_BACKUP_BACKEND=%r: use 'pinned' or 'mmap'" % backend)
+    if _env_bool("TMS_INIT_ENABLE_DISK_BACKUP"):
+        raise NotImplementedError("TMS_INIT_ENABLE_DISK_BACKUP: gpumemd keeps backups in host "
+                                  "memory; use TMS_INIT_ENABLE_CPU_BACKUP=1")
+    for name in ("TMS_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_CHUNK_MB"):
+        if os.environ.get(name):
+            raise NotImplementedError("%s: gpumemd keeps backups in host memory; unset it and "
+                                      "use enable_cpu_backup=True" % name)
+    return init
+
+
 class TorchMemorySaver:
     """torch_memory_saver's object; use the :data:`torch_memory_saver`
     singleton. Every instance works on the same process-wide state (the
@@ -132,6 +198,7 @@ class TorchMemorySaver:
         self._mode: Optional[str] = None
         self._started = False
         self._margin = 0
+        self._init = False  # the process started inside a region
         self._lock = threading.Lock()
 
     # Configuration.
@@ -194,11 +261,14 @@ class TorchMemorySaver:
             raise TypeError("retain_cpu_backup must be a bool, not %s" % type(value).__name__)
 
     def _start(self) -> str:
-        """Fix the hook mode and find the default client (once)."""
+        """Fix the hook mode, check the environment and find the default
+        client (once)."""
         with self._lock:
             mode = self.hook_mode
             if mode == "preload" and not preload_library_loaded():
                 raise _preload_error()
+            if not self._started:
+                self._init = _check_environment(mode)
             self._mode = mode
             self._started = True
         if mode == "preload" and _gt._client is None:
@@ -292,13 +362,17 @@ class TorchMemorySaver:
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
-        """Inside the block the calling thread's allocations are PyTorch's
-        own again: no tag, and an enclosing region's routing is suspended
-        (its pool comes back when the block ends). In "preload" mode the
-        preload library still serves them, tagged $GPUMEM_DEFAULT_TAG
-        (else "default"), and pause() without a tag leaves them alone."""
-        self._start()
-        with _gt._untagged():
+        """Inside the block the calling thread's allocations on the current
+        device are outside every region: no tag, and an enclosing region's
+        routing suspended. They go to a pool made for the block and let go
+        of when it ends, so what the block cached goes back then (as in
+        torch_memory_saver). In "preload" mode the preload library still
+        serves them: tagged $GPUMEM_DEFAULT_TAG (else "default"), or
+        "disabled" when the process started inside a region
+        (TMS_INIT_ENABLE=1); pause() without a tag leaves them alone."""
+        mode = self._start()
+        tag = DISABLED_TAG if mode == "preload" and self._init else None
+        with _gt._disposable(tag):
             yield
 
     # Pause and resume.
@@ -306,8 +380,10 @@ class TorchMemorySaver:
     def pause(self, tag: Optional[str] = None, *,
               release_context: bool = False) -> Optional[gpumem.OpResult]:
         """Release this process's memory of ``tag``; None: of every tag a
-        region or graph of this process used (not the memory the preload
-        library serves outside regions). Pausing what is paused, or a tag
+        region or graph of this process used, and, when the process started
+        inside a region (TMS_INIT_ENABLE=1, "preload" mode), of what the
+        preload library serves outside regions (else that is left alone).
+        Pausing what is paused, or a tag
         this process never allocated, changes nothing. Returns the daemon's
         report (None when there was nothing to pause).
 
@@ -319,16 +395,20 @@ class TorchMemorySaver:
         if not isinstance(release_context, bool):
             raise TypeError("release_context must be a bool, not %s"
                             % type(release_context).__name__)
-        tags = self._tags(tag)
+        if tag is not None:
+            _check_tag(tag)
         self._start()
+        tags = self._tags(tag)
         return self._op(_gt.pause, tags, release_context)
 
     def resume(self, tag: Optional[str] = None) -> Optional[gpumem.OpResult]:
         """Take the memory of ``tag`` (None: as for :meth:`pause`) again at
         the same addresses; raises gpumem.Error OUT_OF_MEMORY, changing
         nothing, when the device cannot hold it."""
-        tags = self._tags(tag)
+        if tag is not None:
+            _check_tag(tag)
         self._start()
+        tags = self._tags(tag)
         return self._op(_gt.resume, tags)
 
     @staticmethod
@@ -343,12 +423,15 @@ class TorchMemorySaver:
             result = fn(*tags[i:i + _MAX_TAGS], missing_ok=True, **extra) or result
         return result
 
-    @staticmethod
-    def _tags(tag: Any) -> Tuple[str, ...]:
-        if tag is None:
-            with _tags_lock:
-                return tuple(sorted(_tags_used))
-        return (_check_tag(tag),)
+    def _tags(self, tag: Any) -> Tuple[str, ...]:
+        """The tags that pause(tag) and resume(tag) act on."""
+        if tag is not None:
+            return (_check_tag(tag),)
+        with _tags_lock:
+            used = set(_tags_used)
+        if self._init:
+            used.add(_default_tag())
+        return tuple(sorted(used))
 
     # What gpumemd does differently.
 

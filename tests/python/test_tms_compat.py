@@ -15,6 +15,7 @@ import warnings
 import pytest
 
 from conftest import BUILD, REPO, wait_for
+from faketorch import FakeTorch
 
 import gpumem
 import gpumem.torch as gt
@@ -64,7 +65,7 @@ def device_free(ctl, device=0):
 def run_python(code, env_extra=None):
     """Run code in a fresh python3 with this checkout's package and library."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "python")
+    env["PYTHONPATH"] = "%s:%s" % (REPO / "python", REPO / "tests" / "python")
     env["GPUMEM_LIB"] = str(BUILD / "lib" / "libgpumem.so.1")
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -80,6 +81,14 @@ def saver(worker):
     finally:
         gt.shutdown()
         gpumem.set_thread_tag(None)
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    """faketorch's stand-in as the process's torch, for disable()."""
+    ft = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", ft)
+    return ft
 
 
 # Without PyTorch.
@@ -228,7 +237,7 @@ def test_hook_mode_validation():
     assert s.hook_mode == "torch"
 
 
-def test_hook_mode_is_fixed_once_started(saver):
+def test_hook_mode_is_fixed_once_started(saver, fake_torch):
     saver.hook_mode = "torch"
     with saver.disable():  # starts the saver
         pass
@@ -271,6 +280,8 @@ def test_preload_mode_uses_the_librarys_default_client(daemon):
         "p = ctypes.c_void_p()\n"
         "assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n"
         "import gpumem, gpumem.torch as gt\n"
+        "from faketorch import FakeTorch\n"
+        "sys.modules['torch'] = FakeTorch()\n"
         "from gpumem.torch_memory_saver import torch_memory_saver as tms\n"
         "assert tms.hook_mode == 'preload'\n"
         "with tms.disable():\n"
@@ -396,10 +407,16 @@ def test_resume_without_room_changes_nothing(make_daemon, tag):
             gt.shutdown()
 
 
-def test_disable_clears_the_thread_tag(saver):
+def test_disable_clears_the_thread_tag(saver, fake_torch):
     gpumem.set_thread_tag("outer", backup=True)
     with saver.disable():
         assert gpumem.thread_tag() == (None, 0)
+        # The block's allocations go to a pool of its own, let go of after.
+        t = fake_torch.empty(MiB, device="cuda:0")
+        assert t.pool is not None and t.pool.allocator is None
+        pool = t.pool.id
+        del t
+    assert pool not in fake_torch.pools
     assert gpumem.thread_tag() == ("outer", gpumem.FLAG_BACKUP)
     with pytest.raises(RuntimeError):
         with saver.disable():
@@ -430,3 +447,162 @@ def test_init_connects_and_shutdown_closes(daemon, controller, tag):
     def gone():
         return all(t["name"] != kv or t["buffers"] == 0 for t in controller.status()["tags"])
     wait_for(gone, what="the closed client's buffers to go")
+
+
+# Trainer offload: the process starts inside a region (TMS_INIT_ENABLE=1).
+
+TRAINER = NO_TORCH + r'''
+import ctypes, os, sys, zlib
+ctypes.CDLL(os.environ["STUB"], mode=ctypes.RTLD_GLOBAL)
+rt = ctypes.CDLL(None)
+rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+rt.cudaFree.argtypes = [ctypes.c_void_p]
+MiB = 1 << 20
+
+def cuda_malloc(n):
+    p = ctypes.c_void_p()
+    rc = rt.cudaMalloc(ctypes.byref(p), n)
+    if rc:
+        raise MemoryError("cudaMalloc: %d" % rc)
+    return p.value
+
+# Weights and optimizer state, allocated before any Python of gpumem runs
+# and outside any region.
+weights, moments = cuda_malloc(16 * MiB), cuda_malloc(32 * MiB)
+ctypes.memmove(weights, os.urandom(16 * MiB), 16 * MiB)
+ctypes.memset(moments, 0, 32 * MiB)
+
+def step():
+    """A forward and backward pass: activations made from the weights,
+    their gradient folded into the moments; the loss is a checksum of
+    what the pass read and wrote."""
+    act = cuda_malloc(8 * MiB)
+    ctypes.memmove(act, weights, 8 * MiB)
+    grad = zlib.crc32(ctypes.string_at(act, 8 * MiB)).to_bytes(4, "little")
+    rt.cudaFree(act)
+    ctypes.memmove(moments, grad, 4)
+    return zlib.crc32(ctypes.string_at(moments, 32 * MiB),
+                      zlib.crc32(ctypes.string_at(weights, 16 * MiB)))
+
+loss = step()
+
+import gpumem
+from faketorch import FakeTorch
+sys.modules["torch"] = FakeTorch()
+from gpumem.torch_memory_saver import torch_memory_saver as tms
+ctl = gpumem.connect(name="ctl", role="controller")
+
+def tag(name):
+    return next((t for t in ctl.status()["tags"] if t["name"] == name), None)
+
+def device_free():
+    return ctl.status()["devices"][0]["free"]
+
+free0 = device_free()
+r = tms.pause()
+assert r.bytes >= 48 * MiB, r
+assert tag("default")["state"] == "PAUSED", tag("default")
+assert device_free() - free0 >= 48 * MiB
+with tms.disable():
+    assert gpumem.thread_tag() == ("disabled", 0)
+    scratch = cuda_malloc(8 * MiB)  # work while paused: not in a paused tag
+    ctypes.memset(scratch, 7, 8 * MiB)
+    assert ctypes.string_at(scratch + 8 * MiB - 1, 1) == b"\x07"
+    assert tag("disabled")["state"] == "ACTIVE"
+    rt.cudaFree(scratch)
+assert tms.pause().bytes == 0  # paused already; "disabled" is left alone
+tms.resume()
+assert tag("default")["state"] == "ACTIVE"
+assert device_free() == free0, (device_free() - free0, ctl.status())
+assert step() == loss, "the pass after the resume differs"
+print("same")
+'''
+
+
+def _preload_env(daemon, **extra):
+    preload = tms_module.preload_library_path()
+    stub = BUILD / "tests" / "libcudart_stub.so"
+    if not os.path.exists(preload) or not stub.exists():
+        pytest.skip("no %s or %s: build them first (make test)" % (preload, stub))
+    env = {"LD_PRELOAD": preload, "GPUMEM_SOCKET": daemon.sock, "STUB": str(stub)}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("names", [("TMS_INIT_ENABLE", "TMS_INIT_ENABLE_CPU_BACKUP"),
+                                   ("GPUMEM_INIT_REGION", None)])
+def test_trainer_starts_inside_a_region(make_daemon, names):
+    """Weights and optimizer state allocated before and outside any region
+    are paused by pause() (memory given back, by the daemon's figure),
+    with their contents; work in disable() runs meanwhile; after resume()
+    the same pass gives the same loss."""
+    init, backup = names
+    extra = {init: "1"}
+    if backup:
+        extra[backup] = "1"
+    else:
+        extra["GPUMEM_DEFAULT_FLAGS"] = "backup"
+    r = run_python(TRAINER, _preload_env(make_daemon(), **extra))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "same\n"
+
+
+def test_without_the_initial_region_pause_leaves_the_default_tag(make_daemon):
+    r = run_python(NO_TORCH + (
+        "import ctypes, os\n"
+        "ctypes.CDLL(os.environ['STUB'], mode=ctypes.RTLD_GLOBAL)\n"
+        "rt = ctypes.CDLL(None)\n"
+        "rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]\n"
+        "p = ctypes.c_void_p()\n"
+        "assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n"
+        "from gpumem.torch_memory_saver import torch_memory_saver as tms\n"
+        "print(tms.pause())\n"), _preload_env(make_daemon(), TMS_INIT_ENABLE_CPU_BACKUP="1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "None\n"
+
+
+@pytest.mark.parametrize("env,error", [
+    ({"TMS_INIT_ENABLE": "maybe"}, "TMS_INIT_ENABLE='maybe': use 1, true, yes"),
+    ({"TMS_INIT_ENABLE_DISK_BACKUP": "1"}, "use TMS_INIT_ENABLE_CPU_BACKUP=1"),
+    ({"TMS_DISK_BACKUP_DIR": "/tmp"}, "TMS_DISK_BACKUP_DIR: gpumemd keeps backups"),
+    ({"TMS_INIT_CPU_BACKUP_BACKEND": "cuda"}, "use 'pinned' or 'mmap'"),
+])
+def test_torch_memory_savers_variables_are_checked(daemon, env, error):
+    r = run_python(NO_TORCH + (
+        "from gpumem.torch_memory_saver import torch_memory_saver as tms\n"
+        "tms.hook_mode = 'torch'\n"
+        "try:\n"
+        "    tms.pause()\n"
+        "except (ValueError, NotImplementedError) as e:\n"
+        "    print(e)\n"), dict(env, GPUMEM_SOCKET=daemon.sock))
+    assert r.returncode == 0, r.stderr
+    assert error in r.stdout, r.stdout
+
+
+def test_the_initial_region_needs_preload_mode(daemon):
+    r = run_python(NO_TORCH + (
+        "from gpumem.torch_memory_saver import torch_memory_saver as tms\n"
+        "try:\n"
+        "    tms.pause()\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"), {"GPUMEM_SOCKET": daemon.sock, "TMS_INIT_ENABLE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "needs hook_mode 'preload'" in r.stdout and "LD_PRELOAD=" in r.stdout
+
+
+def test_a_bad_initial_region_variable_fails_the_allocation(make_daemon):
+    """libgpumem reads TMS_INIT_ENABLE(_CPU_BACKUP) itself, before any Python:
+    a value it does not know fails the allocation (the runtime's
+    out-of-memory error), saying why, and allocates nothing."""
+    r = run_python(NO_TORCH + (
+        "import ctypes, os\n"
+        "ctypes.CDLL(os.environ['STUB'], mode=ctypes.RTLD_GLOBAL)\n"
+        "rt = ctypes.CDLL(None)\n"
+        "rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]\n"
+        "p = ctypes.c_void_p()\n"
+        "print(rt.cudaMalloc(ctypes.byref(p), 1 << 20))\n"
+        "rt.gpumem_last_error.restype = ctypes.c_char_p\n"
+        "print(rt.gpumem_last_error().decode())\n"),
+        _preload_env(make_daemon(), TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="sure"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("2\nTMS_INIT_ENABLE_CPU_BACKUP: 'sure' is not 1"), r.stdout
