@@ -29,6 +29,8 @@ struct gpumem_buffer {
   bool unmapping;       /* an unmap is taking it: copies are refused */
   bool doomed;          /* no longer the caller's: never re-registered */
   unsigned copies;      /* reads, writes and fills in flight */
+  unsigned backup_reads; /* reads of the kept backup in flight */
+  bool backup_busy;      /* an event or the caller is changing the kept backup */
   gpuva *gpu;
   char tag[WIRE_TAG_MAX + 1];
   unsigned local; /* this process's device number */
@@ -41,7 +43,8 @@ struct gpumem_buffer {
   uint64_t *chunk_sizes;
   uint64_t *handles; /* of chunk i while held[i] */
   bool *held;        /* chunk i is imported and mapped */
-  struct backup_map backup; /* its backup memory, kept mapped (none: all zero) */
+  struct backup_map backup; /* its backup memory, kept mapped (none: all zero);
+                             * changed only under backup_begin_change */
 };
 
 /* The buffer's id, read under its lock. */
@@ -184,11 +187,40 @@ static int copy_with(gpumem_buffer *b, const struct backup_map *m, bool to_backu
   return backup_io_copy(b->gpu, b->local, b->va, b->size, gpumem_buffer_id(b), m, to_backup);
 }
 
+/* Wait until no read of the kept backup is in flight and hold new ones
+ * off: the kept backup may change until backup_end_change. */
+static void backup_begin_change(gpumem_buffer *b) {
+  pthread_mutex_lock(&b->mu);
+  while (b->backup_busy || b->backup_reads) pthread_cond_wait(&b->cv, &b->mu);
+  b->backup_busy = true;
+  pthread_mutex_unlock(&b->mu);
+}
+
+/* Let reads of the kept backup in again. */
+static void backup_end_change(gpumem_buffer *b) {
+  pthread_mutex_lock(&b->mu);
+  b->backup_busy = false;
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
+
+static int backup_through_locked(gpumem_buffer *b, const struct backup_mem *m, bool to_backup,
+                                 bool keep);
+
 /* Copy between the buffer and backup memory m: the map kept, or m's
  * pieces mapped now (then kept if keep, else let go of). A failure keeps
  * nothing. */
 static int backup_through(gpumem_buffer *b, const struct backup_mem *m, bool to_backup,
                           bool keep) {
+  backup_begin_change(b);
+  int rc = backup_through_locked(b, m, to_backup, keep);
+  backup_end_change(b);
+  return rc;
+}
+
+/* backup_through, with the kept backup held for change. */
+static int backup_through_locked(gpumem_buffer *b, const struct backup_mem *m, bool to_backup,
+                                 bool keep) {
   int rc;
   if (m->kept) {
     rc = b->backup.va ? copy_with(b, &b->backup, to_backup)
@@ -268,7 +300,81 @@ int buffer_export(gpumem_buffer *b, int *fds) {
 }
 
 /* Let go of the kept backup memory. */
-void buffer_drop_backup(gpumem_buffer *b) { backup_io_unmap(b->gpu, b->local, &b->backup); }
+void buffer_drop_backup(gpumem_buffer *b) {
+  backup_begin_change(b);
+  backup_io_unmap(b->gpu, b->local, &b->backup);
+  backup_end_change(b);
+}
+
+/* Start a read of the kept backup of a paused buffer: 0 with reads of the
+ * kept map safe until backup_read_end, or why not. */
+static int backup_read_begin(gpumem_buffer *b, uint64_t off, uint64_t len) {
+  pthread_mutex_lock(&b->mu);
+  while (b->backup_busy) pthread_cond_wait(&b->cv, &b->mu);
+  int rc = 0;
+  if (b->mapped || b->unmapping)
+    rc = error_set(GPUMEM_E_WRONG_STATE,
+                   "buffer %llu is mapped: its memory holds the contents, not its backup",
+                   (unsigned long long)b->id);
+  else if (!b->backup.va)
+    rc = GPUMEM_E_NOT_FOUND; /* none kept here: the caller asks the daemon */
+  else if (off > b->size || len > b->size - off)
+    rc = error_set(GPUMEM_E_INVALID, "%llu bytes at %llu pass the end of buffer %llu",
+                   (unsigned long long)len, (unsigned long long)off, (unsigned long long)b->id);
+  else
+    b->backup_reads++;
+  pthread_mutex_unlock(&b->mu);
+  return rc;
+}
+
+/* End a read that backup_read_begin started. */
+static void backup_read_end(gpumem_buffer *b) {
+  pthread_mutex_lock(&b->mu);
+  if (--b->backup_reads == 0) pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
+
+/* Copy or view len bytes at off of the kept backup. */
+int buffer_backup_read(gpumem_buffer *b, uint64_t off, uint64_t len, void *dst,
+                       const void **view) {
+  int rc = backup_read_begin(b, off, len);
+  if (rc < 0) return rc;
+  void *at = (char *)b->backup.va + off;
+  if (view) {
+    if (gpuva_host_view(b->gpu, b->local, b->backup.va, b->backup.total) < 0)
+      rc = error_set(GPUMEM_E_BACKEND, "buffer %llu: its backup cannot be read in place: %s",
+                     id_of(b), gpu_error());
+    else
+      *view = at;
+  } else if (len && gpuva_copy_from(b->gpu, b->local, dst, at, len) < 0) {
+    rc = error_set(GPUMEM_E_BACKEND, "reading the backup of buffer %llu: %s", id_of(b),
+                   gpu_error());
+  }
+  backup_read_end(b);
+  return rc;
+}
+
+/* Keep backup memory the daemon handed for reading, unless some is kept. */
+int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds) {
+  backup_begin_change(b);
+  int rc = 0;
+  if (!b->backup.va) {
+    rc = backup_io_map(b->gpu, b->local, sizes, n, fds, &b->backup);
+    if (rc == 0 && b->backup.total < b->size) {
+      backup_io_unmap(b->gpu, b->local, &b->backup);
+      rc = error_set(GPUMEM_E_PROTOCOL,
+                     "gpumemd handed %llu bytes of backup for the %llu of buffer %llu",
+                     (unsigned long long)b->backup.total, (unsigned long long)b->size, id_of(b));
+    }
+  }
+  backup_end_change(b);
+  for (size_t i = 0; i < n; i++)
+    if (fds[i] >= 0) {
+      close(fds[i]);
+      fds[i] = -1;
+    }
+  return rc;
+}
 
 /* Whether backup memory is kept mapped. */
 bool buffer_keeps_backup(const gpumem_buffer *b) { return b->backup.va != NULL; }
@@ -284,7 +390,7 @@ void buffer_destroy(gpumem_buffer *b) {
     for (size_t i = 0; i < b->nchunks; i++)
       if (b->held[i]) gpuva_release(b->gpu, b->local, b->handles[i]);
     if (b->va) gpuva_free(b->gpu, b->local, b->va, b->size);
-    backup_io_unmap(b->gpu, b->local, &b->backup);
+    buffer_drop_backup(b);
   }
   free_struct(b);
 }

@@ -72,6 +72,19 @@ int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
  * back never refers to it). */
 void buffer_drop_backup(gpumem_buffer *b);
 
+/* Read len bytes at off of the backup the paused buffer keeps mapped:
+ * copied into dst, or (view not NULL) made readable by the host in place
+ * and *view set to them. GPUMEM_E_WRONG_STATE while the buffer is mapped,
+ * GPUMEM_E_NOT_FOUND (no words) when no backup is kept here,
+ * GPUMEM_E_INVALID past its end, GPUMEM_E_BACKEND when the copy fails. */
+int buffer_backup_read(gpumem_buffer *b, uint64_t off, uint64_t len, void *dst,
+                       const void **view);
+
+/* Map the n pieces of backup memory (their sizes, one fd each, all taken)
+ * that the daemon handed for reading and keep them as the buffer's backup,
+ * unless it keeps one already. Returns 0 or backup_io_map's code. */
+int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds);
+
 /* True while the buffer keeps backup memory of the daemon's mapped. */
 bool buffer_keeps_backup(const gpumem_buffer *b);
 

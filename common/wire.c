@@ -286,6 +286,7 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
   case GPUMEM__WIRE__ENVELOPE__BODY_FREE:
   case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
   case GPUMEM__WIRE__ENVELOPE__BODY_LIST:
+  case GPUMEM__WIRE__ENVELOPE__BODY_BACKUP:
     return GPUMEM__WIRE__ERROR_CODE__OK;
   case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE: {
     const Gpumem__Wire__PauseRequest *p = env->pause;
@@ -346,6 +347,14 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
                     "unmap backups: each must be of a buffer the event names, once, with "
                     "pieces of some bytes or kept");
     break;
+  case GPUMEM__WIRE__ENVELOPE__BODY_BACKUP_REPLY: {
+    const Gpumem__Wire__BackupMemory *m = env->backup_reply->backup;
+    if (!m || m->kept || m->n_piece_sizes == 0 || m->n_piece_sizes > FRAME_MAX_FDS ||
+        !pieces_ok(m->piece_sizes, m->n_piece_sizes))
+      return refuse(bad, why, whylen, "backup reply: no pieces, or a piece of no bytes");
+    chunks = m->n_piece_sizes;
+    break;
+  }
   case GPUMEM__WIRE__ENVELOPE__BODY_ERROR:
   case GPUMEM__WIRE__ENVELOPE__BODY_HELLO_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY:

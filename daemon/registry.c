@@ -414,6 +414,25 @@ bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *siz
   return false;
 }
 
+/* Export a paused buffer's valid backup for its owner to read. */
+wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, uint64_t *sizes,
+                                      size_t max, size_t *n, struct fault *f) {
+  unsigned long long id = (unsigned long long)b->id;
+  *n = 0;
+  if (!(b->flags & BUF_FLAG_BACKUP))
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                     "buffer %llu has no backup (allocated without BACKUP)", id);
+  if (b->state != BUF_PAUSED || !b->backup_valid || !b->backup)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                     "buffer %llu is %s: only a paused buffer's backup holds its contents", id,
+                     wire_state_name((int)b->state));
+  if (gpudev_backup_export(r->gpu, b->device, b->backup, b->size, fds, sizes, max, n) < 0)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                     "the backup of buffer %llu cannot be handed out here (%s): resume the "
+                     "buffer and read it", id, gpu_error());
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
 /* Hand the backup memory anew next time. */
 void registry_backup_unhanded(struct buffer *b) { b->handed_to = 0; }
 

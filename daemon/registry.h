@@ -253,6 +253,13 @@ bool registry_owner_copies(const registry *r, const struct buffer *b, bool resum
 bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *sizes, size_t max,
                           size_t *n, bool *kept);
 
+/* Export the backup of b, a paused BACKUP buffer whose backup holds its
+ * contents, as at most max pieces (fds, their sizes, *n of them) for its
+ * owner to read. WRONG_STATE when there is no such backup, BACKEND_ERROR
+ * where the backend's backups cannot be exported (HIP), with words in f. */
+wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, uint64_t *sizes,
+                                      size_t max, size_t *n, struct fault *f);
+
 /* The owner of b failed an event about it: whatever backup memory it
  * kept is not trusted to be there; the next event hands it again. */
 void registry_backup_unhanded(struct buffer *b);

@@ -11,7 +11,8 @@
 #define VA_CALLS(X)                                                                       \
   X(cuDeviceGetByPCIBusId) X(cuCtxSynchronize) X(cuMemcpyDtoH) X(cuMemcpyHtoD)            \
   X(cuMemcpyDtoD)                                                                         \
-  X(cuMemsetD32) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)
+  X(cuMemsetD32) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemSetAccess)           \
+  X(cuDeviceGet) X(cuDeviceGetAttribute)
 
 VA_CALLS(CUDA_DECLARE)
 
@@ -51,6 +52,24 @@ static int cuda_memset32(uint64_t dst, uint32_t value, uint64_t count) {
   return p_cuMemsetD32(dst, value, count);
 }
 
+/* Read-write access for dev and for the host (dev's NUMA node) to a
+ * mapped range of host-NUMA memory. */
+static int cuda_host_access(uint64_t va, uint64_t size, int dev) {
+  int node = -1;
+  CUdevice d;
+  if (p_cuDeviceGet(&d, dev) == 0)
+    p_cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, d);
+  CUmemAccessDesc a[2];
+  memset(a, 0, sizeof a);
+  a[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a[0].location.id = dev;
+  a[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  a[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  a[1].location.id = node < 0 ? 0 : node;
+  a[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return p_cuMemSetAccess(va, size, a, 2);
+}
+
 /* Open another process's legacy IPC handle. */
 static int cuda_ipc_open(const uint8_t *handle, uint64_t *dptr) {
   CUipcMemHandle h;
@@ -73,6 +92,7 @@ const struct vmm_va_vendor vmm_cuda_va = {
     .htod = cuda_htod,
     .dtod = cuda_dtod,
     .memset32 = cuda_memset32,
+    .host_access = cuda_host_access,
     .ipc_open = cuda_ipc_open,
     .ipc_close = cuda_ipc_close,
 };

@@ -116,6 +116,12 @@ int gpuva_copy_device(gpuva *g, unsigned dev, void *dst, const void *src, uint64
   return g->ops->copy_device(g->state, dev, dst, src, len);
 }
 
+/* Let the host reach a backup mapped here. */
+int gpuva_host_view(gpuva *g, unsigned dev, void *va, uint64_t size) {
+  if (!g->ops->host_view) return gpu_fail(-ENOTSUP, "%s: backups cannot be read here", g->ops->name);
+  return g->ops->host_view(g->state, dev, va, size);
+}
+
 /* Fill device memory with a 32-bit value. */
 int gpuva_fill32(gpuva *g, unsigned dev, void *va, uint64_t len, uint32_t value) {
   return g->ops->fill32(g->state, dev, va, len, value);

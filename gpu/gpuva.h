@@ -69,6 +69,11 @@ int gpuva_copy_to(gpuva *g, unsigned dev, void *va, const void *src, uint64_t le
  * wait until the copy is done. */
 int gpuva_copy_device(gpuva *g, unsigned dev, void *dst, const void *src, uint64_t len);
 
+/* Let the host read (and write) a range mapped here from a backup's host
+ * memory, so that its bytes can be read at va itself; -ENOTSUP where the
+ * backend cannot. */
+int gpuva_host_view(gpuva *g, unsigned dev, void *va, uint64_t size);
+
 /* Set len bytes (a multiple of 4) at va to a 32-bit value. */
 int gpuva_fill32(gpuva *g, unsigned dev, void *va, uint64_t len, uint32_t value);
 

@@ -28,6 +28,7 @@ struct gpuva_ops {
   int (*copy_to)(void *state, unsigned dev, void *va, const void *src, uint64_t len);
   int (*copy_device)(void *state, unsigned dev, void *dst, const void *src, uint64_t len);
   int (*fill32)(void *state, unsigned dev, void *va, uint64_t len, uint32_t value);
+  int (*host_view)(void *state, unsigned dev, void *va, uint64_t size); /* NULL: -ENOTSUP */
   /* Legacy IPC; NULL where the backend has none. */
   int (*ipc_open)(void *state, unsigned dev, const uint8_t *handle, void **va);
   void (*ipc_close)(void *state, unsigned dev, void *va);

@@ -154,6 +154,15 @@ static int host_copy_device(void *state, unsigned dev, void *dst, const void *sr
   return 0;
 }
 
+/* A mapping here is host memory already. */
+static int host_host_view(void *state, unsigned dev, void *va, uint64_t size) {
+  (void)state;
+  (void)dev;
+  (void)va;
+  (void)size;
+  return 0;
+}
+
 /* Fill the mapping a word at a time. */
 static int host_fill32(void *state, unsigned dev, void *va, uint64_t len, uint32_t value) {
   (void)state;
@@ -181,4 +190,5 @@ const struct gpuva_ops gpuva_host_ops = {
     .copy_to = host_copy_to,
     .copy_device = host_copy_device,
     .fill32 = host_fill32,
+    .host_view = host_host_view,
 };

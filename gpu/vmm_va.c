@@ -203,6 +203,17 @@ static int vmm_copy_device(void *state, unsigned dev, void *dst, const void *src
   return va_done(x, saved, st, call);
 }
 
+/* Let the host reach a backup's host memory mapped here. */
+static int vmm_host_view(void *state, unsigned dev, void *va, uint64_t size) {
+  struct vmm_va *x = state;
+  if (!x->v->host_access) return gpu_fail(-ENOTSUP, "%s backups cannot be read here",
+                                          x->m.v->name);
+  int saved, rc = va_enter(x, dev, &saved);
+  if (rc < 0) return rc;
+  int st = x->v->host_access((uint64_t)(uintptr_t)va, size, (int)dev);
+  return va_done(x, saved, st, "MemSetAccess");
+}
+
 /* Fill device memory with a 32-bit value and wait for it. */
 static int vmm_fill32(void *state, unsigned dev, void *va, uint64_t len, uint32_t value) {
   struct vmm_va *x = state;
@@ -243,7 +254,7 @@ static void vmm_ipc_close(void *state, unsigned dev, void *va) {
     .import = vmm_import, .map = vmm_map, .set_access = vmm_set_access, .unmap = vmm_unmap, \
     .export_handle = vmm_export_handle, .release = vmm_release, .sync = vmm_sync,           \
     .copy_from = vmm_copy_from, .copy_to = vmm_copy_to, .copy_device = vmm_copy_device,     \
-    .fill32 = vmm_fill32,                                                                   \
+    .host_view = vmm_host_view, .fill32 = vmm_fill32,                                       \
     .ipc_open = vmm_ipc_open, .ipc_close = vmm_ipc_close,                                   \
   }
 

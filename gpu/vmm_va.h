@@ -16,6 +16,9 @@ struct vmm_va_vendor {
   int (*htod)(uint64_t dst, const void *src, uint64_t n);
   int (*dtod)(uint64_t dst, uint64_t src, uint64_t n);
   int (*memset32)(uint64_t dst, uint32_t value, uint64_t count);
+  /* Read-write access for the host and dev to a mapped range of host
+   * memory (NULL where the vendor's backups are not handed out). */
+  int (*host_access)(uint64_t va, uint64_t size, int dev);
   int (*ipc_open)(const uint8_t *handle, uint64_t *dptr);
   int (*ipc_close)(uint64_t dptr);
 };

@@ -54,12 +54,12 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 7
+#define GPUMEM_VERSION_MINOR 8
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (10700 for 1.7.0). */
+/* The library's version, as GPUMEM_VERSION computes it (10800 for 1.8.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
 /* The library's version as text ("1.5.0"). */
@@ -739,6 +739,25 @@ GPUMEM_EXPORT const char *gpumem_last_error(void);
 
 /* The name of a state ("ACTIVE"). */
 GPUMEM_EXPORT const char *gpumem_state_name(int state);
+
+/* Copy len bytes of what the last pause saved of the paused GPUMEM_BACKUP
+ * buffer of c that holds [ptr, ptr + len) (a gpumem_alloc buffer, or an
+ * allocation of gpumem_malloc inside one) to host memory at dst, while it
+ * stays paused: to ship weights elsewhere while the engine sleeps. The
+ * backup memory the buffer keeps mapped serves directly; else the daemon
+ * hands it (gpumemd 1.8), and the buffer keeps it mapped from then on.
+ * Errors: GPUMEM_E_NOT_FOUND (no buffer of c holds those bytes),
+ * GPUMEM_E_WRONG_STATE (the buffer is mapped, or has no backup),
+ * GPUMEM_E_BACKEND (the copy failed, or this backend's backups cannot be
+ * handed out: HIP's), GPUMEM_E_VERSION (an older daemon). */
+GPUMEM_EXPORT int gpumem_backup_read(gpumem_client *c, const void *ptr, uint64_t len,
+                                     void *dst);
+
+/* As gpumem_backup_read, but no copy: *host is set to the same bytes in
+ * the backup's host memory, readable until the buffer is resumed or freed
+ * (its next pause writes them again). They must not be written. */
+GPUMEM_EXPORT int gpumem_backup_view(gpumem_client *c, const void *ptr, uint64_t len,
+                                     const void **host);
 
 /* The current tag of the calling thread: gpumem_torch_alloc and the
  * preload library allocate with it. Set tag NULL to clear it. flags are

@@ -58,7 +58,7 @@ from . import _native
 from ._native import FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_IPC_LEGACY
 
 
-__version__ = "1.7.0"
+__version__ = "1.8.0"
 
 __all__ = [
     "Buffer",
@@ -1001,6 +1001,44 @@ class Client:
         rc = self._lib.gpumem_free_ptr(self._talk(), ptr)
         if rc < 0:
             raise _last_error(self._lib, rc)
+
+    def backup_read_into(self, ptr: int, size: int, dst: int) -> None:
+        """Copy ``size`` bytes of what the last pause saved of this client's
+        paused BACKUP buffer that holds ``[ptr, ptr + size)`` (a buffer's
+        address, or one inside it or inside an allocation of
+        :meth:`malloc`) to host memory at the address ``dst``, while the
+        buffer stays paused. Raises :class:`Error`: NOT_FOUND (no buffer
+        of this client holds those bytes), WRONG_STATE (mapped, or no
+        backup), BACKEND (the copy failed, or the backend's backups cannot
+        be handed out)."""
+        ptr = _check_int("ptr", ptr, 1, _U64)
+        size = _check_int("size", size, 0, _U64)
+        dst = _check_int("dst", dst, 1, _U64)
+        rc = self._lib.gpumem_backup_read(self._talk(), ptr, size, dst)
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+
+    def backup_read(self, ptr: int, size: int) -> bytearray:
+        """:meth:`backup_read_into` a new bytearray of ``size`` bytes."""
+        size = _check_int("size", size, 0, _U64)
+        out = bytearray(size)
+        if size:
+            addr = ctypes.addressof((ctypes.c_char * size).from_buffer(out))
+            self.backup_read_into(ptr, size, addr)
+        return out
+
+    def backup_view(self, ptr: int, size: int) -> memoryview:
+        """The same bytes as :meth:`backup_read`, without a copy: a
+        read-only memoryview of the backup's host memory, valid until the
+        buffer is resumed or freed (reading it after that is undefined)."""
+        ptr = _check_int("ptr", ptr, 1, _U64)
+        size = _check_int("size", size, 1, _U64)
+        host = ctypes.c_void_p()
+        rc = self._lib.gpumem_backup_view(self._talk(), ptr, size, ctypes.byref(host))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        view = memoryview((ctypes.c_char * size).from_address(host.value))
+        return view.cast("B").toreadonly()
 
     def trim(self) -> int:
         """Give the daemon back every pooled buffer that holds no

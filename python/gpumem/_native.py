@@ -426,6 +426,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gpumem_buffer_write": (i, [c_client_p, c_buffer_p, u64, vp, u64]),
         "gpumem_buffer_fill32": (i, [c_client_p, c_buffer_p, u64, u64, u32]),
         "gpumem_sync": (i, [c_client_p, i]),
+        "gpumem_backup_read": (i, [c_client_p, vp, u64, vp]),
+        "gpumem_backup_view": (i, [c_client_p, vp, u64, P(vp)]),
         "gpumem_set_hooks": (None, [c_client_p, HOOK, HOOK, vp]),
         "gpumem_pause": (i, [c_client_p, P(cp), sz, P(i), sz, P(OpOptions), P(P(OpReport))]),
         "gpumem_resume": (i, [c_client_p, P(cp), sz, P(i), sz, P(OpOptions), P(P(OpReport))]),

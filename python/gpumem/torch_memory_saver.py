@@ -18,8 +18,8 @@ have torch_memory_saver's names and arguments. What differs (see
 docs/python.md): the memory is gpumemd's, so ``gpumemctl status`` shows it
 per process and tag and an orchestrator can pause it node-wide;
 ``pause()`` and ``resume()`` act on this process's own buffers through the
-daemon; ``cuda_graph`` works in both hook modes; CPU backups live in the
-daemon, so ``get_cpu_backup`` is not available; tags are limited to
+daemon; ``cuda_graph`` works in both hook modes; CPU backups are the
+daemon's host memory (``get_cpu_backup`` reads them); tags are limited to
 ``[A-Za-z0-9_.-]{1,63}``.
 
 A process that starts inside a region (TMS_INIT_ENABLE=1, or
@@ -436,11 +436,43 @@ class TorchMemorySaver:
     # What gpumemd does differently.
 
     def get_cpu_backup(self, x: Any, zero_copy: bool = False) -> Any:
-        """Not available: the backup of a paused tensor is in the daemon's
-        host memory, not this process's. Resume the tag and read the
-        tensor."""
-        raise NotImplementedError("gpumemd keeps CPU backups in the daemon; resume the tag and "
-                                  "read the tensor instead of get_cpu_backup")
+        """What the last pause saved of ``x``, a contiguous CUDA tensor in
+        a region with ``enable_cpu_backup=True`` whose tag is paused: a CPU
+        tensor of its shape and dtype, a copy, or with ``zero_copy=True`` a
+        read-only view of the backup's host memory (valid until the tag is
+        resumed). None when there is no such backup (the tensor is not
+        paused, or was allocated without a backup), as in
+        torch_memory_saver. ValueError for a tensor that is not gpumem
+        memory of this process."""
+        _gt._check_bool("zero_copy", zero_copy)
+        torch = _gt._torch()
+        if not isinstance(x, torch.Tensor) or not x.is_cuda:
+            raise TypeError("get_cpu_backup takes a CUDA tensor")
+        if not x.is_contiguous():
+            raise ValueError("get_cpu_backup takes a contiguous tensor (shape %s, stride %s)"
+                             % (tuple(x.shape), x.stride()))
+        self._start()
+        c = _gt.client()
+        nbytes = x.numel() * x.element_size()
+        if nbytes == 0:
+            return torch.empty(x.shape, dtype=x.dtype)
+        try:
+            if zero_copy:
+                view = c.backup_view(x.data_ptr(), nbytes)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # "not writable": it is read-only
+                    flat = torch.frombuffer(view, dtype=torch.uint8)
+                return flat.view(x.dtype).view(x.shape)
+            out = torch.empty(x.shape, dtype=x.dtype)
+            c.backup_read_into(x.data_ptr(), nbytes, out.data_ptr())
+            return out
+        except gpumem.Error as e:
+            if e.code == gpumem.ErrorCode.WRONG_STATE:
+                return None
+            if e.code == gpumem.ErrorCode.NOT_FOUND:
+                raise ValueError("get_cpu_backup: the tensor at 0x%x is not gpumem memory of "
+                                 "this process: %s" % (x.data_ptr(), e)) from e
+            raise
 
     def set_disk_backup_dir(self, path: str) -> None:
         """Not available: gpumemd keeps backups in host memory."""

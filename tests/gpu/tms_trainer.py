@@ -6,7 +6,8 @@ before and outside any region, is paused by pause() with its contents.
 A child process under LD_PRELOAD builds a model and Adam's state, runs a
 forward and backward pass, copies every parameter and optimizer tensor to
 the host, pauses, works inside disable(), resumes, and must find every
-tensor as it was and compute the same loss. Judged by the driver's free
+tensor as it was and compute the same loss; get_cpu_backup reads a
+paused weight both ways. Judged by the driver's free
 figure (torch.cuda.mem_get_info) in the child. Skips (exit 0) without
 torch with CUDA.
 
@@ -58,6 +59,11 @@ out["trained"] = used()
 r = tms.pause()
 out["paused_bytes"] = r.bytes
 out["paused"] = used()
+w = model[0].weight
+copy, view = tms.get_cpu_backup(w), tms.get_cpu_backup(w, zero_copy=True)
+out["backup_copy"] = copy is not None and torch.equal(copy, saved[0])
+out["backup_view"] = view is not None and torch.equal(view, saved[0])
+del view
 with tms.disable():
     y = torch.full((1 << 30,), 53, dtype=torch.uint8, device="cuda")
     out["disabled_mean"] = y.float().mean().item()
@@ -66,6 +72,7 @@ with tms.disable():
 out["after_disable"] = used()
 tms.resume()
 out["resumed"] = used()
+out["backup_after_resume"] = tms.get_cpu_backup(w) is None
 out["same_tensors"] = all(torch.equal(t.cpu(), s) for t, s in zip(tensors, saved))
 with torch.no_grad():
     out["same_loss"] = model(x).square().mean().item() == loss
@@ -81,6 +88,35 @@ def check(ok: bool, name: str, detail: str) -> None:
     global failures
     failures += not ok
     print("%s tms trainer %s: %s" % ("PASS" if ok else "FAIL", name, detail), flush=True)
+
+
+def run_trainer(child: dict, how: str) -> None:
+    """Run TRAINER in a child with the environment child; check its figures."""
+    r = subprocess.run([sys.executable, "-c", TRAINER], env=child, capture_output=True,
+                       text=True, timeout=300)
+    if r.returncode != 0:
+        check(False, how + ": runs", "exit %d: %s" % (r.returncode, r.stderr[-2000:]))
+        return
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    held = m["trained"] - m["context"]
+    check(m["paused_bytes"] >= 3 * GiB, how + ": pause() covers what was allocated outside regions",
+          "%.3f GiB paused of %.3f GiB held" % (m["paused_bytes"] / GiB, held / GiB))
+    check(m["paused"] <= m["context"] + 200 * MiB, how + ": memory used falls to the context",
+          "used %.0f MiB after the context, %.0f MiB trained, %.0f MiB paused"
+          % (m["context"] / MiB, m["trained"] / MiB, m["paused"] / MiB))
+    check(m["disabled_mean"] == 53 and m["in_disable"] >= m["paused"] + GiB - 64 * MiB
+          and m["after_disable"] <= m["paused"] + 10 * MiB,
+          how + ": disable() works while paused and gives its memory back",
+          "mean %s; %.0f MiB inside, %.0f MiB after"
+          % (m["disabled_mean"], m["in_disable"] / MiB, m["after_disable"] / MiB))
+    check(abs(m["resumed"] - m["trained"]) <= 64 * MiB, how + ": resume() takes it again",
+          "%.0f MiB against %.0f MiB trained" % (m["resumed"] / MiB, m["trained"] / MiB))
+    check(m["backup_copy"] and m["backup_view"] and m["backup_after_resume"],
+          how + ": get_cpu_backup reads a paused weight (copy and zero_copy)",
+          "copy %s, view %s, None after resume %s"
+          % (m["backup_copy"], m["backup_view"], m["backup_after_resume"]))
+    check(m["same_tensors"] and m["same_loss"], how + ": the same weights, moments and loss",
+          "tensors %s, loss %s" % (m["same_tensors"], m["same_loss"]))
 
 
 def main() -> int:
@@ -103,27 +139,10 @@ def main() -> int:
                  GPUMEM_LIB=os.path.join(os.path.dirname(bindir), "lib", "libgpumem.so.1"),
                  LD_PRELOAD=os.path.join(os.path.dirname(bindir), "lib", "libgpumem_preload.so"))
     try:
-        r = subprocess.run([sys.executable, "-c", TRAINER], env=child, capture_output=True,
-                           text=True, timeout=300)
-        if r.returncode != 0:
-            check(False, "runs", "exit %d: %s" % (r.returncode, r.stderr[-2000:]))
-            return 1
-        m = json.loads(r.stdout.strip().splitlines()[-1])
-        held = m["trained"] - m["context"]
-        check(m["paused_bytes"] >= 3 * GiB, "pause() covers what was allocated outside regions",
-              "%.3f GiB paused of %.3f GiB held" % (m["paused_bytes"] / GiB, held / GiB))
-        check(m["paused"] <= m["context"] + 200 * MiB, "memory used falls to the context",
-              "used %.0f MiB after the context, %.0f MiB trained, %.0f MiB paused"
-              % (m["context"] / MiB, m["trained"] / MiB, m["paused"] / MiB))
-        check(m["disabled_mean"] == 53 and m["in_disable"] >= m["paused"] + GiB - 64 * MiB
-              and m["after_disable"] <= m["paused"] + 10 * MiB,
-              "disable() works while paused and gives its memory back",
-              "mean %s; %.0f MiB inside, %.0f MiB after"
-              % (m["disabled_mean"], m["in_disable"] / MiB, m["after_disable"] / MiB))
-        check(abs(m["resumed"] - m["trained"]) <= 64 * MiB, "resume() takes it again",
-              "%.0f MiB against %.0f MiB trained" % (m["resumed"] / MiB, m["trained"] / MiB))
-        check(m["same_tensors"] and m["same_loss"], "the same weights, moments and loss",
-              "tensors %s, loss %s" % (m["same_tensors"], m["same_loss"]))
+        # The worker copies its backups (the default), then the daemon does
+        # (the backup is then handed for reading by a BackupRequest).
+        for how, extra in (("owner copies", {}), ("daemon copies", {"GPUMEM_DAEMON_COPIES": "1"})):
+            run_trainer(dict(child, **extra), how)
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)

@@ -203,6 +203,41 @@ START_TEST(unmap_backups_name_its_buffers_once) {
 }
 END_TEST
 
+/* A BackupReply hands pieces of some bytes, one fd each, never by
+ * reference; its request carries no fds. */
+START_TEST(backup_replies_hand_pieces) {
+  uint64_t pieces[2] = {2 << 20, 1 << 20};
+  Gpumem__Wire__BackupMemory m = GPUMEM__WIRE__BACKUP_MEMORY__INIT;
+  m.buffer_id = 7;
+  m.piece_sizes = pieces;
+  m.n_piece_sizes = 2;
+  Gpumem__Wire__BackupReply r = GPUMEM__WIRE__BACKUP_REPLY__INIT;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_BACKUP_REPLY;
+  env.backup_reply = &r;
+  ck_assert_int_eq(wire_check_reply(&env, 0, why, sizeof why), CODE(PROTOCOL_ERROR)); /* none */
+  r.backup = &m;
+  env.fd_count = 2;
+  ck_assert_int_eq(wire_check_reply(&env, 2, why, sizeof why), CODE(OK));
+  env.fd_count = 1;
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+  env.fd_count = 2;
+  m.kept = true;
+  ck_assert_int_eq(wire_check_reply(&env, 2, why, sizeof why), CODE(PROTOCOL_ERROR));
+  m.kept = false;
+  pieces[1] = 0;
+  ck_assert_int_eq(wire_check_reply(&env, 2, why, sizeof why), CODE(PROTOCOL_ERROR));
+  ck_assert_ptr_nonnull(strstr(why, "backup reply"));
+  Gpumem__Wire__BackupRequest q = GPUMEM__WIRE__BACKUP_REQUEST__INIT;
+  wire_env req = GPUMEM__WIRE__ENVELOPE__INIT;
+  req.body_case = GPUMEM__WIRE__ENVELOPE__BODY_BACKUP;
+  req.backup = &q;
+  ck_assert_int_eq(wire_check_request(&req, 0, why, sizeof why), CODE(OK));
+  req.fd_count = 1;
+  ck_assert_int_eq(wire_check_request(&req, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+}
+END_TEST
+
 /* Garbage bytes never parse into a message that passes the checks. */
 START_TEST(garbage_does_not_parse_or_is_refused) {
   srand(42);
@@ -325,6 +360,7 @@ int main(void) {
                      replies_bring_the_fds_they_declare,
                      remap_backup_pieces_are_fds_of_some_bytes,
                      unmap_backups_name_its_buffers_once,
+                     backup_replies_hand_pieces,
                      garbage_does_not_parse_or_is_refused,
                      envelopes_round_trip,
                      sizes_parse_with_binary_suffixes,

@@ -159,6 +159,19 @@ def test_backup_keeps_contents_and_plain_buffer_is_unmapped(worker, controller, 
     assert not weights.mapped and not kv.mapped
     t = tag_status(controller, wt)
     assert (t["state"], t["paused_bytes"], t["backup_bytes"]) == ("PAUSED", 4 * MiB, 4 * MiB)
+    # What the pause saved, read while paused: a copy and a view.
+    assert worker.backup_read(wptr + 12345, 1000) == pattern[12345:13345]
+    view = worker.backup_view(wptr, weights.size)
+    assert view.readonly and view == pattern
+    del view
+    with pytest.raises(gpumem.Error) as e:
+        worker.backup_read(kptr, 8)
+    assert e.value.code == gpumem.ErrorCode.WRONG_STATE and "without GPUMEM_BACKUP" in str(e.value)
+    with pytest.raises(gpumem.Error) as e:
+        worker.backup_read(wptr + weights.size - 4, 8)
+    assert e.value.code == gpumem.ErrorCode.NOT_FOUND
+    with pytest.raises(ValueError):
+        worker.backup_read(wptr, -1)
 
     r = controller.resume(wt, kt)
     assert (r.buffers, r.bytes, r.backup_bytes) == (2, 6 * MiB, 4 * MiB)
@@ -166,6 +179,9 @@ def test_backup_keeps_contents_and_plain_buffer_is_unmapped(worker, controller, 
     assert weights.mapped and kv.mapped
     assert (weights.ptr, kv.ptr) == (wptr, kptr)
     assert weights.read() == pattern
+    with pytest.raises(gpumem.Error) as e:
+        worker.backup_read(wptr, 8)  # mapped: the memory holds the contents
+    assert e.value.code == gpumem.ErrorCode.WRONG_STATE
     assert kv.read(100, 7) == bytes(7)  # not backed up: zeroed on the host backend
     kv.fill32(0xDEADBEEF, 8, 8)
     assert kv.read(8, 8) == (0xDEADBEEF).to_bytes(4, "little") * 2

@@ -131,7 +131,7 @@ def test_region_without_torch_is_an_import_error(call, daemon):
 
 # Arguments.
 
-def test_arguments_are_checked_first():
+def test_arguments_are_checked_first(fake_torch):
     s = TorchMemorySaver()
     for bad, exc in [((5,), TypeError), (("kv cache",), ValueError), (("",), ValueError)]:
         with pytest.raises(exc):
@@ -168,8 +168,10 @@ def test_arguments_are_checked_first():
         gt.init("socket")
     with pytest.raises(ValueError):
         gt.init(gpumem.Client.__new__(gpumem.Client), socket="x")
-    with pytest.raises(NotImplementedError, match="resume the tag"):
+    with pytest.raises(TypeError, match="takes a CUDA tensor"):
         s.get_cpu_backup(object())
+    with pytest.raises(TypeError, match="zero_copy"):
+        s.get_cpu_backup(object(), zero_copy=1)
     with pytest.raises(NotImplementedError):
         s.set_disk_backup_dir("/tmp")
 
