@@ -227,7 +227,7 @@ static int backup_through_locked(gpumem_buffer *b, const struct backup_mem *m, b
                       : error_set(GPUMEM_E_PROTOCOL,
                                   "buffer %llu: the daemon says its backup memory was kept "
                                   "here, and none is", id_of(b));
-    if (rc < 0) backup_io_unmap(b->gpu, b->local, &b->backup);
+    if (rc < 0 || !keep) backup_io_unmap(b->gpu, b->local, &b->backup);
     return rc;
   }
   backup_io_unmap(b->gpu, b->local, &b->backup); /* memory handed anew replaces it */
@@ -277,6 +277,8 @@ int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
     return error_set(GPUMEM_E_WRONG_STATE, "remap of buffer %llu does not fit it (%s)", id_of(b),
                      mapped ? "it is mapped" : "other chunks");
   int rc = map_chunks(b, fds, !m);
+  if (rc == 0 && !m && (b->flags & GPUMEM_BACKUP_RELEASE))
+    buffer_drop_backup(b); /* a map kept for reading: the daemon lets the memory go */
   if (rc < 0 || !m) return rc;
   if ((rc = backup_through(b, m, false, keep)) < 0) {
     buffer_unmap(b);

@@ -201,8 +201,10 @@ static void on_remap(events *e, const Gpumem__Wire__RemapEvent *ev, struct frame
     struct backup_mem mem = {r->backup_piece_sizes, r->n_backup_piece_sizes,
                              fds + r->n_chunk_sizes, r->backup_kept};
     bool copy_in = r->n_backup_piece_sizes || r->backup_kept;
+    /* A backup that lets go after each resume is not kept past it. */
+    bool keep = e->keep_backups && b && !(gpumem_buffer_flags(b) & GPUMEM_BACKUP_RELEASE);
     int rc = b ? buffer_remap(b, r->chunk_sizes, r->n_chunk_sizes, fds, copy_in ? &mem : NULL,
-                              e->keep_backups)
+                              keep)
                : 0;
     if (!b)
       failed(fl, r->buffer_id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND,

@@ -60,7 +60,10 @@ struct slab {
   struct list link; /* in its bucket's slabs, newest first, while attached */
 };
 
-/* A bucket: the slabs of one tag, device and BACKUP flag. */
+/* The flags that make slabs differ beyond tag and device. */
+#define BACKUP_BITS (GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE)
+
+/* A bucket: the slabs of one tag, device and backup policy (BACKUP_BITS). */
 struct bucket {
   char tag[WIRE_TAG_MAX + 1];
   int device;
@@ -241,7 +244,7 @@ static int grow(gpumem_client *c, pool *cp, const char *tag, int device,
   uint64_t least = size_round_up(need, gran);
   if (!least) return error_set(GPUMEM_E_INVALID, "size %llu is too large",
                                  (unsigned long long)need);
-  unsigned backup = flags & GPUMEM_BACKUP;
+  unsigned backup = flags & BACKUP_BITS;
   pthread_mutex_lock(&cp->mu);
   struct bucket *p = bucket_find(cp, tag, device, backup);
   uint64_t next = p ? p->next_size : SLAB_FIRST;
@@ -296,9 +299,11 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
   if (!tag || !wire_tag_valid(tag))
     return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
-  if (flags & ~(unsigned)(GPUMEM_BACKUP | GPUMEM_ALLOW_PAUSED))
-    return error_set(GPUMEM_E_INVALID, "gpumem_malloc takes only GPUMEM_BACKUP and "
-                                         "GPUMEM_ALLOW_PAUSED (flags %#x)", flags);
+  if ((flags & ~(unsigned)(BACKUP_BITS | GPUMEM_ALLOW_PAUSED)) ||
+      (flags & BACKUP_BITS) == GPUMEM_BACKUP_RELEASE)
+    return error_set(GPUMEM_E_INVALID,
+                     "gpumem_malloc takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE (with "
+                     "GPUMEM_BACKUP) and GPUMEM_ALLOW_PAUSED (flags %#x)", flags);
   if (device < 0) return error_set(GPUMEM_E_INVALID, "device %d does not exist", device);
   uint64_t need = size_round_up(size, POOL_ALIGN);
   if (!size || !need)
@@ -307,7 +312,7 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
   bool allow_paused = flags & GPUMEM_ALLOW_PAUSED;
   bool live = conn_live(c->conn);
   pthread_mutex_lock(&cp->mu);
-  struct bucket *p = bucket_find(cp, tag, device, flags & GPUMEM_BACKUP);
+  struct bucket *p = bucket_find(cp, tag, device, flags & BACKUP_BITS);
   struct block *b = p ? best_fit(p, need, allow_paused, live) : NULL;
   void *at = b ? take(cp, b, need) : NULL;
   pthread_mutex_unlock(&cp->mu);

@@ -92,6 +92,8 @@ static bool copy_tags(struct gpumem_status *s, const Gpumem__Wire__StatusReply *
     o->owner_uid = t->owner_uid;
     o->owned = t->owned;
     o->shared = t->shared;
+    o->backup_pinned_bytes = t->backup_pinned_bytes;
+    o->backup_reserved_bytes = t->backup_reserved_bytes;
     if (!(o->name = results_text(t->name))) return false;
   }
   return true;

@@ -52,9 +52,11 @@ int gpumem_set_thread_tag(const char *tag, unsigned flags) {
   if (!wire_tag_valid(tag))
     return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                      WIRE_TAG_MAX);
-  if (flags & ~(unsigned)(GPUMEM_BACKUP | GPUMEM_ALLOW_PAUSED))
+  const unsigned backup = GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE;
+  if ((flags & ~(backup | GPUMEM_ALLOW_PAUSED)) || (flags & backup) == GPUMEM_BACKUP_RELEASE)
     return error_set(GPUMEM_E_INVALID,
-                     "a thread tag takes only GPUMEM_BACKUP and GPUMEM_ALLOW_PAUSED");
+                     "a thread tag takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE (with "
+                     "GPUMEM_BACKUP) and GPUMEM_ALLOW_PAUSED");
   snprintf(thread_tag, sizeof thread_tag, "%s", tag);
   thread_flags = flags;
   return 0;
@@ -117,10 +119,12 @@ static int env_bool(const char *name, bool *on) {
 }
 
 /* The flags of allocations outside any region: $GPUMEM_DEFAULT_FLAGS
- * ("backup", "allow_paused", comma-separated), and backup where
- * torch_memory_saver's TMS_INIT_ENABLE and TMS_INIT_ENABLE_CPU_BACKUP
- * both say so (the process starts in a backed-up region); GPUMEM_E_INVALID
- * for a word or value it does not know. */
+ * ("backup", "backup_release", "allow_paused", comma-separated), and
+ * backup where torch_memory_saver's TMS_INIT_ENABLE and
+ * TMS_INIT_ENABLE_CPU_BACKUP both say so (the process starts in a
+ * backed-up region), released after each resume where its
+ * TMS_RETAIN_CPU_BACKUP is set and false; GPUMEM_E_INVALID for a word or
+ * value it does not know. */
 static int env_flags(unsigned *flags) {
   *flags = 0;
   const char *v = getenv("GPUMEM_DEFAULT_FLAGS");
@@ -128,18 +132,26 @@ static int env_flags(unsigned *flags) {
     size_t n = strcspn(v, ",");
     if (n == 6 && strncasecmp(v, "backup", n) == 0)
       *flags |= GPUMEM_BACKUP;
+    else if (n == 14 && strncasecmp(v, "backup_release", n) == 0)
+      *flags |= GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE;
     else if (n == 12 && strncasecmp(v, "allow_paused", n) == 0)
       *flags |= GPUMEM_ALLOW_PAUSED;
     else if (n)
       return error_set(GPUMEM_E_INVALID,
-                       "GPUMEM_DEFAULT_FLAGS: unknown flag '%.*s' (backup, allow_paused)",
+                       "GPUMEM_DEFAULT_FLAGS: unknown flag '%.*s' (backup, backup_release, "
+                       "allow_paused)",
                        (int)n, v);
     v += n + (v[n] == ',');
   }
-  bool init, backup;
-  if (env_bool("TMS_INIT_ENABLE", &init) < 0 || env_bool("TMS_INIT_ENABLE_CPU_BACKUP", &backup) < 0)
+  bool init, backup, retain;
+  if (env_bool("TMS_INIT_ENABLE", &init) < 0 ||
+      env_bool("TMS_INIT_ENABLE_CPU_BACKUP", &backup) < 0 ||
+      env_bool("TMS_RETAIN_CPU_BACKUP", &retain) < 0)
     return GPUMEM_E_INVALID;
   if (init && backup) *flags |= GPUMEM_BACKUP;
+  /* Set and false: torch_memory_saver's backups that let go (unset: kept). */
+  if (init && backup && !retain && getenv("TMS_RETAIN_CPU_BACKUP"))
+    *flags |= GPUMEM_BACKUP_RELEASE;
   return 0;
 }
 

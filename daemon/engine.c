@@ -374,6 +374,7 @@ static void settle_unmapped(engine *e) {
       if (!b) continue;
       if (g->failed[i]) {
         registry_backup_unhanded(b);
+        registry_backup_let_go(e->reg, b); /* BACKUP_RELEASE: ACTIVE again, no backup */
         fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
              "pid %d could not unmap buffer %llu: %s", (int)g->s->pid, (unsigned long long)b->id,
              g->why);
@@ -489,9 +490,40 @@ static void held_in_transit(struct op *op, const struct buffer *b) {
   op->dev[b->device].touched = true;
 }
 
+/* Whether a pause would take b from ACTIVE (start_pause's choice). */
+static bool pauses(const struct op *op, const struct buffer *b) {
+  return scope_covers(&op->scope, b) && !(b->flags & BUF_FLAG_IPC_LEGACY) &&
+         b->state == BUF_ACTIVE;
+}
+
+/* Before a pause unmaps anything: the backups its BACKUP_RELEASE buffers
+ * will make must fit --backup-limit, or the pause fails, changing
+ * nothing. */
+static bool backups_fit(engine *e, struct op *op) {
+  uint64_t need = 0, reserved = 0, limit = 0;
+  for (size_t t = 0; t < op->scope.ntags; t++) {
+    struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
+    struct list *p;
+    for (p = tag ? tag->buffers.next : NULL; tag && p != &tag->buffers; p = p->next) {
+      struct buffer *b = list_entry(p, struct buffer, tag_link);
+      if (pauses(op, b) && (b->flags & BUF_FLAG_BACKUP_RELEASE) && !b->reserved) need += b->size;
+    }
+  }
+  registry_backup_budget(e->reg, &reserved, &limit);
+  if (need <= limit - reserved) return true;
+  fail(op, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+       "the pause would make %llu bytes of backups, and --backup-limit %llu has %llu left "
+       "(%llu reserved): nothing was paused; raise --backup-limit, or free or resume "
+       "backed-up buffers",
+       (unsigned long long)need, (unsigned long long)limit, (unsigned long long)(limit - reserved),
+       (unsigned long long)reserved);
+  return false;
+}
+
 /* Phase one of a pause: mark buffers and ask their owners to unmap. */
 static void start_pause(engine *e, struct op *op) {
   if (!scope_resolve(&op->scope, e->reg, e->owners, e->grace, &op->outcome)) return;
+  if (!backups_fit(e, op)) return;
   devcheck_before(e->reg, e->gpu, op->scope.devmask, op->dev, op->ndev);
   idmap *by_session = idmap_create();
   for (size_t t = 0; t < op->scope.ntags && by_session; t++) {
@@ -517,6 +549,11 @@ static void start_pause(engine *e, struct op *op) {
           registry_held_by(e->reg, &b, 1, &held);
           release(e, op, b, held, 0);
         }
+        continue;
+      }
+      struct fault f = {0};
+      if (registry_backup_reserve(e->reg, b, &f)) { /* backups_fit said it fits */
+        fail(op, f.code, "%s", f.text);
         continue;
       }
       struct group *g = group_of(op, by_session, b->owner, GROUP_UNMAP);
@@ -687,6 +724,7 @@ static void commit_resume(engine *e, struct op *op) {
       if (!b || b->state != BUF_RESUMING) continue;
       registry_move(e->reg, b, BUF_EV_COMMIT);
       if (group_owner_copies(g, i)) registry_restore_copied(e->reg, b, group_copy_us(g, b->size));
+      registry_backup_let_go(e->reg, b); /* BACKUP_RELEASE: restored, so let go */
       stats_bytes(e->stats, true, b->size);
       count(op, b);
     }

@@ -479,9 +479,11 @@ static void backup_made(void *ctx, void *arg, void *host, const char *why) {
 }
 
 /* Have the thread pool make a new BACKUP buffer's host memory, so that
- * its first pause finds it made. */
+ * its first pause finds it made (not one whose pauses make it). */
 static void start_backup_memory(registry *r, struct buffer *b) {
-  if (!(b->flags & BUF_FLAG_BACKUP) || b->ipc || !r->opt.loop) return;
+  if (!(b->flags & BUF_FLAG_BACKUP) || (b->flags & BUF_FLAG_BACKUP_RELEASE) || b->ipc ||
+      !r->opt.loop)
+    return;
   char why[256] = "";
   b->making = hostmem_start(r->opt.loop, r->gpu, b->device, b->size, backup_made, r, b, why,
                             sizeof why);
@@ -501,6 +503,22 @@ static void drop_backup(registry *r, struct buffer *b) {
     r->backup_ready -= b->size;
   }
   b->backup = NULL;
+}
+
+static wire_code reserve_now(registry *r, struct buffer *b, struct fault *f);
+static void unreserve_backup(registry *r, struct buffer *b);
+
+/* Reserve the backup room of a BACKUP_RELEASE buffer for a pause. */
+wire_code registry_backup_reserve(registry *r, struct buffer *b, struct fault *f) {
+  return reserve_now(r, b, f);
+}
+
+/* A BACKUP_RELEASE buffer is ACTIVE again: let go of its backup. */
+void registry_backup_let_go(registry *r, struct buffer *b) {
+  if (!(b->flags & BUF_FLAG_BACKUP_RELEASE)) return;
+  drop_backup(r, b);
+  b->handed_to = 0; /* its owner let go of its mapping too */
+  unreserve_backup(r, b);
 }
 
 /* Copy a buffer's backup into its memory, checking it when asked. */
@@ -584,10 +602,10 @@ static void buffer_destroy(struct buffer *b) {
   free(b);
 }
 
-/* Reserve backup room for a BACKUP buffer (the context its copies need
- * is taken by the first copy and let go of at the operation's end). */
-static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) {
-  if (!(b->flags & BUF_FLAG_BACKUP)) return GPUMEM__WIRE__ERROR_CODE__OK;
+/* Reserve backup room for a BACKUP buffer now (the context its copies
+ * need is taken by the first copy and let go of at the operation's end). */
+static wire_code reserve_now(registry *r, struct buffer *b, struct fault *f) {
+  if (!(b->flags & BUF_FLAG_BACKUP) || b->reserved) return GPUMEM__WIRE__ERROR_CODE__OK;
   if (b->size > r->opt.backup_limit - r->backup_reserved)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
                      "backup limit: %llu bytes of backups reserved, %llu more would pass "
@@ -600,12 +618,21 @@ static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) 
   if (rc) return rc;
   r->backup_buffers[b->device]++;
   r->backup_reserved += b->size;
+  b->reserved = true;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
-/* Give back what reserve_backup took. */
+/* Reserve a new buffer's backup room, unless its backup lets go after
+ * each resume (BACKUP_RELEASE: its pauses reserve it). */
+static wire_code reserve_backup(registry *r, struct buffer *b, struct fault *f) {
+  if (b->flags & BUF_FLAG_BACKUP_RELEASE) return GPUMEM__WIRE__ERROR_CODE__OK;
+  return reserve_now(r, b, f);
+}
+
+/* Give back what reserve_now took. */
 static void unreserve_backup(registry *r, struct buffer *b) {
-  if (!(b->flags & BUF_FLAG_BACKUP)) return;
+  if (!b->reserved) return;
+  b->reserved = false;
   if (gpudev_fd_per_chunk(r->gpu)) give_chunks(r, b->uid, 1);
   r->backup_reserved -= b->size;
   if (--r->backup_buffers[b->device] == 0 && r->held[b->device]) {

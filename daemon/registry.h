@@ -23,6 +23,7 @@ typedef Gpumem__Wire__BufferState buffer_state;
 #define BUF_FLAG_BACKUP GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP
 #define BUF_FLAG_IPC_LEGACY GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY
 #define BUF_FLAG_ALLOW_PAUSED GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED
+#define BUF_FLAG_BACKUP_RELEASE GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE
 
 
 /* A tag: a name and its buffers, with counts per state kept by the
@@ -77,6 +78,7 @@ struct buffer {
   bool backup_valid; /* the backup holds the contents (paused) */
   uint64_t backup_hash; /* with --verify-backups */
   uint64_t handed_to; /* the session (owner id) that keeps its backup memory mapped; 0: none */
+  bool reserved;      /* its backup's room is counted against --backup-limit */
   struct list tag_link, owner_link;
   struct list all_link; /* the registry's buffers, in id order */
   struct list uid_link; /* its uid's buffers (tenants_members), in id order */
@@ -259,6 +261,16 @@ bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *siz
  * where the backend's backups cannot be exported (HIP), with words in f. */
 wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, uint64_t *sizes,
                                       size_t max, size_t *n, struct fault *f);
+
+/* Reserve the backup room of b (a BACKUP_RELEASE buffer, which reserves
+ * none while ACTIVE) for a pause that will make its backup; nothing for a
+ * buffer that holds its room already. LIMIT_EXCEEDED, naming
+ * --backup-limit, when it does not fit. */
+wire_code registry_backup_reserve(registry *r, struct buffer *b, struct fault *f);
+
+/* b, a BACKUP_RELEASE buffer, is ACTIVE again after a resume restored it:
+ * free its backup's host memory and give its room back. */
+void registry_backup_let_go(registry *r, struct buffer *b);
 
 /* The owner of b failed an event about it: whatever backup memory it
  * kept is not trusted to be there; the next event hands it again. */

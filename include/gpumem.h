@@ -111,6 +111,9 @@ enum gpumem_flag {
   GPUMEM_BACKUP = 1,       /* contents survive a pause */
   GPUMEM_IPC_LEGACY = 2,   /* never paused (legacy IPC handle on GPUs); gpumem_alloc only */
   GPUMEM_ALLOW_PAUSED = 4, /* allowed in a paused tag; then starts paused */
+  GPUMEM_BACKUP_RELEASE = 8, /* with GPUMEM_BACKUP: its host memory is let go of after each
+                              * resume and made (and counted) again at the next pause
+                              * (gpumemd 1.8) */
 };
 
 /* Flags for gpumem_connect. */
@@ -551,6 +554,9 @@ struct gpumem_tag_status {
    * owned is 0 for a tag a controller shared before any buffer joined. */
   uint32_t owner_uid;
   int owned, shared;
+  /* Host memory its backups hold now (pinned on GPUs), and the part of
+   * --backup-limit its buffers reserve (1.8). */
+  uint64_t backup_pinned_bytes, backup_reserved_bytes;
 };
 
 /* One session in a status. */

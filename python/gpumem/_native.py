@@ -22,6 +22,7 @@ ROLE_CONTROLLER = 2
 FLAG_BACKUP = 1
 FLAG_IPC_LEGACY = 2
 FLAG_ALLOW_PAUSED = 4
+FLAG_BACKUP_RELEASE = 8
 
 # enum gpumem_connect_flag
 CONNECT_NO_THREAD = 1
@@ -188,6 +189,8 @@ class TagStatus(ctypes.Structure):
         ("owner_uid", ctypes.c_uint32),
         ("owned", ctypes.c_int),
         ("shared", ctypes.c_int),
+        ("backup_pinned_bytes", ctypes.c_uint64),
+        ("backup_reserved_bytes", ctypes.c_uint64),
     ]
 
 

@@ -580,14 +580,29 @@ def _block(choose: Optional[Callable[[], Routes]] = None) -> Iterator[None]:
                 _flush()
 
 
+#: A region's backup, as this module passes it around (and keys pools by):
+#: False (none), True (kept for the buffer's life) or RELEASE (let go of
+#: after each resume, gpumem.FLAG_BACKUP_RELEASE).
+RELEASE = "release"
+
+
+def _backup_kind(backup: bool, backup_release: bool) -> Any:
+    """A region's backup (see RELEASE) from the public arguments."""
+    _check_bool("backup", backup)
+    if _check_bool("backup_release", backup_release) and not backup:
+        raise ValueError("backup_release=True needs backup=True")
+    return RELEASE if backup_release else backup
+
+
 @contextlib.contextmanager
-def _thread_tag(tag: Optional[str], backup: bool = False) -> Iterator[None]:
-    """Set the calling thread's gpumem tag (None: none) for the block."""
+def _thread_tag(tag: Optional[str], backup: Any = False) -> Iterator[None]:
+    """Set the calling thread's gpumem tag (None: none) and backup (see
+    RELEASE) for the block."""
     prev, flags = gpumem.thread_tag()
     if tag is None:
         gpumem.set_thread_tag(None)
     else:
-        gpumem.set_thread_tag(tag, backup=backup)
+        gpumem.set_thread_tag(tag, backup=bool(backup), backup_release=backup == RELEASE)
     try:
         yield
     finally:
@@ -595,7 +610,8 @@ def _thread_tag(tag: Optional[str], backup: bool = False) -> Iterator[None]:
             gpumem.set_thread_tag(None)
         else:
             gpumem.set_thread_tag(prev, backup=bool(flags & gpumem.FLAG_BACKUP),
-                                  allow_paused=bool(flags & gpumem.FLAG_ALLOW_PAUSED))
+                                  allow_paused=bool(flags & gpumem.FLAG_ALLOW_PAUSED),
+                                  backup_release=bool(flags & gpumem.FLAG_BACKUP_RELEASE))
 
 
 @contextlib.contextmanager
@@ -615,7 +631,8 @@ def _region(tag: str, backup: bool, device: Any, native: bool) -> Iterator[None]
 
 
 @contextlib.contextmanager
-def region(tag: str, backup: bool = False, device: Any = None) -> Iterator[None]:
+def region(tag: str, backup: bool = False, device: Any = None, *,
+           backup_release: bool = False) -> Iterator[None]:
     """Serve the calling thread's PyTorch allocations on ``device`` (None:
     the current device) from gpumemd, tagged ``tag``, for the duration of
     the block. ``backup=True``: their contents survive a pause (the daemon
@@ -625,10 +642,12 @@ def region(tag: str, backup: bool = False, device: Any = None) -> Iterator[None]
     Regions nest: the innermost decides alone (the enclosing region's
     routing and tag are suspended, on every device, and come back on
     exit). Only the calling thread is affected (PyTorch's autograd
-    threads are not); threads may be in the same region at once."""
+    threads are not); threads may be in the same region at once.
+    ``backup_release=True`` (with ``backup``): the backups' host memory is
+    let go of after each resume and made again at the next pause."""
     _check_tag(tag)
-    _check_bool("backup", backup)
-    with _region(tag, backup, device, native=False):
+    kind = _backup_kind(backup, backup_release)
+    with _region(tag, kind, device, native=False):
         yield
 
 
@@ -674,7 +693,8 @@ def _graph_pool_id(torch: Any, graph: Any, pool: Any, tag: str, backup: bool, de
 def _capture(graph: Any, tag: str, backup: bool, pool: Any, stream: Any,
              capture_error_mode: str, lenient: bool) -> Iterator[None]:
     _check_tag(tag)
-    _check_bool("backup", backup)
+    if backup != RELEASE:
+        _check_bool("backup", backup)
     if capture_error_mode not in _CAPTURE_MODES:
         raise ValueError("capture_error_mode must be one of %s, not %r"
                          % (", ".join(_CAPTURE_MODES), capture_error_mode))

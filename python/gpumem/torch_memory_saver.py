@@ -199,6 +199,8 @@ class TorchMemorySaver:
         self._started = False
         self._margin = 0
         self._init = False  # the process started inside a region
+        env = os.environ.get("TMS_RETAIN_CPU_BACKUP")
+        self._retain = True if env is None else _env_bool("TMS_RETAIN_CPU_BACKUP")
         self._lock = threading.Lock()
 
     # Configuration.
@@ -251,14 +253,26 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self) -> bool:
-        """Always True: gpumemd keeps a backup's host memory for the life of
-        the buffer. Setting it is accepted and changes nothing."""
-        return True
+        """True (gpumemd's default, unless TMS_RETAIN_CPU_BACKUP says
+        otherwise): a backup's host memory is made when the buffer is
+        allocated and kept for its life, so that pauses copy at once.
+        False (torch_memory_saver's default): it is let go of after each
+        resume and made again at the next pause, which then takes longer
+        and fails, changing nothing, where the daemon's --backup-limit has
+        no room. Applies to backed-up allocations made after it is set."""
+        return self._retain
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value: Any) -> None:
         if not isinstance(value, bool):
             raise TypeError("retain_cpu_backup must be a bool, not %s" % type(value).__name__)
+        self._retain = value
+
+    def _backup(self, enable_cpu_backup: bool) -> Any:
+        """A region's backup as gpumem.torch takes it."""
+        if not enable_cpu_backup:
+            return False
+        return True if self._retain else _gt.RELEASE
 
     def _start(self) -> str:
         """Fix the hook mode, check the environment and find the default
@@ -297,9 +311,9 @@ class TorchMemorySaver:
         _gt._torch()
         mode = self._start()
         if mode == "torch":
-            cm = _gt.region(tag, backup=enable_cpu_backup)
+            cm = _gt._region(tag, self._backup(enable_cpu_backup), None, native=False)
         else:
-            cm = _gt._native_region(tag, enable_cpu_backup, None)
+            cm = _gt._native_region(tag, self._backup(enable_cpu_backup), None)
         with cm:
             _use_tag(tag)
             yield
@@ -341,10 +355,11 @@ class TorchMemorySaver:
         _gt._torch()
         mode = self._start()
         if mode == "torch":
-            cm = _gt._capture(cuda_graph, tag, enable_cpu_backup, pool, stream,
+            cm = _gt._capture(cuda_graph, tag, self._backup(enable_cpu_backup), pool, stream,
                               capture_error_mode, lenient=True)
         else:
-            cm = self._preload_capture(cuda_graph, tag, enable_cpu_backup, pool, stream,
+            cm = self._preload_capture(cuda_graph, tag, self._backup(enable_cpu_backup), pool,
+                                       stream,
                                        capture_error_mode)
         with cm:
             _use_tag(tag)

@@ -26,8 +26,14 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 TRAINER = r'''
-import json, torch
+import json, time, torch
+import gpumem
 from gpumem.torch_memory_saver import torch_memory_saver as tms
+
+def pinned():
+    """Host memory the default tag's backups hold, by the daemon."""
+    with gpumem.connect(name="look", role="controller") as ctl:
+        return sum(t["backup_pinned_bytes"] for t in ctl.status()["tags"] if t["name"] == "default")
 
 def used():
     torch.cuda.synchronize()
@@ -56,7 +62,10 @@ tensors = list(model.parameters()) + [p.grad for p in model.parameters()]
 tensors += [t for s in opt.state.values() for t in s.values() if t.is_cuda]
 saved = [t.detach().cpu().clone() for t in tensors]
 out["trained"] = used()
+t0 = time.monotonic()
 r = tms.pause()
+out["pause_ms"] = (time.monotonic() - t0) * 1000
+out["pinned_paused"] = pinned()
 out["paused_bytes"] = r.bytes
 out["paused"] = used()
 w = model[0].weight
@@ -70,7 +79,10 @@ with tms.disable():
     out["in_disable"] = used()
     del y
 out["after_disable"] = used()
+t0 = time.monotonic()
 tms.resume()
+out["resume_ms"] = (time.monotonic() - t0) * 1000
+out["pinned_resumed"] = pinned()
 out["resumed"] = used()
 out["backup_after_resume"] = tms.get_cpu_backup(w) is None
 out["same_tensors"] = all(torch.equal(t.cpu(), s) for t, s in zip(tensors, saved))
@@ -117,6 +129,13 @@ def run_trainer(child: dict, how: str) -> None:
           % (m["backup_copy"], m["backup_view"], m["backup_after_resume"]))
     check(m["same_tensors"] and m["same_loss"], how + ": the same weights, moments and loss",
           "tensors %s, loss %s" % (m["same_tensors"], m["same_loss"]))
+    release = child.get("TMS_RETAIN_CPU_BACKUP") == "0"
+    kept = m["pinned_resumed"] == (0 if release else m["pinned_paused"])
+    check(m["pinned_paused"] >= m["paused_bytes"] and kept,
+          how + ": the backups' host memory is %s after the resume" % ("let go of" if release
+                                                                      else "kept"),
+          "%.3f GiB while paused, %.3f GiB after; pause %.0f ms, resume %.0f ms"
+          % (m["pinned_paused"] / GiB, m["pinned_resumed"] / GiB, m["pause_ms"], m["resume_ms"]))
 
 
 def main() -> int:
@@ -141,7 +160,8 @@ def main() -> int:
     try:
         # The worker copies its backups (the default), then the daemon does
         # (the backup is then handed for reading by a BackupRequest).
-        for how, extra in (("owner copies", {}), ("daemon copies", {"GPUMEM_DAEMON_COPIES": "1"})):
+        for how, extra in (("owner copies", {}), ("daemon copies", {"GPUMEM_DAEMON_COPIES": "1"}),
+                           ("retain_cpu_backup off", {"TMS_RETAIN_CPU_BACKUP": "0"})):
             run_trainer(dict(child, **extra), how)
     finally:
         daemon.terminate()

@@ -191,11 +191,67 @@ def test_memory_margin_and_retain_cpu_backup():
         s.memory_margin_bytes = 1 << 30
         assert s.memory_margin_bytes == 1 << 30
         s.memory_margin_bytes = 0
-    assert s.retain_cpu_backup is True
+    assert s.retain_cpu_backup is True  # gpumemd's default (TMS_RETAIN_CPU_BACKUP unset)
     s.retain_cpu_backup = False
-    assert s.retain_cpu_backup is True
+    assert s.retain_cpu_backup is False
     with pytest.raises(TypeError):
         s.retain_cpu_backup = 1
+
+
+def daemon_backup_bytes(pid):
+    """The kernel's figure of the backup memory a host-backend daemon
+    holds: the sizes of its open backup memfds."""
+    total = 0
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        path = "/proc/%d/fd/%s" % (pid, fd)
+        try:
+            if os.readlink(path).startswith("/memfd:gpumem-backup"):
+                total += os.stat(path).st_size
+        except OSError:
+            pass  # closed meanwhile
+    return total
+
+
+@pytest.mark.parametrize("daemon_copies", [False, True])
+def test_backups_that_let_go(make_daemon, fake_torch, monkeypatch, daemon_copies):
+    """retain_cpu_backup=False: the backup's host memory exists only while
+    paused (status and the daemon's memfds agree), and the contents come
+    back each time, whichever side copies."""
+    d = make_daemon()
+    if daemon_copies:
+        monkeypatch.setenv("GPUMEM_DAEMON_COPIES", "1")
+    with gpumem.connect(d.sock, name="engine") as w, \
+            gpumem.connect(d.sock, name="ctl", role="controller") as ctl:
+        gt.init(w)
+        try:
+            s = TorchMemorySaver()
+            s.hook_mode = "torch"
+            s.retain_cpu_backup = False
+            with s.region("weights", enable_cpu_backup=True):
+                t = fake_torch.empty(4 * MiB, device="cuda:0")
+            with s.region("kept", enable_cpu_backup=True):
+                s.retain_cpu_backup = True
+            for round in range(2):
+                ctypes.memset(t.data_ptr(), 0x50 + round, 4 * MiB)
+                st = tag_status(ctl, "weights")
+                assert (st["backup_pinned_bytes"], st["backup_reserved_bytes"]) == (0, 0)
+                assert daemon_backup_bytes(d.proc.pid) == 0
+                s.pause("weights")
+                st = tag_status(ctl, "weights")
+                assert st["backup_pinned_bytes"] == st["backup_reserved_bytes"] == st["bytes"]
+                assert st["bytes"] >= 4 * MiB
+                assert daemon_backup_bytes(d.proc.pid) == st["backup_pinned_bytes"]
+                assert ctl.status()["backups"]["reserved"] == st["bytes"]
+                s.resume("weights")
+                assert ctypes.string_at(t.data_ptr() + 4 * MiB - 1, 1) == bytes([0x50 + round])
+                with open("/proc/self/maps") as f:  # nor does the worker keep it mapped
+                    assert "/memfd:gpumem-backup" not in f.read()
+            st = tag_status(ctl, "weights")
+            assert (st["backup_pinned_bytes"], st["backup_reserved_bytes"]) == (0, 0)
+            assert daemon_backup_bytes(d.proc.pid) == 0
+            del t
+        finally:
+            gt.shutdown()
 
 
 def test_memory_margin_is_enforced(saver, worker, controller):

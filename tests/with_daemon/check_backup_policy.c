@@ -1,0 +1,151 @@
+/* Backups that let go (GPUMEM_BACKUP_RELEASE, protocol 1.8): such a
+ * buffer reserves no host memory while ACTIVE; its pause reserves its
+ * backup against --backup-limit and makes it, its resume restores it and
+ * lets go of it. A pause whose backups do not fit fails before it unmaps
+ * anything, naming the limit. Status says, per tag, what backups hold and
+ * reserve. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpumem.h"
+#include "harness.h"
+#include "scenario.h"
+
+static struct daemon d;
+
+static void teardown(void) { scene_stop(&d); }
+
+/* The status of tag (all zero when the daemon lists none). */
+static struct gpumem_tag_status tag_of(gpumem_client *c, const char *tag) {
+  struct gpumem_status *s = NULL;
+  ck_assert_msg(gpumem_status(c, &s) == 0, "%s", gpumem_last_error());
+  struct gpumem_tag_status t;
+  memset(&t, 0, sizeof t);
+  for (size_t i = 0; i < s->ntags; i++)
+    if (strcmp(s->tags[i]->name, tag) == 0) t = *s->tags[i];
+  t.name = NULL; /* freed with the status */
+  gpumem_status_free(s);
+  return t;
+}
+
+/* The daemon's host memory reserved for backups, by its status. */
+static uint64_t reserved(gpumem_client *c) {
+  struct gpumem_status *s = NULL;
+  ck_assert_int_eq(gpumem_status(c, &s), 0);
+  uint64_t r = s->backup_reserved;
+  gpumem_status_free(s);
+  return r;
+}
+
+/* One pause or resume of tag; its code. */
+static int op(gpumem_client *ctl, const char *tag, bool resume) {
+  struct gpumem_op_report *r = NULL;
+  int rc = resume ? gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, &r)
+                  : gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, &r);
+  gpumem_op_report_free(r);
+  return rc;
+}
+
+/* A BACKUP_RELEASE buffer holds backup memory only while paused, and its
+ * contents come back each time; a kept backup beside it stays reserved. */
+START_TEST(a_released_backup_exists_only_while_paused) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = NULL, *ctl = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  const uint64_t size = 4 * MiB;
+  gpumem_buffer *rel = NULL, *kept = NULL;
+  ck_assert_int_eq(
+      gpumem_alloc(w, "weights", 0, size, GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE, &rel), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "kept", 0, size, GPUMEM_BACKUP, &kept), 0);
+  ck_assert_uint_eq(tag_of(ctl, "weights").backup_reserved_bytes, 0);
+  ck_assert_uint_eq(tag_of(ctl, "kept").backup_reserved_bytes, size);
+  ck_assert_uint_eq(reserved(ctl), size);
+  for (uint32_t round = 0; round < 3; round++) {
+    ck_assert_int_eq(gpumem_buffer_fill32(w, rel, 0, size, 0xabc0 + round), 0);
+    ck_assert_msg(op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+    struct gpumem_tag_status t = tag_of(ctl, "weights");
+    ck_assert_uint_eq(t.backup_pinned_bytes, size);
+    ck_assert_uint_eq(t.backup_reserved_bytes, size);
+    ck_assert_uint_eq(t.backup_bytes, size);
+    ck_assert_uint_eq(reserved(ctl), 2 * size);
+    ck_assert_msg(op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+    t = tag_of(ctl, "weights");
+    ck_assert_uint_eq(t.backup_pinned_bytes, 0);
+    ck_assert_uint_eq(t.backup_reserved_bytes, 0);
+    ck_assert_uint_eq(reserved(ctl), size);
+    uint32_t got[2];
+    ck_assert_int_eq(gpumem_buffer_read(w, rel, size - sizeof got, got, sizeof got), 0);
+    ck_assert_uint_eq(got[1], 0xabc0 + round);
+  }
+  ck_assert_int_eq(gpumem_free(w, rel), 0);
+  ck_assert_int_eq(gpumem_free(w, kept), 0);
+  ck_assert_uint_eq(reserved(ctl), 0);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* With --backup-limit 8M, a kept 6 MiB backup and a 4 MiB one that lets
+ * go: the allocation of the second succeeds (it reserves nothing yet),
+ * its pause fails naming the limit with the buffer still mapped and its
+ * contents in it, and once the kept one is freed the pause succeeds. */
+START_TEST(a_pause_whose_backups_do_not_fit_changes_nothing) {
+  daemon_start(&d, "--backup-limit", "8M", NULL);
+  gpumem_client *w = NULL, *ctl = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  gpumem_buffer *kept = NULL, *rel = NULL;
+  ck_assert_int_eq(gpumem_alloc(w, "kept", 0, 6 * MiB, GPUMEM_BACKUP, &kept), 0);
+  ck_assert_int_eq(
+      gpumem_alloc(w, "weights", 0, 4 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE, &rel), 0);
+  ck_assert_int_eq(gpumem_buffer_fill32(w, rel, 0, 4 * MiB, 0x5eed), 0);
+  ck_assert_int_eq(op(ctl, "weights", false), GPUMEM_E_LIMIT);
+  ck_assert_msg(strstr(gpumem_last_error(), "--backup-limit 8388608 has 2097152 left") &&
+                    strstr(gpumem_last_error(), "nothing was paused"),
+                "%s", gpumem_last_error());
+  ck_assert_int_eq(gpumem_buffer_mapped(rel), 1);
+  struct gpumem_tag_status t = tag_of(ctl, "weights");
+  ck_assert_int_eq(t.state, GPUMEM_ACTIVE);
+  ck_assert_uint_eq(t.backup_reserved_bytes, 0);
+  ck_assert_uint_eq(reserved(ctl), 6 * MiB);
+  uint32_t got = 0;
+  ck_assert_int_eq(gpumem_buffer_read(w, rel, 0, &got, sizeof got), 0);
+  ck_assert_uint_eq(got, 0x5eed);
+  ck_assert_int_eq(gpumem_free(w, kept), 0);
+  ck_assert_msg(op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+  ck_assert_uint_eq(reserved(ctl), 4 * MiB);
+  ck_assert_msg(op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+  ck_assert_int_eq(gpumem_buffer_read(w, rel, 0, &got, sizeof got), 0);
+  ck_assert_uint_eq(got, 0x5eed);
+  ck_assert_uint_eq(reserved(ctl), 0);
+  ck_assert_int_eq(gpumem_free(w, rel), 0);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* BACKUP_RELEASE needs BACKUP: the library and the daemon's edge say so. */
+START_TEST(a_release_policy_without_a_backup_is_refused) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  void *p = NULL;
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, GPUMEM_BACKUP_RELEASE, &p), GPUMEM_E_INVALID);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "GPUMEM_BACKUP_RELEASE (with GPUMEM_BACKUP)"));
+  ck_assert_int_eq(gpumem_set_thread_tag("kv", GPUMEM_BACKUP_RELEASE), GPUMEM_E_INVALID);
+  gpumem_buffer *b = NULL;
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, MiB, GPUMEM_BACKUP_RELEASE, &b), GPUMEM_E_INVALID);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "BACKUP_RELEASE without BACKUP"));
+  ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE, &p), 0);
+  ck_assert_int_eq(gpumem_free_ptr(w, p), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+int main(void) {
+  return HARNESS_RUN("backup_policy", 60, NULL, teardown,
+                     a_released_backup_exists_only_while_paused,
+                     a_pause_whose_backups_do_not_fit_changes_nothing,
+                     a_release_policy_without_a_backup_is_refused);
+}
