@@ -61,7 +61,7 @@ struct slab {
 };
 
 /* The flags that make slabs differ beyond tag and device. */
-#define BACKUP_BITS (GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE)
+#define BACKUP_BITS (GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE | GPUMEM_BACKUP_PAGEABLE)
 
 /* A bucket: the slabs of one tag, device and backup policy (BACKUP_BITS). */
 struct bucket {
@@ -300,10 +300,11 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
     return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                        WIRE_TAG_MAX);
   if ((flags & ~(unsigned)(BACKUP_BITS | GPUMEM_ALLOW_PAUSED)) ||
-      (flags & BACKUP_BITS) == GPUMEM_BACKUP_RELEASE)
+      ((flags & BACKUP_BITS) && !(flags & GPUMEM_BACKUP)))
     return error_set(GPUMEM_E_INVALID,
-                     "gpumem_malloc takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE (with "
-                     "GPUMEM_BACKUP) and GPUMEM_ALLOW_PAUSED (flags %#x)", flags);
+                     "gpumem_malloc takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE and "
+                     "GPUMEM_BACKUP_PAGEABLE (with GPUMEM_BACKUP) and GPUMEM_ALLOW_PAUSED "
+                     "(flags %#x)", flags);
   if (device < 0) return error_set(GPUMEM_E_INVALID, "device %d does not exist", device);
   uint64_t need = size_round_up(size, POOL_ALIGN);
   if (!size || !need)

@@ -94,6 +94,7 @@ static bool copy_tags(struct gpumem_status *s, const Gpumem__Wire__StatusReply *
     o->shared = t->shared;
     o->backup_pinned_bytes = t->backup_pinned_bytes;
     o->backup_reserved_bytes = t->backup_reserved_bytes;
+    o->backup_pageable_bytes = t->backup_pageable_bytes;
     if (!(o->name = results_text(t->name))) return false;
   }
   return true;

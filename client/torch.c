@@ -52,11 +52,11 @@ int gpumem_set_thread_tag(const char *tag, unsigned flags) {
   if (!wire_tag_valid(tag))
     return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                      WIRE_TAG_MAX);
-  const unsigned backup = GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE;
-  if ((flags & ~(backup | GPUMEM_ALLOW_PAUSED)) || (flags & backup) == GPUMEM_BACKUP_RELEASE)
+  const unsigned backup = GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE | GPUMEM_BACKUP_PAGEABLE;
+  if ((flags & ~(backup | GPUMEM_ALLOW_PAUSED)) || ((flags & backup) && !(flags & GPUMEM_BACKUP)))
     return error_set(GPUMEM_E_INVALID,
-                     "a thread tag takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE (with "
-                     "GPUMEM_BACKUP) and GPUMEM_ALLOW_PAUSED");
+                     "a thread tag takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE and "
+                     "GPUMEM_BACKUP_PAGEABLE (with GPUMEM_BACKUP) and GPUMEM_ALLOW_PAUSED");
   snprintf(thread_tag, sizeof thread_tag, "%s", tag);
   thread_flags = flags;
   return 0;
@@ -123,7 +123,8 @@ static int env_bool(const char *name, bool *on) {
  * backup where torch_memory_saver's TMS_INIT_ENABLE and
  * TMS_INIT_ENABLE_CPU_BACKUP both say so (the process starts in a
  * backed-up region), released after each resume where its
- * TMS_RETAIN_CPU_BACKUP is set and false; GPUMEM_E_INVALID for a word or
+ * TMS_RETAIN_CPU_BACKUP is set and false, pageable where its
+ * TMS_INIT_CPU_BACKUP_BACKEND is "mmap"; GPUMEM_E_INVALID for a word or
  * value it does not know. */
 static int env_flags(unsigned *flags) {
   *flags = 0;
@@ -134,12 +135,14 @@ static int env_flags(unsigned *flags) {
       *flags |= GPUMEM_BACKUP;
     else if (n == 14 && strncasecmp(v, "backup_release", n) == 0)
       *flags |= GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE;
+    else if (n == 15 && strncasecmp(v, "backup_pageable", n) == 0)
+      *flags |= GPUMEM_BACKUP | GPUMEM_BACKUP_PAGEABLE;
     else if (n == 12 && strncasecmp(v, "allow_paused", n) == 0)
       *flags |= GPUMEM_ALLOW_PAUSED;
     else if (n)
       return error_set(GPUMEM_E_INVALID,
                        "GPUMEM_DEFAULT_FLAGS: unknown flag '%.*s' (backup, backup_release, "
-                       "allow_paused)",
+                       "backup_pageable, allow_paused)",
                        (int)n, v);
     v += n + (v[n] == ',');
   }
@@ -152,6 +155,8 @@ static int env_flags(unsigned *flags) {
   /* Set and false: torch_memory_saver's backups that let go (unset: kept). */
   if (init && backup && !retain && getenv("TMS_RETAIN_CPU_BACKUP"))
     *flags |= GPUMEM_BACKUP_RELEASE;
+  const char *kind = getenv("TMS_INIT_CPU_BACKUP_BACKEND");
+  if (init && backup && kind && strcmp(kind, "mmap") == 0) *flags |= GPUMEM_BACKUP_PAGEABLE;
   return 0;
 }
 

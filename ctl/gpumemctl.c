@@ -199,14 +199,16 @@ static void print_status_json(const struct gpumem_status *s) {
     printf(",\"state\":\"%s\",\"buffers\":%llu,\"bytes\":%llu,\"paused_buffers\":%llu,"
            "\"paused_bytes\":%llu,\"backup_bytes\":%llu,\"mixed\":%s,\"transit_buffers\":%llu,"
            "\"transit_bytes\":%llu,\"owner_uid\":%u,\"owned\":%s,\"shared\":%s,"
-           "\"backup_pinned_bytes\":%llu,\"backup_reserved_bytes\":%llu}",
+           "\"backup_pinned_bytes\":%llu,\"backup_reserved_bytes\":%llu,"
+           "\"backup_pageable_bytes\":%llu}",
            gpumem_state_name(t->state), (unsigned long long)t->buffers,
            (unsigned long long)t->bytes, (unsigned long long)t->paused_buffers,
            (unsigned long long)t->paused_bytes, (unsigned long long)t->backup_bytes,
            json_bool(t->mixed), (unsigned long long)t->transit_buffers,
            (unsigned long long)t->transit_bytes, t->owner_uid, json_bool(t->owned),
            json_bool(t->shared), (unsigned long long)t->backup_pinned_bytes,
-           (unsigned long long)t->backup_reserved_bytes);
+           (unsigned long long)t->backup_reserved_bytes,
+           (unsigned long long)t->backup_pageable_bytes);
   }
   printf("],\"sessions\":[");
   for (size_t i = 0; i < s->nsessions; i++) {

@@ -19,6 +19,7 @@ struct config {
   uint64_t chunk_size;
   uint64_t backup_limit;
   bool verify_backups;
+  bool overflow_pageable; /* --backup-overflow pageable */
   uint32_t ack_timeout_ms;
   uint32_t exit_wait_ms; /* a pause waits this long for ended owners to leave the driver */
   uint32_t lock_timeout_ms;    /* a context release waits this long for device calls */

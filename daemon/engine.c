@@ -506,9 +506,12 @@ static bool backups_fit(engine *e, struct op *op) {
     struct list *p;
     for (p = tag ? tag->buffers.next : NULL; tag && p != &tag->buffers; p = p->next) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
-      if (pauses(op, b) && (b->flags & BUF_FLAG_BACKUP_RELEASE) && !b->reserved) need += b->size;
+      if (pauses(op, b) && (b->flags & BUF_FLAG_BACKUP_RELEASE) && !b->reserved &&
+          !(b->flags & BUF_FLAG_BACKUP_PAGEABLE))
+        need += b->size;
     }
   }
+  if (registry_overflows_pageable(e->reg)) return true; /* what does not fit is pageable */
   registry_backup_budget(e->reg, &reserved, &limit);
   if (need <= limit - reserved) return true;
   fail(op, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,

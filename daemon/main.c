@@ -36,6 +36,9 @@ static void usage(FILE *out) {
           "  --host-granularity SIZE   host backend: allocation granularity (default 2M)\n"
           "  --chunk-size SIZE         largest physical chunk (default 1G)\n"
           "  --backup-limit SIZE       host memory for BACKUP buffers (default half of RAM)\n"
+          "  --backup-overflow WHAT    a backup past --backup-limit: error (default: refused,\n"
+          "                            naming the limit) or pageable (pageable host memory,\n"
+          "                            made where the kernel has room; the daemon copies it)\n"
           "  --verify-backups          hash backups; fail a resume whose restore differs\n"
           "  --ack-timeout DURATION    wait for workers' acks (default 10s; 500ms, 2s)\n"
           "  --exit-wait DURATION      a pause waits this long for workers that died during\n"
@@ -274,6 +277,7 @@ int main(int argc, char **argv) {
       {"chunk-size", required_argument, 0, 'c'},
       {"backup-limit", required_argument, 0, 'k'},
       {"verify-backups", no_argument, 0, 'v'},
+      {"backup-overflow", required_argument, 0, 'o'},
       {"ack-timeout", required_argument, 0, 't'},
       {"exit-wait", required_argument, 0, 'X'},
       {"lock-timeout", required_argument, 0, 'L'},
@@ -327,6 +331,11 @@ int main(int argc, char **argv) {
     }
     case 'b': cfg.backend = optarg; break;
     case 'v': cfg.verify_backups = true; break;
+    case 'o':
+      if (strcmp(optarg, "error") == 0) cfg.overflow_pageable = false;
+      else if (strcmp(optarg, "pageable") == 0) cfg.overflow_pageable = true;
+      else return die_usage(name, optarg);
+      break;
     case 'c':
       if (size_parse(optarg, &cfg.chunk_size) || cfg.chunk_size == 0 ||
           (cfg.chunk_size & (cfg.chunk_size - 1)))

@@ -14,6 +14,7 @@
 #include "common/size.h"
 #include "backup_verify.h"
 #include "fdbudget.h"
+#include "pageable.h"
 
 struct registry {
   gpudev *gpu;
@@ -348,7 +349,8 @@ static int copy(registry *r, struct buffer *b, void *host, bool to_host) {
 void registry_let_go(registry *r, bool host_only) {
   for (struct list *p = r->all.next; host_only && p != &r->all; p = p->next) {
     struct buffer *b = list_entry(p, struct buffer, all_link);
-    if (b->backup && b->state == BUF_PAUSED) gpudev_backup_host_only(r->gpu, b->device, b->backup);
+    if (b->backup && !b->pageable && b->state == BUF_PAUSED)
+      gpudev_backup_host_only(r->gpu, b->device, b->backup);
   }
   for (unsigned d = 0; d < GPUMEM_MAX_DEVICES; d++)
     if (r->held[d]) gpudev_unhold(r->gpu, d);
@@ -364,16 +366,18 @@ static wire_code get_backup_memory(registry *r, struct buffer *b, struct fault *
   if (b->making) {
     rc = hostmem_take(b->making, &b->backup, why, sizeof why);
     b->making = NULL;
+  } else if (b->pageable) {
+    rc = pageable_make(b->size, &b->backup, why, sizeof why);
   } else {
     rc = hostmem_make(r->gpu, b->device, b->size, &b->backup, why, sizeof why);
   }
   if (rc < 0) {
     b->backup = NULL;
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
-                     "no host memory for the backup of buffer %llu: %s",
-                     (unsigned long long)b->id, why);
+                     "no host memory for the backup of buffer %llu (%s memory): %s",
+                     (unsigned long long)b->id, b->pageable ? "pageable" : "pinned", why);
   }
-  r->backup_ready += b->size;
+  if (!b->pageable) r->backup_ready += b->size;
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
@@ -403,6 +407,7 @@ bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *siz
   *n = 0;
   *kept = b->owner->keeps_backups && b->handed_to == b->owner->id && b->backup;
   if (*kept) return true;
+  if (b->pageable) return false; /* the daemon's own memory: it copies */
   if (get_backup_memory(r, b, &f)) {
     log_warn("buffer %llu: %s; the daemon copies it", (unsigned long long)b->id, f.text);
     return false;
@@ -426,6 +431,10 @@ wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, u
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "buffer %llu is %s: only a paused buffer's backup holds its contents", id,
                      wire_state_name((int)b->state));
+  if (b->pageable)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                     "the backup of buffer %llu is the daemon's pageable memory, which cannot "
+                     "be handed out: resume the buffer and read it", id);
   if (gpudev_backup_export(r->gpu, b->device, b->backup, b->size, fds, sizes, max, n) < 0)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
                      "the backup of buffer %llu cannot be handed out here (%s): resume the "
@@ -481,8 +490,8 @@ static void backup_made(void *ctx, void *arg, void *host, const char *why) {
 /* Have the thread pool make a new BACKUP buffer's host memory, so that
  * its first pause finds it made (not one whose pauses make it). */
 static void start_backup_memory(registry *r, struct buffer *b) {
-  if (!(b->flags & BUF_FLAG_BACKUP) || (b->flags & BUF_FLAG_BACKUP_RELEASE) || b->ipc ||
-      !r->opt.loop)
+  if (!(b->flags & BUF_FLAG_BACKUP) || (b->flags & BUF_FLAG_BACKUP_RELEASE) || b->pageable ||
+      b->ipc || !r->opt.loop)
     return;
   char why[256] = "";
   b->making = hostmem_start(r->opt.loop, r->gpu, b->device, b->size, backup_made, r, b, why,
@@ -498,7 +507,9 @@ static void drop_backup(registry *r, struct buffer *b) {
   b->making = NULL;
   if (b->backup_valid) r->backup_bytes -= b->size;
   b->backup_valid = false;
-  if (b->backup) {
+  if (b->backup && b->pageable) {
+    pageable_free(b->backup, b->size);
+  } else if (b->backup) {
     hostmem_free(r->gpu, b->device, b->backup, b->size);
     r->backup_ready -= b->size;
   }
@@ -519,6 +530,7 @@ void registry_backup_let_go(registry *r, struct buffer *b) {
   drop_backup(r, b);
   b->handed_to = 0; /* its owner let go of its mapping too */
   unreserve_backup(r, b);
+  b->pageable = false; /* the next pause chooses again (unless the buffer asked) */
 }
 
 /* Copy a buffer's backup into its memory, checking it when asked. */
@@ -557,6 +569,9 @@ void registry_backup_budget(const registry *r, uint64_t *reserved, uint64_t *lim
   *reserved = r->backup_reserved;
   *limit = r->opt.backup_limit;
 }
+
+/* Whether backups past the limit are made pageable instead of refused. */
+bool registry_overflows_pageable(const registry *r) { return r->opt.overflow_pageable; }
 
 /* Host memory already made for BACKUP buffers. */
 uint64_t registry_backup_ready(const registry *r) { return r->backup_ready; }
@@ -605,8 +620,15 @@ static void buffer_destroy(struct buffer *b) {
 /* Reserve backup room for a BACKUP buffer now (the context its copies
  * need is taken by the first copy and let go of at the operation's end). */
 static wire_code reserve_now(registry *r, struct buffer *b, struct fault *f) {
-  if (!(b->flags & BUF_FLAG_BACKUP) || b->reserved) return GPUMEM__WIRE__ERROR_CODE__OK;
-  if (b->size > r->opt.backup_limit - r->backup_reserved)
+  if (!(b->flags & BUF_FLAG_BACKUP) || b->reserved || b->pageable)
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  /* Pageable memory is outside the pinned budget: the kernel bounds it. */
+  bool fits = b->size <= r->opt.backup_limit - r->backup_reserved;
+  if ((b->flags & BUF_FLAG_BACKUP_PAGEABLE) || (!fits && r->opt.overflow_pageable)) {
+    b->pageable = true;
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  }
+  if (!fits)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
                      "backup limit: %llu bytes of backups reserved, %llu more would pass "
                      "--backup-limit %llu",

@@ -24,6 +24,7 @@ typedef Gpumem__Wire__BufferState buffer_state;
 #define BUF_FLAG_IPC_LEGACY GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY
 #define BUF_FLAG_ALLOW_PAUSED GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED
 #define BUF_FLAG_BACKUP_RELEASE GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE
+#define BUF_FLAG_BACKUP_PAGEABLE GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_PAGEABLE
 
 
 /* A tag: a name and its buffers, with counts per state kept by the
@@ -79,6 +80,7 @@ struct buffer {
   uint64_t backup_hash; /* with --verify-backups */
   uint64_t handed_to; /* the session (owner id) that keeps its backup memory mapped; 0: none */
   bool reserved;      /* its backup's room is counted against --backup-limit */
+  bool pageable;      /* its backup is pageable memory (pageable.h), not pinned */
   struct list tag_link, owner_link;
   struct list all_link; /* the registry's buffers, in id order */
   struct list uid_link; /* its uid's buffers (tenants_members), in id order */
@@ -91,6 +93,7 @@ struct registry_options {
   uint64_t chunk_size;   /* largest physical chunk */
   uint64_t backup_limit; /* host memory BACKUP buffers may reserve */
   bool verify_backups;   /* hash backups and check them after restore */
+  bool overflow_pageable; /* a backup past backup_limit is pageable memory, not refused */
   struct tenant_limits quotas; /* per uid */
   const char *const *shared_names; /* tags made shared whenever created */
   size_t nshared_names;
@@ -306,6 +309,10 @@ void registry_note_last(registry *r, bool to_host, uint64_t bytes, uint64_t us);
 
 /* The copy figures of the last operation that copied, one way. */
 void registry_last(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us);
+
+/* Whether a backup that would pass the limit is made of pageable memory
+ * instead of refused (--backup-overflow pageable). */
+bool registry_overflows_pageable(const registry *r);
 
 /* Host memory reserved by BACKUP buffers, and the limit. */
 void registry_backup_budget(const registry *r, uint64_t *reserved, uint64_t *limit);

@@ -85,7 +85,8 @@ static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t, bool all, u
       ti->transit_bytes += b->size;
     }
     if (b->backup_valid) ti->backup_bytes += b->size;
-    if (b->backup) ti->backup_pinned_bytes += b->size;
+    if (b->backup && !b->pageable) ti->backup_pinned_bytes += b->size;
+    if (b->backup && b->pageable) ti->backup_pageable_bytes += b->size;
     if (b->reserved) ti->backup_reserved_bytes += b->size;
   }
   if (!all && t->shared) { /* the viewer's own buffers' state, not other uids' */

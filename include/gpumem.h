@@ -114,6 +114,8 @@ enum gpumem_flag {
   GPUMEM_BACKUP_RELEASE = 8, /* with GPUMEM_BACKUP: its host memory is let go of after each
                               * resume and made (and counted) again at the next pause
                               * (gpumemd 1.8) */
+  GPUMEM_BACKUP_PAGEABLE = 16, /* with GPUMEM_BACKUP: the backup is pageable host memory,
+                                * outside --backup-limit, copied by the daemon (1.8) */
 };
 
 /* Flags for gpumem_connect. */
@@ -557,6 +559,7 @@ struct gpumem_tag_status {
   /* Host memory its backups hold now (pinned on GPUs), and the part of
    * --backup-limit its buffers reserve (1.8). */
   uint64_t backup_pinned_bytes, backup_reserved_bytes;
+  uint64_t backup_pageable_bytes; /* pageable host memory its backups hold now (1.8) */
 };
 
 /* One session in a status. */

@@ -55,7 +55,8 @@ from typing import (
 )
 
 from . import _native
-from ._native import FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_BACKUP_RELEASE, FLAG_IPC_LEGACY
+from ._native import (FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_BACKUP_PAGEABLE, FLAG_BACKUP_RELEASE,
+                      FLAG_IPC_LEGACY)
 
 
 __version__ = "1.8.0"
@@ -79,6 +80,7 @@ __all__ = [
     "FLAG_BACKUP",
     "FLAG_IPC_LEGACY",
     "FLAG_ALLOW_PAUSED",
+    "FLAG_BACKUP_PAGEABLE",
     "FLAG_BACKUP_RELEASE",
 ]
 
@@ -351,13 +353,16 @@ def _check_prefix(prefix: Any) -> Optional[bytes]:
     return b
 
 
-def _check_flags(backup: Any, allow_paused: Any, backup_release: Any = False) -> int:
+def _check_flags(backup: Any, allow_paused: Any, backup_release: Any = False,
+                 backup_pageable: Any = False) -> int:
     flags = (FLAG_BACKUP if _check_bool("backup", backup) else 0) | (
         FLAG_ALLOW_PAUSED if _check_bool("allow_paused", allow_paused) else 0)
-    if _check_bool("backup_release", backup_release):
-        if not backup:
-            raise ValueError("backup_release=True needs backup=True")
-        flags |= FLAG_BACKUP_RELEASE
+    for what, v, bit in (("backup_release", backup_release, FLAG_BACKUP_RELEASE),
+                         ("backup_pageable", backup_pageable, FLAG_BACKUP_PAGEABLE)):
+        if _check_bool(what, v):
+            if not backup:
+                raise ValueError("%s=True needs backup=True" % what)
+            flags |= bit
     return flags
 
 
@@ -835,29 +840,33 @@ class Client:
     # Workers.
 
     def alloc(self, tag: str, size: int, device: int = 0, backup: bool = False, *,
-              allow_paused: bool = False, backup_release: bool = False) -> Buffer:
+              allow_paused: bool = False, backup_release: bool = False,
+              backup_pageable: bool = False) -> Buffer:
         """Allocate a buffer of at least ``size`` bytes tagged ``tag`` on
         ``device`` (this process's numbering, as CUDA_VISIBLE_DEVICES makes
         it), mapped and ready. ``backup=True`` makes its contents survive a
         pause; with ``backup_release=True`` the backup's host memory is let
         go of after each resume and made again (counted against the
         daemon's --backup-limit) at the next pause, instead of being kept
-        for the buffer's life. ``allow_paused=True`` allows allocating in a
-        paused tag (the buffer then starts paused); otherwise that fails
-        with TAG_PAUSED."""
+        for the buffer's life. ``backup_pageable=True``: the backup is
+        pageable host memory, outside --backup-limit, which the daemon
+        copies (torch_memory_saver's cpu_backup_backend "mmap").
+        ``allow_paused=True`` allows allocating in a paused tag (the buffer
+        then starts paused); otherwise that fails with TAG_PAUSED."""
         out = _native.c_buffer_p()
         self._allocate("gpumem_alloc", out, tag, size, device, backup, allow_paused,
-                       backup_release)
+                       backup_release, backup_pageable)
         return self._wrap(out.value)
 
     def _allocate(self, fn: str, out: Any, tag: str, size: int, device: int, backup: bool,
-                  allow_paused: bool, backup_release: bool = False) -> None:
+                  allow_paused: bool, backup_release: bool = False,
+                  backup_pageable: bool = False) -> None:
         """Call the library's ``fn`` (gpumem_alloc or gpumem_malloc) with
         the checked arguments and ``out`` for its result; raise its error."""
         btag = _check_tag(tag)
         size = _check_int("size", size, 1, _U64)
         device = _check_int("device", device, 0, _I32)
-        flags = _check_flags(backup, allow_paused, backup_release)
+        flags = _check_flags(backup, allow_paused, backup_release, backup_pageable)
         c = self._talk()
         rc = getattr(self._lib, fn)(c, btag, device, size, flags, ctypes.byref(out))
         if rc < 0:
@@ -987,16 +996,17 @@ class Client:
     # Sub-allocation (gpumem_malloc).
 
     def malloc(self, tag: str, size: int, device: int = 0, backup: bool = False,
-               allow_paused: bool = False, backup_release: bool = False) -> int:
+               allow_paused: bool = False, backup_release: bool = False,
+               backup_pageable: bool = False) -> int:
         """Allocate ``size`` bytes tagged ``tag`` on ``device`` and return
         the address (an int, aligned to at least 512 bytes). Small
         allocations share daemon buffers of the same tag, device and flags
-        (``backup_release`` as for :meth:`alloc`); a pause of the tag
+        (``backup_release``, ``backup_pageable`` as for :meth:`alloc`); a pause of the tag
         releases them and the address stays valid. Free with
         :meth:`free_ptr`."""
         out = ctypes.c_void_p()
         self._allocate("gpumem_malloc", out, tag, size, device, backup, allow_paused,
-                       backup_release)
+                       backup_release, backup_pageable)
         return out.value or 0
 
     def free_ptr(self, ptr: int) -> None:
@@ -1106,6 +1116,7 @@ class Client:
                 "owned": bool(t.owned), "shared": bool(t.shared),
                 "backup_pinned_bytes": t.backup_pinned_bytes,
                 "backup_reserved_bytes": t.backup_reserved_bytes,
+                "backup_pageable_bytes": t.backup_pageable_bytes,
             } for t in (s.tags[i][0] for i in range(s.ntags))]
             tenants = [{
                 "uid": x.uid, "buffers": x.buffers, "bytes": x.bytes,
@@ -1292,11 +1303,12 @@ def set_default_client(client: Optional[Client]) -> None:
 
 
 def set_thread_tag(tag: Optional[str], backup: bool = False,
-                   allow_paused: bool = False, backup_release: bool = False) -> None:
+                   allow_paused: bool = False, backup_release: bool = False,
+                   backup_pageable: bool = False) -> None:
     """Set the calling thread's tag (None clears it): gpumem_torch_alloc
     allocates with it and with these flags (as :meth:`Client.alloc`'s)."""
     btag = _check_tag(tag) if tag is not None else None
-    flags = _check_flags(backup, allow_paused, backup_release)
+    flags = _check_flags(backup, allow_paused, backup_release, backup_pageable)
     lib = _native.load()
     rc = lib.gpumem_set_thread_tag(btag, flags)
     if rc < 0:

@@ -23,6 +23,7 @@ FLAG_BACKUP = 1
 FLAG_IPC_LEGACY = 2
 FLAG_ALLOW_PAUSED = 4
 FLAG_BACKUP_RELEASE = 8
+FLAG_BACKUP_PAGEABLE = 16
 
 # enum gpumem_connect_flag
 CONNECT_NO_THREAD = 1
@@ -191,6 +192,7 @@ class TagStatus(ctypes.Structure):
         ("shared", ctypes.c_int),
         ("backup_pinned_bytes", ctypes.c_uint64),
         ("backup_reserved_bytes", ctypes.c_uint64),
+        ("backup_pageable_bytes", ctypes.c_uint64),
     ]
 
 

@@ -580,29 +580,46 @@ def _block(choose: Optional[Callable[[], Routes]] = None) -> Iterator[None]:
                 _flush()
 
 
-#: A region's backup, as this module passes it around (and keys pools by):
-#: False (none), True (kept for the buffer's life) or RELEASE (let go of
-#: after each resume, gpumem.FLAG_BACKUP_RELEASE).
-RELEASE = "release"
+# A region's backup, as this module passes it around (and keys pools by):
+# False (none), True (kept for the buffer's life), or gpumem's backup flags
+# (FLAG_BACKUP with FLAG_BACKUP_RELEASE and/or FLAG_BACKUP_PAGEABLE).
+_POLICY = gpumem.FLAG_BACKUP_RELEASE | gpumem.FLAG_BACKUP_PAGEABLE
 
 
-def _backup_kind(backup: bool, backup_release: bool) -> Any:
-    """A region's backup (see RELEASE) from the public arguments."""
+def _backup_kind(backup: bool, backup_release: bool = False,
+                 backup_pageable: bool = False) -> Any:
+    """A region's backup from the public arguments."""
     _check_bool("backup", backup)
-    if _check_bool("backup_release", backup_release) and not backup:
-        raise ValueError("backup_release=True needs backup=True")
-    return RELEASE if backup_release else backup
+    release = _check_bool("backup_release", backup_release)
+    pageable = _check_bool("backup_pageable", backup_pageable)
+    if (release or pageable) and not backup:
+        raise ValueError("backup_release and backup_pageable need backup=True")
+    if not (release or pageable):
+        return backup
+    return (gpumem.FLAG_BACKUP | (gpumem.FLAG_BACKUP_RELEASE if release else 0)
+            | (gpumem.FLAG_BACKUP_PAGEABLE if pageable else 0))
+
+
+def _is_backup_kind(backup: Any) -> bool:
+    """Whether backup is one _backup_kind makes."""
+    if isinstance(backup, bool):
+        return True
+    return isinstance(backup, int) and backup & gpumem.FLAG_BACKUP and not (
+        backup & ~(gpumem.FLAG_BACKUP | _POLICY))
 
 
 @contextlib.contextmanager
 def _thread_tag(tag: Optional[str], backup: Any = False) -> Iterator[None]:
-    """Set the calling thread's gpumem tag (None: none) and backup (see
-    RELEASE) for the block."""
+    """Set the calling thread's gpumem tag (None: none) and backup (as
+    _backup_kind makes it) for the block."""
     prev, flags = gpumem.thread_tag()
     if tag is None:
         gpumem.set_thread_tag(None)
     else:
-        gpumem.set_thread_tag(tag, backup=bool(backup), backup_release=backup == RELEASE)
+        b = int(backup)
+        gpumem.set_thread_tag(tag, backup=bool(b & gpumem.FLAG_BACKUP),
+                              backup_release=bool(b & gpumem.FLAG_BACKUP_RELEASE),
+                              backup_pageable=bool(b & gpumem.FLAG_BACKUP_PAGEABLE))
     try:
         yield
     finally:
@@ -611,7 +628,8 @@ def _thread_tag(tag: Optional[str], backup: Any = False) -> Iterator[None]:
         else:
             gpumem.set_thread_tag(prev, backup=bool(flags & gpumem.FLAG_BACKUP),
                                   allow_paused=bool(flags & gpumem.FLAG_ALLOW_PAUSED),
-                                  backup_release=bool(flags & gpumem.FLAG_BACKUP_RELEASE))
+                                  backup_release=bool(flags & gpumem.FLAG_BACKUP_RELEASE),
+                                  backup_pageable=bool(flags & gpumem.FLAG_BACKUP_PAGEABLE))
 
 
 @contextlib.contextmanager
@@ -632,7 +650,7 @@ def _region(tag: str, backup: bool, device: Any, native: bool) -> Iterator[None]
 
 @contextlib.contextmanager
 def region(tag: str, backup: bool = False, device: Any = None, *,
-           backup_release: bool = False) -> Iterator[None]:
+           backup_release: bool = False, backup_pageable: bool = False) -> Iterator[None]:
     """Serve the calling thread's PyTorch allocations on ``device`` (None:
     the current device) from gpumemd, tagged ``tag``, for the duration of
     the block. ``backup=True``: their contents survive a pause (the daemon
@@ -644,9 +662,11 @@ def region(tag: str, backup: bool = False, device: Any = None, *,
     exit). Only the calling thread is affected (PyTorch's autograd
     threads are not); threads may be in the same region at once.
     ``backup_release=True`` (with ``backup``): the backups' host memory is
-    let go of after each resume and made again at the next pause."""
+    let go of after each resume and made again at the next pause;
+    ``backup_pageable=True``: it is pageable memory, not pinned (as
+    Client.alloc's)."""
     _check_tag(tag)
-    kind = _backup_kind(backup, backup_release)
+    kind = _backup_kind(backup, backup_release, backup_pageable)
     with _region(tag, kind, device, native=False):
         yield
 
@@ -693,7 +713,7 @@ def _graph_pool_id(torch: Any, graph: Any, pool: Any, tag: str, backup: bool, de
 def _capture(graph: Any, tag: str, backup: bool, pool: Any, stream: Any,
              capture_error_mode: str, lenient: bool) -> Iterator[None]:
     _check_tag(tag)
-    if backup != RELEASE:
+    if not _is_backup_kind(backup):
         _check_bool("backup", backup)
     if capture_error_mode not in _CAPTURE_MODES:
         raise ValueError("capture_error_mode must be one of %s, not %r"

@@ -268,11 +268,14 @@ class TorchMemorySaver:
             raise TypeError("retain_cpu_backup must be a bool, not %s" % type(value).__name__)
         self._retain = value
 
-    def _backup(self, enable_cpu_backup: bool) -> Any:
-        """A region's backup as gpumem.torch takes it."""
+    def _backup(self, enable_cpu_backup: bool, backend: Optional[str] = None) -> Any:
+        """A region's backup as gpumem.torch takes it: kept or let go of
+        (retain_cpu_backup), pinned or pageable (cpu_backup_backend, else
+        TMS_INIT_CPU_BACKUP_BACKEND, "mmap": pageable)."""
         if not enable_cpu_backup:
             return False
-        return True if self._retain else _gt.RELEASE
+        backend = backend or os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND") or "pinned"
+        return _gt._backup_kind(True, not self._retain, backend == "mmap")
 
     def _start(self) -> str:
         """Fix the hook mode, check the environment and find the default
@@ -304,16 +307,20 @@ class TorchMemorySaver:
                cpu_backup_backend: Optional[str] = None) -> Iterator[None]:
         """Allocations of the calling thread inside the block are gpumemd
         memory tagged ``tag``; ``enable_cpu_backup=True`` keeps their
-        contents across a pause. ``enable_disk_backup`` is not supported;
-        ``cpu_backup_backend`` ("pinned" or "mmap") is accepted and the
-        daemon's pinned backup is used."""
+        contents across a pause. ``enable_disk_backup`` is not supported.
+        ``cpu_backup_backend``: "pinned" (the default, or
+        TMS_INIT_CPU_BACKUP_BACKEND) keeps the backup in the daemon's pinned
+        memory; "mmap" in its pageable memory, outside --backup-limit, which
+        the daemon copies itself (slower)."""
         self._check_region_args(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         _gt._torch()
         mode = self._start()
         if mode == "torch":
-            cm = _gt._region(tag, self._backup(enable_cpu_backup), None, native=False)
+            cm = _gt._region(tag, self._backup(enable_cpu_backup, cpu_backup_backend), None,
+                             native=False)
         else:
-            cm = _gt._native_region(tag, self._backup(enable_cpu_backup), None)
+            cm = _gt._native_region(tag, self._backup(enable_cpu_backup, cpu_backup_backend),
+                                    None)
         with cm:
             _use_tag(tag)
             yield
@@ -355,12 +362,13 @@ class TorchMemorySaver:
         _gt._torch()
         mode = self._start()
         if mode == "torch":
-            cm = _gt._capture(cuda_graph, tag, self._backup(enable_cpu_backup), pool, stream,
+            cm = _gt._capture(cuda_graph, tag,
+                              self._backup(enable_cpu_backup, cpu_backup_backend), pool, stream,
                               capture_error_mode, lenient=True)
         else:
-            cm = self._preload_capture(cuda_graph, tag, self._backup(enable_cpu_backup), pool,
-                                       stream,
-                                       capture_error_mode)
+            cm = self._preload_capture(cuda_graph, tag,
+                                       self._backup(enable_cpu_backup, cpu_backup_backend), pool,
+                                       stream, capture_error_mode)
         with cm:
             _use_tag(tag)
             yield

@@ -664,3 +664,32 @@ def test_a_bad_initial_region_variable_fails_the_allocation(make_daemon):
         _preload_env(make_daemon(), TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="sure"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("2\nTMS_INIT_ENABLE_CPU_BACKUP: 'sure' is not 1"), r.stdout
+
+
+def test_an_mmap_backup_is_pageable(make_daemon, fake_torch):
+    """cpu_backup_backend="mmap": the backup is the daemon's pageable
+    memory (status says so), the daemon copies it, and the contents come
+    back; get_cpu_backup's copy is refused for it, saying why."""
+    d = make_daemon()
+    with gpumem.connect(d.sock, name="engine") as w, \
+            gpumem.connect(d.sock, name="ctl", role="controller") as ctl:
+        gt.init(w)
+        try:
+            s = TorchMemorySaver()
+            s.hook_mode = "torch"
+            with s.region("weights", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+                t = fake_torch.empty(4 * MiB, device="cuda:0")
+            ctypes.memset(t.data_ptr(), 0x77, 4 * MiB)
+            st = tag_status(ctl, "weights")
+            assert st["backup_reserved_bytes"] == 0
+            s.pause("weights")
+            st = tag_status(ctl, "weights")
+            assert st["backup_pageable_bytes"] == st["bytes"] >= 4 * MiB
+            assert st["backup_pinned_bytes"] == 0
+            with pytest.raises(gpumem.Error, match="pageable"):
+                w.backup_read(t.data_ptr(), 16)
+            s.resume("weights")
+            assert ctypes.string_at(t.data_ptr() + 4 * MiB - 1, 1) == b"\x77"
+            del t
+        finally:
+            gt.shutdown()

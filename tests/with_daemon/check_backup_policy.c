@@ -4,6 +4,7 @@
  * lets go of it. A pause whose backups do not fit fails before it unmaps
  * anything, naming the limit. Status says, per tag, what backups hold and
  * reserve. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,13 +133,93 @@ START_TEST(a_release_policy_without_a_backup_is_refused) {
   ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
   void *p = NULL;
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, GPUMEM_BACKUP_RELEASE, &p), GPUMEM_E_INVALID);
-  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "GPUMEM_BACKUP_RELEASE (with GPUMEM_BACKUP)"));
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "GPUMEM_BACKUP_PAGEABLE (with GPUMEM_BACKUP)"));
   ck_assert_int_eq(gpumem_set_thread_tag("kv", GPUMEM_BACKUP_RELEASE), GPUMEM_E_INVALID);
   gpumem_buffer *b = NULL;
   ck_assert_int_eq(gpumem_alloc(w, "kv", 0, MiB, GPUMEM_BACKUP_RELEASE, &b), GPUMEM_E_INVALID);
-  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "BACKUP_RELEASE without BACKUP"));
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "a backup policy without BACKUP"));
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, MiB, GPUMEM_BACKUP_PAGEABLE, &b), GPUMEM_E_INVALID);
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE, &p), 0);
   ck_assert_int_eq(gpumem_free_ptr(w, p), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* The daemon's anonymous memory, by the kernel (RssAnon, bytes). */
+static uint64_t daemon_anon(void) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)d.pid);
+  FILE *f = fopen(path, "re");
+  ck_assert_ptr_nonnull(f);
+  unsigned long long kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "RssAnon: %llu kB", &kb) == 1) break;
+  fclose(f);
+  return (uint64_t)kb * 1024;
+}
+
+/* --backup-overflow pageable: a backup past --backup-limit is pageable
+ * memory instead of refused; the pause makes it (the kernel's RssAnon of
+ * the daemon grows by it), the daemon copies it although the worker
+ * copies its own pinned backups, and the contents come back. A buffer
+ * that asks (GPUMEM_BACKUP_PAGEABLE) gets one too, and its backup cannot
+ * be handed out for reading. */
+START_TEST(a_backup_past_the_limit_can_be_pageable) {
+  daemon_start(&d, "--backup-limit", "8M", "--backup-overflow", "pageable", NULL);
+  gpumem_client *w = NULL, *ctl = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  const uint64_t size = 6 * MiB;
+  gpumem_buffer *pinned = NULL, *over = NULL, *asked = NULL;
+  ck_assert_int_eq(gpumem_alloc(w, "a", 0, size, GPUMEM_BACKUP, &pinned), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "b", 0, size, GPUMEM_BACKUP, &over), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "c", 0, size, GPUMEM_BACKUP | GPUMEM_BACKUP_PAGEABLE, &asked),
+                   0);
+  ck_assert_uint_eq(reserved(ctl), size); /* only the first fit the pinned budget */
+  gpumem_buffer *all[] = {pinned, over, asked};
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(gpumem_buffer_fill32(w, all[i], 0, size, 0x100 + i), 0);
+  uint64_t anon0 = daemon_anon();
+  const char *tags[] = {"a", "b", "c"};
+  struct gpumem_op_report *r = NULL;
+  ck_assert_msg(gpumem_pause(ctl, tags, 3, NULL, 0, NULL, &r) == 0, "%s", gpumem_last_error());
+  ck_assert_uint_eq(r->backup_bytes, 3 * size);
+  gpumem_op_report_free(r);
+  ck_assert_uint_eq(tag_of(ctl, "a").backup_pinned_bytes, size);
+  ck_assert_uint_eq(tag_of(ctl, "a").backup_pageable_bytes, 0);
+  ck_assert_uint_eq(tag_of(ctl, "b").backup_pageable_bytes, size);
+  ck_assert_uint_eq(tag_of(ctl, "b").backup_pinned_bytes, 0);
+  ck_assert_uint_eq(tag_of(ctl, "c").backup_pageable_bytes, size);
+  uint64_t anon = daemon_anon();
+  ck_assert_msg(anon >= anon0 + 2 * size, "RssAnon %llu -> %llu", (unsigned long long)anon0,
+                (unsigned long long)anon);
+  uint32_t got[2];
+  ck_assert_int_eq(gpumem_backup_read(w, gpumem_buffer_ptr(asked), sizeof got, got),
+                   GPUMEM_E_BACKEND);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "pageable"));
+  ck_assert_msg(gpumem_resume(ctl, tags, 3, NULL, 0, NULL, &r) == 0, "%s", gpumem_last_error());
+  gpumem_op_report_free(r);
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(gpumem_buffer_read(w, all[i], size - sizeof got, got, sizeof got), 0);
+    ck_assert_uint_eq(got[1], 0x100 + (uint32_t)i);
+    ck_assert_int_eq(gpumem_free(w, all[i]), 0);
+  }
+  ck_assert_uint_eq(reserved(ctl), 0);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* Without --backup-overflow, a backup past the limit is refused at the
+ * allocation, naming the limit. */
+START_TEST(a_backup_past_the_limit_is_refused_by_default) {
+  daemon_start(&d, "--backup-limit", "8M", NULL);
+  gpumem_client *w = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  gpumem_buffer *a = NULL, *b = NULL;
+  ck_assert_int_eq(gpumem_alloc(w, "a", 0, 6 * MiB, GPUMEM_BACKUP, &a), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "b", 0, 6 * MiB, GPUMEM_BACKUP, &b), GPUMEM_E_LIMIT);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "--backup-limit 8388608"));
+  ck_assert_int_eq(gpumem_free(w, a), 0);
   gpumem_disconnect(w);
 }
 END_TEST
@@ -147,5 +228,7 @@ int main(void) {
   return HARNESS_RUN("backup_policy", 60, NULL, teardown,
                      a_released_backup_exists_only_while_paused,
                      a_pause_whose_backups_do_not_fit_changes_nothing,
-                     a_release_policy_without_a_backup_is_refused);
+                     a_release_policy_without_a_backup_is_refused,
+                     a_backup_past_the_limit_can_be_pageable,
+                     a_backup_past_the_limit_is_refused_by_default);
 }
