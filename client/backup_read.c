@@ -39,10 +39,15 @@ static int fetch(gpumem_client *c, gpumem_buffer *b) {
     return error_set(GPUMEM_E_VERSION,
                      "reading a backup the daemon keeps needs gpumemd 1.8 or later (it speaks "
                      "1.%u)", minor);
+  if (!gpumem_buffer_registered(b))
+    return error_set(GPUMEM_E_DISCONNECTED,
+                     "buffer %llu is not registered with the daemon now (it is reconnecting)",
+                     (unsigned long long)gpumem_buffer_id(b));
   Gpumem__Wire__BackupRequest q = GPUMEM__WIRE__BACKUP_REQUEST__INIT;
   q.buffer_id = gpumem_buffer_id(b);
   wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_BACKUP, &q);
   struct call call = {0};
+  uint64_t epoch = buffer_epoch(b); /* a map or unmap meanwhile makes the answer stale */
   int rc = conn_call(c->conn, &req, &call);
   if (rc == 0 && call.reply->body_case != GPUMEM__WIRE__ENVELOPE__BODY_BACKUP_REPLY)
     rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered a backup request with something else");
@@ -51,7 +56,7 @@ static int fetch(gpumem_client *c, gpumem_buffer *b) {
     if (m->buffer_id != q.buffer_id)
       rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered with the backup of another buffer");
     else
-      rc = buffer_backup_keep(b, m->piece_sizes, m->n_piece_sizes, call.frame.fds);
+      rc = buffer_backup_keep(b, m->piece_sizes, m->n_piece_sizes, call.frame.fds, epoch);
   }
   conn_call_done(&call);
   return rc;

@@ -31,6 +31,7 @@ struct gpumem_buffer {
   unsigned copies;      /* reads, writes and fills in flight */
   unsigned backup_reads; /* reads of the kept backup in flight */
   bool backup_busy;      /* an event or the caller is changing the kept backup */
+  uint64_t epoch;        /* bumped by every map and unmap (buffer_epoch) */
   gpuva *gpu;
   char tag[WIRE_TAG_MAX + 1];
   unsigned local; /* this process's device number */
@@ -56,6 +57,7 @@ static unsigned long long id_of(const gpumem_buffer *b) {
 static void set_mapped(gpumem_buffer *b, bool mapped) {
   pthread_mutex_lock(&b->mu);
   b->mapped = mapped;
+  b->epoch++;
   pthread_mutex_unlock(&b->mu);
 }
 
@@ -169,6 +171,7 @@ int buffer_unmap(gpumem_buffer *b) {
   pthread_mutex_lock(&b->mu);
   b->mapped = false;
   b->unmapping = false;
+  b->epoch++;
   pthread_mutex_unlock(&b->mu);
   return rc;
 }
@@ -356,11 +359,28 @@ int buffer_backup_read(gpumem_buffer *b, uint64_t off, uint64_t len, void *dst,
   return rc;
 }
 
-/* Keep backup memory the daemon handed for reading, unless some is kept. */
-int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds) {
+/* How many times the buffer was mapped or unmapped so far. */
+uint64_t buffer_epoch(gpumem_buffer *b) {
+  pthread_mutex_lock(&b->mu);
+  uint64_t epoch = b->epoch;
+  pthread_mutex_unlock(&b->mu);
+  return epoch;
+}
+
+/* Keep backup memory the daemon handed for reading, unless some is kept
+ * or the buffer moved since the request. */
+int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
+                       uint64_t epoch) {
   backup_begin_change(b);
+  pthread_mutex_lock(&b->mu);
+  bool moved = b->epoch != epoch || b->mapped || b->unmapping;
+  pthread_mutex_unlock(&b->mu);
   int rc = 0;
-  if (!b->backup.va) {
+  if (moved) {
+    rc = error_set(GPUMEM_E_WRONG_STATE,
+                   "buffer %llu was resumed or paused again while its backup was asked for",
+                   id_of(b));
+  } else if (!b->backup.va) {
     rc = backup_io_map(b->gpu, b->local, sizes, n, fds, &b->backup);
     if (rc == 0 && b->backup.total < b->size) {
       backup_io_unmap(b->gpu, b->local, &b->backup);

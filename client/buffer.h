@@ -80,10 +80,16 @@ void buffer_drop_backup(gpumem_buffer *b);
 int buffer_backup_read(gpumem_buffer *b, uint64_t off, uint64_t len, void *dst,
                        const void **view);
 
+/* How many times the buffer was mapped or unmapped so far. */
+uint64_t buffer_epoch(gpumem_buffer *b);
+
 /* Map the n pieces of backup memory (their sizes, one fd each, all taken)
  * that the daemon handed for reading and keep them as the buffer's backup,
- * unless it keeps one already. Returns 0 or backup_io_map's code. */
-int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds);
+ * unless it keeps one already. GPUMEM_E_WRONG_STATE when the buffer was
+ * mapped or unmapped since buffer_epoch said epoch (the memory may be
+ * stale or let go of), else 0 or backup_io_map's code. */
+int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
+                       uint64_t epoch);
 
 /* True while the buffer keeps backup memory of the daemon's mapped. */
 bool buffer_keeps_backup(const gpumem_buffer *b);

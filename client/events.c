@@ -170,6 +170,10 @@ static void on_unmap(events *e, const Gpumem__Wire__UnmapEvent *ev, struct frame
                gpumem_last_error());
       continue;
     }
+    /* Backup memory kept for reading by a connection that keeps none:
+     * this pause writes the backup anew, so reads ask the daemon again
+     * (and none is held when the context is to be released). */
+    if (!e->keep_backups) buffer_drop_backup(bufs[i]);
     if (buffer_unmap(bufs[i]) < 0)
       failed(fl, gpumem_buffer_id(bufs[i]), GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
              "buffer %llu stays mapped: %s", (unsigned long long)gpumem_buffer_id(bufs[i]),

@@ -120,9 +120,9 @@ static int env_bool(const char *name, bool *on) {
 
 /* The flags of allocations outside any region: $GPUMEM_DEFAULT_FLAGS
  * ("backup", "backup_release", "allow_paused", comma-separated), and
- * backup where torch_memory_saver's TMS_INIT_ENABLE and
- * TMS_INIT_ENABLE_CPU_BACKUP both say so (the process starts in a
- * backed-up region), released after each resume where its
+ * backup where torch_memory_saver's TMS_INIT_ENABLE (or
+ * GPUMEM_INIT_REGION) and TMS_INIT_ENABLE_CPU_BACKUP both say so (the
+ * process starts in a backed-up region), released after each resume where its
  * TMS_RETAIN_CPU_BACKUP is set and false, pageable where its
  * TMS_INIT_CPU_BACKUP_BACKEND is "mmap"; GPUMEM_E_INVALID for a word or
  * value it does not know. */
@@ -147,10 +147,12 @@ static int env_flags(unsigned *flags) {
     v += n + (v[n] == ',');
   }
   bool init, backup, retain;
-  if (env_bool("TMS_INIT_ENABLE", &init) < 0 ||
+  bool gpumem_init;
+  if (env_bool("TMS_INIT_ENABLE", &init) < 0 || env_bool("GPUMEM_INIT_REGION", &gpumem_init) < 0 ||
       env_bool("TMS_INIT_ENABLE_CPU_BACKUP", &backup) < 0 ||
       env_bool("TMS_RETAIN_CPU_BACKUP", &retain) < 0)
     return GPUMEM_E_INVALID;
+  init = init || gpumem_init;
   if (init && backup) *flags |= GPUMEM_BACKUP;
   /* Set and false: torch_memory_saver's backups that let go (unset: kept). */
   if (init && backup && !retain && getenv("TMS_RETAIN_CPU_BACKUP"))

@@ -374,7 +374,6 @@ static void settle_unmapped(engine *e) {
       if (!b) continue;
       if (g->failed[i]) {
         registry_backup_unhanded(b);
-        registry_backup_let_go(e->reg, b); /* BACKUP_RELEASE: ACTIVE again, no backup */
         fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
              "pid %d could not unmap buffer %llu: %s", (int)g->s->pid, (unsigned long long)b->id,
              g->why);
@@ -423,6 +422,9 @@ void engine_settle(engine *e) {
 static void undo_resume(engine *e, struct buffer *b, bool made) {
   if (made) registry_memory_release(e->reg, b);
   registry_move(e->reg, b, BUF_EV_ROLL_BACK);
+  /* Its owner let go of backup memory that lets go as it copied in: hand
+   * it anew next time. */
+  if (b->flags & BUF_FLAG_BACKUP_RELEASE) registry_backup_unhanded(b);
 }
 
 /* An owner answered a rollback Unmap. */
@@ -496,29 +498,57 @@ static bool pauses(const struct op *op, const struct buffer *b) {
          b->state == BUF_ACTIVE;
 }
 
-/* Before a pause unmaps anything: the backups its BACKUP_RELEASE buffers
- * will make must fit --backup-limit, or the pause fails, changing
- * nothing. */
-static bool backups_fit(engine *e, struct op *op) {
-  uint64_t need = 0, reserved = 0, limit = 0;
+/* Call fn on every BACKUP_RELEASE buffer the pause would take from
+ * ACTIVE, until it returns false; false then. */
+static bool each_release(engine *e, struct op *op, bool (*fn)(engine *, struct buffer *, void *),
+                         void *arg) {
   for (size_t t = 0; t < op->scope.ntags; t++) {
     struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
     struct list *p;
     for (p = tag ? tag->buffers.next : NULL; tag && p != &tag->buffers; p = p->next) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
-      if (pauses(op, b) && (b->flags & BUF_FLAG_BACKUP_RELEASE) && !b->reserved &&
-          !(b->flags & BUF_FLAG_BACKUP_PAGEABLE))
-        need += b->size;
+      if (pauses(op, b) && (b->flags & BUF_FLAG_BACKUP_RELEASE) && !fn(e, b, arg)) return false;
     }
   }
-  if (registry_overflows_pageable(e->reg)) return true; /* what does not fit is pageable */
+  return true;
+}
+
+/* What reserving the backups of a pause met: the bytes it needed, and
+ * the first failure. */
+struct reserving {
+  uint64_t need;
+  struct fault fault;
+};
+
+/* Reserve b's backup room for the pause (each_release). */
+static bool reserve_one(engine *e, struct buffer *b, void *arg) {
+  struct reserving *r = arg;
+  bool had = b->reserved || b->pageable;
+  if (registry_backup_reserve(e->reg, b, &r->fault)) return false;
+  if (!had) r->need += b->size;
+  return true;
+}
+
+/* Give back what reserve_one took (each_release). */
+static bool unreserve_one(engine *e, struct buffer *b, void *arg) {
+  (void)arg;
+  registry_backup_unreserve(e->reg, b);
+  return true;
+}
+
+/* Before a pause unmaps anything: reserve the backups its BACKUP_RELEASE
+ * buffers will make (bytes against --backup-limit, descriptors where the
+ * backend's backups are ones), or fail the pause, changing nothing. */
+static bool backups_fit(engine *e, struct op *op) {
+  struct reserving r = {0};
+  if (each_release(e, op, reserve_one, &r)) return true;
+  each_release(e, op, unreserve_one, NULL);
+  uint64_t reserved = 0, limit = 0;
   registry_backup_budget(e->reg, &reserved, &limit);
-  if (need <= limit - reserved) return true;
-  fail(op, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
-       "the pause would make %llu bytes of backups, and --backup-limit %llu has %llu left "
-       "(%llu reserved): nothing was paused; raise --backup-limit, or free or resume "
-       "backed-up buffers",
-       (unsigned long long)need, (unsigned long long)limit, (unsigned long long)(limit - reserved),
+  fail(op, r.fault.code,
+       "the pause's backups do not fit (%s); --backup-limit %llu has %llu left (%llu "
+       "reserved): nothing was paused; raise the limit, or free or resume backed-up buffers",
+       r.fault.text, (unsigned long long)limit, (unsigned long long)(limit - reserved),
        (unsigned long long)reserved);
   return false;
 }
@@ -554,13 +584,9 @@ static void start_pause(engine *e, struct op *op) {
         }
         continue;
       }
-      struct fault f = {0};
-      if (registry_backup_reserve(e->reg, b, &f)) { /* backups_fit said it fits */
-        fail(op, f.code, "%s", f.text);
-        continue;
-      }
       struct group *g = group_of(op, by_session, b->owner, GROUP_UNMAP);
       if (!g || group_add(g, b->id, false) < 0) {
+        registry_backup_unreserve(e->reg, b); /* backups_fit reserved it */
         fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
         continue;
       }
@@ -725,9 +751,9 @@ static void commit_resume(engine *e, struct op *op) {
     for (size_t i = 0; i < g->nids; i++) {
       struct buffer *b = registry_find(e->reg, g->ids[i]);
       if (!b || b->state != BUF_RESUMING) continue;
-      registry_move(e->reg, b, BUF_EV_COMMIT);
+      /* Counted before the move: an ACTIVE BACKUP_RELEASE buffer lets go. */
       if (group_owner_copies(g, i)) registry_restore_copied(e->reg, b, group_copy_us(g, b->size));
-      registry_backup_let_go(e->reg, b); /* BACKUP_RELEASE: restored, so let go */
+      registry_move(e->reg, b, BUF_EV_COMMIT);
       stats_bytes(e->stats, true, b->size);
       count(op, b);
     }

@@ -524,6 +524,14 @@ wire_code registry_backup_reserve(registry *r, struct buffer *b, struct fault *f
   return reserve_now(r, b, f);
 }
 
+/* Give back the room a pause reserved for a BACKUP_RELEASE buffer that
+ * it never took from ACTIVE. */
+void registry_backup_unreserve(registry *r, struct buffer *b) {
+  if (!(b->flags & BUF_FLAG_BACKUP_RELEASE) || b->backup) return;
+  unreserve_backup(r, b);
+  b->pageable = false;
+}
+
 /* A BACKUP_RELEASE buffer is ACTIVE again: let go of its backup. */
 void registry_backup_let_go(registry *r, struct buffer *b) {
   if (!(b->flags & BUF_FLAG_BACKUP_RELEASE)) return;
@@ -874,6 +882,9 @@ bool registry_move(registry *r, struct buffer *b, buffer_event ev) {
     b->backup_valid = false;
     r->backup_bytes -= b->size;
   }
+  /* A backup that lets go goes whenever the buffer is ACTIVE again: after
+   * the resume that restored it, or a pause or rollback it never made. */
+  if (st == BUF_ACTIVE) registry_backup_let_go(r, b);
   if (ev == BUF_EV_COMMIT) b->tag->paused_devices &= ~(1ull << b->device);
   return true;
 }

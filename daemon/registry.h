@@ -271,8 +271,14 @@ wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, u
  * --backup-limit, when it does not fit. */
 wire_code registry_backup_reserve(registry *r, struct buffer *b, struct fault *f);
 
-/* b, a BACKUP_RELEASE buffer, is ACTIVE again after a resume restored it:
- * free its backup's host memory and give its room back. */
+/* Give back the room registry_backup_reserve took for b when the pause
+ * that took it fails before b leaves ACTIVE (nothing where b has no such
+ * room, or has backup memory). */
+void registry_backup_unreserve(registry *r, struct buffer *b);
+
+/* b, a BACKUP_RELEASE buffer, is ACTIVE again (registry_move calls it
+ * for every buffer that becomes ACTIVE): free its backup's host memory,
+ * forget that its owner keeps it, and give its room back. */
 void registry_backup_let_go(registry *r, struct buffer *b);
 
 /* The owner of b failed an event about it: whatever backup memory it

@@ -447,6 +447,7 @@ def _let_go_of_pools() -> None:
     _doom(list(_all))
     _region_pools.clear()
     _mapped_pools.clear()
+    _disable_pools.clear()
     _flush()
     _torch_empty_cache()
 
@@ -860,26 +861,42 @@ def _native_region(tag: str, backup: bool, device: Any) -> Any:
     return _region(tag, backup, device, native=True)
 
 
+# disable()'s pools, by (thread, device): one each, reused by the next
+# disable() of that thread and device until it can be let go of.
+_disable_pools: Dict[Tuple[int, int], PoolId] = {}
+
+
 @contextlib.contextmanager
 def _disposable(tag: Optional[str]) -> Iterator[None]:
     """torch_memory_saver's ``disable()``: the calling thread's allocations
-    on the current device go to a pool of PyTorch's own allocator made for
-    the block, with the thread tag ``tag`` for the preload library (None:
+    on the current device go to a pool of PyTorch's own allocator for such
+    blocks, with the thread tag ``tag`` for the preload library (None:
     none), and the enclosing region's routing suspended. The pool is let go
-    of when the block ends (once no region is open), so what the block
-    cached goes back then."""
+    of when the block ends, so what the block cached goes back then; where
+    another block is still open (a pool cannot be dropped then), it is kept
+    for the thread's next disable() on the device and let go of after the
+    first one that ends with none open."""
     torch = _torch()
     dev = int(torch.cuda.current_device())
-    pid = _new_pool(torch, dev, native=True)
+    key = (threading.get_ident(), dev)
+    with _lock:
+        pid = _disable_pools.get(key)
+    if pid is None:
+        pid = _new_pool(torch, dev, native=True)
+        with _lock:
+            _disable_pools[key] = pid
     try:
         with _thread_tag(tag), _block(lambda: [(dev, pid)]):
             yield
     finally:
         with _lock:
-            _doom([pid])
-            _flush()
+            gone = not _active and _disable_pools.get(key) == pid
+            if gone:
+                del _disable_pools[key]
+                _doom([pid])
+                _flush()
             c = _client
-        if c is not None and not c.closed:
+        if gone and c is not None and not c.closed:
             try:
                 c.trim()  # the library's pooled slabs that the block emptied
             except gpumem.Error:

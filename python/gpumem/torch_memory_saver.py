@@ -199,8 +199,7 @@ class TorchMemorySaver:
         self._started = False
         self._margin = 0
         self._init = False  # the process started inside a region
-        env = os.environ.get("TMS_RETAIN_CPU_BACKUP")
-        self._retain = True if env is None else _env_bool("TMS_RETAIN_CPU_BACKUP")
+        self._retain: Optional[bool] = None  # None: TMS_RETAIN_CPU_BACKUP, else True
         self._lock = threading.Lock()
 
     # Configuration.
@@ -260,6 +259,9 @@ class TorchMemorySaver:
         resume and made again at the next pause, which then takes longer
         and fails, changing nothing, where the daemon's --backup-limit has
         no room. Applies to backed-up allocations made after it is set."""
+        if self._retain is None:
+            env = os.environ.get("TMS_RETAIN_CPU_BACKUP")
+            return True if env is None else _env_bool("TMS_RETAIN_CPU_BACKUP")
         return self._retain
 
     @retain_cpu_backup.setter
@@ -275,7 +277,7 @@ class TorchMemorySaver:
         if not enable_cpu_backup:
             return False
         backend = backend or os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND") or "pinned"
-        return _gt._backup_kind(True, not self._retain, backend == "mmap")
+        return _gt._backup_kind(True, not self.retain_cpu_backup, backend == "mmap")
 
     def _start(self) -> str:
         """Fix the hook mode, check the environment and find the default

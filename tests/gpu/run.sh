@@ -83,6 +83,8 @@ if python3 -c 'import torch' 2>/dev/null; then
   python3 tests/gpu/torch_check.py build/bin/gpumemd || status=1
   # A trainer that starts inside a region (TMS_INIT_ENABLE=1), offloaded.
   python3 tests/gpu/tms_trainer.py build/bin || status=1
+  # 16 GiB of backups under an 8 GiB budget: refused, or pageable past it.
+  python3 tests/gpu/backup_budget.py build/bin || status=1
   # Context release through the driver's checkpoint calls, judged by NVML.
   python3 tests/gpu/release_check.py build/bin/gpumemd || status=1
   # NCCL ranks, one GPU each (two where there are two GPUs, else one

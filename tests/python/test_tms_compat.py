@@ -465,6 +465,23 @@ def test_resume_without_room_changes_nothing(make_daemon, tag):
             gt.shutdown()
 
 
+def test_disable_inside_a_region_reuses_one_pool(saver, fake_torch):
+    """Inside an open region no pool can be let go of: disable() then
+    keeps one pool per thread and device for the next disable(), and lets
+    go of it after the first that ends with no region open."""
+    before = len(fake_torch.pools)
+    saver.hook_mode = "torch"
+    with saver.region("outer"):
+        for _ in range(20):
+            with saver.disable():
+                t = fake_torch.empty(MiB, device="cuda:0")
+                del t
+        assert len(fake_torch.pools) - before <= 2  # the region's and one disable() pool
+    with saver.disable():
+        pass
+    assert not gt._disable_pools and len(fake_torch.pools) - before <= 1
+
+
 def test_disable_clears_the_thread_tag(saver, fake_torch):
     gpumem.set_thread_tag("outer", backup=True)
     with saver.disable():
@@ -588,7 +605,8 @@ def _preload_env(daemon, **extra):
 
 
 @pytest.mark.parametrize("names", [("TMS_INIT_ENABLE", "TMS_INIT_ENABLE_CPU_BACKUP"),
-                                   ("GPUMEM_INIT_REGION", None)])
+                                   ("GPUMEM_INIT_REGION", None),
+                                   ("GPUMEM_INIT_REGION", "TMS_INIT_ENABLE_CPU_BACKUP")])
 def test_trainer_starts_inside_a_region(make_daemon, names):
     """Weights and optimizer state allocated before and outside any region
     are paused by pause() (memory given back, by the daemon's figure),

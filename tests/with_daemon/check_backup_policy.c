@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/wire.h"
 #include "gpumem.h"
 #include "harness.h"
 #include "scenario.h"
@@ -224,11 +225,145 @@ START_TEST(a_backup_past_the_limit_is_refused_by_default) {
 }
 END_TEST
 
+/* A resume that another buffer's owner fails rolls a BACKUP_RELEASE
+ * buffer back to PAUSED after its owner copied its backup in and let go
+ * of it: the next resume hands the memory anew, and the contents hold. */
+START_TEST(a_rolled_back_resume_hands_a_released_backup_anew) {
+  daemon_start(&d, NULL);
+  gpumem_client *w = NULL, *ctl = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  gpumem_buffer *rel = NULL;
+  ck_assert_int_eq(
+      gpumem_alloc(w, "weights", 0, 4 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE, &rel), 0);
+  ck_assert_int_eq(gpumem_buffer_fill32(w, rel, 0, 4 * MiB, 0x1234), 0);
+  struct peer p = {0}, c = {0};
+  peer_open(&p, &d, WORKER);
+  peer_open(&c, &d, CONTROLLER);
+  struct pbuf x;
+  peer_alloc(&p, "weights", 0, 2 * MiB, 0, &x);
+  scene_served(&c, &p, &x, 1, false, "weights");
+  peer_op(&c, true, "weights", 0, 0); /* the raw peer fails its remap */
+  struct frame f;
+  wire_env *e = peer_event(&p, &f);
+  ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_REMAP);
+  frame_release(&f);
+  peer_ack(&p, e->id, &x.id, 1, "not this time");
+  wire_env_free(e);
+  wire_env *r = NULL;
+  ck_assert_int_ne(peer_op_wait(&c, &r), CODE(OK));
+  wire_env_free(r);
+  ck_assert_int_eq(gpumem_buffer_mapped(rel), 0);
+  ck_assert_uint_eq(tag_of(ctl, "weights").backup_pinned_bytes, 4 * MiB);
+  peer_op(&c, true, "weights", 0, 0);
+  e = peer_event(&p, &f);
+  scene_serve_event(&p, e, &f, &x, 1);
+  char why[512] = "";
+  wire_code code = peer_op_wait(&c, &r);
+  peer_reply_code(r, why, sizeof why);
+  wire_env_free(r);
+  ck_assert_msg(code == CODE(OK), "the second resume: %s", why);
+  uint32_t v = 0;
+  ck_assert_int_eq(gpumem_buffer_read(w, rel, 0, &v, sizeof v), 0);
+  ck_assert_uint_eq(v, 0x1234);
+  ck_assert_uint_eq(tag_of(ctl, "weights").backup_pinned_bytes, 0);
+  ck_assert_uint_eq(reserved(ctl), 0);
+  peer_unmap(&x);
+  peer_close(&c);
+  peer_close(&p);
+  ck_assert_int_eq(gpumem_free(w, rel), 0);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+}
+END_TEST
+
+/* A BACKUP_RELEASE buffer whose owner cannot unmap it in a resume's
+ * rollback is ACTIVE again: its backup and its room go. */
+START_TEST(a_release_buffer_active_after_a_failed_rollback_lets_go) {
+  daemon_start(&d, NULL);
+  struct peer p = {0}, c = {0};
+  peer_open(&p, &d, WORKER);
+  peer_open(&c, &d, CONTROLLER);
+  struct pbuf bufs[2];
+  peer_alloc(&p, "weights", 0, 4 * MiB, BACKUP | GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE,
+             &bufs[0]);
+  peer_alloc(&p, "weights", 0, 2 * MiB, 0, &bufs[1]);
+  scene_served(&c, &p, bufs, 2, false, "weights");
+  peer_op(&c, true, "weights", 0, 0);
+  struct frame f;
+  wire_env *e = peer_event(&p, &f);
+  ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_REMAP);
+  peer_take_remap(e, &f, bufs, 2);
+  frame_release(&f);
+  peer_ack(&p, e->id, &bufs[1].id, 1, "cannot map this one");
+  wire_env_free(e);
+  e = peer_event(&p, &f); /* the rollback's Unmap of bufs[0] */
+  ck_assert_int_eq(e->body_case, GPUMEM__WIRE__ENVELOPE__BODY_UNMAP);
+  frame_release(&f);
+  peer_ack(&p, e->id, &bufs[0].id, 1, "it stays mapped");
+  wire_env_free(e);
+  wire_env *r = NULL;
+  ck_assert_int_ne(peer_op_wait(&c, &r), CODE(OK));
+  wire_env_free(r);
+  wire_env *st = peer_status(&c);
+  uint64_t held = 0;
+  for (size_t i = 0; i < st->status_reply->n_tags; i++)
+    if (strcmp(st->status_reply->tags[i]->name, "weights") == 0)
+      held = st->status_reply->tags[i]->backup_reserved_bytes +
+             st->status_reply->tags[i]->backup_pinned_bytes;
+  ck_assert_uint_eq(st->status_reply->backup_reserved, 0);
+  wire_env_free(st);
+  ck_assert_uint_eq(held, 0);
+  scene_served(&c, &p, bufs, 2, true, "weights");
+  peer_unmap(&bufs[0]);
+  peer_unmap(&bufs[1]);
+  peer_close(&c);
+  peer_close(&p);
+}
+END_TEST
+
+/* At the host backend's descriptor budget, where each backup is one
+ * descriptor: a pause of BACKUP_RELEASE buffers whose backups' slots do
+ * not all fit fails whole, unmapping nothing, and gives back the slots
+ * it took. */
+START_TEST(a_pause_past_the_descriptor_budget_pauses_nothing) {
+  daemon_start(&d, "--chunk-size", "2M", NULL);
+  struct peer p = {0}, c = {0};
+  peer_open(&p, &d, WORKER);
+  peer_open(&c, &d, CONTROLLER);
+  scene_cap_fds(d.pid, 60);
+  struct pbuf b[64];
+  size_t n = 0;
+  while (n < 64 && peer_try_alloc(&p, "weights", 0, 2 * MiB,
+                                  BACKUP | GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE,
+                                  &b[n]) == CODE(OK))
+    n++;
+  ck_assert_uint_ge(n, 4);
+  ck_assert_int_eq(scene_free_code(&p, b[n - 1].id), CODE(OK)); /* one slot left */
+  peer_unmap(&b[--n]);
+  for (int round = 0; round < 2; round++) {
+    ck_assert_int_eq(scene_op_code(&c, false, "weights"), CODE(LIMIT_EXCEEDED));
+    wire_env *st = peer_status(&c);
+    ck_assert_uint_eq(st->status_reply->backup_reserved, 0);
+    for (size_t i = 0; i < st->status_reply->n_tags; i++)
+      if (strcmp(st->status_reply->tags[i]->name, "weights") == 0)
+        ck_assert_int_eq(st->status_reply->tags[i]->state, GPUMEM__WIRE__BUFFER_STATE__ACTIVE);
+    wire_env_free(st);
+  }
+  for (size_t i = 0; i < n; i++) peer_unmap(&b[i]);
+  peer_close(&c);
+  peer_close(&p);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("backup_policy", 60, NULL, teardown,
                      a_released_backup_exists_only_while_paused,
                      a_pause_whose_backups_do_not_fit_changes_nothing,
                      a_release_policy_without_a_backup_is_refused,
                      a_backup_past_the_limit_can_be_pageable,
-                     a_backup_past_the_limit_is_refused_by_default);
+                     a_backup_past_the_limit_is_refused_by_default,
+                     a_rolled_back_resume_hands_a_released_backup_anew,
+                     a_release_buffer_active_after_a_failed_rollback_lets_go,
+                     a_pause_past_the_descriptor_budget_pauses_nothing);
 }

@@ -6,6 +6,8 @@
  * refusal, from the library and from the daemon's edge. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/wire.h"
 #include "gpumem.h"
@@ -194,9 +196,76 @@ START_TEST(the_daemon_hands_only_its_sessions_paused_backups) {
 }
 END_TEST
 
+/* A pause or resume of weights by c (release: asking for context
+ * release); its code. */
+static int op_code(gpumem_client *c, bool resume, bool release) {
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.release_context = release;
+  const char *tags[] = {"weights"};
+  struct gpumem_op_report *r = NULL;
+  int rc = resume ? gpumem_resume(c, tags, 1, NULL, 0, NULL, &r)
+                  : gpumem_pause(c, tags, 1, NULL, 0, &o, &r);
+  gpumem_op_report_free(r);
+  return rc;
+}
+
+/* A worker whose backups the daemon copies, opted in to context release,
+ * reads its paused buffer's backup (the daemon hands it the memory): its
+ * next pause still releases its context, the memory read having been let
+ * go of with the unmap (so later reads ask the daemon, which hands only a
+ * backup that holds the contents). */
+START_TEST(a_read_keeps_no_memory_past_the_next_pause) {
+  daemon_start(&d, NULL);
+  int to_c[2], to_p[2];
+  ck_assert_int_eq(pipe(to_c), 0);
+  ck_assert_int_eq(pipe(to_p), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    char x;
+    gpumem_client *w = NULL;
+    gpumem_buffer *b = NULL;
+    if (gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER,
+                       GPUMEM_CONNECT_RELEASE_CONTEXT | GPUMEM_CONNECT_DAEMON_COPIES, &w) ||
+        gpumem_alloc(w, "weights", 0, 2 * MiB, GPUMEM_BACKUP, &b) ||
+        gpumem_buffer_fill32(w, b, 0, 2 * MiB, 0x11))
+      _exit(2);
+    (void)!write(to_p[1], "a", 1);
+    (void)!read(to_c[0], &x, 1); /* paused */
+    uint32_t v = 0;
+    int rc = gpumem_backup_read(w, gpumem_buffer_ptr(b), 4, &v);
+    (void)!write(to_p[1], rc == 0 && v == 0x11 ? "r" : "f", 1);
+    (void)!read(to_c[0], &x, 1);
+    _exit(0);
+  }
+  char x;
+  ck_assert_int_eq(read(to_p[0], &x, 1), 1);
+  ck_assert_int_eq(x, 'a');
+  gpumem_client *c = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
+  ck_assert_int_eq(op_code(c, false, false), 0);
+  ck_assert_int_eq(write(to_c[1], "g", 1), 1);
+  ck_assert_int_eq(read(to_p[0], &x, 1), 1);
+  ck_assert_int_eq(x, 'r');
+  ck_assert_int_eq(op_code(c, true, false), 0);
+  ck_assert_msg(op_code(c, false, true) == 0, "the release after a read: %s",
+                gpumem_last_error());
+  ck_assert_int_eq(op_code(c, true, false), 0);
+  ck_assert_int_eq(write(to_c[1], "e", 1), 1);
+  int st;
+  ck_assert_int_eq(waitpid(child, &st, 0), child);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  gpumem_disconnect(c);
+  close(to_c[0]);
+  close(to_c[1]);
+  close(to_p[0]);
+  close(to_p[1]);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("backup_read", 60, NULL, teardown, paused_backups_read_both_ways,
                      a_pooled_allocation_is_read_by_its_address,
                      reads_that_cannot_be_are_refused,
-                     the_daemon_hands_only_its_sessions_paused_backups);
+                     the_daemon_hands_only_its_sessions_paused_backups,
+                     a_read_keeps_no_memory_past_the_next_pause);
 }
