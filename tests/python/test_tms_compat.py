@@ -711,3 +711,49 @@ def test_an_mmap_backup_is_pageable(make_daemon, fake_torch):
             del t
         finally:
             gt.shutdown()
+
+
+def test_two_devices_in_one_process(make_daemon):
+    """Preload mode, one process, regions on two devices: pause() and
+    resume() take both (by the daemon's per-device figures), and
+    gpumem.torch's devices= pauses and resumes one of them alone."""
+    r = run_python(NO_TORCH + r'''
+import ctypes, os, sys
+ctypes.CDLL(os.environ["STUB"], mode=ctypes.RTLD_GLOBAL)
+rt = ctypes.CDLL(None)
+rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+MiB = 1 << 20
+import gpumem
+from faketorch import FakeTorch
+sys.modules["torch"] = FakeTorch()
+import gpumem.torch as gt
+from gpumem.torch_memory_saver import torch_memory_saver as tms
+ctl = gpumem.connect(name="ctl", role="controller")
+
+def free():
+    return [d["free"] for d in ctl.status()["devices"]]
+
+ptrs = []
+for dev in (0, 1):
+    assert rt.cudaSetDevice(dev) == 0
+    with tms.region("kv", enable_cpu_backup=True):
+        p = ctypes.c_void_p()
+        assert rt.cudaMalloc(ctypes.byref(p), 8 * MiB) == 0
+        ctypes.memset(p, 0x40 + dev, 8 * MiB)
+        ptrs.append(p.value)
+f0 = free()
+tms.pause()
+f1 = free()
+assert all(f1[d] - f0[d] >= 8 * MiB for d in (0, 1)), (f0, f1)
+tms.resume()
+assert free() == f0
+gt.pause("kv", devices=[1])
+f2 = free()
+assert f2[0] == f0[0] and f2[1] - f0[1] >= 8 * MiB, (f0, f2)
+gt.resume("kv", devices=[1])
+assert free() == f0
+assert [ctypes.string_at(p + 8 * MiB - 1, 1) for p in ptrs] == [b"\x40", b"\x41"]
+print("both")
+''', _preload_env(make_daemon()))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "both\n"
