@@ -269,6 +269,14 @@ $(O)/tests/libcudart_stub.so: tests/preload/fake_cudart.c $(BUILD_CONFIG)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $(LDFLAGS) -shared -o $@ $< -lpthread
 
+# A test shim that shows a daemon a made-up /proc/meminfo
+# (check_backup_policy).
+$(O)/tests/libfake_meminfo.so: tests/preload/fake_meminfo.c $(BUILD_CONFIG)
+	@mkdir -p $(@D)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $(LDFLAGS) -shared -o $@ $< -ldl
+$(O)/tests/check_backup_policy: $(O)/tests/libfake_meminfo.so
+
 # The app gives TSan (a shared runtime, which finds it only exported:
 # -rdynamic; its other functions are static) its suppressions: see
 # __tsan_default_suppressions in preload_app.c.

@@ -52,6 +52,7 @@
 #include "timeout.h"
 #include "outbox.h"
 #include "outcome.h"
+#include "pageable.h"
 #include "resume_memory.h"
 #include "scope.h"
 #include "stats.h"
@@ -498,57 +499,62 @@ static bool pauses(const struct op *op, const struct buffer *b) {
          b->state == BUF_ACTIVE;
 }
 
-/* Call fn on every BACKUP_RELEASE buffer the pause would take from
- * ACTIVE, until it returns false; false then. */
-static bool each_release(engine *e, struct op *op, bool (*fn)(engine *, struct buffer *, void *),
+/* Call fn on every buffer the pause would take from ACTIVE, until it
+ * returns false; false then. */
+static bool each_pausing(engine *e, struct op *op, bool (*fn)(engine *, struct buffer *, void *),
                          void *arg) {
   for (size_t t = 0; t < op->scope.ntags; t++) {
     struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
     struct list *p;
     for (p = tag ? tag->buffers.next : NULL; tag && p != &tag->buffers; p = p->next) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);
-      if (pauses(op, b) && (b->flags & BUF_FLAG_BACKUP_RELEASE) && !fn(e, b, arg)) return false;
+      if (pauses(op, b) && !fn(e, b, arg)) return false;
     }
   }
   return true;
 }
 
-/* What reserving the backups of a pause met: the bytes it needed, and
- * the first failure. */
-struct reserving {
-  uint64_t need;
-  struct fault fault;
-};
-
-/* Reserve b's backup room for the pause (each_release). */
+/* Reserve the backup room of b, if it lets go (each_pausing). */
 static bool reserve_one(engine *e, struct buffer *b, void *arg) {
-  struct reserving *r = arg;
-  bool had = b->reserved || b->pageable;
-  if (registry_backup_reserve(e->reg, b, &r->fault)) return false;
-  if (!had) r->need += b->size;
-  return true;
+  return !(b->flags & BUF_FLAG_BACKUP_RELEASE) || !registry_backup_reserve(e->reg, b, arg);
 }
 
-/* Give back what reserve_one took (each_release). */
+/* Give back what reserve_one took (each_pausing). */
 static bool unreserve_one(engine *e, struct buffer *b, void *arg) {
   (void)arg;
   registry_backup_unreserve(e->reg, b);
   return true;
 }
 
+/* Add up the pageable backups the pause will make (each_pausing). */
+static bool pageable_need(engine *e, struct buffer *b, void *arg) {
+  (void)e;
+  if ((b->flags & BUF_FLAG_BACKUP) && b->pageable && !b->backup) *(uint64_t *)arg += b->size;
+  return true;
+}
+
 /* Before a pause unmaps anything: reserve the backups its BACKUP_RELEASE
  * buffers will make (bytes against --backup-limit, descriptors where the
- * backend's backups are ones), or fail the pause, changing nothing. */
+ * backend's backups are ones), and see that the kernel has room for the
+ * pageable ones, or fail the pause, changing nothing. */
 static bool backups_fit(engine *e, struct op *op) {
-  struct reserving r = {0};
-  if (each_release(e, op, reserve_one, &r)) return true;
-  each_release(e, op, unreserve_one, NULL);
+  struct fault f = {0};
+  uint64_t need = 0, room = 0;
+  if (each_pausing(e, op, reserve_one, &f)) {
+    each_pausing(e, op, pageable_need, &need);
+    if (!need || need <= (room = pageable_room(NULL, NULL))) return true;
+    fault_set(&f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
+              "%llu bytes of pageable backups, and the kernel says %llu bytes are available "
+              "(MemAvailable, the memory cgroups' headroom)",
+              (unsigned long long)need, (unsigned long long)room);
+  }
+  each_pausing(e, op, unreserve_one, NULL);
   uint64_t reserved = 0, limit = 0;
   registry_backup_budget(e->reg, &reserved, &limit);
-  fail(op, r.fault.code,
+  fail(op, f.code,
        "the pause's backups do not fit (%s); --backup-limit %llu has %llu left (%llu "
        "reserved): nothing was paused; raise the limit, or free or resume backed-up buffers",
-       r.fault.text, (unsigned long long)limit, (unsigned long long)(limit - reserved),
+       f.text, (unsigned long long)limit, (unsigned long long)(limit - reserved),
        (unsigned long long)reserved);
   return false;
 }
@@ -594,7 +600,10 @@ static void start_pause(engine *e, struct op *op) {
       registry_move(e->reg, b, BUF_EV_PAUSE);
     }
   }
-  if (!by_session) fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  if (!by_session) {
+    each_pausing(e, op, unreserve_one, NULL); /* backups_fit's reservations */
+    fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  }
   idmap_destroy(by_session);
   if (op->outcome.held_buffers && !op->outcome.fault.code)
     outcome_fail_in_transit(&op->outcome, "pause");

@@ -41,32 +41,59 @@ static uint64_t mem_available(const char *meminfo) {
   return v;
 }
 
-/* The least headroom of the daemon's cgroup (v2) and its ancestors. */
-static uint64_t cgroup_room(const char *root) {
-  FILE *f = fopen("/proc/self/cgroup", "re");
-  if (!f) return UINT64_MAX;
-  char line[4096], rel[4096] = "";
-  while (fgets(line, sizeof line, f))
-    if (strncmp(line, "0::", 3) == 0) {
-      snprintf(rel, sizeof rel, "%s", line + 3);
-      rel[strcspn(rel, "\n")] = '\0';
-      break;
-    }
-  fclose(f);
+/* The least headroom (limit less usage, by the files named so) of the
+ * cgroup at dir+rel and of its ancestors up to dir. */
+static uint64_t walk_room(const char *dir, const char *rel_in, const char *limit_file,
+                          const char *usage_file) {
+  char rel[4096];
+  snprintf(rel, sizeof rel, "%s", rel_in);
+  if (strstr(rel, "/..")) rel[0] = '\0'; /* outside the namespace's root: its root only */
   uint64_t least = UINT64_MAX;
   for (;;) {
-    char max[8192], cur[8192];
-    snprintf(max, sizeof max, "%s%s/memory.max", root, rel);
-    snprintf(cur, sizeof cur, "%s%s/memory.current", root, rel);
-    uint64_t m = read_number(max), c = read_number(cur);
-    if (m != UINT64_MAX && c != UINT64_MAX) {
-      uint64_t room = m > c ? m - c : 0;
+    char lim[8192], use[8192];
+    snprintf(lim, sizeof lim, "%s%s/%s", dir, rel, limit_file);
+    snprintf(use, sizeof use, "%s%s/%s", dir, rel, usage_file);
+    uint64_t l = read_number(lim), u = read_number(use);
+    if (l != UINT64_MAX && u != UINT64_MAX) {
+      uint64_t room = l > u ? l - u : 0;
       if (room < least) least = room;
     }
     char *slash = strrchr(rel, '/');
     if (!slash || !rel[0]) break;
     *slash = '\0';
   }
+  return least;
+}
+
+/* The least headroom of the daemon's memory cgroups and their ancestors:
+ * v2 (memory.max less memory.current) and v1's memory controller
+ * (memory.limit_in_bytes less memory.usage_in_bytes), whichever the
+ * host has. */
+static uint64_t cgroup_room(const char *root) {
+  FILE *f = fopen("/proc/self/cgroup", "re");
+  if (!f) return UINT64_MAX;
+  char line[4096];
+  uint64_t least = UINT64_MAX;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    /* "hierarchy-id:controllers:path" */
+    char *ctrl = strchr(line, ':');
+    if (!ctrl) continue;
+    *ctrl++ = '\0';
+    char *path = strchr(ctrl, ':');
+    if (!path) continue;
+    *path++ = '\0';
+    uint64_t room = UINT64_MAX;
+    if (strcmp(line, "0") == 0 && !*ctrl) {
+      room = walk_room(root, path, "memory.max", "memory.current");
+    } else if (strcmp(ctrl, "memory") == 0 || strstr(ctrl, "memory,") || strstr(ctrl, ",memory")) {
+      char dir[4096];
+      snprintf(dir, sizeof dir, "%s/memory", root);
+      room = walk_room(dir, path, "memory.limit_in_bytes", "memory.usage_in_bytes");
+    }
+    if (room < least) least = room;
+  }
+  fclose(f);
   return least;
 }
 
@@ -87,12 +114,24 @@ int pageable_make(uint64_t size, void **host, char *why, size_t whylen) {
              size, room);
     return -ENOMEM;
   }
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                 -1, 0);
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     int e = errno;
     snprintf(why, whylen, "mmap of %" PRIu64 " bytes: %s", size, strerror(e));
     return -e;
+  }
+  madvise(p, size, MADV_HUGEPAGE); /* fewer faults; a kernel without THP says no */
+  /* Faulted in now, so that the copy never finds the memory missing (a
+   * kernel before 5.14 has no MADV_POPULATE_WRITE: a write per page). */
+  if (madvise(p, size, MADV_POPULATE_WRITE) < 0) {
+    int e = errno;
+    if (e != EINVAL) {
+      munmap(p, size);
+      snprintf(why, whylen, "faulting in %" PRIu64 " bytes of pageable memory: %s", size,
+               strerror(e));
+      return -e;
+    }
+    for (uint64_t off = 0; off < size; off += 4096) ((volatile char *)p)[off] = 0;
   }
   *host = p;
   return 0;

@@ -645,6 +645,11 @@ static wire_code reserve_now(registry *r, struct buffer *b, struct fault *f) {
   /* Where the backend's memory is descriptors, the backup is one too. */
   wire_code rc = gpudev_fd_per_chunk(r->gpu) ? take_chunks(r, b->uid, 1, f)
                                              : GPUMEM__WIRE__ERROR_CODE__OK;
+  if (rc && r->opt.overflow_pageable) { /* pageable memory is no descriptor */
+    *f = (struct fault){0};
+    b->pageable = true;
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  }
   if (rc) return rc;
   r->backup_buffers[b->device]++;
   r->backup_reserved += b->size;

@@ -846,6 +846,8 @@ def empty_cache(*tags: str) -> int:
         if not tags:
             _doom(_mapped_pools.values())
             _mapped_pools.clear()
+            _doom(_disable_pools.values())
+            _disable_pools.clear()
         _flush()
         _torch_empty_cache()
         c = _client
@@ -890,10 +892,12 @@ def _disposable(tag: Optional[str]) -> Iterator[None]:
             yield
     finally:
         with _lock:
-            gone = not _active and _disable_pools.get(key) == pid
+            # With no block open, every kept disable() pool can go (other
+            # threads' too: a thread that ended never comes back for its).
+            gone = not _active
             if gone:
-                del _disable_pools[key]
-                _doom([pid])
+                _doom(list(_disable_pools.values()))
+                _disable_pools.clear()
                 _flush()
             c = _client
         if gone and c is not None and not c.closed:

@@ -468,7 +468,9 @@ class TorchMemorySaver:
         resumed). None when there is no such backup (the tensor is not
         paused, or was allocated without a backup), as in
         torch_memory_saver. ValueError for a tensor that is not gpumem
-        memory of this process."""
+        memory of this process; gpumem.Error BACKEND_ERROR for a pageable
+        backup (``cpu_backup_backend="mmap"``), which the daemon does not
+        hand out."""
         _gt._check_bool("zero_copy", zero_copy)
         torch = _gt._torch()
         if not isinstance(x, torch.Tensor) or not x.is_cuda:

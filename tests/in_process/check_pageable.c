@@ -3,6 +3,7 @@
  * process is in, from the kernel's files (here a made-up copy of them),
  * and memory past that room is refused, saying so. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,10 +47,30 @@ static void own_cgroup(char *rel, size_t len) {
   if (strcmp(rel, "/") == 0) rel[0] = '\0';
 }
 
+/* This process's cgroup v1 memory controller path (false: none). */
+static bool own_v1_memory(char *rel, size_t len) {
+  FILE *f = fopen("/proc/self/cgroup", "re");
+  char line[4096];
+  bool found = false;
+  while (f && !found && fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    char *ctrl = strchr(line, ':');
+    char *path = ctrl ? strchr(ctrl + 1, ':') : NULL;
+    if (!path) continue;
+    *path++ = '\0';
+    if (strcmp(ctrl + 1, "memory") == 0 || strstr(ctrl + 1, "memory,") || strstr(ctrl + 1, ",memory")) {
+      snprintf(rel, len, "%s", strcmp(path, "/") == 0 ? "" : path);
+      found = true;
+    }
+  }
+  if (f) fclose(f);
+  return found;
+}
+
 START_TEST(the_room_is_the_least_the_kernel_gives) {
   char dir[] = "/tmp/gpumem-pageable.XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
-  char meminfo[128], root[128], cg[8192], path[8300], rel[4096];
+  char meminfo[128], root[128], cg[8192], path[8400], rel[4096];
   snprintf(meminfo, sizeof meminfo, "%s/meminfo", dir);
   snprintf(root, sizeof root, "%s/cg", dir);
   put(meminfo, "MemTotal:       1000000 kB\nMemFree:         10 kB\nMemAvailable:     2048 kB\n");
@@ -70,6 +91,20 @@ START_TEST(the_room_is_the_least_the_kernel_gives) {
   /* A cgroup over its limit leaves nothing. */
   put(path, "1000\n");
   ck_assert_uint_eq(pageable_room(meminfo, root), 0);
+  /* A v1 memory controller's limit counts too, where the process has one. */
+  char v1[4096];
+  if (own_v1_memory(v1, sizeof v1)) {
+    snprintf(path, sizeof path, "%s/memory.max", cg);
+    unlink(path);
+    char v1dir[4300];
+    snprintf(v1dir, sizeof v1dir, "%s/memory%s", root, v1);
+    mkdirs(v1dir);
+    snprintf(path, sizeof path, "%s/memory.limit_in_bytes", v1dir);
+    put(path, "3145728\n");
+    snprintf(path, sizeof path, "%s/memory.usage_in_bytes", v1dir);
+    put(path, "2097152\n");
+    ck_assert_uint_eq(pageable_room(meminfo, root), 1024 * 1024);
+  }
   /* Nothing readable: no figure says no. */
   ck_assert_uint_eq(pageable_room("/nonexistent/meminfo", "/nonexistent"), UINT64_MAX);
   char cmd[256];

@@ -10,6 +10,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
 import warnings
 
 import pytest
@@ -480,6 +481,17 @@ def test_disable_inside_a_region_reuses_one_pool(saver, fake_torch):
     with saver.disable():
         pass
     assert not gt._disable_pools and len(fake_torch.pools) - before <= 1
+    # A pool kept by another thread, which then ended, goes with empty_cache.
+    def kept():
+        with saver.region("outer"):
+            with saver.disable():
+                pass
+    t = threading.Thread(target=kept)
+    t.start()
+    t.join()
+    assert len(gt._disable_pools) == 1
+    gt.empty_cache()
+    assert not gt._disable_pools
 
 
 def test_disable_clears_the_thread_tag(saver, fake_torch):

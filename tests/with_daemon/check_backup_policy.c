@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/wire.h"
 #include "gpumem.h"
@@ -356,6 +357,102 @@ START_TEST(a_pause_past_the_descriptor_budget_pauses_nothing) {
 }
 END_TEST
 
+/* The made-up /proc/meminfo of start_seeing (the test removes it). */
+static char meminfo_path[128];
+
+/* Start the daemon (extra: two more arguments) seeing avail_kb of
+ * MemAvailable in a made-up /proc/meminfo (libfake_meminfo.so), which it
+ * reads whenever it needs the figure. */
+static void start_seeing(unsigned long avail_kb, const char *a1, const char *a2) {
+  char *path = meminfo_path;
+  snprintf(path, sizeof meminfo_path, "/tmp/gpumem-meminfo.%d", (int)getpid());
+  FILE *f = fopen(path, "we");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "MemTotal: 100000000 kB\nMemFree: %lu kB\nMemAvailable: %lu kB\n", avail_kb,
+          avail_kb);
+  fclose(f);
+  const char *asan = getenv("ASAN_OPTIONS");
+  char *saved = asan ? strdup(asan) : NULL, opts[1024];
+  snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", asan ? asan : "", asan ? ":" : "");
+  setenv("ASAN_OPTIONS", opts, 1);
+  setenv("GPUMEM_TEST_MEMINFO", path, 1);
+  setenv("LD_PRELOAD", harness_built("tests/libfake_meminfo.so"), 1);
+  daemon_start(&d, a1, a2, NULL);
+  unsetenv("LD_PRELOAD");
+  unsetenv("GPUMEM_TEST_MEMINFO");
+  if (saved) setenv("ASAN_OPTIONS", saved, 1);
+  else unsetenv("ASAN_OPTIONS");
+  free(saved);
+}
+
+/* A pause whose pageable backups the kernel has no room for (8 MiB
+ * available, 16 MiB wanted) fails before it unmaps anything, saying so;
+ * the buffers beside them stay mapped too, and nothing stays reserved. */
+START_TEST(a_pause_short_of_pageable_room_pauses_nothing) {
+  start_seeing(8 * 1024, "--backup-limit", "64M");
+  gpumem_client *w = NULL, *ctl = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  gpumem_buffer *a = NULL, *b = NULL;
+  ck_assert_int_eq(gpumem_alloc(w, "a", 0, 4 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE, &a), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "b", 0, 16 * MiB,
+                                GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE | GPUMEM_BACKUP_PAGEABLE,
+                                &b), 0);
+  ck_assert_int_eq(gpumem_buffer_fill32(w, b, 0, 16 * MiB, 0xb), 0);
+  const char *tags[] = {"a", "b"};
+  struct gpumem_op_report *r = NULL;
+  ck_assert_int_eq(gpumem_pause(ctl, tags, 2, NULL, 0, NULL, &r), GPUMEM_E_OUT_OF_MEMORY);
+  gpumem_op_report_free(r);
+  ck_assert_msg(strstr(gpumem_last_error(), "16777216 bytes of pageable backups") &&
+                    strstr(gpumem_last_error(), "nothing was paused"),
+                "%s", gpumem_last_error());
+  ck_assert_int_eq(gpumem_buffer_mapped(a), 1);
+  ck_assert_int_eq(gpumem_buffer_mapped(b), 1);
+  ck_assert_int_eq(tag_of(ctl, "a").state, GPUMEM_ACTIVE);
+  ck_assert_uint_eq(reserved(ctl), 0);
+  uint32_t v = 0;
+  ck_assert_int_eq(gpumem_buffer_read(w, b, 0, &v, sizeof v), 0);
+  ck_assert_uint_eq(v, 0xb);
+  ck_assert_int_eq(op(ctl, "a", false), 0); /* the pinned one alone fits */
+  ck_assert_int_eq(op(ctl, "a", true), 0);
+  ck_assert_int_eq(gpumem_free(w, a), 0);
+  ck_assert_int_eq(gpumem_free(w, b), 0);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+  unlink(meminfo_path);
+}
+END_TEST
+
+/* Under --backup-overflow pageable, a backup that does not fit the
+ * descriptor budget is pageable memory too (it takes no descriptor). */
+START_TEST(overflow_helps_at_the_descriptor_budget) {
+  daemon_start(&d, "--chunk-size", "2M", "--backup-overflow", "pageable", NULL);
+  struct peer p = {0}, c = {0};
+  peer_open(&p, &d, WORKER);
+  peer_open(&c, &d, CONTROLLER);
+  scene_cap_fds(d.pid, 60);
+  struct pbuf b[64];
+  size_t n = 0;
+  while (n < 64 && peer_try_alloc(&p, "weights", 0, 2 * MiB,
+                                  BACKUP | GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE,
+                                  &b[n]) == CODE(OK))
+    n++;
+  ck_assert_uint_ge(n, 4);
+  scene_served(&c, &p, b, n, false, "weights");
+  wire_env *st = peer_status(&c);
+  uint64_t pageable = 0;
+  for (size_t i = 0; i < st->status_reply->n_tags; i++)
+    if (strcmp(st->status_reply->tags[i]->name, "weights") == 0)
+      pageable = st->status_reply->tags[i]->backup_pageable_bytes;
+  wire_env_free(st);
+  ck_assert_uint_gt(pageable, 0);
+  scene_served(&c, &p, b, n, true, "weights");
+  for (size_t i = 0; i < n; i++) peer_unmap(&b[i]);
+  peer_close(&c);
+  peer_close(&p);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("backup_policy", 60, NULL, teardown,
                      a_released_backup_exists_only_while_paused,
@@ -365,5 +462,7 @@ int main(void) {
                      a_backup_past_the_limit_is_refused_by_default,
                      a_rolled_back_resume_hands_a_released_backup_anew,
                      a_release_buffer_active_after_a_failed_rollback_lets_go,
-                     a_pause_past_the_descriptor_budget_pauses_nothing);
+                     a_pause_past_the_descriptor_budget_pauses_nothing,
+                     a_pause_short_of_pageable_room_pauses_nothing,
+                     overflow_helps_at_the_descriptor_budget);
 }
