@@ -427,10 +427,14 @@ wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, u
   if (!(b->flags & BUF_FLAG_BACKUP))
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "buffer %llu has no backup (allocated without BACKUP)", id);
-  if (b->state != BUF_PAUSED || !b->backup_valid || !b->backup)
+  if (b->state != BUF_PAUSED)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "buffer %llu is %s: only a paused buffer's backup holds its contents", id,
                      wire_state_name((int)b->state));
+  if (!b->backup_valid || !b->backup)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                     "buffer %llu is PAUSED with no backup of its contents (it was never "
+                     "mapped, or its backup failed)", id);
   if (b->pageable)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
                      "the backup of buffer %llu is the daemon's pageable memory, which cannot "
@@ -577,9 +581,6 @@ void registry_backup_budget(const registry *r, uint64_t *reserved, uint64_t *lim
   *reserved = r->backup_reserved;
   *limit = r->opt.backup_limit;
 }
-
-/* Whether backups past the limit are made pageable instead of refused. */
-bool registry_overflows_pageable(const registry *r) { return r->opt.overflow_pageable; }
 
 /* Host memory already made for BACKUP buffers. */
 uint64_t registry_backup_ready(const registry *r) { return r->backup_ready; }

@@ -316,10 +316,6 @@ void registry_note_last(registry *r, bool to_host, uint64_t bytes, uint64_t us);
 /* The copy figures of the last operation that copied, one way. */
 void registry_last(const registry *r, bool to_host, uint64_t *bytes, uint64_t *us);
 
-/* Whether a backup that would pass the limit is made of pageable memory
- * instead of refused (--backup-overflow pageable). */
-bool registry_overflows_pageable(const registry *r);
-
 /* Host memory reserved by BACKUP buffers, and the limit. */
 void registry_backup_budget(const registry *r, uint64_t *reserved, uint64_t *limit);
 
