@@ -106,7 +106,11 @@ struct engine {
   uv_timer_t timer;
   uv_check_t check;     /* at the turn's end: settles its acks (on_check) */
   uv_idle_t idle;       /* keeps the loop from blocking while acks wait */
-  int open_handles;     /* the timer, the check and the idle, until closed */
+  uv_check_t judge;     /* a timeout is judged here, after the turn read the sockets */
+  uv_idle_t judge_idle; /* and the turn polls without blocking meanwhile */
+  uint64_t timer_gen;   /* bumped by every start and stop of the timer */
+  uint64_t judge_gen;   /* the timer_gen of the timeout being judged */
+  int open_handles;     /* the timer, the checks and the idles, until closed */
   struct list unmapped; /* acked Unmap groups (struct group.unmapped) */
   struct list stragglers;
   idmap *events; /* event id -> group */
@@ -146,8 +150,10 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct co
   uv_timer_init(loop, &e->timer);
   uv_check_init(loop, &e->check);
   uv_idle_init(loop, &e->idle);
-  e->timer.data = e->check.data = e->idle.data = e;
-  e->open_handles = 3;
+  uv_check_init(loop, &e->judge);
+  uv_idle_init(loop, &e->judge_idle);
+  e->timer.data = e->check.data = e->idle.data = e->judge.data = e->judge_idle.data = e;
+  e->open_handles = 5;
   return e;
 }
 
@@ -214,6 +220,8 @@ void engine_destroy(engine *e) {
   uv_close((uv_handle_t *)&e->timer, on_handle_closed);
   uv_close((uv_handle_t *)&e->check, on_handle_closed);
   uv_close((uv_handle_t *)&e->idle, on_handle_closed);
+  uv_close((uv_handle_t *)&e->judge, on_handle_closed);
+  uv_close((uv_handle_t *)&e->judge_idle, on_handle_closed);
 }
 
 /* Queue an operation: a controller's goes ahead of the workers' own ones
@@ -664,6 +672,18 @@ static void remap_or_undo(engine *e, struct op *op, struct buffer **bufs, const 
 static void on_restored(void *arg);
 static void on_timeout(uv_timer_t *t);
 
+/* Start the operation's timer: its owners have timeout_ms from now. */
+static void timer_start(engine *e, struct op *op) {
+  e->timer_gen++;
+  uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
+}
+
+/* Stop the timer (and any timeout not judged yet). */
+static void timer_stop(engine *e) {
+  e->timer_gen++;
+  uv_timer_stop(&e->timer);
+}
+
 /* Resume: memory, contents and fds for every selected buffer, or none. */
 static void start_resume(engine *e, struct op *op) {
   size_t n = 0;
@@ -741,7 +761,7 @@ static void on_restored(void *arg) {
   e->busy = false;
   op->t_sent = uv_hrtime();
   uv_update_time(e->loop);
-  if (op->pending) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
+  if (op->pending) timer_start(e, op);
   check_done(e);
 }
 
@@ -875,7 +895,7 @@ static void check_done(engine *e) {
   if (op->resume && !op->rolling_back) {
     if (op->outcome.fault.code) {
       if (start_rollback(e, op)) {
-        uv_timer_stop(&e->timer);
+        timer_stop(e);
         run_queue(e); /* restarts the timer for the rollback */
         return;
       }
@@ -883,7 +903,7 @@ static void check_done(engine *e) {
       commit_resume(e, op);
     }
   }
-  uv_timer_stop(&e->timer);
+  timer_stop(e);
   if (!op->resume && op->exits == EXITS_UNASKED) { /* once: its owners have answered */
     op->exits = EXITS_RELEASING;
     if (op->release_context && !op->outcome.fault.code && /* only if nothing failed */
@@ -907,11 +927,36 @@ static void check_done(engine *e) {
 /* Owners that did not ack in time: report their pids, keep their buffers
  * in transition (held) for their late acks, and stop waiting; under the
  * kill policy, kill them or end their sessions. */
+/* Nothing: an active idle handle only keeps the turn's poll from
+ * blocking. */
+static void on_judge_idle(uv_idle_t *h) { (void)h; }
+
+static void judge(engine *e);
+
+/* After the turn that found the time out: judge, unless the timer was
+ * started or stopped since (the operation ended, or a rollback began). */
+static void on_judge(uv_check_t *h) {
+  engine *e = h->data;
+  uv_check_stop(&e->judge);
+  uv_idle_stop(&e->judge_idle);
+  if (e->judge_gen == e->timer_gen) judge(e);
+}
+
+/* The owners' time ran out. Judge them after this turn has read what the
+ * sockets hold: an ack that came while the loop was busy (the daemon
+ * copying a backup, say) still counts as in time. */
 static void on_timeout(uv_timer_t *t) {
   engine *e = t->data;
+  e->judge_gen = e->timer_gen;
+  uv_idle_start(&e->judge_idle, on_judge_idle);
+  uv_check_start(&e->judge, on_judge);
+}
+
+/* Judge the owners that did not answer the current operation in time. */
+static void judge(engine *e) {
   struct op *op = e->current;
   if (!op || op->restoring) return; /* nothing sent yet: the timer starts after */
-  settle_unmapped(e); /* acks read before the timer count as answers */
+  settle_unmapped(e); /* acks read before the judgment count as answers */
   bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
   struct timeout_tally tally = {0};
   struct list *p, *n;
@@ -939,7 +984,7 @@ static void run_queue(engine *e) {
   if (op && op->pending) {
     /* A rollback just started: wait for it as long again. */
     uv_update_time(e->loop);
-    uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
+    timer_start(e, op);
     return;
   }
   while (!e->current && !list_empty(&e->queue)) {
@@ -963,7 +1008,7 @@ static void run_queue(engine *e) {
      * events went out may have taken a while since the loop last looked
      * at the clock. */
     uv_update_time(e->loop);
-    if (op->pending && !op->restoring) uv_timer_start(&e->timer, on_timeout, op->timeout_ms, 0);
+    if (op->pending && !op->restoring) timer_start(e, op);
     check_done(e);
   }
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/wire.h"
@@ -453,6 +454,66 @@ START_TEST(overflow_helps_at_the_descriptor_budget) {
 }
 END_TEST
 
+/* The daemon's RssAnon (kB), by the kernel. */
+static unsigned long long anon_kb(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "re");
+  unsigned long long kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "RssAnon: %llu kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb;
+}
+
+/* An owner that acks in time while the daemon is busy copying another
+ * owner's pageable backup on its loop (longer than --ack-timeout) is not
+ * reported late: the timeout is judged after the loop read its ack. */
+START_TEST(an_ack_that_waited_for_a_busy_daemon_is_in_time) {
+  daemon_start(&d, "--ack-timeout", "100ms", NULL);
+  gpumem_client *w = NULL;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  gpumem_buffer *big = NULL;
+  ck_assert_int_eq(
+      gpumem_alloc(w, "t", 0, 512 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_PAGEABLE, &big), 0);
+  ck_assert_int_eq(gpumem_buffer_fill32(w, big, 0, 512 * MiB, 0x77), 0);
+  struct peer b = {0}, c = {0};
+  peer_open(&b, &d, WORKER);
+  peer_open(&c, &d, CONTROLLER);
+  struct pbuf bb;
+  peer_alloc(&b, "t", 0, 2 * MiB, 0, &bb);
+  unsigned long long anon0 = anon_kb(d.pid);
+  peer_op(&c, false, "t", 0, 0);
+  struct frame f;
+  wire_env *e = peer_event(&b, &f);
+  frame_release(&f);
+  /* Ack once the daemon is making the other owner's backup (its RssAnon
+   * grows as it faults the memory in), so that the ack waits for it. */
+  double end = now_ms() + 10000;
+  while (anon_kb(d.pid) < anon0 + 64 * 1024 && now_ms() < end) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  ck_assert_msg(anon_kb(d.pid) >= anon0 + 64 * 1024, "the daemon never made the backup");
+  scene_unmap_ack(&b, e, &bb);
+  wire_env *r = NULL;
+  wire_code code = peer_op_wait(&c, &r);
+  char why[700] = "";
+  peer_reply_code(r, why, sizeof why);
+  wire_env_free(r);
+  ck_assert_msg(code == CODE(OK), "the pause: %s", why);
+  scene_served(&c, &b, &bb, 1, true, "t");
+  uint32_t v = 0;
+  ck_assert_int_eq(gpumem_buffer_read(w, big, 0, &v, sizeof v), 0);
+  ck_assert_uint_eq(v, 0x77);
+  peer_unmap(&bb);
+  peer_close(&c);
+  peer_close(&b);
+  ck_assert_int_eq(gpumem_free(w, big), 0);
+  gpumem_disconnect(w);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("backup_policy", 60, NULL, teardown,
                      a_released_backup_exists_only_while_paused,
@@ -464,5 +525,6 @@ int main(void) {
                      a_release_buffer_active_after_a_failed_rollback_lets_go,
                      a_pause_past_the_descriptor_budget_pauses_nothing,
                      a_pause_short_of_pageable_room_pauses_nothing,
-                     overflow_helps_at_the_descriptor_budget);
+                     overflow_helps_at_the_descriptor_budget,
+                     an_ack_that_waited_for_a_busy_daemon_is_in_time);
 }
