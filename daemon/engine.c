@@ -431,9 +431,6 @@ void engine_settle(engine *e) {
 static void undo_resume(engine *e, struct buffer *b, bool made) {
   if (made) registry_memory_release(e->reg, b);
   registry_move(e->reg, b, BUF_EV_ROLL_BACK);
-  /* Its owner let go of backup memory that lets go as it copied in: hand
-   * it anew next time. */
-  if (b->flags & BUF_FLAG_BACKUP_RELEASE) registry_backup_unhanded(b);
 }
 
 /* An owner answered a rollback Unmap. */

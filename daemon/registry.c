@@ -891,6 +891,9 @@ bool registry_move(registry *r, struct buffer *b, buffer_event ev) {
   /* A backup that lets go goes whenever the buffer is ACTIVE again: after
    * the resume that restored it, or a pause or rollback it never made. */
   if (st == BUF_ACTIVE) registry_backup_let_go(r, b);
+  /* Rolled back, its owner let go of such a backup as it copied it in:
+   * the next resume hands it anew. */
+  if (ev == BUF_EV_ROLL_BACK && (b->flags & BUF_FLAG_BACKUP_RELEASE)) b->handed_to = 0;
   if (ev == BUF_EV_COMMIT) b->tag->paused_devices &= ~(1ull << b->device);
   return true;
 }

@@ -538,13 +538,19 @@ def test_init_connects_and_shutdown_closes(daemon, controller, tag):
 
 # Trainer offload: the process starts inside a region (TMS_INIT_ENABLE=1).
 
-TRAINER = NO_TORCH + r'''
-import ctypes, os, sys, zlib
+# The start of a program under the preload library (_preload_env): the
+# stand-in runtime loaded, as rt, and no PyTorch.
+STUB_PROGRAM = NO_TORCH + r'''
+import ctypes, os, sys
 ctypes.CDLL(os.environ["STUB"], mode=ctypes.RTLD_GLOBAL)
 rt = ctypes.CDLL(None)
 rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
 rt.cudaFree.argtypes = [ctypes.c_void_p]
 MiB = 1 << 20
+'''
+
+TRAINER = STUB_PROGRAM + r'''
+import zlib
 
 def cuda_malloc(n):
     p = ctypes.c_void_p()
@@ -636,11 +642,7 @@ def test_trainer_starts_inside_a_region(make_daemon, names):
 
 
 def test_without_the_initial_region_pause_leaves_the_default_tag(make_daemon):
-    r = run_python(NO_TORCH + (
-        "import ctypes, os\n"
-        "ctypes.CDLL(os.environ['STUB'], mode=ctypes.RTLD_GLOBAL)\n"
-        "rt = ctypes.CDLL(None)\n"
-        "rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]\n"
+    r = run_python(STUB_PROGRAM + (
         "p = ctypes.c_void_p()\n"
         "assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n"
         "from gpumem.torch_memory_saver import torch_memory_saver as tms\n"
@@ -682,11 +684,7 @@ def test_a_bad_initial_region_variable_fails_the_allocation(make_daemon):
     """libgpumem reads TMS_INIT_ENABLE(_CPU_BACKUP) itself, before any Python:
     a value it does not know fails the allocation (the runtime's
     out-of-memory error), saying why, and allocates nothing."""
-    r = run_python(NO_TORCH + (
-        "import ctypes, os\n"
-        "ctypes.CDLL(os.environ['STUB'], mode=ctypes.RTLD_GLOBAL)\n"
-        "rt = ctypes.CDLL(None)\n"
-        "rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]\n"
+    r = run_python(STUB_PROGRAM + (
         "p = ctypes.c_void_p()\n"
         "print(rt.cudaMalloc(ctypes.byref(p), 1 << 20))\n"
         "rt.gpumem_last_error.restype = ctypes.c_char_p\n"
@@ -729,12 +727,7 @@ def test_two_devices_in_one_process(make_daemon):
     """Preload mode, one process, regions on two devices: pause() and
     resume() take both (by the daemon's per-device figures), and
     gpumem.torch's devices= pauses and resumes one of them alone."""
-    r = run_python(NO_TORCH + r'''
-import ctypes, os, sys
-ctypes.CDLL(os.environ["STUB"], mode=ctypes.RTLD_GLOBAL)
-rt = ctypes.CDLL(None)
-rt.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-MiB = 1 << 20
+    r = run_python(STUB_PROGRAM + r'''
 import gpumem
 from faketorch import FakeTorch
 sys.modules["torch"] = FakeTorch()

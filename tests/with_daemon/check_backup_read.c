@@ -18,13 +18,22 @@ static struct daemon d;
 
 static void teardown(void) { scene_stop(&d); }
 
+/* A pause or resume of tag by controller c (release: asking for context
+ * release); its code. */
+static int op_code(gpumem_client *c, const char *tag, bool resume, bool release) {
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.release_context = release;
+  struct gpumem_op_report *r = NULL;
+  int rc = resume ? gpumem_resume(c, &tag, 1, NULL, 0, NULL, &r)
+                  : gpumem_pause(c, &tag, 1, NULL, 0, &o, &r);
+  gpumem_op_report_free(r);
+  return rc;
+}
+
 /* Pause or resume tag through controller ctl, which must succeed. */
 static void op(gpumem_client *ctl, const char *tag, bool resume) {
-  struct gpumem_op_report *r = NULL;
-  int rc = resume ? gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, &r)
-                  : gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, &r);
+  int rc = op_code(ctl, tag, resume, false);
   ck_assert_msg(rc == 0, "%s %s: %s", resume ? "resume" : "pause", tag, gpumem_last_error());
-  gpumem_op_report_free(r);
 }
 
 /* size bytes of a pattern of seed. */
@@ -196,19 +205,6 @@ START_TEST(the_daemon_hands_only_its_sessions_paused_backups) {
 }
 END_TEST
 
-/* A pause or resume of weights by c (release: asking for context
- * release); its code. */
-static int op_code(gpumem_client *c, bool resume, bool release) {
-  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
-  o.release_context = release;
-  const char *tags[] = {"weights"};
-  struct gpumem_op_report *r = NULL;
-  int rc = resume ? gpumem_resume(c, tags, 1, NULL, 0, NULL, &r)
-                  : gpumem_pause(c, tags, 1, NULL, 0, &o, &r);
-  gpumem_op_report_free(r);
-  return rc;
-}
-
 /* A worker whose backups the daemon copies, opted in to context release,
  * reads its paused buffer's backup (the daemon hands it the memory): its
  * next pause still releases its context, the memory read having been let
@@ -242,14 +238,14 @@ START_TEST(a_read_keeps_no_memory_past_the_next_pause) {
   ck_assert_int_eq(x, 'a');
   gpumem_client *c = NULL;
   ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &c), 0);
-  ck_assert_int_eq(op_code(c, false, false), 0);
+  ck_assert_int_eq(op_code(c, "weights", false, false), 0);
   ck_assert_int_eq(write(to_c[1], "g", 1), 1);
   ck_assert_int_eq(read(to_p[0], &x, 1), 1);
   ck_assert_int_eq(x, 'r');
-  ck_assert_int_eq(op_code(c, true, false), 0);
-  ck_assert_msg(op_code(c, false, true) == 0, "the release after a read: %s",
+  ck_assert_int_eq(op_code(c, "weights", true, false), 0);
+  ck_assert_msg(op_code(c, "weights", false, true) == 0, "the release after a read: %s",
                 gpumem_last_error());
-  ck_assert_int_eq(op_code(c, true, false), 0);
+  ck_assert_int_eq(op_code(c, "weights", true, false), 0);
   ck_assert_int_eq(write(to_c[1], "e", 1), 1);
   int st;
   ck_assert_int_eq(waitpid(child, &st, 0), child);
