@@ -30,7 +30,14 @@ PKGS := libuv libprotobuf-c libxxhash
 SYSTEMD ?= $(shell pkg-config --exists libsystemd 2>/dev/null && echo 1 || echo 0)
 ifeq ($(SYSTEMD),1)
 PKGS += libsystemd
-CFLAGS_SYSTEMD := -DHAVE_SYSTEMD
+CFLAGS_HAVE := -DHAVE_SYSTEMD
+endif
+# Disk backups queue their I/O through io_uring where liburing's headers
+# are (make deps installs them); without, they use pread and pwrite.
+LIBURING ?= $(shell pkg-config --exists liburing 2>/dev/null && echo 1 || echo 0)
+ifeq ($(LIBURING),1)
+PKGS += liburing
+CFLAGS_HAVE += -DHAVE_LIBURING
 endif
 WERROR ?= -Werror
 WARN := -Wall -Wextra $(WERROR) -Wshadow -Wformat=2 -Wmissing-prototypes \
@@ -44,7 +51,7 @@ CFLAGS ?= -O2 -g
 ENV_CFLAGS := $(CFLAGS)
 ENV_LDFLAGS := $(LDFLAGS)
 SUBMAKE_ENV = CFLAGS=$(call sq,$(ENV_CFLAGS)) LDFLAGS=$(call sq,$(ENV_LDFLAGS))
-override CFLAGS += $(CPPFLAGS) -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -I. -I$(O)/gen -Iinclude $(CFLAGS_SYSTEMD)
+override CFLAGS += $(CPPFLAGS) -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -I. -I$(O)/gen -Iinclude $(CFLAGS_HAVE)
 ifeq ($(SAN),1)
 override CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 override LDFLAGS += -fsanitize=address,undefined
@@ -269,13 +276,13 @@ $(O)/tests/libcudart_stub.so: tests/preload/fake_cudart.c $(BUILD_CONFIG)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $(LDFLAGS) -shared -o $@ $< -lpthread
 
-# A test shim that shows a daemon a made-up /proc/meminfo
-# (check_backup_policy).
-$(O)/tests/libfake_meminfo.so: tests/preload/fake_meminfo.c $(BUILD_CONFIG)
+# A test shim that shows a daemon a made-up /proc/meminfo and disk
+# (check_backup_policy, check_backup_disk).
+$(O)/tests/libfake_kernel.so: tests/preload/fake_kernel.c $(BUILD_CONFIG)
 	@mkdir -p $(@D)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $(LDFLAGS) -shared -o $@ $< -ldl
-$(O)/tests/check_backup_policy: $(O)/tests/libfake_meminfo.so
+$(O)/tests/check_backup_policy $(O)/tests/check_backup_disk: $(O)/tests/libfake_kernel.so
 
 # The app gives TSan (a shared runtime, which finds it only exported:
 # -rdynamic; its other functions are static) its suppressions: see
@@ -370,7 +377,7 @@ build/fuzz/obj/%.o: %.c $(GEN)
 	@./tools/install-deps.sh fuzz
 	@mkdir -p $(@D)
 	@echo "  FUZZCC  $<"
-	@$(FUZZ_CC) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) $(CFLAGS_SYSTEMD) -MMD -MP -c $< -o $@
+	@$(FUZZ_CC) -fsanitize=fuzzer-no-link $(PKG_CFLAGS) $(CFLAGS_HAVE) -MMD -MP -c $< -o $@
 build/fuzz/fuzz_daemon: tests/fuzz/fuzz_daemon.c tests/procfd.c $(FUZZ_DAEMON_OBJ)
 	@mkdir -p $(@D)
 	@echo "  FUZZ    $@"

@@ -45,6 +45,10 @@ int alloc_buffer(gpumem_client *c, const char *tag, int device, uint64_t size, u
     return error_set(GPUMEM_E_VERSION,
                      "a margin to keep free (gpumem_set_keep_free) needs gpumemd 1.7 or later "
                      "(it speaks 1.%u)", minor);
+  if ((flags & GPUMEM_BACKUP_DISK) && conn_live(c->conn) && minor < 9)
+    return error_set(GPUMEM_E_VERSION,
+                     "GPUMEM_BACKUP_DISK needs gpumemd 1.9 or later (it speaks 1.%u)", minor);
+  if (flags & GPUMEM_BACKUP_DISK) flags |= GPUMEM_BACKUP_RELEASE; /* its host memory lets go */
   ar.tag = (char *)tag;
   ar.device = node < 0 ? 0 : (unsigned)node;
   ar.size = size;

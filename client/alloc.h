@@ -8,6 +8,9 @@
 
 #include "gpumem.h"
 
+/* The flags that say how a backup is kept (each with GPUMEM_BACKUP). */
+#define GPUMEM_BACKUP_POLICY (GPUMEM_BACKUP_RELEASE | GPUMEM_BACKUP_PAGEABLE | GPUMEM_BACKUP_DISK)
+
 /* Allocate a buffer (gpumem_alloc's work); pooled marks it a slab of the
  * pool from the start. Returns 0 with *out, or a negative code. */
 int alloc_buffer(gpumem_client *c, const char *tag, int device, uint64_t size, unsigned flags,

@@ -164,7 +164,9 @@ static void on_unmap(events *e, const Gpumem__Wire__UnmapEvent *ev, struct frame
     const Gpumem__Wire__BackupMemory *m = backup_of(ev, gpumem_buffer_id(bufs[i]), &fd_at);
     if (m) {
       struct backup_mem mem = {m->piece_sizes, m->n_piece_sizes, f->fds + fd_at, m->kept};
-      if (buffer_unmap_into(bufs[i], &mem, e->keep_backups) < 0)
+      /* A backup going to disk: a mapping kept here would keep its memory. */
+      bool keep = e->keep_backups && !(gpumem_buffer_flags(bufs[i]) & GPUMEM_BACKUP_DISK);
+      if (buffer_unmap_into(bufs[i], &mem, keep) < 0)
         failed(fl, gpumem_buffer_id(bufs[i]), GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
                "buffer %llu: %s", (unsigned long long)gpumem_buffer_id(bufs[i]),
                gpumem_last_error());

@@ -61,7 +61,7 @@ struct slab {
 };
 
 /* The flags that make slabs differ beyond tag and device. */
-#define BACKUP_BITS (GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE | GPUMEM_BACKUP_PAGEABLE)
+#define BACKUP_BITS (GPUMEM_BACKUP | GPUMEM_BACKUP_POLICY)
 
 /* A bucket: the slabs of one tag, device and backup policy (BACKUP_BITS). */
 struct bucket {
@@ -302,8 +302,9 @@ int gpumem_malloc(gpumem_client *c, const char *tag, int device, uint64_t size, 
   if ((flags & ~(unsigned)(BACKUP_BITS | GPUMEM_ALLOW_PAUSED)) ||
       ((flags & BACKUP_BITS) && !(flags & GPUMEM_BACKUP)))
     return error_set(GPUMEM_E_INVALID,
-                     "gpumem_malloc takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE and "
-                     "GPUMEM_BACKUP_PAGEABLE (with GPUMEM_BACKUP) and GPUMEM_ALLOW_PAUSED "
+                     "gpumem_malloc takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE, "
+                     "GPUMEM_BACKUP_PAGEABLE and GPUMEM_BACKUP_DISK (with GPUMEM_BACKUP) and "
+                     "GPUMEM_ALLOW_PAUSED "
                      "(flags %#x)", flags);
   if (device < 0) return error_set(GPUMEM_E_INVALID, "device %d does not exist", device);
   uint64_t need = size_round_up(size, POOL_ALIGN);

@@ -95,6 +95,7 @@ static bool copy_tags(struct gpumem_status *s, const Gpumem__Wire__StatusReply *
     o->backup_pinned_bytes = t->backup_pinned_bytes;
     o->backup_reserved_bytes = t->backup_reserved_bytes;
     o->backup_pageable_bytes = t->backup_pageable_bytes;
+    o->backup_disk_bytes = t->backup_disk_bytes;
     if (!(o->name = results_text(t->name))) return false;
   }
   return true;
@@ -270,7 +271,7 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   hello_local_map(c->hello, map);
   struct gpumem_status *s = results_sized(sizeof *s);
   if (!s || !(s->backend = results_text(r->backend)) ||
-      !(s->version = results_text(r->version)) || !copy_devices(map, s, r) ||
+      !(s->version = results_text(r->version)) || !(s->backup_dir = results_text(r->backup_dir)) || !copy_devices(map, s, r) ||
       !copy_tags(s, r) || !copy_sessions(s, r) || !copy_processes(map, s, r) ||
       !results_checks(map, &s->last_pause_checks, &s->nlast_pause_checks, r->last_pause_checks,
                    r->n_last_pause_checks) ||
@@ -295,6 +296,8 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   s->connections_refused = r->connections_refused;
   s->grace_left_ms = r->grace_left_ms;
   s->grace_waiting = r->grace_waiting;
+  s->backup_disk_bytes = r->backup_disk_bytes;
+  s->backup_disk_free = r->backup_disk_free;
   conn_call_done(&reply);
   if ((rc = status_rest(c, s, next_tag, next_session)) < 0) {
     gpumem_status_free(s);
@@ -332,6 +335,7 @@ void gpumem_status_free(struct gpumem_status *s) {
   results_free_array((void **)s->tenants, s->ntenants);
   free((char *)s->backend);
   free((char *)s->version);
+  free((char *)s->backup_dir);
   free(s);
 }
 

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/wire.h"
 #include "default.h"
+#include "alloc.h"
 #include "error.h"
 #include "gpumem.h"
 
@@ -52,11 +53,12 @@ int gpumem_set_thread_tag(const char *tag, unsigned flags) {
   if (!wire_tag_valid(tag))
     return error_set(GPUMEM_E_INVALID, "invalid tag: 1-%d characters of [A-Za-z0-9_.-]",
                      WIRE_TAG_MAX);
-  const unsigned backup = GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE | GPUMEM_BACKUP_PAGEABLE;
+  const unsigned backup = GPUMEM_BACKUP | GPUMEM_BACKUP_POLICY;
   if ((flags & ~(backup | GPUMEM_ALLOW_PAUSED)) || ((flags & backup) && !(flags & GPUMEM_BACKUP)))
     return error_set(GPUMEM_E_INVALID,
-                     "a thread tag takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE and "
-                     "GPUMEM_BACKUP_PAGEABLE (with GPUMEM_BACKUP) and GPUMEM_ALLOW_PAUSED");
+                     "a thread tag takes only GPUMEM_BACKUP, GPUMEM_BACKUP_RELEASE, "
+                     "GPUMEM_BACKUP_PAGEABLE and GPUMEM_BACKUP_DISK (with GPUMEM_BACKUP) and "
+                     "GPUMEM_ALLOW_PAUSED");
   snprintf(thread_tag, sizeof thread_tag, "%s", tag);
   thread_flags = flags;
   return 0;
@@ -137,19 +139,22 @@ static int env_flags(unsigned *flags) {
       *flags |= GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE;
     else if (n == 15 && strncasecmp(v, "backup_pageable", n) == 0)
       *flags |= GPUMEM_BACKUP | GPUMEM_BACKUP_PAGEABLE;
+    else if (n == 11 && strncasecmp(v, "backup_disk", n) == 0)
+      *flags |= GPUMEM_BACKUP | GPUMEM_BACKUP_DISK;
     else if (n == 12 && strncasecmp(v, "allow_paused", n) == 0)
       *flags |= GPUMEM_ALLOW_PAUSED;
     else if (n)
       return error_set(GPUMEM_E_INVALID,
                        "GPUMEM_DEFAULT_FLAGS: unknown flag '%.*s' (backup, backup_release, "
-                       "backup_pageable, allow_paused)",
+                       "backup_pageable, backup_disk, allow_paused)",
                        (int)n, v);
     v += n + (v[n] == ',');
   }
-  bool init, backup, retain;
+  bool init, backup, retain, disk;
   bool gpumem_init;
   if (env_bool("TMS_INIT_ENABLE", &init) < 0 || env_bool("GPUMEM_INIT_REGION", &gpumem_init) < 0 ||
       env_bool("TMS_INIT_ENABLE_CPU_BACKUP", &backup) < 0 ||
+      env_bool("TMS_INIT_ENABLE_DISK_BACKUP", &disk) < 0 ||
       env_bool("TMS_RETAIN_CPU_BACKUP", &retain) < 0)
     return GPUMEM_E_INVALID;
   init = init || gpumem_init;
@@ -159,6 +164,8 @@ static int env_flags(unsigned *flags) {
     *flags |= GPUMEM_BACKUP_RELEASE;
   const char *kind = getenv("TMS_INIT_CPU_BACKUP_BACKEND");
   if (init && backup && kind && strcmp(kind, "mmap") == 0) *flags |= GPUMEM_BACKUP_PAGEABLE;
+  /* torch_memory_saver's disk backups: the daemon's --backup-dir keeps them. */
+  if (init && disk) *flags |= GPUMEM_BACKUP | GPUMEM_BACKUP_DISK;
   return 0;
 }
 

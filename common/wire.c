@@ -174,9 +174,13 @@ static wire_code check_scope(size_t npids, const uint32_t *pids, const char *pre
 /* Flags a client may ask for. */
 static bool flags_ok(uint32_t flags) {
   const uint32_t policy = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE |
-                          GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_PAGEABLE;
+                          GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_PAGEABLE |
+                          GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK;
   if ((flags & policy) && !(flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP))
     return false; /* a policy for a backup there is none of */
+  if ((flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK) &&
+      !(flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE))
+    return false; /* a backup on disk lets go of its host memory */
   return !(flags & ~(uint32_t)(GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
                                GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY |
                                GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED | policy));
@@ -235,7 +239,7 @@ static wire_code check_adopt(const Gpumem__Wire__AdoptRequest *a, size_t nfds, c
       return refuse(bad, why, whylen, "adopt buffer %zu: invalid tag", i);
     if (!flags_ok(b->flags))
       return refuse(bad, why, whylen,
-                    "adopt buffer %zu: unknown flags 0x%x (or a backup policy without BACKUP)", i,
+                    "adopt buffer %zu: unknown flags 0x%x (or a backup policy without BACKUP, or BACKUP_DISK without BACKUP_RELEASE)", i,
                     b->flags);
     if ((b->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY) &&
         (b->paused || (b->flags & ~(uint32_t)GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY)))
@@ -279,7 +283,7 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
     if (!wire_tag_valid(env->alloc->tag)) return refuse_tag(env->alloc->tag, why, whylen);
     if (env->alloc->size == 0) return refuse(bad, why, whylen, "size is zero");
     if (!flags_ok(env->alloc->flags))
-      return refuse(bad, why, whylen, "unknown flags 0x%x (or a backup policy without BACKUP)",
+      return refuse(bad, why, whylen, "unknown flags 0x%x (or a backup policy without BACKUP, or BACKUP_DISK without BACKUP_RELEASE)",
                     env->alloc->flags);
     if ((env->alloc->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY) &&
         (env->alloc->flags & (GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |

@@ -200,7 +200,7 @@ static void print_status_json(const struct gpumem_status *s) {
            "\"paused_bytes\":%llu,\"backup_bytes\":%llu,\"mixed\":%s,\"transit_buffers\":%llu,"
            "\"transit_bytes\":%llu,\"owner_uid\":%u,\"owned\":%s,\"shared\":%s,"
            "\"backup_pinned_bytes\":%llu,\"backup_reserved_bytes\":%llu,"
-           "\"backup_pageable_bytes\":%llu}",
+           "\"backup_pageable_bytes\":%llu,\"backup_disk_bytes\":%llu}",
            gpumem_state_name(t->state), (unsigned long long)t->buffers,
            (unsigned long long)t->bytes, (unsigned long long)t->paused_buffers,
            (unsigned long long)t->paused_bytes, (unsigned long long)t->backup_bytes,
@@ -208,7 +208,8 @@ static void print_status_json(const struct gpumem_status *s) {
            (unsigned long long)t->transit_bytes, t->owner_uid, json_bool(t->owned),
            json_bool(t->shared), (unsigned long long)t->backup_pinned_bytes,
            (unsigned long long)t->backup_reserved_bytes,
-           (unsigned long long)t->backup_pageable_bytes);
+           (unsigned long long)t->backup_pageable_bytes,
+           (unsigned long long)t->backup_disk_bytes);
   }
   printf("],\"sessions\":[");
   for (size_t i = 0; i < s->nsessions; i++) {
@@ -248,11 +249,14 @@ static void print_status_json(const struct gpumem_status *s) {
   json_checks(s->last_pause_checks, s->nlast_pause_checks);
   printf("],\"backups\":{\"reserved\":%llu,\"ready\":%llu,\"limit\":%llu,"
          "\"last_backup_bytes\":%llu,\"last_backup_us\":%llu,\"last_restore_bytes\":%llu,"
-         "\"last_restore_us\":%llu}}\n",
+         "\"last_restore_us\":%llu,\"disk_bytes\":%llu,\"disk_free\":%llu,\"dir\":",
          (unsigned long long)s->backup_reserved, (unsigned long long)s->backup_ready,
          (unsigned long long)s->backup_limit,
          (unsigned long long)s->last_backup_bytes, (unsigned long long)s->last_backup_us,
-         (unsigned long long)s->last_restore_bytes, (unsigned long long)s->last_restore_us);
+         (unsigned long long)s->last_restore_bytes, (unsigned long long)s->last_restore_us,
+         (unsigned long long)s->backup_disk_bytes, (unsigned long long)s->backup_disk_free);
+  json_str(s->backup_dir);
+  printf("}}\n");
 }
 
 /* Memory in use on a device that gpumemd does not manage is what leaks
@@ -377,6 +381,12 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
     printf("; last resume copied %s at %.1f GB/s", size_format(s->last_restore_bytes, d, sizeof d),
            (double)s->last_restore_bytes / (double)s->last_restore_us / 1e3);
   printf("\n");
+  if (s->backup_dir && s->backup_dir[0]) {
+    char where[512];
+    printf("disk backups: %s in %s (%s free)\n", size_format(s->backup_disk_bytes, a, sizeof a),
+           printable(s->backup_dir, where, sizeof where),
+           size_format(s->backup_disk_free, b, sizeof b));
+  }
   printf("\n%-20s %-9s %7s %11s %11s %11s %11s %s\n", "TAG", "STATE", "BUFFERS", "BYTES",
          "RELEASED", "BACKUP", "IN TRANSIT", "OWNER");
   for (size_t i = 0; i < s->ntags; i++) {

@@ -20,6 +20,8 @@ struct config {
   uint64_t backup_limit;
   bool verify_backups;
   bool overflow_pageable; /* --backup-overflow pageable */
+  const char *backup_dir;  /* --backup-dir, NULL: none */
+  struct backup_disk *backup_disk; /* it, opened by main (backup_disk.h) */
   uint32_t ack_timeout_ms;
   uint32_t exit_wait_ms; /* a pause waits this long for ended owners to leave the driver */
   uint32_t lock_timeout_ms;    /* a context release waits this long for device calls */

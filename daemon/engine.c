@@ -55,6 +55,7 @@
 #include "pageable.h"
 #include "resume_memory.h"
 #include "scope.h"
+#include "spill.h"
 #include "stats.h"
 
 struct op {
@@ -72,6 +73,7 @@ struct op {
   uint64_t max_residual;
   bool release_context; /* release workers' device state once paused (ctxrelease.h) */
   uint64_t t0, t_sent; /* start; all events sent (phase one done) */
+  uint64_t t_disk;     /* its disk step's start */
   struct list groups;
   size_t pending; /* groups not done */
   uint64_t copied0, copy_us0; /* the registry's copy totals at the start */
@@ -89,6 +91,13 @@ struct op {
   struct buffer **restore_bufs; /* room for them, found again after */
   size_t nrestore;
   struct fault restore_fault;
+  /* Its disk step (spill.h): a pause writes its BACKUP_DISK buffers'
+   * backups (disk_ids: those it released) once its owners answered; a
+   * resume reads theirs back before anything else. */
+  enum { DISK_NONE, DISK_RUNNING, DISK_DONE } disk;
+  uint64_t *disk_ids;
+  size_t ndisk, capdisk;
+  spill *spill;
   struct outcome outcome;     /* what it did and could not do, its failure */
 };
 
@@ -108,6 +117,7 @@ struct engine {
   uv_idle_t idle;       /* keeps the loop from blocking while acks wait */
   uv_check_t judge;     /* a timeout is judged here, after the turn read the sockets */
   uv_idle_t judge_idle; /* and the turn polls without blocking meanwhile */
+  bool stopping;        /* engine_destroy runs */
   uint64_t timer_gen;   /* bumped by every start and stop of the timer */
   uint64_t judge_gen;   /* the timer_gen of the timeout being judged */
   int open_handles;     /* the timer, the checks and the idles, until closed */
@@ -167,6 +177,7 @@ static void op_free(engine *e, struct op *op) {
   free(op->restore_ids);
   free(op->restore_made);
   free(op->restore_bufs);
+  free(op->disk_ids);
   free(op);
 }
 
@@ -196,6 +207,8 @@ void engine_set_grace(engine *e, const grace *g) { e->grace = g; }
 /* Answer every operation with SHUTTING_DOWN and free the engine. */
 void engine_destroy(engine *e) {
   if (!e) return;
+  e->stopping = true;
+  if (e->current && e->current->spill) spill_finish(e->current->spill); /* its files settle */
   struct list *p, *t;
   const char *why = "gpumemd is shutting down; the operation did not complete";
   list_for_each_safe(p, t, &e->queue) {
@@ -296,6 +309,29 @@ static void count(struct op *op, const struct buffer *b) {
   }
 }
 
+/* Remember b, released with its backup in host memory, for the pause's
+ * disk step; a straggler's (no operation) keeps it in host memory. */
+static void note_disk(struct op *op, const struct buffer *b) {
+  unsigned long long id = (unsigned long long)b->id;
+  if (!op) {
+    log_warn("buffer %llu: paused by a late ack, its backup stays in host memory (a pause "
+             "writes backups to disk only for the owners that answered it)", id);
+    return;
+  }
+  if (op->ndisk == op->capdisk) {
+    size_t cap = op->capdisk ? op->capdisk * 2 : 16;
+    uint64_t *ids = realloc(op->disk_ids, cap * sizeof *ids);
+    if (!ids) {
+      fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL,
+           "out of host memory: the backup of buffer %llu stays in host memory", id);
+      return;
+    }
+    op->disk_ids = ids;
+    op->capdisk = cap;
+  }
+  op->disk_ids[op->ndisk++] = b->id;
+}
+
 /* A PAUSED buffer that still has memory: back it up (unless its owner
  * did: copied_us since the Unmap went out, else 0) and release it, unless
  * its owner still maps it or its backup fails (then it keeps its memory,
@@ -332,6 +368,7 @@ static void release(engine *e, struct op *op, struct buffer *b, bool still_held,
   stats_bytes(e->stats, false, b->size);
   if (op) stats_op_progress(op->rec, b->size, copied);
   count(op, b);
+  if (b->flags & BUF_FLAG_BACKUP_DISK) note_disk(op, b);
 }
 
 /* The group's i-th buffer, which its owner's answer is about, while it is
@@ -531,6 +568,30 @@ static bool unreserve_one(engine *e, struct buffer *b, void *arg) {
   return true;
 }
 
+/* Add up the backups the pause will write to disk (each_pausing). */
+static bool disk_need(engine *e, struct buffer *b, void *arg) {
+  (void)e;
+  if (b->flags & BUF_FLAG_BACKUP_DISK) *(uint64_t *)arg += b->size;
+  return true;
+}
+
+/* Whether the backup directory takes what the pause will write: else the
+ * pause fails before it changes anything. */
+static bool disk_fits(engine *e, struct op *op) {
+  uint64_t need = 0;
+  each_pausing(e, op, disk_need, &need);
+  if (!need) return true;
+  char why[512];
+  if (!e->cfg->backup_disk)
+    snprintf(why, sizeof why, "this gpumemd has no --backup-dir");
+  else if (backup_disk_check(e->cfg->backup_disk, need, why, sizeof why) == 0)
+    return true;
+  fail(op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+       "the pause's disk backups (%llu bytes) cannot be written: %s: nothing was paused",
+       (unsigned long long)need, why);
+  return false;
+}
+
 /* Add up the pageable backups the pause will make (each_pausing). */
 static bool pageable_need(engine *e, struct buffer *b, void *arg) {
   (void)e;
@@ -567,7 +628,7 @@ static bool backups_fit(engine *e, struct op *op) {
 /* Phase one of a pause: mark buffers and ask their owners to unmap. */
 static void start_pause(engine *e, struct op *op) {
   if (!scope_resolve(&op->scope, e->reg, e->owners, e->grace, &op->outcome)) return;
-  if (!backups_fit(e, op)) return;
+  if (!disk_fits(e, op) || !backups_fit(e, op)) return;
   devcheck_before(e->reg, e->gpu, op->scope.devmask, op->dev, op->ndev);
   idmap *by_session = idmap_create();
   for (size_t t = 0; t < op->scope.ntags && by_session; t++) {
@@ -681,15 +742,100 @@ static void timer_stop(engine *e) {
   uv_timer_stop(&e->timer);
 }
 
-/* Resume: memory, contents and fds for every selected buffer, or none. */
+static void resume_collected(engine *e, struct op *op);
+static void first_phase(engine *e, struct op *op);
+
+/* The resume's disk reads ended: every backup is in host memory again,
+ * and the resume goes on; or none is (the failure recorded), and it ends
+ * with nothing resumed. */
+static void on_disk_read(void *arg, struct spill_item *items, size_t n, bool ok) {
+  engine *e = arg;
+  struct op *op = e->current;
+  const struct spill_item *bad = NULL;
+  for (size_t i = 0; i < n; i++) {
+    struct spill_item *it = &items[i];
+    struct buffer *b = registry_find(e->reg, it->id);
+    if (it->io.rc && !bad) bad = it;
+    if (b && registry_on_disk(b) && ok) {
+      registry_disk_loaded(e->reg, b, it->io.host);
+      continue;
+    }
+    if (b) registry_backup_unreserve(e->reg, b);
+    if (it->io.host && it->pageable) pageable_free(it->io.host, it->io.size);
+    else if (it->io.host) hostmem_free(e->gpu, it->dev, it->io.host, it->io.size);
+  }
+  log_info("resume: %zu backups read back from %s in %.3f s%s", n,
+           backup_disk_path(e->cfg->backup_disk), (double)(uv_hrtime() - op->t_disk) / 1e9,
+           ok ? "" : " (failed)");
+  if (!ok)
+    fail(op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+         "the backup of buffer %llu could not be read back from %s (%s); nothing resumed",
+         bad ? (unsigned long long)bad->id : 0ull, backup_disk_path(e->cfg->backup_disk),
+         bad ? bad->io.why : "out of host memory");
+  free(items);
+  op->spill = NULL;
+  op->disk = DISK_DONE;
+  if (e->stopping) return;
+  if (ok) first_phase(e, op); /* the rest of the resume */
+  else check_done(e);
+}
+
+/* Before a resume hands anything out: read back the backups that are only
+ * on disk, into host memory reserved and made for them. True when the
+ * resume waits for that (or failed doing it, the failure recorded, with
+ * nothing changed); false when no backup is on disk. */
+static bool start_disk_reads(engine *e, struct op *op, struct buffer **bufs, size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) k += registry_on_disk(bufs[i]);
+  if (!k) return false;
+  op->disk = DISK_DONE;
+  struct spill_item *items = calloc(k + 1, sizeof *items);
+  struct fault f = {0};
+  size_t m = 0;
+  if (!items) fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  for (size_t i = 0; !f.code && i < n; i++) {
+    struct buffer *b = bufs[i];
+    if (!registry_on_disk(b) || registry_backup_reserve(e->reg, b, &f)) continue;
+    items[m++] = (struct spill_item){.id = b->id, .dev = b->device, .pageable = b->pageable,
+                                     .io = {.size = b->size, .fd = b->disk_fd}};
+  }
+  char why[256] = "";
+  if (!f.code && !(op->spill = spill_start(e->loop, e->cfg->backup_disk, e->gpu, items, m, true,
+                                           on_disk_read, e, why, sizeof why)))
+    fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "%s", why);
+  if (!f.code) {
+    op->disk = DISK_RUNNING;
+    op->t_disk = uv_hrtime();
+    return true;
+  }
+  for (size_t i = 0; i < m; i++) {
+    struct buffer *b = registry_find(e->reg, items[i].id);
+    if (b) registry_backup_unreserve(e->reg, b);
+  }
+  free(items);
+  fail(op, f.code, "%s; nothing resumed", f.text);
+  return true;
+}
+
+/* Resume: memory, contents and fds for every selected buffer, or none;
+ * backups on disk are read back first. */
 static void start_resume(engine *e, struct op *op) {
+  size_t n = 0;
+  struct buffer **bufs = NULL;
+  if (!scope_resolve(&op->scope, e->reg, e->owners, e->grace, &op->outcome)) return;
+  if (collect_paused(e, op, &bufs, &n) && !start_disk_reads(e, op, bufs, n))
+    resume_collected(e, op);
+  free(bufs);
+}
+
+/* The resume's buffers, found again (a session may have ended while
+ * their backups were read back), each with its backup in host memory. */
+static void resume_collected(engine *e, struct op *op) {
   size_t n = 0;
   struct buffer **bufs = NULL;
   bool *made = NULL;
   idmap *by_session = NULL;
-  if (!scope_resolve(&op->scope, e->reg, e->owners, e->grace, &op->outcome) ||
-      !collect_paused(e, op, &bufs, &n))
-    goto out;
+  if (!collect_paused(e, op, &bufs, &n)) goto out;
   for (size_t i = 0; i < n; i++) stats_op_cover(op->rec, bufs[i]->size);
   devcheck_before(e->reg, e->gpu, op->scope.devmask, op->dev, op->ndev);
   if (!(made = calloc(n + 1, sizeof *made)) || !(by_session = idmap_create())) {
@@ -859,6 +1005,69 @@ static void reply(engine *e, struct op *op) {
 }
 
 /* Whether a session of pid is still open. */
+/* The pause's disk writes ended: each backup is in its file now, or (its
+ * write failed, the failure recorded) still in host memory. */
+static void on_disk_written(void *arg, struct spill_item *items, size_t n, bool ok) {
+  engine *e = arg;
+  struct op *op = e->current;
+  uint64_t bytes = 0;
+  (void)ok;
+  for (size_t i = 0; i < n; i++) {
+    struct spill_item *it = &items[i];
+    if (registry_disk_written(e->reg, it->id, it->io.host, it->io.size, it->dev, it->pageable,
+                              it->io.fd))
+      bytes += it->io.size;
+    else if (it->io.rc)
+      fail(op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+           "the backup of buffer %llu was not written to %s (%s); it stays in host memory",
+           (unsigned long long)it->id, backup_disk_path(e->cfg->backup_disk), it->io.why);
+  }
+  double s_ = (double)(uv_hrtime() - op->t_disk) / 1e9;
+  log_info("pause: %llu bytes of backups written to %s in %.3f s (%.2f GiB/s, %s)",
+           (unsigned long long)bytes, backup_disk_path(e->cfg->backup_disk), s_,
+           s_ > 0 ? (double)bytes / s_ / (1 << 30) : 0.0, backup_disk_engine(e->cfg->backup_disk));
+  free(items);
+  op->spill = NULL;
+  op->disk = DISK_DONE;
+  if (!e->stopping) check_done(e);
+}
+
+/* Start the pause's disk writes: true while they run (check_done waits),
+ * false when there was nothing to write or they could not start (the
+ * backups stay in host memory, the failure recorded). */
+static bool start_disk_writes(engine *e, struct op *op) {
+  op->disk = DISK_DONE;
+  struct spill_item *items = calloc(op->ndisk + 1, sizeof *items);
+  size_t n = 0;
+  for (size_t i = 0; items && i < op->ndisk; i++) {
+    struct buffer *b = registry_find(e->reg, op->disk_ids[i]);
+    if (!b || b->state != BUF_PAUSED || !b->backup_valid || !b->backup || b->spilling ||
+        b->disk_fd >= 0)
+      continue;
+    items[n++] = (struct spill_item){.id = b->id, .dev = b->device, .pageable = b->pageable,
+                                     .io = {.size = b->size, .fd = -1}};
+    items[n - 1].io.host = registry_disk_take(e->reg, b);
+  }
+  char why[256] = "out of host memory";
+  spill *sp = n && e->cfg->backup_disk
+                  ? spill_start(e->loop, e->cfg->backup_disk, e->gpu, items, n, false,
+                                on_disk_written, e, why, sizeof why)
+                  : NULL;
+  if (sp) {
+    op->spill = sp;
+    op->disk = DISK_RUNNING;
+    op->t_disk = uv_hrtime();
+    return true;
+  }
+  for (size_t i = 0; i < n; i++)
+    registry_disk_written(e->reg, items[i].id, items[i].io.host, items[i].io.size, items[i].dev,
+                          items[i].pageable, -1);
+  if (n || !items)
+    fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "%s: backups stay in host memory", why);
+  free(items);
+  return false;
+}
+
 static bool has_session(void *arg, int pid) {
   engine *e = arg;
   for (struct list *p = e->owners->next; p != e->owners; p = p->next)
@@ -886,8 +1095,8 @@ static void on_exits_gone(void *arg) {
  * its owners that ended to leave the driver (exitwait.h). */
 static void check_done(engine *e) {
   struct op *op = e->current;
-  if (e->busy || !op || op->restoring || op->pending || op->exits == EXITS_WAITING ||
-      op->exits == EXITS_RELEASING)
+  if (e->busy || !op || op->restoring || op->pending || op->disk == DISK_RUNNING ||
+      op->exits == EXITS_WAITING || op->exits == EXITS_RELEASING)
     return;
   if (op->resume && !op->rolling_back) {
     if (op->outcome.fault.code) {
@@ -901,6 +1110,7 @@ static void check_done(engine *e) {
     }
   }
   timer_stop(e);
+  if (!op->resume && op->disk == DISK_NONE && op->ndisk && start_disk_writes(e, op)) return;
   if (!op->resume && op->exits == EXITS_UNASKED) { /* once: its owners have answered */
     op->exits = EXITS_RELEASING;
     if (op->release_context && !op->outcome.fault.code && /* only if nothing failed */
@@ -994,20 +1204,28 @@ static void run_queue(engine *e) {
                              op->scope.all_tags ? 0 : op->scope.ntags,
                              op->pid, op->uid);
     registry_copy_totals(e->reg, !op->resume, &op->copied0, &op->copy_us0);
-    e->busy = true;
-    if (op->resume)
-      start_resume(e, op);
-    else
-      start_pause(e, op);
-    e->busy = false;
-    op->t_sent = uv_hrtime();
-    /* Owners get the whole timeout from now: restoring backups before the
-     * events went out may have taken a while since the loop last looked
-     * at the clock. */
-    uv_update_time(e->loop);
-    if (op->pending && !op->restoring) timer_start(e, op);
-    check_done(e);
+    first_phase(e, op);
   }
+}
+
+/* Run an operation's first phase (a resume's after its disk reads, if it
+ * had any), then start its owners' clock. */
+static void first_phase(engine *e, struct op *op) {
+  e->busy = true;
+  if (op->resume && op->disk == DISK_DONE)
+    resume_collected(e, op);
+  else if (op->resume)
+    start_resume(e, op);
+  else
+    start_pause(e, op);
+  e->busy = false;
+  op->t_sent = uv_hrtime();
+  /* Owners get the whole timeout from now: restoring backups before the
+   * events went out may have taken a while since the loop last looked
+   * at the clock. */
+  uv_update_time(e->loop);
+  if (op->pending && !op->restoring) timer_start(e, op);
+  check_done(e);
 }
 
 /* The driver's figures of the last pause. */

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/size.h"
 #include "common/wire.h"
+#include "backup_disk.h"
 #include "config.h"
 #include "ctxrelease.h"
 #include "fdbudget.h"
@@ -39,6 +40,9 @@ static void usage(FILE *out) {
           "  --backup-overflow WHAT    a backup past --backup-limit: error (default: refused,\n"
           "                            naming the limit) or pageable (pageable host memory,\n"
           "                            made where the kernel has room; the daemon copies it)\n"
+          "  --backup-dir DIR          keep BACKUP_DISK buffers' backups in files here while\n"
+          "                            paused (direct I/O; a directory only root and the\n"
+          "                            daemon's uid can change; default: none)\n"
           "  --verify-backups          hash backups; fail a resume whose restore differs\n"
           "  --ack-timeout DURATION    wait for workers' acks (default 10s; 500ms, 2s)\n"
           "  --exit-wait DURATION      a pause waits this long for workers that died during\n"
@@ -278,6 +282,7 @@ int main(int argc, char **argv) {
       {"backup-limit", required_argument, 0, 'k'},
       {"verify-backups", no_argument, 0, 'v'},
       {"backup-overflow", required_argument, 0, 'o'},
+      {"backup-dir", required_argument, 0, 'W'},
       {"ack-timeout", required_argument, 0, 't'},
       {"exit-wait", required_argument, 0, 'X'},
       {"lock-timeout", required_argument, 0, 'L'},
@@ -330,6 +335,7 @@ int main(int argc, char **argv) {
       break;
     }
     case 'b': cfg.backend = optarg; break;
+    case 'W': cfg.backup_dir = optarg; break;
     case 'v': cfg.verify_backups = true; break;
     case 'o':
       if (strcmp(optarg, "error") == 0) cfg.overflow_pageable = false;
@@ -400,10 +406,24 @@ int main(int argc, char **argv) {
   snprintf(journal, sizeof journal, "%s.released", cfg.socket_path);
   cfg.release_journal = journal;
   signal(SIGPIPE, SIG_IGN);
+  /* A backup file past the file size limit fails its write (EFBIG) and the
+   * pause says so, instead of the signal killing the daemon. */
+  signal(SIGXFSZ, SIG_IGN);
+  if (cfg.backup_dir) {
+    if (!(cfg.backup_disk = backup_disk_open(cfg.backup_dir, err, sizeof err))) {
+      log_error("%s", err);
+      if (cfg.listen_fd >= 0) close(cfg.listen_fd);
+      return 1;
+    }
+    log_info("disk backups in %s (%s, %llu bytes free)", cfg.backup_dir,
+             backup_disk_engine(cfg.backup_disk),
+             (unsigned long long)backup_disk_free(cfg.backup_disk));
+  }
   log_info("file descriptors: up to %llu", (unsigned long long)fdbudget_raise());
   gpudev *g;
   if (open_backend(&cfg, &g) < 0) {
     if (cfg.listen_fd >= 0) close(cfg.listen_fd);
+    backup_disk_close(cfg.backup_disk);
     return 1;
   }
   uint64_t gran = gpudev_granularity(g);
@@ -425,6 +445,7 @@ int main(int argc, char **argv) {
     log_error("%s", err);
     uv_loop_close(&loop);
     gpudev_close(g);
+    backup_disk_close(cfg.backup_disk);
     return 1;
   }  /* The socket is ours now: workers a daemon before us left released
    * get their device state back before anything is served. */
@@ -440,6 +461,7 @@ int main(int argc, char **argv) {
   if (notify_failed) status = 1;
   server_destroy(srv);
   uv_loop_close(&loop);
+  backup_disk_close(cfg.backup_disk); /* its files went with their buffers */
   if (ctxrelease_in_driver()) /* a thread is in the driver: its backend stays */
     log_error("a driver call has not returned: the backend is left open at exit");
   else

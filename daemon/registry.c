@@ -34,6 +34,7 @@ struct registry {
   uint64_t backup_bytes;    /* valid backups */
   uint64_t backup_reserved; /* sizes of all BACKUP buffers */
   uint64_t backup_ready;    /* host memory made for them */
+  uint64_t disk_bytes;      /* backups in files (BACKUP_DISK) */
   uint64_t copied[2], copy_us[2]; /* [to_host]: backup copy totals */
   uint64_t last_bytes[2], last_us[2]; /* [to_host]: the last operation's */
   bool destroying; /* tags go all at once, not one by one */
@@ -431,6 +432,15 @@ wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, u
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "buffer %llu is %s: only a paused buffer's backup holds its contents", id,
                      wire_state_name((int)b->state));
+  if (b->backup_valid && !b->backup && b->disk_fd >= 0)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                     "the backup of buffer %llu is in a file of the daemon's --backup-dir "
+                     "(BACKUP_DISK), which is not handed out: resume the buffer and read it",
+                     id);
+  if (b->spilling)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                     "the backup of buffer %llu is being written to the daemon's --backup-dir: "
+                     "its pause has not ended", id);
   if (!b->backup_valid || !b->backup)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "buffer %llu is PAUSED with no backup of its contents (it was never "
@@ -458,7 +468,10 @@ static void count_copy(registry *r, bool to_host, uint64_t size, uint64_t us) {
 /* The owner copied through the memory handed to it: it keeps that memory
  * now if it said it would. */
 static void handed(struct buffer *b) {
-  b->handed_to = b->owner->keeps_backups ? b->owner->id : 0;
+  /* Not a backup going to disk: the owner lets go of it (a mapping would
+   * keep the memory the disk tier frees). */
+  bool keeps = b->owner->keeps_backups && !(b->flags & BUF_FLAG_BACKUP_DISK);
+  b->handed_to = keeps ? b->owner->id : 0;
 }
 
 /* The owner filled b's backup. */
@@ -505,19 +518,28 @@ static void start_backup_memory(registry *r, struct buffer *b) {
              (unsigned long long)b->id, why);
 }
 
-/* Free a buffer's backup memory, or give up the job making it. */
+/* Free backup memory of size bytes, pinned for dev or pageable. */
+static void free_host(registry *r, unsigned dev, void *host, uint64_t size, bool pageable) {
+  if (pageable) pageable_free(host, size);
+  else hostmem_free(r->gpu, dev, host, size);
+}
+
+/* Free a buffer's backup memory (unless a disk write holds it: it frees
+ * it), or give up the job making it; close its file. */
 static void drop_backup(registry *r, struct buffer *b) {
   if (b->making) hostmem_drop(b->making);
   b->making = NULL;
-  if (b->backup_valid) r->backup_bytes -= b->size;
+  if (b->backup_valid && b->backup) r->backup_bytes -= b->size;
   b->backup_valid = false;
-  if (b->backup && b->pageable) {
-    pageable_free(b->backup, b->size);
-  } else if (b->backup) {
-    hostmem_free(r->gpu, b->device, b->backup, b->size);
-    r->backup_ready -= b->size;
-  }
+  if (b->backup && !b->pageable) r->backup_ready -= b->size;
+  if (b->backup && !b->spilling) free_host(r, b->device, b->backup, b->size, b->pageable);
   b->backup = NULL;
+  b->spilling = false;
+  if (b->disk_fd >= 0) {
+    close(b->disk_fd);
+    r->disk_bytes -= b->size;
+  }
+  b->disk_fd = -1;
 }
 
 static wire_code reserve_now(registry *r, struct buffer *b, struct fault *f);
@@ -544,6 +566,51 @@ void registry_backup_let_go(registry *r, struct buffer *b) {
   unreserve_backup(r, b);
   b->pageable = false; /* the next pause chooses again (unless the buffer asked) */
 }
+
+/* Hand a pause's disk writer b's backup memory (registry.h). */
+void *registry_disk_take(registry *r, struct buffer *b) {
+  (void)r;
+  b->spilling = true;
+  return b->backup;
+}
+
+/* A disk write of a backup ended (registry.h). */
+bool registry_disk_written(registry *r, uint64_t id, void *host, uint64_t size, unsigned dev,
+                           bool pageable, int fd) {
+  struct buffer *b = registry_find(r, id);
+  if (!b || !b->spilling || b->backup != host) { /* freed meanwhile: its memory is ours */
+    free_host(r, dev, host, size, pageable);
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  b->spilling = false;
+  if (fd < 0) return false;
+  b->disk_fd = fd;
+  r->disk_bytes += b->size;
+  r->backup_bytes -= b->size; /* valid still, in the file now */
+  if (!b->pageable) r->backup_ready -= b->size;
+  free_host(r, b->device, b->backup, b->size, b->pageable);
+  b->backup = NULL;
+  b->handed_to = 0;
+  unreserve_backup(r, b);
+  b->pageable = false; /* the resume chooses again (unless the buffer asked) */
+  return true;
+}
+
+/* A resume read b's backup back from its file (registry.h). */
+void registry_disk_loaded(registry *r, struct buffer *b, void *host) {
+  b->backup = host;
+  if (!b->pageable) r->backup_ready += b->size;
+  r->backup_bytes += b->size;
+}
+
+/* Whether b's backup is only in its file. */
+bool registry_on_disk(const struct buffer *b) {
+  return b->backup_valid && b->disk_fd >= 0 && !b->backup && !b->spilling;
+}
+
+/* Bytes of backups held in files. */
+uint64_t registry_disk_bytes(const registry *r) { return r->disk_bytes; }
 
 /* Copy a buffer's backup into its memory, checking it when asked. */
 wire_code registry_restore(registry *r, struct buffer *b, struct fault *f) {
@@ -724,6 +791,14 @@ static wire_code enter(registry *r, struct buffer *b, struct owner *owner, struc
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
+/* Refuse BACKUP_DISK where the daemon has no --backup-dir. */
+static wire_code disk_ok(const registry *r, uint32_t flags, struct fault *f) {
+  if (!(flags & BUF_FLAG_BACKUP_DISK) || r->opt.disk) return GPUMEM__WIRE__ERROR_CODE__OK;
+  return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                   "BACKUP_DISK: this gpumemd has no --backup-dir to keep backups in; start it "
+                   "with one, or ask for a backup in host memory");
+}
+
 /* Allocate a buffer for owner. */
 wire_code registry_alloc(registry *r, struct owner *owner, const char *tagname, unsigned device,
                          uint64_t size, uint32_t flags, struct buffer **out, struct fault *f) {
@@ -733,8 +808,10 @@ wire_code registry_alloc(registry *r, struct owner *owner, const char *tagname, 
   b->device = device;
   b->flags = flags;
   b->uid = uid;
+  b->disk_fd = -1;
   struct tag *tag = NULL;
-  wire_code rc = plan_chunks(r, b, size, f);
+  wire_code rc = disk_ok(r, flags, f);
+  if (!rc) rc = plan_chunks(r, b, size, f);
   if (rc) goto fail;
   if ((rc = join_tag(r, tagname, uid, &tag, f))) goto fail;
   bool paused = tag->paused_devices & (1ull << device);
@@ -788,13 +865,14 @@ wire_code registry_adopt(registry *r, struct owner *owner, const char *tagname, 
   }
   b->device = device;
   b->uid = uid;
+  b->disk_fd = -1;
   b->flags = flags & ~(uint32_t)BUF_FLAG_ALLOW_PAUSED;
   b->size = size;
   b->nchunks = nchunks;
   memcpy(b->chunk_sizes, chunk_sizes, nchunks * sizeof *chunk_sizes);
   /* The tag's paused mark is a controller's: a worker's re-registered
    * paused buffer shows as paused (the tag's state says so) without it. */
-  if ((rc = join_tag(r, tagname, uid, &tag, f))) goto fail;
+  if ((rc = disk_ok(r, flags, f)) || (rc = join_tag(r, tagname, uid, &tag, f))) goto fail;
   if ((rc = charge(r, b, f))) goto fail;
   if ((rc = reserve_backup(r, b, f))) {
     uncharge(r, b);
@@ -886,7 +964,7 @@ bool registry_move(registry *r, struct buffer *b, buffer_event ev) {
   tally(b, +1);
   if (st == BUF_ACTIVE && b->backup_valid) {
     b->backup_valid = false;
-    r->backup_bytes -= b->size;
+    if (b->backup) r->backup_bytes -= b->size;
   }
   /* A backup that lets go goes whenever the buffer is ACTIVE again: after
    * the resume that restored it, or a pause or rollback it never made. */

@@ -25,6 +25,7 @@ typedef Gpumem__Wire__BufferState buffer_state;
 #define BUF_FLAG_ALLOW_PAUSED GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED
 #define BUF_FLAG_BACKUP_RELEASE GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE
 #define BUF_FLAG_BACKUP_PAGEABLE GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_PAGEABLE
+#define BUF_FLAG_BACKUP_DISK GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK
 
 
 /* A tag: a name and its buffers, with counts per state kept by the
@@ -81,6 +82,8 @@ struct buffer {
   uint64_t handed_to; /* the session (owner id) that keeps its backup memory mapped; 0: none */
   bool reserved;      /* its backup's room is counted against --backup-limit */
   bool pageable;      /* its backup is pageable memory (pageable.h), not pinned */
+  int disk_fd;        /* the file its backup is in (BACKUP_DISK, backup_disk.h); -1: none */
+  bool spilling;      /* its backup memory is being written to disk, off the loop */
   struct list tag_link, owner_link;
   struct list all_link; /* the registry's buffers, in id order */
   struct list uid_link; /* its uid's buffers (tenants_members), in id order */
@@ -94,6 +97,7 @@ struct registry_options {
   uint64_t backup_limit; /* host memory BACKUP buffers may reserve */
   bool verify_backups;   /* hash backups and check them after restore */
   bool overflow_pageable; /* a backup past backup_limit is pageable memory, not refused */
+  bool disk;              /* there is a --backup-dir: BACKUP_DISK buffers are taken */
   struct tenant_limits quotas; /* per uid */
   const char *const *shared_names; /* tags made shared whenever created */
   size_t nshared_names;
@@ -324,6 +328,30 @@ uint64_t registry_backup_ready(const registry *r);
 
 /* Bytes of physical memory the daemon holds on a device. */
 uint64_t registry_managed(const registry *r, unsigned device);
+
+/* A pause writes b's backup (BACKUP_DISK, valid, in host memory) to disk:
+ * its host memory, which is the writer's to read until
+ * registry_disk_written, even if b is freed meanwhile. */
+void *registry_disk_take(registry *r, struct buffer *b);
+
+/* The write of the backup of buffer id (host, size bytes, pinned for dev
+ * or pageable) ended: fd >= 0 is its file, and the buffer's backup is
+ * there now, its host memory and reservation let go of; fd < 0: it
+ * failed, and the backup stays in host memory. When the buffer is gone
+ * or moved on, host and fd are freed. True when the backup is on disk. */
+bool registry_disk_written(registry *r, uint64_t id, void *host, uint64_t size, unsigned dev,
+                           bool pageable, int fd);
+
+/* Host memory made and filled from b's file for a resume (b reserved
+ * for it): its backup is in host memory again (the file stays until b
+ * is ACTIVE). */
+void registry_disk_loaded(registry *r, struct buffer *b, void *host);
+
+/* Whether b's backup is only on disk (a resume must read it first). */
+bool registry_on_disk(const struct buffer *b);
+
+/* Bytes of backups held in files. */
+uint64_t registry_disk_bytes(const registry *r);
 
 /* Bytes of backups that hold contents (paused BACKUP buffers). */
 uint64_t registry_backup_bytes(const registry *r);

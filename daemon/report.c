@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "gpumem.h"
+#include "backup_disk.h"
 
 #define VSTR_(x) #x
 #define VSTR(x) VSTR_(x)
@@ -88,6 +89,7 @@ static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t, bool all, u
     if (b->backup && !b->pageable) ti->backup_pinned_bytes += b->size;
     if (b->backup && b->pageable) ti->backup_pageable_bytes += b->size;
     if (b->reserved) ti->backup_reserved_bytes += b->size;
+    if (b->disk_fd >= 0) ti->backup_disk_bytes += b->size;
   }
   if (!all && t->shared) { /* the viewer's own buffers' state, not other uids' */
     ti->mixed = count[BUF_ACTIVE] && count[BUF_PAUSED];
@@ -408,6 +410,11 @@ void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
   r.connections_refused = own->connections_refused;
   r.grace_left_ms = own->grace_left_ms;
   r.grace_waiting = own->grace_waiting;
+  if (own->disk) {
+    r.backup_dir = (char *)backup_disk_path(own->disk);
+    r.backup_disk_free = backup_disk_free(own->disk);
+  }
+  r.backup_disk_bytes = registry_disk_bytes(reg);
   wire_env env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY, &r);
   out->send(out->ctx, s, &env, NULL, 0);
 out:

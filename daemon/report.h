@@ -19,6 +19,7 @@
 struct report_own {
   uint64_t fd_limit, fds_open, fds_parked, queued_bytes, connections_refused;
   uint64_t grace_left_ms, grace_waiting;
+  const struct backup_disk *disk; /* --backup-dir, NULL: none */
 };
 
 /* Send s (through out) one page (req's cursors and limit) of the status of

@@ -135,6 +135,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
                                 .backup_limit = cfg->backup_limit,
                                 .verify_backups = cfg->verify_backups,
                                 .overflow_pageable = cfg->overflow_pageable,
+                                .disk = cfg->backup_disk != NULL,
                                 .quotas = {.buffers = cfg->max_buffers_per_uid,
                                            .device_bytes = cfg->max_device_bytes_per_uid,
                                            .backup_bytes = cfg->max_backup_bytes_per_uid},
@@ -452,7 +453,8 @@ static struct report_own own_figures(const server *srv) {
                          .queued_bytes = srv->queued_total,
                          .connections_refused = srv->refused_total,
                          .grace_left_ms = grace_left_ms(srv->grace),
-                         .grace_waiting = grace_waiting(srv->grace)};
+                         .grace_waiting = grace_waiting(srv->grace),
+                         .disk = srv->cfg->backup_disk};
   for (struct list *p = srv->sessions.next; p != &srv->sessions; p = p->next)
     o.fds_parked += frame_reader_held_fds(list_entry(p, struct session, owner.link)->reader);
   return o;

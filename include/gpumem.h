@@ -54,12 +54,12 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 8
+#define GPUMEM_VERSION_MINOR 9
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (10800 for 1.8.0). */
+/* The library's version, as GPUMEM_VERSION computes it (10900 for 1.9.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
 /* The library's version as text ("1.5.0"). */
@@ -116,6 +116,9 @@ enum gpumem_flag {
                               * (gpumemd 1.8) */
   GPUMEM_BACKUP_PAGEABLE = 16, /* with GPUMEM_BACKUP: the backup is pageable host memory,
                                 * outside --backup-limit, copied by the daemon (1.8) */
+  GPUMEM_BACKUP_DISK = 32, /* with GPUMEM_BACKUP: while paused the backup is in a file of
+                            * the daemon's --backup-dir, host memory only while a pause or
+                            * resume runs; implies GPUMEM_BACKUP_RELEASE (1.9) */
 };
 
 /* Flags for gpumem_connect. */
@@ -560,6 +563,7 @@ struct gpumem_tag_status {
    * --backup-limit its buffers reserve (1.8). */
   uint64_t backup_pinned_bytes, backup_reserved_bytes;
   uint64_t backup_pageable_bytes; /* pageable host memory its backups hold now (1.8) */
+  uint64_t backup_disk_bytes; /* its backups in files of the daemon's --backup-dir (1.9) */
 };
 
 /* One session in a status. */
@@ -699,6 +703,11 @@ struct gpumem_status {
    * the milliseconds it still runs (0: over, or none) and the allocations
    * in new tags that wait for it to end (1.5; 0 from an older daemon). */
   uint64_t grace_left_ms, grace_waiting;
+  /* Disk backups (1.9; "" and 0 from an older daemon or one without
+   * --backup-dir): the directory, the bytes of backups its files hold,
+   * and the bytes its filesystem has free. */
+  const char *backup_dir;
+  uint64_t backup_disk_bytes, backup_disk_free;
 };
 
 /* Ask for the status; free it with gpumem_status_free. The daemon sends

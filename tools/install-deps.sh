@@ -35,6 +35,8 @@ command -v protoc-c >/dev/null 2>&1 || add protobuf-c-compiler
 have_pkg check || add check
 have_pkg libxxhash || add libxxhash-dev
 have_pkg libsystemd || add libsystemd-dev
+# liburing: disk backups' io_uring (without it, pread and pwrite).
+have_pkg liburing || add liburing-dev
 # tmux, the terminal tests/build/check_top.sh drives gpumemctl top in.
 command -v tmux >/dev/null 2>&1 || add tmux
 # ncursesw for gpumemctl top.

@@ -59,7 +59,7 @@ from ._native import (FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_BACKUP_PAGEABLE, FLAG
                       FLAG_IPC_LEGACY)
 
 
-__version__ = "1.8.0"
+__version__ = "1.9.0"
 
 __all__ = [
     "Buffer",
@@ -1117,6 +1117,7 @@ class Client:
                 "backup_pinned_bytes": t.backup_pinned_bytes,
                 "backup_reserved_bytes": t.backup_reserved_bytes,
                 "backup_pageable_bytes": t.backup_pageable_bytes,
+                "backup_disk_bytes": t.backup_disk_bytes,
             } for t in (s.tags[i][0] for i in range(s.ntags))]
             tenants = [{
                 "uid": x.uid, "buffers": x.buffers, "bytes": x.bytes,
@@ -1162,6 +1163,9 @@ class Client:
                     "last_backup_us": s.last_backup_us,
                     "last_restore_bytes": s.last_restore_bytes,
                     "last_restore_us": s.last_restore_us,
+                    "disk_bytes": s.backup_disk_bytes,
+                    "disk_free": s.backup_disk_free,
+                    "dir": _text(s.backup_dir),
                 },
             }
 

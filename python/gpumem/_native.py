@@ -193,6 +193,7 @@ class TagStatus(ctypes.Structure):
         ("backup_pinned_bytes", ctypes.c_uint64),
         ("backup_reserved_bytes", ctypes.c_uint64),
         ("backup_pageable_bytes", ctypes.c_uint64),
+        ("backup_disk_bytes", ctypes.c_uint64),
     ]
 
 
@@ -323,6 +324,9 @@ class Status(ctypes.Structure):
         ("max_backup_bytes_per_uid", ctypes.c_uint64),
         ("grace_left_ms", ctypes.c_uint64),
         ("grace_waiting", ctypes.c_uint64),
+        ("backup_dir", ctypes.c_char_p),
+        ("backup_disk_bytes", ctypes.c_uint64),
+        ("backup_disk_free", ctypes.c_uint64),
     ]
 
 

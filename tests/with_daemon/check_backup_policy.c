@@ -356,7 +356,7 @@ END_TEST
 static char meminfo_path[128];
 
 /* Start the daemon (extra: two more arguments) seeing avail_kb of
- * MemAvailable in a made-up /proc/meminfo (libfake_meminfo.so), which it
+ * MemAvailable in a made-up /proc/meminfo (libfake_kernel.so), which it
  * reads whenever it needs the figure. */
 static void start_seeing(unsigned long avail_kb, const char *a1, const char *a2) {
   char *path = meminfo_path;
@@ -374,7 +374,7 @@ static void start_seeing(unsigned long avail_kb, const char *a1, const char *a2)
   snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", asan ? asan : "", asan ? ":" : "");
   setenv("ASAN_OPTIONS", opts, 1);
   setenv("GPUMEM_TEST_MEMINFO", path, 1);
-  setenv("LD_PRELOAD", harness_built("tests/libfake_meminfo.so"), 1);
+  setenv("LD_PRELOAD", harness_built("tests/libfake_kernel.so"), 1);
   daemon_start(&d, a1, a2, NULL);
   unsetenv("LD_PRELOAD");
   unsetenv("GPUMEM_TEST_MEMINFO");
