@@ -55,8 +55,8 @@ from typing import (
 )
 
 from . import _native
-from ._native import (FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_BACKUP_PAGEABLE, FLAG_BACKUP_RELEASE,
-                      FLAG_IPC_LEGACY)
+from ._native import (FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_BACKUP_DISK, FLAG_BACKUP_PAGEABLE,
+                      FLAG_BACKUP_RELEASE, FLAG_IPC_LEGACY)
 
 
 __version__ = "1.9.0"
@@ -81,6 +81,7 @@ __all__ = [
     "FLAG_IPC_LEGACY",
     "FLAG_ALLOW_PAUSED",
     "FLAG_BACKUP_PAGEABLE",
+    "FLAG_BACKUP_DISK",
     "FLAG_BACKUP_RELEASE",
 ]
 
@@ -354,11 +355,12 @@ def _check_prefix(prefix: Any) -> Optional[bytes]:
 
 
 def _check_flags(backup: Any, allow_paused: Any, backup_release: Any = False,
-                 backup_pageable: Any = False) -> int:
+                 backup_pageable: Any = False, backup_disk: Any = False) -> int:
     flags = (FLAG_BACKUP if _check_bool("backup", backup) else 0) | (
         FLAG_ALLOW_PAUSED if _check_bool("allow_paused", allow_paused) else 0)
     for what, v, bit in (("backup_release", backup_release, FLAG_BACKUP_RELEASE),
-                         ("backup_pageable", backup_pageable, FLAG_BACKUP_PAGEABLE)):
+                         ("backup_pageable", backup_pageable, FLAG_BACKUP_PAGEABLE),
+                         ("backup_disk", backup_disk, FLAG_BACKUP_DISK)):
         if _check_bool(what, v):
             if not backup:
                 raise ValueError("%s=True needs backup=True" % what)
@@ -841,7 +843,7 @@ class Client:
 
     def alloc(self, tag: str, size: int, device: int = 0, backup: bool = False, *,
               allow_paused: bool = False, backup_release: bool = False,
-              backup_pageable: bool = False) -> Buffer:
+              backup_pageable: bool = False, backup_disk: bool = False) -> Buffer:
         """Allocate a buffer of at least ``size`` bytes tagged ``tag`` on
         ``device`` (this process's numbering, as CUDA_VISIBLE_DEVICES makes
         it), mapped and ready. ``backup=True`` makes its contents survive a
@@ -851,22 +853,25 @@ class Client:
         for the buffer's life. ``backup_pageable=True``: the backup is
         pageable host memory, outside --backup-limit, which the daemon
         copies (torch_memory_saver's cpu_backup_backend "mmap").
+        ``backup_disk=True``: while paused the backup is in a file of the
+        daemon's --backup-dir, in host memory only while a pause or resume
+        runs (its host memory lets go as with ``backup_release``; API 1.9).
         ``allow_paused=True`` allows allocating in a paused tag (the buffer
         then starts paused); otherwise that fails with TAG_PAUSED."""
         out = _native.c_buffer_p()
         self._allocate("gpumem_alloc", out, tag, size, device, backup, allow_paused,
-                       backup_release, backup_pageable)
+                       backup_release, backup_pageable, backup_disk)
         return self._wrap(out.value)
 
     def _allocate(self, fn: str, out: Any, tag: str, size: int, device: int, backup: bool,
                   allow_paused: bool, backup_release: bool = False,
-                  backup_pageable: bool = False) -> None:
+                  backup_pageable: bool = False, backup_disk: bool = False) -> None:
         """Call the library's ``fn`` (gpumem_alloc or gpumem_malloc) with
         the checked arguments and ``out`` for its result; raise its error."""
         btag = _check_tag(tag)
         size = _check_int("size", size, 1, _U64)
         device = _check_int("device", device, 0, _I32)
-        flags = _check_flags(backup, allow_paused, backup_release, backup_pageable)
+        flags = _check_flags(backup, allow_paused, backup_release, backup_pageable, backup_disk)
         c = self._talk()
         rc = getattr(self._lib, fn)(c, btag, device, size, flags, ctypes.byref(out))
         if rc < 0:
@@ -997,16 +1002,17 @@ class Client:
 
     def malloc(self, tag: str, size: int, device: int = 0, backup: bool = False,
                allow_paused: bool = False, backup_release: bool = False,
-               backup_pageable: bool = False) -> int:
+               backup_pageable: bool = False, backup_disk: bool = False) -> int:
         """Allocate ``size`` bytes tagged ``tag`` on ``device`` and return
         the address (an int, aligned to at least 512 bytes). Small
         allocations share daemon buffers of the same tag, device and flags
-        (``backup_release``, ``backup_pageable`` as for :meth:`alloc`); a pause of the tag
+        (``backup_release``, ``backup_pageable``, ``backup_disk`` as for :meth:`alloc`); a
+        pause of the tag
         releases them and the address stays valid. Free with
         :meth:`free_ptr`."""
         out = ctypes.c_void_p()
         self._allocate("gpumem_malloc", out, tag, size, device, backup, allow_paused,
-                       backup_release, backup_pageable)
+                       backup_release, backup_pageable, backup_disk)
         return out.value or 0
 
     def free_ptr(self, ptr: int) -> None:
@@ -1308,11 +1314,11 @@ def set_default_client(client: Optional[Client]) -> None:
 
 def set_thread_tag(tag: Optional[str], backup: bool = False,
                    allow_paused: bool = False, backup_release: bool = False,
-                   backup_pageable: bool = False) -> None:
+                   backup_pageable: bool = False, backup_disk: bool = False) -> None:
     """Set the calling thread's tag (None clears it): gpumem_torch_alloc
     allocates with it and with these flags (as :meth:`Client.alloc`'s)."""
     btag = _check_tag(tag) if tag is not None else None
-    flags = _check_flags(backup, allow_paused, backup_release, backup_pageable)
+    flags = _check_flags(backup, allow_paused, backup_release, backup_pageable, backup_disk)
     lib = _native.load()
     rc = lib.gpumem_set_thread_tag(btag, flags)
     if rc < 0:

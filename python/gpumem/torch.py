@@ -583,22 +583,25 @@ def _block(choose: Optional[Callable[[], Routes]] = None) -> Iterator[None]:
 
 # A region's backup, as this module passes it around (and keys pools by):
 # False (none), True (kept for the buffer's life), or gpumem's backup flags
-# (FLAG_BACKUP with FLAG_BACKUP_RELEASE and/or FLAG_BACKUP_PAGEABLE).
-_POLICY = gpumem.FLAG_BACKUP_RELEASE | gpumem.FLAG_BACKUP_PAGEABLE
+# (FLAG_BACKUP with any of FLAG_BACKUP_RELEASE, FLAG_BACKUP_PAGEABLE and
+# FLAG_BACKUP_DISK).
+_POLICY = gpumem.FLAG_BACKUP_RELEASE | gpumem.FLAG_BACKUP_PAGEABLE | gpumem.FLAG_BACKUP_DISK
 
 
 def _backup_kind(backup: bool, backup_release: bool = False,
-                 backup_pageable: bool = False) -> Any:
+                 backup_pageable: bool = False, backup_disk: bool = False) -> Any:
     """A region's backup from the public arguments."""
     _check_bool("backup", backup)
     release = _check_bool("backup_release", backup_release)
     pageable = _check_bool("backup_pageable", backup_pageable)
-    if (release or pageable) and not backup:
-        raise ValueError("backup_release and backup_pageable need backup=True")
-    if not (release or pageable):
+    disk = _check_bool("backup_disk", backup_disk)
+    if (release or pageable or disk) and not backup:
+        raise ValueError("backup_release, backup_pageable and backup_disk need backup=True")
+    if not (release or pageable or disk):
         return backup
     return (gpumem.FLAG_BACKUP | (gpumem.FLAG_BACKUP_RELEASE if release else 0)
-            | (gpumem.FLAG_BACKUP_PAGEABLE if pageable else 0))
+            | (gpumem.FLAG_BACKUP_PAGEABLE if pageable else 0)
+            | (gpumem.FLAG_BACKUP_DISK if disk else 0))
 
 
 def _is_backup_kind(backup: Any) -> bool:
@@ -620,7 +623,8 @@ def _thread_tag(tag: Optional[str], backup: Any = False) -> Iterator[None]:
         b = int(backup)
         gpumem.set_thread_tag(tag, backup=bool(b & gpumem.FLAG_BACKUP),
                               backup_release=bool(b & gpumem.FLAG_BACKUP_RELEASE),
-                              backup_pageable=bool(b & gpumem.FLAG_BACKUP_PAGEABLE))
+                              backup_pageable=bool(b & gpumem.FLAG_BACKUP_PAGEABLE),
+                              backup_disk=bool(b & gpumem.FLAG_BACKUP_DISK))
     try:
         yield
     finally:
@@ -630,7 +634,8 @@ def _thread_tag(tag: Optional[str], backup: Any = False) -> Iterator[None]:
             gpumem.set_thread_tag(prev, backup=bool(flags & gpumem.FLAG_BACKUP),
                                   allow_paused=bool(flags & gpumem.FLAG_ALLOW_PAUSED),
                                   backup_release=bool(flags & gpumem.FLAG_BACKUP_RELEASE),
-                                  backup_pageable=bool(flags & gpumem.FLAG_BACKUP_PAGEABLE))
+                                  backup_pageable=bool(flags & gpumem.FLAG_BACKUP_PAGEABLE),
+                                  backup_disk=bool(flags & gpumem.FLAG_BACKUP_DISK))
 
 
 @contextlib.contextmanager
@@ -651,7 +656,8 @@ def _region(tag: str, backup: bool, device: Any, native: bool) -> Iterator[None]
 
 @contextlib.contextmanager
 def region(tag: str, backup: bool = False, device: Any = None, *,
-           backup_release: bool = False, backup_pageable: bool = False) -> Iterator[None]:
+           backup_release: bool = False, backup_pageable: bool = False,
+           backup_disk: bool = False) -> Iterator[None]:
     """Serve the calling thread's PyTorch allocations on ``device`` (None:
     the current device) from gpumemd, tagged ``tag``, for the duration of
     the block. ``backup=True``: their contents survive a pause (the daemon
@@ -664,10 +670,11 @@ def region(tag: str, backup: bool = False, device: Any = None, *,
     threads are not); threads may be in the same region at once.
     ``backup_release=True`` (with ``backup``): the backups' host memory is
     let go of after each resume and made again at the next pause;
-    ``backup_pageable=True``: it is pageable memory, not pinned (as
-    Client.alloc's)."""
+    ``backup_pageable=True``: it is pageable memory, not pinned;
+    ``backup_disk=True``: it is in the daemon's --backup-dir while paused
+    (as Client.alloc's)."""
     _check_tag(tag)
-    kind = _backup_kind(backup, backup_release, backup_pageable)
+    kind = _backup_kind(backup, backup_release, backup_pageable, backup_disk)
     with _region(tag, kind, device, native=False):
         yield
 

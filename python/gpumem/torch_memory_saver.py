@@ -179,13 +179,11 @@ def _check_environment(mode: str) -> bool:
     backend = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND")
     if backend and backend not in ("pinned", "mmap"):
         raise ValueError("TMS_INIT_CPU_BACKUP_BACKEND=%r: use 'pinned' or 'mmap'" % backend)
-    if _env_bool("TMS_INIT_ENABLE_DISK_BACKUP"):
-        raise NotImplementedError("TMS_INIT_ENABLE_DISK_BACKUP: gpumemd keeps backups in host "
-                                  "memory; use TMS_INIT_ENABLE_CPU_BACKUP=1")
-    for name in ("TMS_DISK_BACKUP_DIR", "TMS_DISK_BACKUP_CHUNK_MB"):
-        if os.environ.get(name):
-            raise NotImplementedError("%s: gpumemd keeps backups in host memory; unset it and "
-                                      "use enable_cpu_backup=True" % name)
+    _env_bool("TMS_INIT_ENABLE_DISK_BACKUP")  # read by libgpumem: backups on disk
+    chunk = os.environ.get("TMS_DISK_BACKUP_CHUNK_MB")
+    if chunk and (not chunk.isdigit() or int(chunk) == 0):
+        raise ValueError("TMS_DISK_BACKUP_CHUNK_MB=%r: a positive number of MiB (gpumemd "
+                         "sizes its own disk requests, so it is otherwise ignored)" % chunk)
     return init
 
 
@@ -198,6 +196,7 @@ class TorchMemorySaver:
         self._mode: Optional[str] = None
         self._started = False
         self._margin = 0
+        self._disk_dir_checked = False
         self._init = False  # the process started inside a region
         self._retain: Optional[bool] = None  # None: TMS_RETAIN_CPU_BACKUP, else True
         self._lock = threading.Lock()
@@ -270,14 +269,17 @@ class TorchMemorySaver:
             raise TypeError("retain_cpu_backup must be a bool, not %s" % type(value).__name__)
         self._retain = value
 
-    def _backup(self, enable_cpu_backup: bool, backend: Optional[str] = None) -> Any:
+    def _backup(self, enable_cpu_backup: bool, backend: Optional[str] = None,
+                disk: bool = False) -> Any:
         """A region's backup as gpumem.torch takes it: kept or let go of
         (retain_cpu_backup), pinned or pageable (cpu_backup_backend, else
-        TMS_INIT_CPU_BACKUP_BACKEND, "mmap": pageable)."""
-        if not enable_cpu_backup:
+        TMS_INIT_CPU_BACKUP_BACKEND, "mmap": pageable), or on disk (its
+        host memory then always lets go)."""
+        if not (enable_cpu_backup or disk):
             return False
         backend = backend or os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND") or "pinned"
-        return _gt._backup_kind(True, not self.retain_cpu_backup, backend == "mmap")
+        return _gt._backup_kind(True, not self.retain_cpu_backup and not disk,
+                                backend == "mmap", disk)
 
     def _start(self) -> str:
         """Fix the hook mode, check the environment and find the default
@@ -298,6 +300,10 @@ class TorchMemorySaver:
             _gt.init(gpumem.default_client())
         else:
             _gt.init()
+        disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR")
+        if disk_dir and not self._disk_dir_checked:
+            self._check_disk_dir("TMS_DISK_BACKUP_DIR", disk_dir)
+            self._disk_dir_checked = True
         _gt.client().set_keep_free(self._margin)
         return mode
 
@@ -309,7 +315,9 @@ class TorchMemorySaver:
                cpu_backup_backend: Optional[str] = None) -> Iterator[None]:
         """Allocations of the calling thread inside the block are gpumemd
         memory tagged ``tag``; ``enable_cpu_backup=True`` keeps their
-        contents across a pause. ``enable_disk_backup`` is not supported.
+        contents across a pause; ``enable_disk_backup=True`` keeps them in
+        a file of the daemon's --backup-dir while paused (host memory only
+        while a pause or resume runs).
         ``cpu_backup_backend``: "pinned" (the default, or
         TMS_INIT_CPU_BACKUP_BACKEND) keeps the backup in the daemon's pinned
         memory; "mmap" in its pageable memory, outside --backup-limit, which
@@ -318,11 +326,11 @@ class TorchMemorySaver:
         _gt._torch()
         mode = self._start()
         if mode == "torch":
-            cm = _gt._region(tag, self._backup(enable_cpu_backup, cpu_backup_backend), None,
-                             native=False)
+            cm = _gt._region(tag, self._backup(enable_cpu_backup, cpu_backup_backend,
+                                               enable_disk_backup), None, native=False)
         else:
-            cm = _gt._native_region(tag, self._backup(enable_cpu_backup, cpu_backup_backend),
-                                    None)
+            cm = _gt._native_region(tag, self._backup(enable_cpu_backup, cpu_backup_backend,
+                                                      enable_disk_backup), None)
         with cm:
             _use_tag(tag)
             yield
@@ -341,9 +349,6 @@ class TorchMemorySaver:
                                  % cpu_backup_backend)
             if not enable_cpu_backup:
                 raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
-        if enable_disk_backup:
-            raise NotImplementedError("gpumemd keeps backups in host memory; enable_disk_backup "
-                                      "is not supported (use enable_cpu_backup=True)")
 
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph: Any, pool: Any = None, stream: Any = None,
@@ -502,9 +507,31 @@ class TorchMemorySaver:
             raise
 
     def set_disk_backup_dir(self, path: str) -> None:
-        """Not available: gpumemd keeps backups in host memory."""
-        raise NotImplementedError("gpumemd keeps backups in host memory; disk backups are "
-                                  "not supported")
+        """Where disk backups go: gpumemd writes them (its files, mode
+        0600, gone with their buffers) in its own --backup-dir, so path
+        must be that directory; a ValueError says which it is otherwise,
+        or that the daemon has none."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError("set_disk_backup_dir: path must be a str or os.PathLike")
+        self._start()
+        self._check_disk_dir("set_disk_backup_dir", os.fspath(path))
+
+    @staticmethod
+    def _check_disk_dir(what: str, path: str) -> None:
+        """Check that path is the daemon's --backup-dir."""
+        theirs = _gt.client().status()["backups"]["dir"]
+        if not theirs:
+            raise ValueError("%s(%r): this gpumemd keeps no disk backups; start it with "
+                             "--backup-dir %s" % (what, path, path))
+        try:
+            same = os.path.samefile(path, theirs)
+        except OSError as e:
+            raise ValueError("%s(%r): %s; gpumemd writes disk backups in its --backup-dir, %s"
+                             % (what, path, e.strerror, theirs)) from e
+        if not same:
+            raise ValueError("%s(%r): gpumemd writes disk backups in its own --backup-dir, %s "
+                             "(its files, not the process's): set that, or leave it unset"
+                             % (what, path, theirs))
 
 
 #: The process's saver, as ``torch_memory_saver.torch_memory_saver``.

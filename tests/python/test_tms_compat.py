@@ -147,8 +147,8 @@ def test_arguments_are_checked_first(fake_torch):
     with pytest.raises(ValueError):
         with s.region("kv", enable_cpu_backup=True, cpu_backup_backend="disk"):
             pass
-    with pytest.raises(NotImplementedError):
-        with s.region("kv", enable_disk_backup=True):
+    with pytest.raises(TypeError):
+        with s.region("kv", enable_disk_backup="yes"):
             pass
     with pytest.raises(ValueError, match="capture_error_mode"):
         with s.cuda_graph(object(), capture_error_mode="strict"):
@@ -173,8 +173,8 @@ def test_arguments_are_checked_first(fake_torch):
         s.get_cpu_backup(object())
     with pytest.raises(TypeError, match="zero_copy"):
         s.get_cpu_backup(object(), zero_copy=1)
-    with pytest.raises(NotImplementedError):
-        s.set_disk_backup_dir("/tmp")
+    with pytest.raises(TypeError):
+        s.set_disk_backup_dir(5)
 
 
 def test_memory_margin_and_retain_cpu_backup():
@@ -653,8 +653,10 @@ def test_without_the_initial_region_pause_leaves_the_default_tag(make_daemon):
 
 @pytest.mark.parametrize("env,error", [
     ({"TMS_INIT_ENABLE": "maybe"}, "TMS_INIT_ENABLE='maybe': use 1, true, yes"),
-    ({"TMS_INIT_ENABLE_DISK_BACKUP": "1"}, "use TMS_INIT_ENABLE_CPU_BACKUP=1"),
-    ({"TMS_DISK_BACKUP_DIR": "/tmp"}, "TMS_DISK_BACKUP_DIR: gpumemd keeps backups"),
+    ({"TMS_INIT_ENABLE_DISK_BACKUP": "maybe"}, "TMS_INIT_ENABLE_DISK_BACKUP='maybe'"),
+    ({"TMS_DISK_BACKUP_DIR": "/tmp"}, "this gpumemd keeps no disk backups; start it with "
+                                      "--backup-dir /tmp"),
+    ({"TMS_DISK_BACKUP_CHUNK_MB": "-3"}, "TMS_DISK_BACKUP_CHUNK_MB='-3': a positive number"),
     ({"TMS_INIT_CPU_BACKUP_BACKEND": "cuda"}, "use 'pinned' or 'mmap'"),
 ])
 def test_torch_memory_savers_variables_are_checked(daemon, env, error):
@@ -721,6 +723,67 @@ def test_an_mmap_backup_is_pageable(make_daemon, fake_torch):
             del t
         finally:
             gt.shutdown()
+
+
+def test_a_disk_backup_is_in_the_daemons_backup_dir(make_daemon, fake_torch, tmp_path):
+    """enable_disk_backup=True: paused, the backup is in the daemon's
+    --backup-dir (status says so, no host memory holds it) and the
+    contents come back; set_disk_backup_dir takes that directory and
+    names it when given another."""
+    backups = tmp_path / "backups"
+    backups.mkdir(mode=0o700)
+    d = make_daemon("--backup-dir", str(backups))
+    with gpumem.connect(d.sock, name="engine") as w, \
+            gpumem.connect(d.sock, name="ctl", role="controller") as ctl:
+        gt.init(w)
+        try:
+            s = TorchMemorySaver()
+            s.hook_mode = "torch"
+            s.set_disk_backup_dir(str(backups))
+            with pytest.raises(ValueError, match="its own --backup-dir, %s" % backups):
+                s.set_disk_backup_dir(str(tmp_path))
+            with s.region("weights", enable_disk_backup=True):
+                t = fake_torch.empty(4 * MiB, device="cuda:0")
+            ctypes.memset(t.data_ptr(), 0x5d, 4 * MiB)
+            s.pause("weights")
+            st = tag_status(ctl, "weights")
+            assert st["backup_disk_bytes"] == st["bytes"] >= 4 * MiB
+            assert st["backup_pinned_bytes"] == st["backup_reserved_bytes"] == 0
+            backups_status = ctl.status()["backups"]
+            assert backups_status["dir"] == str(backups)
+            assert backups_status["disk_bytes"] == st["bytes"]
+            assert list(backups.iterdir()) == []
+            s.resume("weights")
+            assert ctypes.string_at(t.data_ptr() + 4 * MiB - 1, 1) == b"\x5d"
+            assert tag_status(ctl, "weights")["backup_disk_bytes"] == 0
+            del t
+        finally:
+            gt.shutdown()
+
+
+def test_the_initial_region_can_back_up_to_disk(make_daemon, tmp_path):
+    """TMS_INIT_ENABLE_DISK_BACKUP=1 under the preload library: what the
+    process allocates outside regions has its backup on disk while
+    paused, and comes back whole."""
+    backups = tmp_path / "backups"
+    backups.mkdir(mode=0o700)
+    d = make_daemon("--backup-dir", str(backups))
+    r = run_python(STUB_PROGRAM + (
+        "p = ctypes.c_void_p()\n"
+        "assert rt.cudaMalloc(ctypes.byref(p), 4 * MiB) == 0\n"
+        "ctypes.memset(p, 0x3c, 4 * MiB)\n"
+        "from gpumem.torch_memory_saver import torch_memory_saver as tms\n"
+        "import gpumem\n"
+        "ctl = gpumem.connect(name='ctl', role='controller')\n"
+        "tms.pause()\n"
+        "t = [x for x in ctl.status()['tags'] if x['name'] == 'default'][0]\n"
+        "print(t['backup_disk_bytes'] >= 4 * MiB, t['backup_pinned_bytes'])\n"
+        "tms.resume()\n"
+        "print(ctypes.string_at(p.value + 4 * MiB - 1, 1))\n"),
+        _preload_env(d, TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_DISK_BACKUP="1",
+                     TMS_DISK_BACKUP_DIR=str(backups)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "True 0\nb'<'\n", r.stdout
 
 
 def test_two_devices_in_one_process(make_daemon):

@@ -136,7 +136,7 @@ START_TEST(a_release_policy_without_a_backup_is_refused) {
   ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
   void *p = NULL;
   ck_assert_int_eq(gpumem_malloc(w, "kv", 0, MiB, GPUMEM_BACKUP_RELEASE, &p), GPUMEM_E_INVALID);
-  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "GPUMEM_BACKUP_PAGEABLE (with GPUMEM_BACKUP)"));
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "GPUMEM_BACKUP_DISK (with GPUMEM_BACKUP)"));
   ck_assert_int_eq(gpumem_set_thread_tag("kv", GPUMEM_BACKUP_RELEASE), GPUMEM_E_INVALID);
   gpumem_buffer *b = NULL;
   ck_assert_int_eq(gpumem_alloc(w, "kv", 0, MiB, GPUMEM_BACKUP_RELEASE, &b), GPUMEM_E_INVALID);
