@@ -34,6 +34,8 @@
  * buffers, shows it paused and mixed. */
 #include "engine.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -756,8 +758,10 @@ static void on_disk_read(void *arg, struct spill_item *items, size_t n, bool ok)
     struct spill_item *it = &items[i];
     struct buffer *b = registry_find(e->reg, it->id);
     if (it->io.rc && !bad) bad = it;
+    close(it->io.fd);
     if (b && registry_on_disk(b) && ok) {
       registry_disk_loaded(e->reg, b, it->io.host);
+      note_disk(op, b); /* let go of again if the resume does not happen */
       continue;
     }
     if (b) registry_backup_unreserve(e->reg, b);
@@ -796,8 +800,17 @@ static bool start_disk_reads(engine *e, struct op *op, struct buffer **bufs, siz
   for (size_t i = 0; !f.code && i < n; i++) {
     struct buffer *b = bufs[i];
     if (!registry_on_disk(b) || registry_backup_reserve(e->reg, b, &f)) continue;
+    /* The read's own descriptor: the buffer may be freed (its file
+     * closed, the number reused) while the thread reads. */
+    int fd = fcntl(b->disk_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+      registry_backup_unreserve(e->reg, b);
+      fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "no descriptor to read buffer %llu's "
+                "backup with: %s", (unsigned long long)b->id, strerror(errno));
+      break;
+    }
     items[m++] = (struct spill_item){.id = b->id, .dev = b->device, .pageable = b->pageable,
-                                     .io = {.size = b->size, .fd = b->disk_fd}};
+                                     .io = {.size = b->size, .fd = fd}};
   }
   char why[256] = "";
   if (!f.code && !(op->spill = spill_start(e->loop, e->cfg->backup_disk, e->gpu, items, m, true,
@@ -811,6 +824,7 @@ static bool start_disk_reads(engine *e, struct op *op, struct buffer **bufs, siz
   for (size_t i = 0; i < m; i++) {
     struct buffer *b = registry_find(e->reg, items[i].id);
     if (b) registry_backup_unreserve(e->reg, b);
+    close(items[i].io.fd);
   }
   free(items);
   fail(op, f.code, "%s; nothing resumed", f.text);
@@ -1090,6 +1104,15 @@ static void on_exits_gone(void *arg) {
   check_done(e);
 }
 
+/* A resume is over: the backups it read back from disk for buffers that
+ * are still PAUSED (it failed) go back to being only in their files. */
+static void unload_disk(engine *e, struct op *op) {
+  for (size_t i = 0; i < op->ndisk; i++) {
+    struct buffer *b = registry_find(e->reg, op->disk_ids[i]);
+    if (b && b->state == BUF_PAUSED) registry_disk_unload(e->reg, b);
+  }
+}
+
 /* Finish the current operation if nobody is left to wait for; a failed
  * resume first rolls back what owners mapped; a pause first waits for
  * its owners that ended to leave the driver (exitwait.h). */
@@ -1125,6 +1148,7 @@ static void check_done(engine *e) {
       return;
     }
   }
+  if (op->resume) unload_disk(e, op);
   e->current = NULL;
   reply(e, op);
   op_free(e, op);

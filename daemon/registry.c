@@ -587,13 +587,7 @@ bool registry_disk_written(registry *r, uint64_t id, void *host, uint64_t size, 
   if (fd < 0) return false;
   b->disk_fd = fd;
   r->disk_bytes += b->size;
-  r->backup_bytes -= b->size; /* valid still, in the file now */
-  if (!b->pageable) r->backup_ready -= b->size;
-  free_host(r, b->device, b->backup, b->size, b->pageable);
-  b->backup = NULL;
-  b->handed_to = 0;
-  unreserve_backup(r, b);
-  b->pageable = false; /* the resume chooses again (unless the buffer asked) */
+  registry_disk_unload(r, b); /* valid still, in the file alone now */
   return true;
 }
 
@@ -602,6 +596,18 @@ void registry_disk_loaded(registry *r, struct buffer *b, void *host) {
   b->backup = host;
   if (!b->pageable) r->backup_ready += b->size;
   r->backup_bytes += b->size;
+}
+
+/* A failed resume's read-back backup goes back to its file alone. */
+void registry_disk_unload(registry *r, struct buffer *b) {
+  if (!b->backup_valid || b->disk_fd < 0 || !b->backup || b->spilling) return;
+  r->backup_bytes -= b->size;
+  if (!b->pageable) r->backup_ready -= b->size;
+  free_host(r, b->device, b->backup, b->size, b->pageable);
+  b->backup = NULL;
+  b->handed_to = 0;
+  unreserve_backup(r, b);
+  b->pageable = false; /* the resume chooses again (unless the buffer asked) */
 }
 
 /* Whether b's backup is only in its file. */

@@ -347,6 +347,10 @@ bool registry_disk_written(registry *r, uint64_t id, void *host, uint64_t size, 
  * is ACTIVE). */
 void registry_disk_loaded(registry *r, struct buffer *b, void *host);
 
+/* A resume that read b's backup back failed, b PAUSED still: its backup
+ * is only in its file again (host memory and reservation let go of). */
+void registry_disk_unload(registry *r, struct buffer *b);
+
 /* Whether b's backup is only on disk (a resume must read it first). */
 bool registry_on_disk(const struct buffer *b);
 

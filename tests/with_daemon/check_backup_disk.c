@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/wire.h"
 #include "gpumem.h"
 #include "harness.h"
 #include "procfd.h"
@@ -420,11 +421,52 @@ START_TEST(a_disk_backup_is_not_read_while_paused) {
 }
 END_TEST
 
+/* A resume that read the backups back and then failed (its worker could
+ * not map the buffer) leaves them only in their files again: no pinned
+ * memory, nothing reserved; the next resume reads them again and the
+ * contents come back. */
+START_TEST(a_failed_resume_lets_go_of_what_it_read) {
+  make_dir();
+  start_with(NULL, NULL, NULL);
+  struct peer w, c;
+  scene_open(&w, &c, &d);
+  struct pbuf b;
+  const uint32_t disk = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
+                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE |
+                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK;
+  peer_alloc(&w, "kv", 0, 8 * MiB, disk, &b);
+  scene_fill(&b, 8 * MiB, 7);
+  scene_served(&c, &w, &b, 1, false, "kv");
+  peer_op(&c, true, "kv", 0, 0);
+  struct frame f;
+  wire_env *e = peer_event(&w, &f), *r = NULL;
+  frame_release(&f);
+  peer_ack(&w, e->id, &b.id, 1, "cannot map it");
+  wire_env_free(e);
+  ck_assert_int_ne(peer_op_wait(&c, &r), CODE(OK));
+  wire_env_free(r);
+  wire_env *s = peer_status(&c);
+  const Gpumem__Wire__TagInfo *t = peer_tag(s, "kv");
+  ck_assert_uint_eq(t->backup_disk_bytes, 8 * MiB);
+  ck_assert_uint_eq(t->backup_bytes, 8 * MiB);
+  ck_assert_uint_eq(t->backup_pinned_bytes, 0);
+  ck_assert_uint_eq(t->backup_reserved_bytes, 0);
+  ck_assert_uint_eq(s->status_reply->backup_reserved, 0);
+  wire_env_free(s);
+  peer_op_served(&c, true, "kv", &w, &b, 1);
+  ck_assert(scene_holds(&b, 8 * MiB, 7));
+  peer_unmap(&b);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("backup_disk", 60, NULL, teardown, a_disk_backup_is_a_file_only_while_paused,
                      a_session_that_ends_takes_its_files, a_disk_backup_needs_a_backup_dir,
                      a_backup_dir_it_cannot_trust_stops_the_start,
                      a_pause_that_cannot_write_pauses_nothing,
                      a_write_that_fails_keeps_the_backup_in_host_memory,
-                     a_crash_leaves_no_file_behind, a_disk_backup_is_not_read_while_paused);
+                     a_crash_leaves_no_file_behind, a_disk_backup_is_not_read_while_paused,
+                     a_failed_resume_lets_go_of_what_it_read);
 }
