@@ -756,17 +756,13 @@ static void on_disk_read(void *arg, struct spill_item *items, size_t n, bool ok)
   const struct spill_item *bad = NULL;
   for (size_t i = 0; i < n; i++) {
     struct spill_item *it = &items[i];
-    struct buffer *b = registry_find(e->reg, it->id);
     if (it->io.rc && !bad) bad = it;
     close(it->io.fd);
-    if (b && registry_on_disk(b) && ok) {
-      registry_disk_loaded(e->reg, b, it->io.host);
-      note_disk(op, b); /* let go of again if the resume does not happen */
-      continue;
-    }
-    if (b) registry_backup_unreserve(e->reg, b);
-    if (it->io.host && it->pageable) pageable_free(it->io.host, it->io.size);
-    else if (it->io.host) hostmem_free(e->gpu, it->dev, it->io.host, it->io.size);
+    if (ok && registry_disk_loaded(e->reg, it->id, it->io.host, it->io.size, it->dev,
+                                   it->pageable))
+      note_disk(op, registry_find(e->reg, it->id)); /* let go of again if it fails */
+    else if (!ok && registry_find(e->reg, it->id)) /* the read made nothing left */
+      registry_backup_unreserve(e->reg, registry_find(e->reg, it->id));
   }
   log_info("resume: %zu backups read back from %s in %.3f s%s", n,
            backup_disk_path(e->cfg->backup_disk), (double)(uv_hrtime() - op->t_disk) / 1e9,

@@ -591,11 +591,19 @@ bool registry_disk_written(registry *r, uint64_t id, void *host, uint64_t size, 
   return true;
 }
 
-/* A resume read b's backup back from its file (registry.h). */
-void registry_disk_loaded(registry *r, struct buffer *b, void *host) {
+/* A resume read a backup back from its file (registry.h). */
+bool registry_disk_loaded(registry *r, uint64_t id, void *host, uint64_t size, unsigned dev,
+                          bool pageable) {
+  struct buffer *b = registry_find(r, id);
+  if (!b || !registry_on_disk(b)) { /* freed, or moved on, meanwhile */
+    free_host(r, dev, host, size, pageable);
+    if (b) registry_backup_unreserve(r, b);
+    return false;
+  }
   b->backup = host;
   if (!b->pageable) r->backup_ready += b->size;
   r->backup_bytes += b->size;
+  return true;
 }
 
 /* A failed resume's read-back backup goes back to its file alone. */

@@ -342,10 +342,13 @@ void *registry_disk_take(registry *r, struct buffer *b);
 bool registry_disk_written(registry *r, uint64_t id, void *host, uint64_t size, unsigned dev,
                            bool pageable, int fd);
 
-/* Host memory made and filled from b's file for a resume (b reserved
- * for it): its backup is in host memory again (the file stays until b
- * is ACTIVE). */
-void registry_disk_loaded(registry *r, struct buffer *b, void *host);
+/* Host memory (host, size bytes, pinned for dev or pageable) made and
+ * filled from the file of buffer id for a resume, which reserved it:
+ * its backup is in host memory again (the file stays until it is
+ * ACTIVE). When the buffer is gone or moved on, host is freed (and the
+ * reservation given back); false then. */
+bool registry_disk_loaded(registry *r, uint64_t id, void *host, uint64_t size, unsigned dev,
+                          bool pageable);
 
 /* A resume that read b's backup back failed, b PAUSED still: its backup
  * is only in its file again (host memory and reservation let go of). */

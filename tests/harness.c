@@ -64,6 +64,28 @@ double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* The status of tag (harness.h). */
+struct gpumem_tag_status client_tag(gpumem_client *c, const char *tag) {
+  struct gpumem_status *s = NULL;
+  ck_assert_msg(gpumem_status(c, &s) == 0, "%s", gpumem_last_error());
+  struct gpumem_tag_status t;
+  memset(&t, 0, sizeof t);
+  for (size_t i = 0; i < s->ntags; i++)
+    if (strcmp(s->tags[i]->name, tag) == 0) t = *s->tags[i];
+  t.name = NULL; /* freed with the status */
+  gpumem_status_free(s);
+  return t;
+}
+
+/* One pause or resume of tag (harness.h). */
+int client_op(gpumem_client *ctl, const char *tag, bool resume) {
+  struct gpumem_op_report *r = NULL;
+  int rc = resume ? gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, &r)
+                  : gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, &r);
+  gpumem_op_report_free(r);
+  return rc;
+}
+
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);

@@ -159,6 +159,7 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids);
 /* Milliseconds on the monotonic clock. */
 double now_ms(void);
 
+
 /* Connect a raw socket to the daemon. */
 int raw_connect(const struct daemon *d);
 
@@ -171,6 +172,13 @@ int daemon_log_count(const struct daemon *d, const char *text);
 #include <pthread.h>
 
 #include "gpumem.h"
+
+/* The status of tag by client c (all zero, name NULL, when the daemon
+ * lists none); fails the test if the status cannot be had. */
+struct gpumem_tag_status client_tag(gpumem_client *c, const char *tag);
+
+/* One pause (resume false) or resume of tag by controller ctl; its code. */
+int client_op(gpumem_client *ctl, const char *tag, bool resume);
 
 /* What a connection hook saw (conn_events_watch). Read the fields under
  * mu, or once the events a test waits for have all come. */

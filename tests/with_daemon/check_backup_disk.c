@@ -109,28 +109,6 @@ static int names_in_dir(void) {
   return n;
 }
 
-/* The status of tag (zero when there is none). */
-static struct gpumem_tag_status tag_of(gpumem_client *c, const char *tag) {
-  struct gpumem_status *s = NULL;
-  ck_assert_msg(gpumem_status(c, &s) == 0, "%s", gpumem_last_error());
-  struct gpumem_tag_status t;
-  memset(&t, 0, sizeof t);
-  for (size_t i = 0; i < s->ntags; i++)
-    if (strcmp(s->tags[i]->name, tag) == 0) t = *s->tags[i];
-  t.name = NULL;
-  gpumem_status_free(s);
-  return t;
-}
-
-/* One pause or resume of tag; its code. */
-static int op(gpumem_client *ctl, const char *tag, bool resume) {
-  struct gpumem_op_report *r = NULL;
-  int rc = resume ? gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, &r)
-                  : gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, &r);
-  gpumem_op_report_free(r);
-  return rc;
-}
-
 /* The last word of buffer b. */
 static uint32_t last_word(gpumem_client *w, gpumem_buffer *b, uint64_t size) {
   uint32_t v = 0;
@@ -160,8 +138,8 @@ START_TEST(a_disk_backup_is_a_file_only_while_paused) {
   uint64_t memfd0 = memfd_bytes(&d.pid, 1);
   for (uint32_t round = 0; round < 3; round++) {
     ck_assert_int_eq(gpumem_buffer_fill32(w, b, 0, size, 0xd15c0 + round), 0);
-    ck_assert_msg(op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
-    struct gpumem_tag_status t = tag_of(ctl, "weights");
+    ck_assert_msg(client_op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+    struct gpumem_tag_status t = client_tag(ctl, "weights");
     ck_assert_uint_eq(t.backup_disk_bytes, size);
     ck_assert_uint_eq(t.backup_bytes, size);
     ck_assert_uint_eq(t.backup_pinned_bytes, 0);
@@ -182,9 +160,9 @@ START_TEST(a_disk_backup_is_a_file_only_while_paused) {
     ck_assert_uint_eq(s->backup_disk_bytes, size);
     ck_assert_uint_gt(s->backup_disk_free, 0);
     gpumem_status_free(s);
-    ck_assert_msg(op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+    ck_assert_msg(client_op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
     ck_assert_uint_eq(last_word(w, b, size), 0xd15c0 + round);
-    t = tag_of(ctl, "weights");
+    t = client_tag(ctl, "weights");
     ck_assert_uint_eq(t.backup_disk_bytes, 0);
     ck_assert_uint_eq(t.backup_pinned_bytes, 0);
     ck_assert_int_eq(held_files().files, 0);
@@ -206,7 +184,7 @@ START_TEST(a_session_that_ends_takes_its_files) {
   for (int i = 0; i < 3; i++)
     ck_assert_int_eq(gpumem_alloc(w, "weights", 0, 2 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_DISK,
                                   &b[i]), 0);
-  ck_assert_msg(op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+  ck_assert_msg(client_op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
   ck_assert_int_eq(held_files().files, 3);
   gpumem_disconnect(w);
   for (int tries = 0; tries < 200 && held_files().files; tries++) {
@@ -299,21 +277,21 @@ START_TEST(a_pause_that_cannot_write_pauses_nothing) {
   ck_assert_int_eq(gpumem_alloc(w, "weights", 0, 8 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_DISK, &b),
                    0);
   ck_assert_int_eq(gpumem_buffer_fill32(w, b, 0, 8 * MiB, 0xf011), 0);
-  ck_assert_int_eq(op(ctl, "weights", false), GPUMEM_E_BACKEND);
+  ck_assert_int_eq(client_op(ctl, "weights", false), GPUMEM_E_BACKEND);
   ck_assert_msg(strstr(gpumem_last_error(), "has 6291456 bytes free, 8388608 needed") &&
                     strstr(gpumem_last_error(), "nothing was paused"),
                 "%s", gpumem_last_error());
   ck_assert_int_eq(gpumem_buffer_mapped(b), 1);
-  ck_assert_int_eq(tag_of(ctl, "weights").state, GPUMEM_ACTIVE);
+  ck_assert_int_eq(client_tag(ctl, "weights").state, GPUMEM_ACTIVE);
   ck_assert_uint_eq(last_word(w, b, 8 * MiB), 0xf011);
   /* The directory made writable by others, then removed. */
   ck_assert_int_eq(chmod(dir, 0777), 0);
-  ck_assert_int_eq(op(ctl, "weights", false), GPUMEM_E_BACKEND);
+  ck_assert_int_eq(client_op(ctl, "weights", false), GPUMEM_E_BACKEND);
   ck_assert_msg(strstr(gpumem_last_error(), "is not safe: it is writable by every user"), "%s",
                 gpumem_last_error());
   ck_assert_int_eq(chmod(dir, 0700), 0);
   ck_assert_int_eq(rmdir(dir), 0);
-  ck_assert_int_eq(op(ctl, "weights", false), GPUMEM_E_BACKEND);
+  ck_assert_int_eq(client_op(ctl, "weights", false), GPUMEM_E_BACKEND);
   ck_assert_msg(strstr(gpumem_last_error(), "was removed"), "%s", gpumem_last_error());
   ck_assert_int_eq(gpumem_buffer_mapped(b), 1);
   ck_assert_uint_eq(last_word(w, b, 8 * MiB), 0xf011);
@@ -339,7 +317,7 @@ START_TEST(a_write_that_fails_keeps_the_backup_in_host_memory) {
   ck_assert_int_eq(gpumem_alloc(w, "weights", 0, 8 * MiB, fl, &big), 0);
   ck_assert_int_eq(gpumem_buffer_fill32(w, small, 0, 4 * MiB, 0x5a11), 0);
   ck_assert_int_eq(gpumem_buffer_fill32(w, big, 0, 8 * MiB, 0xb16), 0);
-  ck_assert_int_eq(op(ctl, "weights", false), GPUMEM_E_BACKEND);
+  ck_assert_int_eq(client_op(ctl, "weights", false), GPUMEM_E_BACKEND);
   char want[96];
   snprintf(want, sizeof want, "the backup of buffer %llu was not written",
            (unsigned long long)gpumem_buffer_id(big));
@@ -347,17 +325,17 @@ START_TEST(a_write_that_fails_keeps_the_backup_in_host_memory) {
                     strstr(gpumem_last_error(), "No space left on device") &&
                     strstr(gpumem_last_error(), "it stays in host memory"),
                 "%s", gpumem_last_error());
-  struct gpumem_tag_status t = tag_of(ctl, "weights");
+  struct gpumem_tag_status t = client_tag(ctl, "weights");
   ck_assert_int_eq(t.state, GPUMEM_PAUSED);
   ck_assert_uint_eq(t.backup_disk_bytes, 4 * MiB);
   ck_assert_uint_eq(t.backup_pinned_bytes, 8 * MiB);
   ck_assert_uint_eq(t.backup_bytes, 12 * MiB);
   ck_assert_int_eq(held_files().files, 1);
-  ck_assert_msg(op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+  ck_assert_msg(client_op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
   ck_assert_uint_eq(last_word(w, small, 4 * MiB), 0x5a11);
   ck_assert_uint_eq(last_word(w, big, 8 * MiB), 0xb16);
   ck_assert_int_eq(held_files().files, 0);
-  ck_assert_uint_eq(tag_of(ctl, "weights").backup_pinned_bytes, 0);
+  ck_assert_uint_eq(client_tag(ctl, "weights").backup_pinned_bytes, 0);
   ck_assert_int_eq(gpumem_free(w, small), 0);
   ck_assert_int_eq(gpumem_free(w, big), 0);
   gpumem_disconnect(ctl);
@@ -387,7 +365,7 @@ START_TEST(a_crash_leaves_no_file_behind) {
   gpumem_buffer *b = NULL;
   ck_assert_int_eq(gpumem_alloc(w, "weights", 0, 4 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_DISK, &b),
                    0);
-  ck_assert_msg(op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+  ck_assert_msg(client_op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
   ck_assert_int_eq(held_files().files, 1);
   kill(d.pid, SIGKILL);
   waitpid(d.pid, NULL, 0);
@@ -408,13 +386,13 @@ START_TEST(a_disk_backup_is_not_read_while_paused) {
   gpumem_buffer *b = NULL;
   ck_assert_int_eq(gpumem_alloc(w, "weights", 0, 2 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_DISK, &b),
                    0);
-  ck_assert_msg(op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+  ck_assert_msg(client_op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
   uint32_t v = 0;
   ck_assert_int_eq(gpumem_backup_read(w, gpumem_buffer_ptr(b), sizeof v, &v), GPUMEM_E_WRONG_STATE);
   ck_assert_msg(strstr(gpumem_last_error(), "--backup-dir") &&
                     strstr(gpumem_last_error(), "resume the buffer and read it"),
                 "%s", gpumem_last_error());
-  ck_assert_msg(op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+  ck_assert_msg(client_op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
   ck_assert_int_eq(gpumem_free(w, b), 0);
   gpumem_disconnect(ctl);
   gpumem_disconnect(w);

@@ -19,19 +19,6 @@ static struct daemon d;
 
 static void teardown(void) { scene_stop(&d); }
 
-/* The status of tag (all zero when the daemon lists none). */
-static struct gpumem_tag_status tag_of(gpumem_client *c, const char *tag) {
-  struct gpumem_status *s = NULL;
-  ck_assert_msg(gpumem_status(c, &s) == 0, "%s", gpumem_last_error());
-  struct gpumem_tag_status t;
-  memset(&t, 0, sizeof t);
-  for (size_t i = 0; i < s->ntags; i++)
-    if (strcmp(s->tags[i]->name, tag) == 0) t = *s->tags[i];
-  t.name = NULL; /* freed with the status */
-  gpumem_status_free(s);
-  return t;
-}
-
 /* The daemon's host memory reserved for backups, by its status. */
 static uint64_t reserved(gpumem_client *c) {
   struct gpumem_status *s = NULL;
@@ -39,15 +26,6 @@ static uint64_t reserved(gpumem_client *c) {
   uint64_t r = s->backup_reserved;
   gpumem_status_free(s);
   return r;
-}
-
-/* One pause or resume of tag; its code. */
-static int op(gpumem_client *ctl, const char *tag, bool resume) {
-  struct gpumem_op_report *r = NULL;
-  int rc = resume ? gpumem_resume(ctl, &tag, 1, NULL, 0, NULL, &r)
-                  : gpumem_pause(ctl, &tag, 1, NULL, 0, NULL, &r);
-  gpumem_op_report_free(r);
-  return rc;
 }
 
 /* A BACKUP_RELEASE buffer holds backup memory only while paused, and its
@@ -62,19 +40,19 @@ START_TEST(a_released_backup_exists_only_while_paused) {
   ck_assert_int_eq(
       gpumem_alloc(w, "weights", 0, size, GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE, &rel), 0);
   ck_assert_int_eq(gpumem_alloc(w, "kept", 0, size, GPUMEM_BACKUP, &kept), 0);
-  ck_assert_uint_eq(tag_of(ctl, "weights").backup_reserved_bytes, 0);
-  ck_assert_uint_eq(tag_of(ctl, "kept").backup_reserved_bytes, size);
+  ck_assert_uint_eq(client_tag(ctl, "weights").backup_reserved_bytes, 0);
+  ck_assert_uint_eq(client_tag(ctl, "kept").backup_reserved_bytes, size);
   ck_assert_uint_eq(reserved(ctl), size);
   for (uint32_t round = 0; round < 3; round++) {
     ck_assert_int_eq(gpumem_buffer_fill32(w, rel, 0, size, 0xabc0 + round), 0);
-    ck_assert_msg(op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
-    struct gpumem_tag_status t = tag_of(ctl, "weights");
+    ck_assert_msg(client_op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+    struct gpumem_tag_status t = client_tag(ctl, "weights");
     ck_assert_uint_eq(t.backup_pinned_bytes, size);
     ck_assert_uint_eq(t.backup_reserved_bytes, size);
     ck_assert_uint_eq(t.backup_bytes, size);
     ck_assert_uint_eq(reserved(ctl), 2 * size);
-    ck_assert_msg(op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
-    t = tag_of(ctl, "weights");
+    ck_assert_msg(client_op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+    t = client_tag(ctl, "weights");
     ck_assert_uint_eq(t.backup_pinned_bytes, 0);
     ck_assert_uint_eq(t.backup_reserved_bytes, 0);
     ck_assert_uint_eq(reserved(ctl), size);
@@ -104,12 +82,12 @@ START_TEST(a_pause_whose_backups_do_not_fit_changes_nothing) {
   ck_assert_int_eq(
       gpumem_alloc(w, "weights", 0, 4 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_RELEASE, &rel), 0);
   ck_assert_int_eq(gpumem_buffer_fill32(w, rel, 0, 4 * MiB, 0x5eed), 0);
-  ck_assert_int_eq(op(ctl, "weights", false), GPUMEM_E_LIMIT);
+  ck_assert_int_eq(client_op(ctl, "weights", false), GPUMEM_E_LIMIT);
   ck_assert_msg(strstr(gpumem_last_error(), "--backup-limit 8388608 has 2097152 left") &&
                     strstr(gpumem_last_error(), "nothing was paused"),
                 "%s", gpumem_last_error());
   ck_assert_int_eq(gpumem_buffer_mapped(rel), 1);
-  struct gpumem_tag_status t = tag_of(ctl, "weights");
+  struct gpumem_tag_status t = client_tag(ctl, "weights");
   ck_assert_int_eq(t.state, GPUMEM_ACTIVE);
   ck_assert_uint_eq(t.backup_reserved_bytes, 0);
   ck_assert_uint_eq(reserved(ctl), 6 * MiB);
@@ -117,9 +95,9 @@ START_TEST(a_pause_whose_backups_do_not_fit_changes_nothing) {
   ck_assert_int_eq(gpumem_buffer_read(w, rel, 0, &got, sizeof got), 0);
   ck_assert_uint_eq(got, 0x5eed);
   ck_assert_int_eq(gpumem_free(w, kept), 0);
-  ck_assert_msg(op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+  ck_assert_msg(client_op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
   ck_assert_uint_eq(reserved(ctl), 4 * MiB);
-  ck_assert_msg(op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+  ck_assert_msg(client_op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
   ck_assert_int_eq(gpumem_buffer_read(w, rel, 0, &got, sizeof got), 0);
   ck_assert_uint_eq(got, 0x5eed);
   ck_assert_uint_eq(reserved(ctl), 0);
@@ -187,11 +165,11 @@ START_TEST(a_backup_past_the_limit_can_be_pageable) {
   ck_assert_msg(gpumem_pause(ctl, tags, 3, NULL, 0, NULL, &r) == 0, "%s", gpumem_last_error());
   ck_assert_uint_eq(r->backup_bytes, 3 * size);
   gpumem_op_report_free(r);
-  ck_assert_uint_eq(tag_of(ctl, "a").backup_pinned_bytes, size);
-  ck_assert_uint_eq(tag_of(ctl, "a").backup_pageable_bytes, 0);
-  ck_assert_uint_eq(tag_of(ctl, "b").backup_pageable_bytes, size);
-  ck_assert_uint_eq(tag_of(ctl, "b").backup_pinned_bytes, 0);
-  ck_assert_uint_eq(tag_of(ctl, "c").backup_pageable_bytes, size);
+  ck_assert_uint_eq(client_tag(ctl, "a").backup_pinned_bytes, size);
+  ck_assert_uint_eq(client_tag(ctl, "a").backup_pageable_bytes, 0);
+  ck_assert_uint_eq(client_tag(ctl, "b").backup_pageable_bytes, size);
+  ck_assert_uint_eq(client_tag(ctl, "b").backup_pinned_bytes, 0);
+  ck_assert_uint_eq(client_tag(ctl, "c").backup_pageable_bytes, size);
   uint64_t anon = daemon_anon();
   ck_assert_msg(anon >= anon0 + 2 * size, "RssAnon %llu -> %llu", (unsigned long long)anon0,
                 (unsigned long long)anon);
@@ -256,7 +234,7 @@ START_TEST(a_rolled_back_resume_hands_a_released_backup_anew) {
   ck_assert_int_ne(peer_op_wait(&c, &r), CODE(OK));
   wire_env_free(r);
   ck_assert_int_eq(gpumem_buffer_mapped(rel), 0);
-  ck_assert_uint_eq(tag_of(ctl, "weights").backup_pinned_bytes, 4 * MiB);
+  ck_assert_uint_eq(client_tag(ctl, "weights").backup_pinned_bytes, 4 * MiB);
   peer_op(&c, true, "weights", 0, 0);
   e = peer_event(&p, &f);
   scene_serve_event(&p, e, &f, &x, 1);
@@ -268,7 +246,7 @@ START_TEST(a_rolled_back_resume_hands_a_released_backup_anew) {
   uint32_t v = 0;
   ck_assert_int_eq(gpumem_buffer_read(w, rel, 0, &v, sizeof v), 0);
   ck_assert_uint_eq(v, 0x1234);
-  ck_assert_uint_eq(tag_of(ctl, "weights").backup_pinned_bytes, 0);
+  ck_assert_uint_eq(client_tag(ctl, "weights").backup_pinned_bytes, 0);
   ck_assert_uint_eq(reserved(ctl), 0);
   peer_unmap(&x);
   peer_close(&c);
@@ -406,13 +384,13 @@ START_TEST(a_pause_short_of_pageable_room_pauses_nothing) {
                 "%s", gpumem_last_error());
   ck_assert_int_eq(gpumem_buffer_mapped(a), 1);
   ck_assert_int_eq(gpumem_buffer_mapped(b), 1);
-  ck_assert_int_eq(tag_of(ctl, "a").state, GPUMEM_ACTIVE);
+  ck_assert_int_eq(client_tag(ctl, "a").state, GPUMEM_ACTIVE);
   ck_assert_uint_eq(reserved(ctl), 0);
   uint32_t v = 0;
   ck_assert_int_eq(gpumem_buffer_read(w, b, 0, &v, sizeof v), 0);
   ck_assert_uint_eq(v, 0xb);
-  ck_assert_int_eq(op(ctl, "a", false), 0); /* the pinned one alone fits */
-  ck_assert_int_eq(op(ctl, "a", true), 0);
+  ck_assert_int_eq(client_op(ctl, "a", false), 0); /* the pinned one alone fits */
+  ck_assert_int_eq(client_op(ctl, "a", true), 0);
   ck_assert_int_eq(gpumem_free(w, a), 0);
   ck_assert_int_eq(gpumem_free(w, b), 0);
   gpumem_disconnect(ctl);
