@@ -25,6 +25,8 @@ struct backup_map {
   size_t n;
   uint64_t *handles;
   uint64_t *sizes;
+  bool files; /* files mapped read only in host memory (backup_io_map_files):
+               * no handles, never copied through */
 };
 
 /* Import n pieces (their sizes, one fd each, taken: set to -1) on dev
@@ -33,7 +35,14 @@ struct backup_map {
 int backup_io_map(gpuva *g, unsigned dev, const uint64_t *sizes, size_t n, int *fds,
                   struct backup_map *m);
 
-/* Unmap and release what backup_io_map made (nothing for none); m is
+/* Map n files (their sizes, one fd each, taken: closed) read only, end
+ * to end, in host memory: a backup read while paused from the daemon's
+ * --backup-dir, or copied into this process's own memfd. Each file must
+ * hold its size (a shorter one would fault its reader). Returns 0, or a
+ * GPUMEM_E_* code with error_set's words and nothing left mapped. */
+int backup_io_map_files(const uint64_t *sizes, size_t n, int *fds, struct backup_map *m);
+
+/* Unmap and release what backup_io_map or backup_io_map_files made (nothing for none); m is
  * then none. */
 void backup_io_unmap(gpuva *g, unsigned dev, struct backup_map *m);
 

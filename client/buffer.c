@@ -280,8 +280,10 @@ int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
     return error_set(GPUMEM_E_WRONG_STATE, "remap of buffer %llu does not fit it (%s)", id_of(b),
                      mapped ? "it is mapped" : "other chunks");
   int rc = map_chunks(b, fds, !m);
-  if (rc == 0 && !m && (b->flags & GPUMEM_BACKUP_RELEASE))
-    buffer_drop_backup(b); /* a map kept for reading: the daemon lets the memory go */
+  /* A map kept for reading: the daemon lets the memory go, or it is a
+   * file or a copy, true only while the buffer was paused. */
+  if (rc == 0 && !m && ((b->flags & GPUMEM_BACKUP_RELEASE) || b->backup.files))
+    buffer_drop_backup(b);
   if (rc < 0 || !m) return rc;
   if ((rc = backup_through(b, m, false, keep)) < 0) {
     buffer_unmap(b);
@@ -345,7 +347,12 @@ int buffer_backup_read(gpumem_buffer *b, uint64_t off, uint64_t len, void *dst,
   int rc = backup_read_begin(b, off, len);
   if (rc < 0) return rc;
   void *at = (char *)b->backup.va + off;
-  if (view) {
+  if (b->backup.files) { /* host memory already, read only */
+    if (view)
+      *view = at;
+    else if (len)
+      memcpy(dst, at, len);
+  } else if (view) {
     if (gpuva_host_view(b->gpu, b->local, b->backup.va, b->backup.total) < 0)
       rc = error_set(GPUMEM_E_BACKEND, "buffer %llu: its backup cannot be read in place: %s",
                      id_of(b), gpu_error());
@@ -370,7 +377,7 @@ uint64_t buffer_epoch(gpumem_buffer *b) {
 /* Keep backup memory the daemon handed for reading, unless some is kept
  * or the buffer moved since the request. */
 int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
-                       uint64_t epoch) {
+                       bool files, uint64_t epoch) {
   backup_begin_change(b);
   pthread_mutex_lock(&b->mu);
   bool moved = b->epoch != epoch || b->mapped || b->unmapping;
@@ -381,7 +388,8 @@ int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *f
                    "buffer %llu was resumed or paused again while its backup was asked for",
                    id_of(b));
   } else if (!b->backup.va) {
-    rc = backup_io_map(b->gpu, b->local, sizes, n, fds, &b->backup);
+    rc = files ? backup_io_map_files(sizes, n, fds, &b->backup)
+               : backup_io_map(b->gpu, b->local, sizes, n, fds, &b->backup);
     if (rc == 0 && b->backup.total < b->size) {
       backup_io_unmap(b->gpu, b->local, &b->backup);
       rc = error_set(GPUMEM_E_PROTOCOL,

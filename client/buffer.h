@@ -84,11 +84,13 @@ int buffer_backup_read(gpumem_buffer *b, uint64_t off, uint64_t len, void *dst,
 uint64_t buffer_epoch(gpumem_buffer *b);
 
 /* Map the n pieces of backup memory (their sizes, one fd each, all taken)
- * that the daemon handed for reading and keep them as the buffer's backup,
- * unless it keeps one already. GPUMEM_E_WRONG_STATE when the buffer was
- * mapped or unmapped since buffer_epoch said epoch (the memory may be
- * stale or let go of), else 0 or backup_io_map's code. */
-int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
+ * that the daemon handed for reading, or files (a disk backup's file, or
+ * this process's memfd the daemon copied a pageable backup into: mapped
+ * read only, let go of at the next remap), and keep them as the buffer's
+ * backup, unless it keeps one already. GPUMEM_E_WRONG_STATE when the
+ * buffer was mapped or unmapped since buffer_epoch said epoch (the memory
+ * may be stale or let go of), else 0 or backup_io_map's code. */
+int buffer_backup_keep(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds, bool files,
                        uint64_t epoch);
 
 /* True while the buffer keeps backup memory of the daemon's mapped. */

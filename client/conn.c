@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "error.h"
@@ -165,13 +166,19 @@ int conn_call(conn *k, wire_env *req, struct call *call) {
     r->id = req->id = k->next_id++;
     /* Read the id here: a reconnection renumbers buffers. */
     if (call->freeing) req->free->buffer_id = gpumem_buffer_id(call->freeing);
-    if (!(r->bytes = wire_pack(req, &r->len))) {
+    if (call->nsend_fds && (r->fds = malloc(call->nsend_fds * sizeof *r->fds))) {
+      memcpy(r->fds, call->send_fds, call->nsend_fds * sizeof *r->fds);
+      r->nfds = call->nsend_fds;
+    }
+    if ((call->nsend_fds && !r->fds) || !(r->bytes = wire_pack(req, &r->len))) {
+      free(r->fds);
       free(r);
       rc = error_set(GPUMEM_E_NOMEM, "out of memory");
     }
   }
   if (rc < 0) {
     pthread_mutex_unlock(&k->mu);
+    for (size_t i = 0; i < call->nsend_fds; i++) close(call->send_fds[i]);
     return rc;
   }
   double wait_ms = (double)k->timeout_ms + call->extra_ms;

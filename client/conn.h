@@ -43,6 +43,8 @@ struct call {
   const struct buffer_spec *alloc; /* an AllocRequest: make its buffer from the reply */
   gpumem_buffer *freeing;          /* a FreeRequest of this buffer (its id is filled in) */
   unsigned extra_ms;               /* waits this much longer than the request timeout */
+  const int *send_fds;             /* fds sent with the request: taken (closed) whether or */
+  size_t nsend_fds;                /* not it is sent (set the request's fd_count) */
   wire_env *reply;                 /* the answer (an AllocReply, an Error, ...) or NULL */
   struct frame frame;              /* and its fds */
   gpumem_buffer *built;            /* alloc: the buffer made from the reply, or NULL */

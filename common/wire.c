@@ -264,9 +264,13 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
   if (env->fd_count != nfds)
     return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,
                   "frame declared %u fds, %zu arrived", env->fd_count, nfds);
-  if (nfds && env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ADOPT)
+  bool memory = env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_BACKUP && env->backup->memory;
+  if (memory && nfds != 1)
     return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,
-                  "only adopt carries fds (got %zu)", nfds);
+                  "a backup request with memory carries one fd (got %zu)", nfds);
+  if (nfds && !memory && env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ADOPT)
+    return refuse(GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR, why, whylen,
+                  "only adopt and a backup request with memory carry fds (got %zu)", nfds);
   switch (env->body_case) {
   case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT:
     return check_adopt(env->adopt, nfds, why, whylen);
@@ -359,11 +363,19 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
                     "pieces of some bytes or kept");
     break;
   case GPUMEM__WIRE__ENVELOPE__BODY_BACKUP_REPLY: {
-    const Gpumem__Wire__BackupMemory *m = env->backup_reply->backup;
-    if (!m || m->kept || m->n_piece_sizes == 0 || m->n_piece_sizes > FRAME_MAX_FDS ||
-        !pieces_ok(m->piece_sizes, m->n_piece_sizes))
+    const Gpumem__Wire__BackupReply *r = env->backup_reply;
+    const Gpumem__Wire__BackupMemory *m = r->backup;
+    if (!m || m->kept || (int)r->files + (int)r->send_memory + (int)r->copied > 1)
+      return refuse(bad, why, whylen, "backup reply: no backup, or more than one kind of it");
+    if (r->send_memory) {
+      if (m->n_piece_sizes)
+        return refuse(bad, why, whylen, "backup reply: pieces with send_memory");
+      break;
+    }
+    if (m->n_piece_sizes == 0 || m->n_piece_sizes > FRAME_MAX_FDS ||
+        !pieces_ok(m->piece_sizes, m->n_piece_sizes) || (r->copied && m->n_piece_sizes != 1))
       return refuse(bad, why, whylen, "backup reply: no pieces, or a piece of no bytes");
-    chunks = m->n_piece_sizes;
+    chunks = r->copied ? 0 : m->n_piece_sizes;
     break;
   }
   case GPUMEM__WIRE__ENVELOPE__BODY_ERROR:

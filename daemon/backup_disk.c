@@ -159,9 +159,12 @@ static bool aligned(const struct backup_disk_item *it) {
  * filesystem takes it. */
 static int make_file(backup_disk *d, struct backup_disk_item *it) {
   int direct = aligned(it) ? O_DIRECT : 0;
-  int fd = openat(d->dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC | direct, 0600);
+  /* O_EXCL: never linked into a directory (an owner reading it holds a
+   * descriptor of it, backup_disk_reader). */
+  const int tmp = O_TMPFILE | O_EXCL | O_RDWR | O_CLOEXEC;
+  int fd = openat(d->dirfd, ".", tmp | direct, 0600);
   if (fd < 0 && errno == EINVAL && direct) /* no direct I/O there */
-    fd = openat(d->dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    fd = openat(d->dirfd, ".", tmp, 0600);
   if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
     char name[64];
     snprintf(name, sizeof name, DISK_PREFIX "%d.%llu", (int)getpid(),
@@ -350,4 +353,18 @@ void backup_disk_read(backup_disk *d, struct backup_disk_item *items, size_t n) 
   transfer(d, items, n, false);
   for (size_t i = 0; i < n; i++)
     if (!items[i].rc) posix_fadvise(items[i].fd, 0, (off_t)items[i].size, POSIX_FADV_DONTNEED);
+}
+
+/* Open a backup file again, read only, through /proc/self/fd. */
+int backup_disk_reader(int fd, char *why, size_t whylen) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  int r = open(path, O_RDONLY | O_CLOEXEC);
+  if (r < 0) {
+    int e = errno;
+    snprintf(why, whylen, "opening its backup file again, read only (%s): %s", path,
+             strerror(e));
+    return -e;
+  }
+  return r;
 }

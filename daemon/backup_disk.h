@@ -55,6 +55,11 @@ void backup_disk_write(backup_disk *d, struct backup_disk_item *items, size_t n)
 /* Read each item's file into its host memory, as backup_disk_write. */
 void backup_disk_read(backup_disk *d, struct backup_disk_item *items, size_t n);
 
+/* A new descriptor of backup file fd, read only, for an owner to read
+ * its paused backup from (the file stays the daemon's: it cannot write
+ * or link it). Returns it, or a negative errno with why. */
+int backup_disk_reader(int fd, char *why, size_t whylen);
+
 /* How transfers are made, for the log and status: "io_uring" or
  * "pread/pwrite", and whether direct. */
 const char *backup_disk_engine(const backup_disk *d);

@@ -2,11 +2,14 @@
 #include "pageable.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The first number in a file, or UINT64_MAX when it cannot be read or
  * says "max". */
@@ -140,4 +143,42 @@ int pageable_make(uint64_t size, void **host, char *why, size_t whylen) {
 /* Free pageable backup memory. */
 void pageable_free(void *host, uint64_t size) {
   if (host) munmap(host, size);
+}
+
+/* Write into an owner's memfd what it asked to read. */
+int pageable_copy_into(int fd, const void *host, uint64_t size, char *why, size_t whylen) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    snprintf(why, whylen, "the memory sent is not a memfd made with MFD_ALLOW_SEALING");
+    return -EINVAL;
+  }
+  if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) {
+    snprintf(why, whylen, "the memfd sent is sealed against writes");
+    return -EINVAL;
+  }
+  /* No shrinking from now on: a write never meets a file cut short. */
+  if (!(seals & F_SEAL_SHRINK) && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+    snprintf(why, whylen, "the memfd sent cannot be sealed against shrinking: %s",
+             strerror(errno));
+    return -EINVAL;
+  }
+  struct stat st;
+  if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < size) {
+    snprintf(why, whylen, "the memfd sent holds %lld bytes, not the %" PRIu64 " of the backup",
+             (long long)st.st_size, size);
+    return -EINVAL;
+  }
+  for (uint64_t done = 0; done < size;) {
+    size_t len = size - done > (1u << 30) ? (1u << 30) : (size_t)(size - done);
+    ssize_t w = pwrite(fd, (const char *)host + done, len, (off_t)done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : ENOSPC;
+      snprintf(why, whylen, "writing the backup into the memfd sent, at %" PRIu64 ": %s", done,
+               strerror(e));
+      return -e;
+    }
+    done += (uint64_t)w;
+  }
+  return 0;
 }

@@ -25,4 +25,11 @@ int pageable_make(uint64_t size, void **host, char *why, size_t whylen);
 /* Free memory from pageable_make. */
 void pageable_free(void *host, uint64_t size);
 
+/* Write size bytes at host into fd, memory an owner sent to read its
+ * backup into: a memfd (no other file, which could block or fault the
+ * daemon), sealed here against shrinking, of at least size bytes, not
+ * sealed against writes. Returns 0, or a negative errno with why
+ * (-EINVAL: not such memory). Blocks for the copy. */
+int pageable_copy_into(int fd, const void *host, uint64_t size, char *why, size_t whylen);
+
 #endif

@@ -12,6 +12,7 @@
 #include "common/idmap.h"
 #include "common/log.h"
 #include "common/size.h"
+#include "backup_disk.h"
 #include "backup_verify.h"
 #include "fdbudget.h"
 #include "pageable.h"
@@ -420,11 +421,10 @@ bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *siz
   return false;
 }
 
-/* Export a paused buffer's valid backup for its owner to read. */
-wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, uint64_t *sizes,
-                                      size_t max, size_t *n, struct fault *f) {
+/* Whether b is a paused BACKUP buffer whose backup holds its contents,
+ * in host memory or in its file: OK, or WRONG_STATE saying why not. */
+static wire_code backup_readable(const struct buffer *b, struct fault *f) {
   unsigned long long id = (unsigned long long)b->id;
-  *n = 0;
   if (!(b->flags & BUF_FLAG_BACKUP))
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "buffer %llu has no backup (allocated without BACKUP)", id);
@@ -432,27 +432,71 @@ wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, u
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "buffer %llu is %s: only a paused buffer's backup holds its contents", id,
                      wire_state_name((int)b->state));
-  if (b->backup_valid && !b->backup && b->disk_fd >= 0)
-    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
-                     "the backup of buffer %llu is in a file of the daemon's --backup-dir "
-                     "(BACKUP_DISK), which is not handed out: resume the buffer and read it",
-                     id);
   if (b->spilling)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "the backup of buffer %llu is being written to the daemon's --backup-dir: "
                      "its pause has not ended", id);
-  if (!b->backup_valid || !b->backup)
+  if (!b->backup_valid || (!b->backup && b->disk_fd < 0))
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
                      "buffer %llu is PAUSED with no backup of its contents (it was never "
                      "mapped, or its backup failed)", id);
-  if (b->pageable)
-    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
-                     "the backup of buffer %llu is the daemon's pageable memory, which cannot "
-                     "be handed out: resume the buffer and read it", id);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Export a paused buffer's valid backup for its owner to read. */
+wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, uint64_t *sizes,
+                                      size_t max, size_t *n, enum backup_form *form,
+                                      struct fault *f) {
+  unsigned long long id = (unsigned long long)b->id;
+  bool newer = b->owner->minor >= 10; /* takes files, and sends memory */
+  *n = 0;
+  *form = BACKUP_FORM_MEMORY;
+  wire_code rc = backup_readable(b, f);
+  if (rc) return rc;
+  if (!b->backup) { /* in its file */
+    if (!newer)
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                       "the backup of buffer %llu is in a file of the daemon's --backup-dir, "
+                       "which only libgpumem 1.10 or later reads: resume the buffer and read it",
+                       id);
+    char why[300];
+    int fd = backup_disk_reader(b->disk_fd, why, sizeof why);
+    if (fd < 0)
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR, "buffer %llu: %s", id, why);
+    fds[0] = fd;
+    sizes[0] = b->size;
+    *n = 1;
+    *form = BACKUP_FORM_FILES;
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  }
+  if (b->pageable) {
+    if (!newer)
+      return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+                       "the backup of buffer %llu is the daemon's pageable memory, which only "
+                       "libgpumem 1.10 or later reads: resume the buffer and read it", id);
+    *form = BACKUP_FORM_SEND_MEMORY;
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  }
   if (gpudev_backup_export(r->gpu, b->device, b->backup, b->size, fds, sizes, max, n) < 0)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
                      "the backup of buffer %llu cannot be handed out here (%s): resume the "
                      "buffer and read it", id, gpu_error());
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Copy a paused pageable backup into its owner's memfd. */
+wire_code registry_backup_copy_into(registry *r, struct buffer *b, int fd, struct fault *f) {
+  (void)r;
+  wire_code rc = backup_readable(b, f);
+  if (rc) return rc;
+  if (!b->backup || !b->pageable)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                     "the backup of buffer %llu is not the daemon's pageable memory: ask for "
+                     "it without memory", (unsigned long long)b->id);
+  char why[300];
+  if (pageable_copy_into(fd, b->backup, b->size, why, sizeof why) < 0)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, "buffer %llu: %s",
+                     (unsigned long long)b->id, why);
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 

@@ -262,12 +262,29 @@ bool registry_owner_copies(const registry *r, const struct buffer *b, bool resum
 bool registry_hand_backup(registry *r, struct buffer *b, int *fds, uint64_t *sizes, size_t max,
                           size_t *n, bool *kept);
 
+/* How a paused backup is given to its owner to read. */
+enum backup_form {
+  BACKUP_FORM_MEMORY,      /* pieces of host memory the backend imports */
+  BACKUP_FORM_FILES,       /* its file in --backup-dir, read only */
+  BACKUP_FORM_SEND_MEMORY, /* none: pageable memory, copied into the owner's */
+};
+
 /* Export the backup of b, a paused BACKUP buffer whose backup holds its
- * contents, as at most max pieces (fds, their sizes, *n of them) for its
- * owner to read. WRONG_STATE when there is no such backup, BACKEND_ERROR
- * where the backend's backups cannot be exported (HIP), with words in f. */
+ * contents, as at most max pieces (fds, their sizes, *n of them, in the
+ * form *form says) for its owner to read; an owner of protocol 1.10 or
+ * later is given a disk backup's file and told to send memory for a
+ * pageable one. WRONG_STATE when there is no such backup, BACKEND_ERROR
+ * where it cannot be given (the backend's backups cannot be exported, as
+ * HIP's; an older owner and a file or pageable memory), with words in f. */
 wire_code registry_backup_for_reading(registry *r, struct buffer *b, int *fds, uint64_t *sizes,
-                                      size_t max, size_t *n, struct fault *f);
+                                      size_t max, size_t *n, enum backup_form *form,
+                                      struct fault *f);
+
+/* Copy the backup of b, paused in pageable memory, into fd, a memfd its
+ * owner sent (pageable_copy_into). WRONG_STATE when b's backup is not
+ * such memory (or not there), INVALID_ARGUMENT for memory that will not
+ * do, with words in f. */
+wire_code registry_backup_copy_into(registry *r, struct buffer *b, int fd, struct fault *f);
 
 /* Reserve the backup room of b (a BACKUP_RELEASE buffer, which reserves
  * none while ACTIVE) for a pause that will make its backup; nothing for a

@@ -743,21 +743,27 @@ static void serve_waiting(void *ctx, struct session *s, uint64_t id,
   if (!s->doomed && !s->owner.closed) handle_alloc(srv, s, id, a);
 }
 
-/* A worker asks for the backup memory of its paused buffer, to read. */
-static void handle_backup(server *srv, struct session *s, const wire_env *env) {
-  struct buffer *b = registry_find(srv->reg, env->backup->buffer_id);
+/* A worker asks for the backup memory of its paused buffer, to read
+ * (with memory of its own, fr's one fd, to copy a pageable one into). */
+static void handle_backup(server *srv, struct session *s, const wire_env *env, struct frame *fr) {
+  const Gpumem__Wire__BackupRequest *q = env->backup;
+  struct buffer *b = registry_find(srv->reg, q->buffer_id);
   if (!b || b->owner != &s->owner) {
     char text[96];
     snprintf(text, sizeof text, "no buffer %llu in this session",
-             (unsigned long long)env->backup->buffer_id);
+             (unsigned long long)q->buffer_id);
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, text);
     return;
   }
   int fds[FRAME_MAX_FDS];
   uint64_t sizes[FRAME_MAX_FDS];
   size_t n = 0;
+  enum backup_form form = BACKUP_FORM_MEMORY;
   struct fault f = {0};
-  if (registry_backup_for_reading(srv->reg, b, fds, sizes, FRAME_MAX_FDS, &n, &f)) {
+  wire_code rc = q->memory ? registry_backup_copy_into(srv->reg, b, fr->fds[0], &f)
+                           : registry_backup_for_reading(srv->reg, b, fds, sizes, FRAME_MAX_FDS,
+                                                         &n, &form, &f);
+  if (rc) {
     session_send_error(s, env->id, &f);
     return;
   }
@@ -767,6 +773,13 @@ static void handle_backup(server *srv, struct session *s, const wire_env *env) {
   m.n_piece_sizes = n;
   Gpumem__Wire__BackupReply r = GPUMEM__WIRE__BACKUP_REPLY__INIT;
   r.backup = &m;
+  r.files = form == BACKUP_FORM_FILES;
+  r.send_memory = form == BACKUP_FORM_SEND_MEMORY;
+  if (q->memory) { /* the owner's memfd holds it now */
+    r.copied = true;
+    sizes[0] = b->size;
+    m.n_piece_sizes = 1;
+  }
   wire_env out = wire_envelope(env->id, GPUMEM__WIRE__ENVELOPE__BODY_BACKUP_REPLY, &r);
   out.fd_count = (uint32_t)n;
   session_send(s, &out, fds, n);
@@ -876,7 +889,7 @@ static void on_frame(void *ctx, struct session *s, struct frame *f) {
       if (!s->write_failed) report_list(&srv->out, &s->owner, env->id, env->list, srv->reg);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_SHARE: handle_share(srv, s, env); break;
-    case GPUMEM__WIRE__ENVELOPE__BODY_BACKUP: handle_backup(srv, s, env); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_BACKUP: handle_backup(srv, s, env, f); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ACK: engine_ack(srv->eng, &s->owner, env->id, env->ack); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT: handle_adopt(srv, s, env, f); break;
     default: break; /* wire_check_request let only requests through */

@@ -54,12 +54,12 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 9
+#define GPUMEM_VERSION_MINOR 10
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (10900 for 1.9.0). */
+/* The library's version, as GPUMEM_VERSION computes it (11000 for 1.10.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
 /* The library's version as text ("1.5.0"). */
@@ -763,11 +763,15 @@ GPUMEM_EXPORT const char *gpumem_state_name(int state);
  * allocation of gpumem_malloc inside one) to host memory at dst, while it
  * stays paused: to ship weights elsewhere while the engine sleeps. The
  * backup memory the buffer keeps mapped serves directly; else the daemon
- * hands it (gpumemd 1.8), and the buffer keeps it mapped from then on.
+ * hands it (gpumemd 1.8), and the buffer keeps it mapped from then on. A
+ * backup in the daemon's --backup-dir is read from its file (mapped read
+ * only), and a pageable one is first copied whole into a memfd of this
+ * process (gpumemd 1.10); each is kept until the buffer is mapped again.
  * Errors: GPUMEM_E_NOT_FOUND (no buffer of c holds those bytes),
  * GPUMEM_E_WRONG_STATE (the buffer is mapped, or has no backup),
  * GPUMEM_E_BACKEND (the copy failed, or this backend's backups cannot be
- * handed out: HIP's), GPUMEM_E_VERSION (an older daemon). */
+ * handed out: HIP's), GPUMEM_E_NOMEM (no memory for the copy),
+ * GPUMEM_E_VERSION (an older daemon). */
 GPUMEM_EXPORT int gpumem_backup_read(gpumem_client *c, const void *ptr, uint64_t len,
                                      void *dst);
 

@@ -442,6 +442,24 @@ uint64_t memfd_bytes(const pid_t *pids, size_t npids) {
   return sum;
 }
 
+/* Sum the lines of /proc/self/maps that name name. */
+uint64_t self_mapped(const char *name, char *perms) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  ck_assert_ptr_nonnull(f);
+  char line[4608];
+  uint64_t sum = 0;
+  perms[0] = '\0';
+  while (fgets(line, sizeof line, f)) {
+    unsigned long long lo, hi;
+    char p[5];
+    if (!strstr(line, name) || sscanf(line, "%llx-%llx %4s", &lo, &hi, p) != 3) continue;
+    if (!sum) memcpy(perms, p, 5);
+    sum += hi - lo;
+  }
+  fclose(f);
+  return sum;
+}
+
 /* --- what libgpumem's connection hook saw --- */
 
 /* Record a connection event and wake the waiter. */

@@ -156,6 +156,11 @@ int worker_stop(struct worker *w, int sig);
  * mapping, each counted once (the kernel's figure, not machine-wide). */
 uint64_t memfd_bytes(const pid_t *pids, size_t npids);
 
+/* Bytes this process maps from files whose /proc/self/maps path holds
+ * name, and the permissions ("r--s") of the first such mapping into perms
+ * (5 bytes; "" when none). */
+uint64_t self_mapped(const char *name, char *perms);
+
 /* Milliseconds on the monotonic clock. */
 double now_ms(void);
 

@@ -59,7 +59,7 @@ from ._native import (FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_BACKUP_DISK, FLAG_BAC
                       FLAG_BACKUP_RELEASE, FLAG_IPC_LEGACY)
 
 
-__version__ = "1.9.0"
+__version__ = "1.10.0"
 
 __all__ = [
     "Buffer",
@@ -1039,7 +1039,9 @@ class Client:
         buffer stays paused. Raises :class:`Error`: NOT_FOUND (no buffer
         of this client holds those bytes), WRONG_STATE (mapped, or no
         backup), BACKEND (the copy failed, or the backend's backups cannot
-        be handed out)."""
+        be handed out), NOMEM (no memory for the copy). A backup on disk
+        is read from the daemon's file; a pageable one is first copied
+        whole into memory of this process (gpumemd 1.10)."""
         ptr = _check_int("ptr", ptr, 1, _U64)
         size = _check_int("size", size, 0, _U64)
         dst = _check_int("dst", dst, 1, _U64)

@@ -472,10 +472,11 @@ class TorchMemorySaver:
         read-only view of the backup's host memory (valid until the tag is
         resumed). None when there is no such backup (the tensor is not
         paused, or was allocated without a backup), as in
-        torch_memory_saver. ValueError for a tensor that is not gpumem
-        memory of this process; gpumem.Error BACKEND_ERROR for a pageable
-        backup (``cpu_backup_backend="mmap"``), which the daemon does not
-        hand out."""
+        torch_memory_saver. A backup on disk (``enable_disk_backup``) is
+        read from the daemon's file, and a pageable one
+        (``cpu_backup_backend="mmap"``) is first copied into memory of this
+        process, which the view then shows. ValueError for a tensor that is
+        not gpumem memory of this process."""
         _gt._check_bool("zero_copy", zero_copy)
         torch = _gt._torch()
         if not isinstance(x, torch.Tensor) or not x.is_cuda:

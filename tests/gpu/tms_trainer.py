@@ -7,7 +7,7 @@ A child process under LD_PRELOAD builds a model and Adam's state, runs a
 forward and backward pass, copies every parameter and optimizer tensor to
 the host, pauses, works inside disable(), resumes, and must find every
 tensor as it was and compute the same loss; get_cpu_backup reads a
-paused weight both ways. Judged by the driver's free
+paused weight both ways (pinned, pageable and disk backups). Judged by the driver's free
 figure (torch.cuda.mem_get_info) in the child. Skips (exit 0) without
 torch with CUDA.
 
@@ -30,12 +30,17 @@ import json, time, torch
 import gpumem
 from gpumem.torch_memory_saver import torch_memory_saver as tms
 
-def pinned():
-    """Host memory the default tag's backups hold, by the daemon: pinned
-    and pageable."""
+def held():
+    """What the default tag's backups hold, by the daemon: host memory
+    (pinned and pageable) and disk."""
     with gpumem.connect(name="look", role="controller") as ctl:
-        return sum(t["backup_pinned_bytes"] + t["backup_pageable_bytes"]
-                   for t in ctl.status()["tags"] if t["name"] == "default")
+        tags = [t for t in ctl.status()["tags"] if t["name"] == "default"]
+        return (sum(t["backup_pinned_bytes"] + t["backup_pageable_bytes"] for t in tags),
+                sum(t["backup_disk_bytes"] for t in tags))
+
+def pinned():
+    """Bytes the default tag's backups hold, in host memory or on disk."""
+    return sum(held())
 
 def used():
     torch.cuda.synchronize()
@@ -68,6 +73,7 @@ t0 = time.monotonic()
 r = tms.pause()
 out["pause_ms"] = (time.monotonic() - t0) * 1000
 out["pinned_paused"] = pinned()
+out["host_paused"], out["disk_paused"] = held()
 out["paused_bytes"] = r.bytes
 out["paused"] = used()
 w = model[0].weight
@@ -76,7 +82,7 @@ try:
     out["backup_copy"] = copy is not None and torch.equal(copy, saved[0])
     out["backup_view"] = view is not None and torch.equal(view, saved[0])
     del view
-except gpumem.Error as e:  # a pageable backup is the daemon's own memory
+except gpumem.Error as e:
     out["backup_copy"] = out["backup_view"] = "refused: %s" % e
 with tms.disable():
     y = torch.full((1 << 30,), 53, dtype=torch.uint8, device="cuda")
@@ -128,19 +134,19 @@ def run_trainer(child: dict, how: str) -> None:
           % (m["disabled_mean"], m["in_disable"] / MiB, m["after_disable"] / MiB))
     check(abs(m["resumed"] - m["trained"]) <= 64 * MiB, how + ": resume() takes it again",
           "%.0f MiB against %.0f MiB trained" % (m["resumed"] / MiB, m["trained"] / MiB))
-    pageable = child.get("TMS_INIT_CPU_BACKUP_BACKEND") == "mmap"
-    if pageable:
-        check(str(m["backup_copy"]).startswith("refused") and "pageable" in m["backup_copy"],
-              how + ": get_cpu_backup of a pageable backup is refused, saying why",
-              str(m["backup_copy"]))
-    else:
-        check(m["backup_copy"] is True and m["backup_view"] is True and m["backup_after_resume"],
-              how + ": get_cpu_backup reads a paused weight (copy and zero_copy)",
-              "copy %s, view %s, None after resume %s"
-              % (m["backup_copy"], m["backup_view"], m["backup_after_resume"]))
+    check(m["backup_copy"] is True and m["backup_view"] is True and m["backup_after_resume"],
+          how + ": get_cpu_backup reads a paused weight (copy and zero_copy)",
+          "copy %s, view %s, None after resume %s"
+          % (m["backup_copy"], m["backup_view"], m["backup_after_resume"]))
+    disk = child.get("TMS_INIT_ENABLE_DISK_BACKUP") == "1"
+    if disk:
+        check(m["host_paused"] == 0 and m["disk_paused"] >= m["paused_bytes"],
+              how + ": while paused the backups are on disk, none in host memory",
+              "%.3f GiB on disk, %.3f GiB in host memory"
+              % (m["disk_paused"] / GiB, m["host_paused"] / GiB))
     check(m["same_tensors"] and m["same_loss"], how + ": the same weights, moments and loss",
           "tensors %s, loss %s" % (m["same_tensors"], m["same_loss"]))
-    release = child.get("TMS_RETAIN_CPU_BACKUP") == "0"
+    release = child.get("TMS_RETAIN_CPU_BACKUP") == "0" or disk
     kept = m["pinned_resumed"] == (0 if release else m["pinned_paused"])
     check(m["pinned_paused"] >= m["paused_bytes"] and kept,
           how + ": the backups' host memory is %s after the resume" % ("let go of" if release
@@ -162,8 +168,10 @@ def main() -> int:
     d = tempfile.mkdtemp()
     sock = os.path.join(d, "sock")
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    daemon = start_gpumemd([os.path.join(bindir, "gpumemd"), "--backend", "cuda", "--socket", sock],
-                           sock, os.path.join(d, "log"), env=env)
+    backups = os.path.join(d, "backups")
+    os.mkdir(backups, 0o700)
+    daemon = start_gpumemd([os.path.join(bindir, "gpumemd"), "--backend", "cuda", "--socket", sock,
+                            "--backup-dir", backups], sock, os.path.join(d, "log"), env=env)
     child = dict(env, GPUMEM_SOCKET=sock, TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1",
                  PYTHONPATH=os.path.join(REPO, "python"),
                  GPUMEM_LIB=os.path.join(os.path.dirname(bindir), "lib", "libgpumem.so.1"),
@@ -173,7 +181,9 @@ def main() -> int:
         # (the backup is then handed for reading by a BackupRequest).
         for how, extra in (("owner copies", {}), ("daemon copies", {"GPUMEM_DAEMON_COPIES": "1"}),
                            ("retain_cpu_backup off", {"TMS_RETAIN_CPU_BACKUP": "0"}),
-                           ("cpu_backup_backend mmap", {"TMS_INIT_CPU_BACKUP_BACKEND": "mmap"})):
+                           ("cpu_backup_backend mmap", {"TMS_INIT_CPU_BACKUP_BACKEND": "mmap"}),
+                           ("disk backup", {"TMS_INIT_ENABLE_DISK_BACKUP": "1",
+                                            "TMS_DISK_BACKUP_DIR": backups})):
             run_trainer(dict(child, **extra), how)
     finally:
         daemon.terminate()

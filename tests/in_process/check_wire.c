@@ -235,6 +235,51 @@ START_TEST(backup_replies_hand_pieces) {
   ck_assert_int_eq(wire_check_request(&req, 0, why, sizeof why), CODE(OK));
   req.fd_count = 1;
   ck_assert_int_eq(wire_check_request(&req, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+  /* 1.10: a request with memory carries exactly one fd */
+  q.memory = true;
+  ck_assert_int_eq(wire_check_request(&req, 1, why, sizeof why), CODE(OK));
+  req.fd_count = 0;
+  ck_assert_int_eq(wire_check_request(&req, 0, why, sizeof why), CODE(PROTOCOL_ERROR));
+  req.fd_count = 2;
+  ck_assert_int_eq(wire_check_request(&req, 2, why, sizeof why), CODE(PROTOCOL_ERROR));
+}
+END_TEST
+
+/* 1.10's backup replies: files carry their fds as pieces do; send_memory
+ * carries no pieces and no fds; copied one piece and no fd; one kind at
+ * a time. */
+START_TEST(backup_replies_of_files_and_copies) {
+  uint64_t pieces[2] = {2 << 20, 1 << 20};
+  Gpumem__Wire__BackupMemory m = GPUMEM__WIRE__BACKUP_MEMORY__INIT;
+  m.buffer_id = 7;
+  m.piece_sizes = pieces;
+  m.n_piece_sizes = 1;
+  Gpumem__Wire__BackupReply r = GPUMEM__WIRE__BACKUP_REPLY__INIT;
+  r.backup = &m;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_BACKUP_REPLY;
+  env.backup_reply = &r;
+  r.files = true;
+  env.fd_count = 1;
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(OK));
+  env.fd_count = 0;
+  ck_assert_int_eq(wire_check_reply(&env, 0, why, sizeof why), CODE(PROTOCOL_ERROR));
+  r.files = false;
+  r.copied = true;
+  ck_assert_int_eq(wire_check_reply(&env, 0, why, sizeof why), CODE(OK));
+  env.fd_count = 1;
+  ck_assert_int_eq(wire_check_reply(&env, 1, why, sizeof why), CODE(PROTOCOL_ERROR));
+  env.fd_count = 0;
+  m.n_piece_sizes = 2;
+  ck_assert_int_eq(wire_check_reply(&env, 0, why, sizeof why), CODE(PROTOCOL_ERROR));
+  r.copied = false;
+  r.send_memory = true;
+  ck_assert_int_eq(wire_check_reply(&env, 0, why, sizeof why), CODE(PROTOCOL_ERROR)); /* pieces */
+  m.n_piece_sizes = 0;
+  ck_assert_int_eq(wire_check_reply(&env, 0, why, sizeof why), CODE(OK));
+  r.files = true;
+  ck_assert_int_eq(wire_check_reply(&env, 0, why, sizeof why), CODE(PROTOCOL_ERROR));
+  ck_assert_ptr_nonnull(strstr(why, "more than one kind"));
 }
 END_TEST
 
@@ -360,7 +405,7 @@ int main(void) {
                      replies_bring_the_fds_they_declare,
                      remap_backup_pieces_are_fds_of_some_bytes,
                      unmap_backups_name_its_buffers_once,
-                     backup_replies_hand_pieces,
+                     backup_replies_hand_pieces, backup_replies_of_files_and_copies,
                      garbage_does_not_parse_or_is_refused,
                      envelopes_round_trip,
                      sizes_parse_with_binary_suffixes,

@@ -699,7 +699,7 @@ def test_a_bad_initial_region_variable_fails_the_allocation(make_daemon):
 def test_an_mmap_backup_is_pageable(make_daemon, fake_torch):
     """cpu_backup_backend="mmap": the backup is the daemon's pageable
     memory (status says so), the daemon copies it, and the contents come
-    back; get_cpu_backup's copy is refused for it, saying why."""
+    back; read while paused, it is copied into memory of the reader's."""
     d = make_daemon()
     with gpumem.connect(d.sock, name="engine") as w, \
             gpumem.connect(d.sock, name="ctl", role="controller") as ctl:
@@ -716,8 +716,9 @@ def test_an_mmap_backup_is_pageable(make_daemon, fake_torch):
             st = tag_status(ctl, "weights")
             assert st["backup_pageable_bytes"] == st["bytes"] >= 4 * MiB
             assert st["backup_pinned_bytes"] == 0
-            with pytest.raises(gpumem.Error, match="pageable"):
-                w.backup_read(t.data_ptr(), 16)
+            # read while paused: copied into memory of this process
+            assert w.backup_read(t.data_ptr(), 16) == b"\x77" * 16
+            assert w.backup_view(t.data_ptr() + 4 * MiB - 16, 16).tobytes() == b"\x77" * 16
             s.resume("weights")
             assert ctypes.string_at(t.data_ptr() + 4 * MiB - 1, 1) == b"\x77"
             del t
@@ -727,8 +728,8 @@ def test_an_mmap_backup_is_pageable(make_daemon, fake_torch):
 
 def test_a_disk_backup_is_in_the_daemons_backup_dir(make_daemon, fake_torch, tmp_path):
     """enable_disk_backup=True: paused, the backup is in the daemon's
-    --backup-dir (status says so, no host memory holds it) and the
-    contents come back; set_disk_backup_dir takes that directory and
+    --backup-dir (status says so, no host memory holds it), reads from
+    there while paused, and the contents come back; set_disk_backup_dir takes that directory and
     names it when given another."""
     backups = tmp_path / "backups"
     backups.mkdir(mode=0o700)
@@ -753,6 +754,11 @@ def test_a_disk_backup_is_in_the_daemons_backup_dir(make_daemon, fake_torch, tmp
             assert backups_status["dir"] == str(backups)
             assert backups_status["disk_bytes"] == st["bytes"]
             assert list(backups.iterdir()) == []
+            # read while paused, from the daemon's file
+            assert w.backup_read(t.data_ptr() + 8, 8) == b"\x5d" * 8
+            view = w.backup_view(t.data_ptr(), 4 * MiB)
+            assert view.readonly and view[4 * MiB - 1] == 0x5d
+            del view
             s.resume("weights")
             assert ctypes.string_at(t.data_ptr() + 4 * MiB - 1, 1) == b"\x5d"
             assert tag_status(ctl, "weights")["backup_disk_bytes"] == 0

@@ -1,6 +1,7 @@
 /* Backups on disk (GPUMEM_BACKUP_DISK, protocol 1.9): with --backup-dir,
  * a pause writes such a buffer's backup to a file of the daemon's own
- * and lets go of its host memory; the resume reads it back first. The
+ * and lets go of its host memory; the resume reads it back first; the
+ * owner reads a paused one from its file (1.10). The
  * files are never visible in the directory (a crash leaves nothing), a
  * directory the daemon cannot trust or write is refused, and a pause
  * whose writes cannot happen says so with the contents whole. */
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -376,23 +378,51 @@ START_TEST(a_crash_leaves_no_file_behind) {
 }
 END_TEST
 
-/* A paused disk backup is not handed out for reading: the error says where
- * it is and what to do. */
-START_TEST(a_disk_backup_is_not_read_while_paused) {
+/* A paused disk backup is read from its file (protocol 1.10): copied
+ * and in place, through a read-only mapping of the daemon's file that
+ * cannot be made writable and holds no host memory of the daemon's; the
+ * mapping goes with the resume (the file with it), and the next pause's
+ * backup reads its new contents. */
+START_TEST(a_paused_disk_backup_is_read_from_its_file) {
   make_dir();
   start_with(NULL, NULL, NULL);
   gpumem_client *w = NULL, *ctl = NULL;
   connect_both(&w, &ctl);
+  const uint64_t size = 8 * MiB, off = MiB + 4096 + 12, len = 3 * MiB;
   gpumem_buffer *b = NULL;
-  ck_assert_int_eq(gpumem_alloc(w, "weights", 0, 2 * MiB, GPUMEM_BACKUP | GPUMEM_BACKUP_DISK, &b),
+  ck_assert_int_eq(gpumem_alloc(w, "weights", 0, size, GPUMEM_BACKUP | GPUMEM_BACKUP_DISK, &b),
                    0);
-  ck_assert_msg(client_op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
-  uint32_t v = 0;
-  ck_assert_int_eq(gpumem_backup_read(w, gpumem_buffer_ptr(b), sizeof v, &v), GPUMEM_E_WRONG_STATE);
-  ck_assert_msg(strstr(gpumem_last_error(), "--backup-dir") &&
-                    strstr(gpumem_last_error(), "resume the buffer and read it"),
-                "%s", gpumem_last_error());
-  ck_assert_msg(client_op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+  uint32_t *got = malloc(len);
+  char perms[5];
+  for (uint32_t round = 0; round < 2; round++) {
+    uint32_t word = 0xf11e0 + round;
+    ck_assert_int_eq(gpumem_buffer_fill32(w, b, 0, size, word), 0);
+    ck_assert_msg(client_op(ctl, "weights", false) == 0, "%s", gpumem_last_error());
+    uint64_t memfd0 = memfd_bytes(&d.pid, 1);
+    memset(got, 0, len);
+    const char *p = (const char *)gpumem_buffer_ptr(b) + off;
+    ck_assert_msg(gpumem_backup_read(w, p, len, got) == 0, "%s", gpumem_last_error());
+    for (uint64_t i = 0; i < len / 4; i++) ck_assert_uint_eq(got[i], word);
+    const void *view = NULL;
+    ck_assert_int_eq(gpumem_backup_view(w, p, len, &view), 0);
+    ck_assert_int_eq(memcmp(view, got, len), 0);
+    /* The daemon's file itself, read only (shared, and no write access
+     * can be had), and no host memory of the daemon's holds it. */
+    ck_assert_uint_eq(self_mapped(dir, perms), size);
+    ck_assert_str_eq(perms, "r--s");
+    void *page = (void *)((uintptr_t)view & ~(uintptr_t)4095);
+    ck_assert_int_eq(mprotect(page, 4096, PROT_READ | PROT_WRITE), -1);
+    ck_assert_int_eq(errno, EACCES);
+    ck_assert_uint_eq(memfd_bytes(&d.pid, 1), memfd0);
+    ck_assert_int_eq(held_files().files, 1);
+    ck_assert_msg(client_op(ctl, "weights", true) == 0, "%s", gpumem_last_error());
+    ck_assert_uint_eq(last_word(w, b, size), word);
+    ck_assert_uint_eq(self_mapped(dir, perms), 0); /* so the file is gone for good */
+    ck_assert_int_eq(held_files().files, 0);
+    uint32_t v;
+    ck_assert_int_eq(gpumem_backup_read(w, p, sizeof v, &v), GPUMEM_E_WRONG_STATE);
+  }
+  free(got);
   ck_assert_int_eq(gpumem_free(w, b), 0);
   gpumem_disconnect(ctl);
   gpumem_disconnect(w);
@@ -445,6 +475,6 @@ int main(void) {
                      a_backup_dir_it_cannot_trust_stops_the_start,
                      a_pause_that_cannot_write_pauses_nothing,
                      a_write_that_fails_keeps_the_backup_in_host_memory,
-                     a_crash_leaves_no_file_behind, a_disk_backup_is_not_read_while_paused,
+                     a_crash_leaves_no_file_behind, a_paused_disk_backup_is_read_from_its_file,
                      a_failed_resume_lets_go_of_what_it_read);
 }

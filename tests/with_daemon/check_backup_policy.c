@@ -4,9 +4,11 @@
  * lets go of it. A pause whose backups do not fit fails before it unmaps
  * anything, naming the limit. Status says, per tag, what backups hold and
  * reserve. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -143,8 +145,8 @@ static uint64_t daemon_anon(void) {
  * memory instead of refused; the pause makes it (the kernel's RssAnon of
  * the daemon grows by it), the daemon copies it although the worker
  * copies its own pinned backups, and the contents come back. A buffer
- * that asks (GPUMEM_BACKUP_PAGEABLE) gets one too, and its backup cannot
- * be handed out for reading. */
+ * that asks (GPUMEM_BACKUP_PAGEABLE) gets one too. Read while paused,
+ * each is copied into memory of the reader's (1.10). */
 START_TEST(a_backup_past_the_limit_can_be_pageable) {
   daemon_start(&d, "--backup-limit", "8M", "--backup-overflow", "pageable", NULL);
   gpumem_client *w = NULL, *ctl = NULL;
@@ -173,12 +175,30 @@ START_TEST(a_backup_past_the_limit_can_be_pageable) {
   uint64_t anon = daemon_anon();
   ck_assert_msg(anon >= anon0 + 2 * size, "RssAnon %llu -> %llu", (unsigned long long)anon0,
                 (unsigned long long)anon);
+  /* Read while paused: copied into memory of this process (a memfd of
+   * ours, mapped read only), not the daemon's; the daemon's anonymous
+   * memory does not grow for it. */
+  char perms[5];
+  ck_assert_uint_eq(self_mapped("memfd:gpumem-backup-read", perms), 0);
+  uint32_t *all_of = malloc(size);
+  for (int i = 1; i < 3; i++) {
+    memset(all_of, 0, size);
+    ck_assert_msg(gpumem_backup_read(w, gpumem_buffer_ptr(all[i]), size, all_of) == 0, "%s",
+                  gpumem_last_error());
+    for (uint64_t k = 0; k < size / 4; k++) ck_assert_uint_eq(all_of[k], 0x100 + (uint32_t)i);
+    const void *view = NULL;
+    ck_assert_int_eq(gpumem_backup_view(w, (char *)gpumem_buffer_ptr(all[i]) + 4, 8, &view), 0);
+    ck_assert_int_eq(memcmp(view, all_of + 1, 8), 0);
+  }
+  free(all_of);
+  ck_assert_uint_eq(self_mapped("memfd:gpumem-backup-read", perms), 2 * size);
+  ck_assert_str_eq(perms, "r--s");
+  ck_assert_uint_lt(daemon_anon(), anon + size);
   uint32_t got[2];
-  ck_assert_int_eq(gpumem_backup_read(w, gpumem_buffer_ptr(asked), sizeof got, got),
-                   GPUMEM_E_BACKEND);
-  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "pageable"));
   ck_assert_msg(gpumem_resume(ctl, tags, 3, NULL, 0, NULL, &r) == 0, "%s", gpumem_last_error());
   gpumem_op_report_free(r);
+  /* The copies were true only while paused: gone with the resume. */
+  ck_assert_uint_eq(self_mapped("memfd:gpumem-backup-read", perms), 0);
   for (int i = 0; i < 3; i++) {
     ck_assert_int_eq(gpumem_buffer_read(w, all[i], size - sizeof got, got, sizeof got), 0);
     ck_assert_uint_eq(got[1], 0x100 + (uint32_t)i);
@@ -187,6 +207,97 @@ START_TEST(a_backup_past_the_limit_can_be_pageable) {
   ck_assert_uint_eq(reserved(ctl), 0);
   gpumem_disconnect(ctl);
   gpumem_disconnect(w);
+}
+END_TEST
+
+/* What a backup request with memory must carry (1.10): a memfd, not sealed
+ * against writes, large enough, for a pageable backup; anything else is
+ * refused, saying why, and the session goes on (the memory it sent then
+ * holds the backup, sealed against shrinking). */
+START_TEST(memory_sent_for_a_pageable_backup_is_checked) {
+  daemon_start(&d, NULL);
+  struct peer w, c;
+  scene_open(&w, &c, &d);
+  const uint32_t pageable = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
+                            GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_PAGEABLE;
+  struct pbuf both[2];
+  peer_alloc(&w, "kv", 0, 4 * MiB, pageable, &both[0]);
+  peer_alloc(&w, "kv", 0, 2 * MiB, GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP, &both[1]);
+  scene_fill(&both[0], 4 * MiB, 5);
+  scene_served(&c, &w, both, 2, false, "kv");
+  int pipefd[2];
+  ck_assert_int_eq(pipe(pipefd), 0);
+  close(pipefd[1]);
+  int small = memfd_create("small", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ck_assert_int_eq(ftruncate(small, 4 * MiB - 4096), 0);
+  int sealed = memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ck_assert_int_eq(ftruncate(sealed, 4 * MiB), 0);
+  ck_assert_int_eq(fcntl(sealed, F_ADD_SEALS, F_SEAL_WRITE), 0);
+  int good = memfd_create("good", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ck_assert_int_eq(ftruncate(good, 4 * MiB), 0);
+  struct {
+    uint64_t id;
+    int fd;
+    wire_code code;
+    const char *says;
+  } cases[] = {
+      {both[0].id, pipefd[0], CODE(INVALID_ARGUMENT), "not a memfd"},
+      {both[0].id, small, CODE(INVALID_ARGUMENT), "not the 4194304"},
+      {both[0].id, sealed, CODE(INVALID_ARGUMENT), "sealed against writes"},
+      {both[1].id, good, CODE(WRONG_STATE), "without memory"},
+      {both[0].id, good, CODE(OK), NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    Gpumem__Wire__BackupRequest q = GPUMEM__WIRE__BACKUP_REQUEST__INIT;
+    q.buffer_id = cases[i].id;
+    q.memory = true;
+    wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+    env.id = 40 + i;
+    env.fd_count = 1;
+    env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_BACKUP;
+    env.backup = &q;
+    int sent = dup(cases[i].fd);
+    peer_put(&w, &env, &sent, 1);
+    close(sent);
+    struct frame f;
+    wire_env *r = peer_get(&w, &f);
+    ck_assert_uint_eq(f.nfds, 0);
+    frame_release(&f);
+    if (cases[i].says) {
+      ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
+      ck_assert_int_eq(r->error->code, cases[i].code);
+      ck_assert_msg(strstr(r->error->message, cases[i].says), "%s", r->error->message);
+    } else {
+      ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_BACKUP_REPLY);
+      ck_assert(r->backup_reply->copied);
+      ck_assert_uint_eq(r->backup_reply->backup->piece_sizes[0], 4 * MiB);
+      ck_assert_int_eq(ftruncate(good, MiB), -1); /* sealed against shrinking */
+      struct pbuf copy = {.fds = {good}, .nfds = 1};
+      ck_assert(scene_holds(&copy, 4 * MiB, 5));
+    }
+    wire_env_free(r);
+  }
+  int fds[] = {pipefd[0], small, sealed, good};
+  for (size_t i = 0; i < 4; i++) close(fds[i]);
+  /* Asked without memory, the daemon says to send some. */
+  Gpumem__Wire__BackupRequest q = GPUMEM__WIRE__BACKUP_REQUEST__INIT;
+  q.buffer_id = both[0].id;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.id = 60;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_BACKUP;
+  env.backup = &q;
+  peer_put(&w, &env, NULL, 0);
+  wire_env *r = peer_get(&w, NULL);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_BACKUP_REPLY);
+  ck_assert(r->backup_reply->send_memory);
+  ck_assert_uint_eq(r->backup_reply->backup->n_piece_sizes, 0);
+  wire_env_free(r);
+  peer_op_served(&c, true, "kv", &w, both, 2);
+  ck_assert(scene_holds(&both[0], 4 * MiB, 5));
+  peer_unmap(&both[0]);
+  peer_unmap(&both[1]);
+  peer_close(&w);
+  peer_close(&c);
 }
 END_TEST
 
@@ -491,6 +602,7 @@ int main(void) {
                      a_pause_whose_backups_do_not_fit_changes_nothing,
                      a_release_policy_without_a_backup_is_refused,
                      a_backup_past_the_limit_can_be_pageable,
+                     memory_sent_for_a_pageable_backup_is_checked,
                      a_backup_past_the_limit_is_refused_by_default,
                      a_rolled_back_resume_hands_a_released_backup_anew,
                      a_release_buffer_active_after_a_failed_rollback_lets_go,

@@ -128,7 +128,7 @@ START_TEST(oversized_frames_and_stray_fds_end_the_session) {
   peer_put(&b, &env, &extra, 1);
   wire_env *r = peer_get(&b, NULL);
   ck_assert_int_eq(r->error->code, CODE(PROTOCOL_ERROR));
-  ck_assert_ptr_nonnull(strstr(r->error->message, "only adopt carries fds"));
+  ck_assert_ptr_nonnull(strstr(r->error->message, "only adopt and a backup request with memory carry fds"));
   wire_env_free(r);
   ck_assert_ptr_null(peer_get(&b, NULL));
   wire_env *s = peer_status(&keep);
