@@ -73,6 +73,7 @@ static bool add(adopt *a, gpumem_buffer *b, int dev, const int *fds, size_t nf) 
   ab->n_chunk_sizes = buffer_chunks(b, &sizes);
   ab->chunk_sizes = (uint64_t *)sizes;
   ab->paused = nf == 0;
+  ab->generation = gpumem_buffer_generation(b);
   size_t sz = gpumem__wire__adopt_buffer__get_packed_size(ab) + 16;
   struct batch *t = a->nbatches ? a->batches[a->nbatches - 1] : NULL;
   if (!t || t->nfds + nf > FRAME_MAX_FDS || t->bytes + sz > WIRE_MAX_REQUEST - 256) {

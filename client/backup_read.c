@@ -22,24 +22,6 @@
 #include "error.h"
 #include "hello.h"
 
-/* The buffer of c that holds [ptr, ptr + len), and ptr's offset in it. */
-static gpumem_buffer *holder(gpumem_client *c, const void *ptr, uint64_t len, uint64_t *off) {
-  size_t n = 0;
-  gpumem_buffer **all = buffers_list(c->buffers, &n);
-  gpumem_buffer *found = NULL;
-  uintptr_t p = (uintptr_t)ptr;
-  for (size_t i = 0; i < n && !found; i++) {
-    uintptr_t va = (uintptr_t)gpumem_buffer_ptr(all[i]);
-    uint64_t size = gpumem_buffer_size(all[i]);
-    if (va && p >= va && p - va < size && len <= size - (p - va)) {
-      found = all[i];
-      *off = p - va;
-    }
-  }
-  free(all);
-  return found;
-}
-
 /* Memory of this process for the daemon to copy b's backup into: a
  * memfd of b's size, faulted in here so that it is ours (our memory
  * cgroup's). Returns its fd, or a GPUMEM_E_* code with error_set's words. */
@@ -50,6 +32,8 @@ static int own_memory(gpumem_buffer *b) {
     return error_set(GPUMEM_E_NOMEM, "memory to read the backup of buffer %llu into: %s",
                      (unsigned long long)gpumem_buffer_id(b), strerror(errno));
   int rc = ftruncate(fd, (off_t)size) < 0 ? errno : posix_fallocate(fd, 0, (off_t)size);
+  /* Its size for good: a daemon cutting it short would fault its readers. */
+  if (!rc && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) rc = errno;
   if (rc) {
     close(fd);
     return error_set(GPUMEM_E_NOMEM, "%llu bytes to read the backup of buffer %llu into: %s",
@@ -128,7 +112,7 @@ static int backup_at(gpumem_client *c, const void *ptr, uint64_t len, void *dst,
   if (!c || !ptr || (!dst && !view && len))
     return error_set(GPUMEM_E_INVALID, "no client, no address or no place for the bytes");
   uint64_t off = 0;
-  gpumem_buffer *b = holder(c, ptr, len, &off);
+  gpumem_buffer *b = buffers_holding(c->buffers, ptr, len, &off);
   if (!b)
     return error_set(GPUMEM_E_NOT_FOUND,
                      "no buffer of this client holds %llu bytes at %p",

@@ -32,6 +32,7 @@ struct gpumem_buffer {
   unsigned backup_reads; /* reads of the kept backup in flight */
   bool backup_busy;      /* an event or the caller is changing the kept backup */
   uint64_t epoch;        /* bumped by every map and unmap (buffer_epoch) */
+  uint64_t generation;   /* its tag's generation at its last mapping */
   gpuva *gpu;
   char tag[WIRE_TAG_MAX + 1];
   unsigned local; /* this process's device number */
@@ -125,6 +126,7 @@ int buffer_create(gpuva *g, const struct buffer_spec *s, const Gpumem__Wire__All
   b->flags = s->flags;
   b->pooled = s->pooled;
   b->nchunks = r->n_chunk_sizes;
+  b->generation = r->generation;
   memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
   if (r->ipc_handle.len) {
     b->ipc = true;
@@ -453,7 +455,7 @@ void buffer_doom(gpumem_buffer *b) {
 
 /* What of a buffer its lock guards and its readers ask of it. */
 struct buffer_now {
-  uint64_t id;
+  uint64_t id, generation;
   bool mapped, unmapping, known, doomed;
 };
 
@@ -461,8 +463,8 @@ struct buffer_now {
 static struct buffer_now buffer_now(const gpumem_buffer *b) {
   gpumem_buffer *m = (gpumem_buffer *)b;
   pthread_mutex_lock(&m->mu);
-  struct buffer_now n = {.id = m->id, .mapped = m->mapped, .unmapping = m->unmapping,
-                         .known = m->known, .doomed = m->doomed};
+  struct buffer_now n = {.id = m->id, .generation = m->generation, .mapped = m->mapped,
+                         .unmapping = m->unmapping, .known = m->known, .doomed = m->doomed};
   pthread_mutex_unlock(&m->mu);
   return n;
 }
@@ -568,6 +570,16 @@ int gpumem_buffer_device(const gpumem_buffer *b) { return (int)b->local; }
 
 /* The buffer's flags. */
 unsigned gpumem_buffer_flags(const gpumem_buffer *b) { return b->flags; }
+
+/* Its tag's generation when the buffer was last mapped. */
+uint64_t gpumem_buffer_generation(const gpumem_buffer *b) { return buffer_now(b).generation; }
+
+/* Record the generation of a mapping. */
+void buffer_set_generation(gpumem_buffer *b, uint64_t generation) {
+  pthread_mutex_lock(&b->mu);
+  b->generation = generation;
+  pthread_mutex_unlock(&b->mu);
+}
 
 /* The buffer's id at the daemon (renumbered by a reconnection). */
 uint64_t gpumem_buffer_id(const gpumem_buffer *b) { return buffer_now(b).id; }

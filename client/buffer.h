@@ -68,6 +68,10 @@ int buffer_unmap_into(gpumem_buffer *b, const struct backup_mem *m, bool keep);
 int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
                  const struct backup_mem *m, bool keep);
 
+/* Record the tag generation the daemon gave with the buffer's mapping (a
+ * Remap entry's). */
+void buffer_set_generation(gpumem_buffer *b, uint64_t generation);
+
 /* Let go of the backup memory the buffer kept mapped (a daemon that came
  * back never refers to it). */
 void buffer_drop_backup(gpumem_buffer *b);

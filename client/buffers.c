@@ -135,3 +135,21 @@ gpumem_buffer *buffers_any(buffers *r) {
   pthread_mutex_unlock(&r->mu);
   return v;
 }
+
+/* Look through every held buffer's range. */
+gpumem_buffer *buffers_holding(buffers *r, const void *ptr, uint64_t len, uint64_t *off) {
+  size_t n = 0;
+  gpumem_buffer **all = buffers_list(r, &n);
+  gpumem_buffer *found = NULL;
+  uintptr_t p = (uintptr_t)ptr;
+  for (size_t i = 0; i < n && !found; i++) {
+    uintptr_t va = (uintptr_t)gpumem_buffer_ptr(all[i]);
+    uint64_t size = gpumem_buffer_size(all[i]);
+    if (va && p >= va && p - va < size && len <= size - (p - va)) {
+      found = all[i];
+      *off = p - va;
+    }
+  }
+  free(all);
+  return found;
+}

@@ -38,6 +38,10 @@ void buffers_unknow_all(buffers *r);
  * when there is none or out of memory. */
 gpumem_buffer **buffers_list(buffers *r, size_t *n);
 
+/* The held buffer whose range holds [ptr, ptr + len), with ptr's offset
+ * in it into *off; NULL when none does. */
+gpumem_buffer *buffers_holding(buffers *r, const void *ptr, uint64_t len, uint64_t *off);
+
 /* The number of buffers held. */
 size_t buffers_count(buffers *r);
 

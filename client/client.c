@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "buffer.h"
+#include "buffers.h"
 #include "client.h"
 #include "default.h"
 #include "error.h"
@@ -137,5 +138,16 @@ int gpumem_sync(gpumem_client *c, int device) {
   gpuva *g = hello_gpu(c->hello);
   if (!g) return 0; /* it maps nothing: nothing to wait for */
   if (gpuva_sync(g, (unsigned)device) < 0) return error_set(GPUMEM_E_BACKEND, "%s", gpu_error());
+  return 0;
+}
+
+/* The generation of the buffer of c holding ptr. */
+int gpumem_generation(gpumem_client *c, const void *ptr, uint64_t *generation) {
+  if (!c || !ptr || !generation)
+    return error_set(GPUMEM_E_INVALID, "no client, no address or no place for the generation");
+  uint64_t off;
+  gpumem_buffer *b = buffers_holding(c->buffers, ptr, 1, &off);
+  if (!b) return error_set(GPUMEM_E_NOT_FOUND, "no buffer of this client holds %p", ptr);
+  *generation = gpumem_buffer_generation(b);
   return 0;
 }

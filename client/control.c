@@ -47,6 +47,9 @@ static int op_check(bool resume, const char *const *tags, size_t ntags, const in
     return error_set(GPUMEM_E_INVALID, "max_residual applies to pause only");
   if (resume && o->release_context)
     return error_set(GPUMEM_E_INVALID, "release_context applies to pause only");
+  if (!resume && o->wait_ms) return error_set(GPUMEM_E_INVALID, "wait_ms applies to resume only");
+  if (o->wait_ms > WIRE_MAX_WAIT_MS)
+    return error_set(GPUMEM_E_INVALID, "wait_ms %u: at most %d", o->wait_ms, WIRE_MAX_WAIT_MS);
   if (o->scope != GPUMEM_SCOPE_NODE && o->scope != GPUMEM_SCOPE_OWN)
     return error_set(GPUMEM_E_INVALID, "unknown scope %d", o->scope);
   if (o->npids && !o->pids) return error_set(GPUMEM_E_INVALID, "no pid list given");
@@ -110,6 +113,10 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
   wire_env req;
   if (resume) {
     OP_REQUEST_SET(r, tags, ntags, devs, ndevices, o);
+    r.wait_ms = o.wait_ms;
+    if (o.wait_ms && hello_minor(c->hello) < 10) /* an older daemon would fail at once */
+      return error_set(GPUMEM_E_VERSION, "wait_ms needs gpumemd 1.10 or later (it speaks 1.%u)",
+                       hello_minor(c->hello));
     req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_RESUME, &r);
   } else {
     OP_REQUEST_SET(p, tags, ntags, devs, ndevices, o);
@@ -122,9 +129,10 @@ static int op_call(gpumem_client *c, bool resume, const char *const *tags, size_
     req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_PAUSE, &p);
   }
   /* The daemon may wait this long for owners before it answers. */
-  reply->extra_ms = o.timeout_ms && o.timeout_ms < GPUMEM_OWNER_TIMEOUT_MAX_MS
-                       ? o.timeout_ms
-                       : GPUMEM_OWNER_TIMEOUT_MAX_MS;
+  reply->extra_ms = (o.timeout_ms && o.timeout_ms < GPUMEM_OWNER_TIMEOUT_MAX_MS
+                        ? o.timeout_ms
+                        : GPUMEM_OWNER_TIMEOUT_MAX_MS) +
+                   o.wait_ms;
   rc = conn_call(c->conn, &req, reply);
   const wire_env *env = reply->reply;
   if (rc == 0 && env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_OP_REPLY)
@@ -208,6 +216,7 @@ static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env
     r->skipped = o->skipped;
     r->elapsed_us = o->elapsed_us;
     r->backup_us = o->backup_us;
+    r->waited_us = o->waited_us;
     ok = r->message && results_checks(map, &r->checks, &r->nchecks, o->checks, o->n_checks) &&
          copy_details(map, r, o) && copy_releases(r, o->releases, o->n_releases) &&
          results_processes(map, &r->processes, &r->nprocesses, o->processes, o->n_processes);

@@ -220,8 +220,10 @@ static void on_remap(events *e, const Gpumem__Wire__RemapEvent *ev, struct frame
              rc == GPUMEM_E_WRONG_STATE ? GPUMEM__WIRE__ERROR_CODE__WRONG_STATE
                                         : GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
              "%s", gpumem_last_error());
-    else
+    else {
+      buffer_set_generation(b, r->generation);
       bufs[n++] = b;
+    }
   }
   if (post && n) post(e->client, bufs, n, user);
   free(bufs);

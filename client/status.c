@@ -96,6 +96,7 @@ static bool copy_tags(struct gpumem_status *s, const Gpumem__Wire__StatusReply *
     o->backup_reserved_bytes = t->backup_reserved_bytes;
     o->backup_pageable_bytes = t->backup_pageable_bytes;
     o->backup_disk_bytes = t->backup_disk_bytes;
+    o->generation = t->generation;
     if (!(o->name = results_text(t->name))) return false;
   }
   return true;

@@ -178,6 +178,7 @@ struct out_frame {
 struct frame_writer {
   struct out_frame *head, *tail;
   size_t queued;
+  size_t queued_fds; /* fds of frames not yet sent */
   size_t *total; /* a sum over queues to keep up to date, or NULL */
 };
 
@@ -228,6 +229,7 @@ int frame_writer_push(frame_writer *w, const void *payload, size_t len,
   o->len = 4 + len;
   if (nfds) memcpy(o->fds, fds, nfds * sizeof(int));
   o->nfds = nfds;
+  w->queued_fds += nfds;
   if (w->tail)
     w->tail->next = o;
   else
@@ -281,6 +283,7 @@ int frame_writer_flush(frame_writer *w, int sock) {
     if (n < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
     /* The fds went with these bytes; our copies are no longer needed. */
     close_fds(o->fds, o->nfds);
+    w->queued_fds -= o->nfds;
     o->nfds = 0;
     o->off += (size_t)n;
     writer_count(w, (size_t)n, false);
@@ -294,6 +297,9 @@ int frame_writer_flush(frame_writer *w, int sock) {
 
 /* Bytes queued and not yet sent. */
 size_t frame_writer_queued(const frame_writer *w) { return w->queued; }
+
+/* Fds queued and not yet sent. */
+size_t frame_writer_queued_fds(const frame_writer *w) { return w->queued_fds; }
 
 /* Keep a shared total of queued bytes up to date from now on. */
 void frame_writer_count_into(frame_writer *w, size_t *total) {

@@ -86,6 +86,9 @@ ssize_t frame_sendmsg(int sock, const void *bytes, size_t len, const int *fds, s
 /* Bytes queued and not yet sent. */
 size_t frame_writer_queued(const frame_writer *w);
 
+/* Fds queued with frames not yet sent (the daemon holds them open). */
+size_t frame_writer_queued_fds(const frame_writer *w);
+
 /* Also keep *total up to date with the bytes this queue holds (a sum over
  * many queues); the bytes already queued are added now. */
 void frame_writer_count_into(frame_writer *w, size_t *total);

@@ -247,6 +247,9 @@ static wire_code check_adopt(const Gpumem__Wire__AdoptRequest *a, size_t nfds, c
                     "adopt buffer %zu: IPC_LEGACY buffers never pause: no BACKUP, "
                     "ALLOW_PAUSED or paused",
                     i);
+    if (b->generation > WIRE_GENERATION_MAX)
+      return refuse(bad, why, whylen, "adopt buffer %zu: generation %llu is none a daemon gives",
+                    i, (unsigned long long)b->generation);
     if (b->n_chunk_sizes > FRAME_MAX_FDS || !chunks_ok(b->chunk_sizes, b->n_chunk_sizes, b->size))
       return refuse(bad, why, whylen, "adopt buffer %zu: chunks do not add up to its size", i);
     if (!b->paused) want += b->n_chunk_sizes;
@@ -311,6 +314,8 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
   }
   case GPUMEM__WIRE__ENVELOPE__BODY_RESUME: {
     const Gpumem__Wire__ResumeRequest *r = env->resume;
+    if (r->wait_ms > WIRE_MAX_WAIT_MS)
+      return refuse(bad, why, whylen, "wait of %u ms: at most %d", r->wait_ms, WIRE_MAX_WAIT_MS);
     wire_code code = check_selection(r->n_tags, r->tags, r->n_devices, why, whylen);
     return code ? code
                 : check_scope(r->n_pids, r->pids, r->session_prefix, r->own, why, whylen);

@@ -21,6 +21,8 @@
 #define WIRE_MAX_TAGS 64
 #define WIRE_MAX_MESSAGE 512
 #define WIRE_MAX_PIDS 256 /* pids in a pause or resume scope */
+#define WIRE_MAX_WAIT_MS 600000 /* a resume's wait for room (ResumeRequest.wait_ms) */
+#define WIRE_GENERATION_MAX (UINT64_C(1) << 62) /* a tag generation a daemon could have given */
 
 typedef Gpumem__Wire__Envelope wire_env;
 typedef Gpumem__Wire__ErrorCode wire_code;

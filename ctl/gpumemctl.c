@@ -49,6 +49,8 @@ static void usage(FILE *out) {
           "  --session-prefix NAME     pause/resume: only sessions whose name starts with NAME\n"
           "  --timeout DURATION        pause/resume: ack timeout per worker (500ms, 10s,\n"
           "                            2m; a plain number is seconds)\n"
+          "  --wait DURATION           resume: wait up to DURATION (at most 10m) for room\n"
+          "                            on the devices instead of failing at once\n"
           "  --max-residual SIZE       pause: fail when a device still holds more than\n"
           "                            SIZE outside gpumemd after the release\n"
           "  --release-context         pause: then release the device state (context and\n"
@@ -200,7 +202,7 @@ static void print_status_json(const struct gpumem_status *s) {
            "\"paused_bytes\":%llu,\"backup_bytes\":%llu,\"mixed\":%s,\"transit_buffers\":%llu,"
            "\"transit_bytes\":%llu,\"owner_uid\":%u,\"owned\":%s,\"shared\":%s,"
            "\"backup_pinned_bytes\":%llu,\"backup_reserved_bytes\":%llu,"
-           "\"backup_pageable_bytes\":%llu,\"backup_disk_bytes\":%llu}",
+           "\"backup_pageable_bytes\":%llu,\"backup_disk_bytes\":%llu,\"generation\":%llu}",
            gpumem_state_name(t->state), (unsigned long long)t->buffers,
            (unsigned long long)t->bytes, (unsigned long long)t->paused_buffers,
            (unsigned long long)t->paused_bytes, (unsigned long long)t->backup_bytes,
@@ -209,7 +211,7 @@ static void print_status_json(const struct gpumem_status *s) {
            json_bool(t->shared), (unsigned long long)t->backup_pinned_bytes,
            (unsigned long long)t->backup_reserved_bytes,
            (unsigned long long)t->backup_pageable_bytes,
-           (unsigned long long)t->backup_disk_bytes);
+           (unsigned long long)t->backup_disk_bytes, (unsigned long long)t->generation);
   }
   printf("],\"sessions\":[");
   for (size_t i = 0; i < s->nsessions; i++) {
@@ -501,10 +503,11 @@ static void print_releases(FILE *out, const struct gpumem_op_report *r, bool res
  * null on success); keys are only ever added. */
 static void print_op_json(const struct gpumem_op_report *r) {
   printf("{\"buffers\":%llu,\"bytes\":%llu,\"backup_bytes\":%llu,\"skipped\":%llu,"
-         "\"elapsed_us\":%llu,\"backup_us\":%llu,\"checks\":[",
+         "\"elapsed_us\":%llu,\"backup_us\":%llu,\"waited_us\":%llu,\"checks\":[",
          (unsigned long long)r->buffers, (unsigned long long)r->bytes,
          (unsigned long long)r->backup_bytes, (unsigned long long)r->skipped,
-         (unsigned long long)r->elapsed_us, (unsigned long long)r->backup_us);
+         (unsigned long long)r->elapsed_us, (unsigned long long)r->backup_us,
+         (unsigned long long)r->waited_us);
   json_checks(r->checks, r->nchecks);
   printf("],\"details\":[");
   for (size_t i = 0; i < r->ndetails; i++) {
@@ -581,6 +584,8 @@ static int run_op(gpumem_client *c, const char *socket_path, uid_t owner, bool r
            resume ? "resumed" : "paused", (unsigned long long)r->buffers,
            size_format(r->bytes, a, sizeof a), size_format(r->backup_bytes, b, sizeof b),
            (unsigned long long)r->skipped, (double)r->elapsed_us / 1000);
+    if (r->waited_us)
+      printf("waited %.3f ms for room on the devices\n", (double)r->waited_us / 1000);
     print_checks(stdout, r->checks, r->nchecks, resume);
     print_still_held(stdout, r);
     print_releases(stdout, r, resume);
@@ -628,7 +633,7 @@ int main(int argc, char **argv) {
   size_t npids = 0;
   const char *prefix = NULL;
   bool all = false;
-  uint64_t timeout = 0;
+  uint64_t timeout = 0, wait = 0;
   uint64_t interval = 0;
   bool version = false;
   uint64_t threshold = 1ull << 30;
@@ -642,6 +647,7 @@ int main(int argc, char **argv) {
       {"unmanaged-warn", required_argument, 0, 'u'},
       {"max-residual", required_argument, 0, 'r'},
       {"release-context", no_argument, 0, 'R'},
+      {"wait", required_argument, 0, 'w'},
       {"pid", required_argument, 0, 'p'},    {"session-prefix", required_argument, 0, 'n'},
       {"all", no_argument, 0, 'a'},          {"help", no_argument, 0, 'h'},
       {"version", no_argument, 0, 'V'},      {"interval", required_argument, 0, 'i'},
@@ -687,6 +693,11 @@ int main(int argc, char **argv) {
       if (duration_parse(optarg, 86400000, &timeout))
         return fail(2, "USAGE", "invalid timeout '%s' (500ms, 10s, 2m; plain numbers are seconds)",
                     optarg);
+      break;
+    case 'w':
+      if (duration_parse(optarg, 600000, &wait))
+        return fail(2, "USAGE", "invalid wait '%s' (500ms, 30s, 2m, at most 10m; plain numbers "
+                                "are seconds)", optarg);
       break;
     case 'i':
       if (duration_parse(optarg, 3600000, &interval) || interval < TOP_MIN_INTERVAL_MS)
@@ -757,6 +768,9 @@ int main(int argc, char **argv) {
   if (release_context && strcmp(cmd, "pause") != 0) {
     return fail(2, "USAGE", "--release-context applies to pause only");
   }
+  if (wait && strcmp(cmd, "resume") != 0) {
+    return fail(2, "USAGE", "--wait applies to resume only");
+  }
   if ((is_view || is_top) && nargs) {
     return fail(2, "USAGE", "%s takes no arguments", cmd);
   }
@@ -800,6 +814,7 @@ int main(int argc, char **argv) {
     o.npids = npids;
     o.session_prefix = prefix;
     o.release_context = release_context;
+    o.wait_ms = (unsigned)wait;
     rc = run_op(c, socket_path, owner, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
   } else if (is_share) {
     rc = run_share(c, strcmp(cmd, "share") == 0, args, nargs, json);

@@ -101,6 +101,12 @@ struct op {
   size_t ndisk, capdisk;
   spill *spill;
   struct outcome outcome;     /* what it did and could not do, its failure */
+  /* A resume that may wait for room (wait_ns, 0: not): waiting while its
+   * memory could not be made, since wait_t0, retried by the wait timer. */
+  uint64_t wait_ns, wait_t0;
+  unsigned wait_dev; /* the device it lacked room on, wait_need bytes */
+  uint64_t wait_need;
+  bool waiting, covered; /* covered: stats has its bytes already */
 };
 
 struct engine {
@@ -115,6 +121,7 @@ struct engine {
   struct list queue;
   struct op *current;
   uv_timer_t timer;
+  uv_timer_t wait_timer; /* a resume waiting for room tries again */
   uv_check_t check;     /* at the turn's end: settles its acks (on_check) */
   uv_idle_t idle;       /* keeps the loop from blocking while acks wait */
   uv_check_t judge;     /* a timeout is judged here, after the turn read the sockets */
@@ -160,12 +167,14 @@ engine *engine_create(uv_loop_t *loop, registry *reg, gpudev *g, const struct co
   list_init(&e->stragglers);
   list_init(&e->unmapped);
   uv_timer_init(loop, &e->timer);
+  uv_timer_init(loop, &e->wait_timer);
   uv_check_init(loop, &e->check);
   uv_idle_init(loop, &e->idle);
   uv_check_init(loop, &e->judge);
   uv_idle_init(loop, &e->judge_idle);
   e->timer.data = e->check.data = e->idle.data = e->judge.data = e->judge_idle.data = e;
-  e->open_handles = 5;
+  e->wait_timer.data = e;
+  e->open_handles = 6;
   return e;
 }
 
@@ -233,6 +242,7 @@ void engine_destroy(engine *e) {
   exitwait_destroy(e->exits);
   ctxrelease_destroy(e->ctx);
   uv_close((uv_handle_t *)&e->timer, on_handle_closed);
+  uv_close((uv_handle_t *)&e->wait_timer, on_handle_closed);
   uv_close((uv_handle_t *)&e->check, on_handle_closed);
   uv_close((uv_handle_t *)&e->idle, on_handle_closed);
   uv_close((uv_handle_t *)&e->judge, on_handle_closed);
@@ -256,8 +266,8 @@ static void enqueue(engine *e, struct op *op) {
 /* Queue an operation and start it if nothing runs. */
 void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
-                   uint32_t timeout_ms, uint64_t max_residual, bool release_context,
-                   const struct scope_spec *scope) {
+                   uint32_t timeout_ms, uint64_t max_residual, uint32_t wait_ms,
+                   bool release_context, const struct scope_spec *scope) {
   engine_settle(e); /* what acks read before it released is released for it */
   struct op *op = calloc(1, sizeof *op);
   unsigned ndev = gpudev_device_count(e->gpu);
@@ -288,6 +298,10 @@ void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
     op->timeout_ms = e->cfg->ack_timeout_ms;
   op->max_residual = max_residual;
   op->release_context = release_context && !resume;
+  if (resume && wait_ms) {
+    if (!op->by_controller && wait_ms > e->cfg->ack_timeout_ms) wait_ms = e->cfg->ack_timeout_ms;
+    op->wait_ns = (uint64_t)wait_ms * 1000000;
+  }
   enqueue(e, op);
   run_queue(e);
 }
@@ -717,6 +731,7 @@ static void remap_or_undo(engine *e, struct op *op, struct buffer **bufs, const 
                           size_t n, const struct fault *f) {
   struct list *p, *x;
   if (!f->code) {
+    registry_new_generation(e->reg, bufs, n);
     list_for_each_safe(p, x, &op->groups) send_remap(e, list_entry(p, struct group, link));
     return;
   }
@@ -838,21 +853,95 @@ static void start_resume(engine *e, struct op *op) {
   free(bufs);
 }
 
+/* How long a resume waiting for room waits before it tries again: a
+ * tenth of what it waited so far, 5 to 200 ms. */
+static uint64_t wait_step_ms(const struct op *op) {
+  uint64_t step = (uv_hrtime() - op->wait_t0) / 10000000;
+  return step < 5 ? 5 : step > 200 ? 200 : step;
+}
+
+static void on_wait(uv_timer_t *t);
+
+/* The resume's memory could not be made: where it lacked room and may
+ * wait, wait (its failure forgotten for now) and try again later; else
+ * the failure stands, saying how long it waited. */
+static void wait_for_room(engine *e, struct op *op) {
+  struct fault *f = &op->outcome.fault;
+  uint64_t now = uv_hrtime();
+  if (op->wait_ns && !op->wait_t0) op->wait_t0 = now;
+  bool room = f->code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY;
+  uint64_t waited = op->wait_t0 ? now - op->wait_t0 : 0;
+  if (op->wait_t0) op->outcome.waited_us = waited / 1000;
+  if (room && op->ctl && waited < op->wait_ns) {
+    if (!op->waiting)
+      log_info("resume: %s; waiting up to %llu ms for room", f->text,
+               (unsigned long long)((op->wait_ns - waited) / 1000000));
+    op->waiting = true;
+    op->wait_dev = f->device;
+    op->wait_need = f->bytes_needed;
+    memset(f, 0, sizeof *f);
+    uint64_t left_ms = (op->wait_ns - waited + 999999) / 1000000, step = wait_step_ms(op);
+    uv_timer_start(&e->wait_timer, on_wait, step < left_ms ? step : left_ms, 0);
+    return;
+  }
+  op->waiting = false;
+  if (room && op->wait_t0) {
+    size_t len = strlen(f->text);
+    snprintf(f->text + len, sizeof f->text - len, " (after waiting %llu ms for room%s)",
+             (unsigned long long)(waited / 1000000), op->ctl ? "" : "; its requester went away");
+  }
+}
+
+/* A resume waiting for room tries again, where the device it lacked shows
+ * the room now (or the wait is over, or its requester gone). */
+static void on_wait(uv_timer_t *t) {
+  engine *e = t->data;
+  struct op *op = e->current;
+  if (!op || !op->waiting) return;
+  uint64_t waited = uv_hrtime() - op->wait_t0;
+  struct gpudev_mem m = {0};
+  bool room = gpudev_mem_detail(e->gpu, op->wait_dev, &m) < 0 || m.free >= op->wait_need;
+  if (!room && op->ctl && waited < op->wait_ns) {
+    uint64_t left_ms = (op->wait_ns - waited + 999999) / 1000000, step = wait_step_ms(op);
+    uv_timer_start(&e->wait_timer, on_wait, step < left_ms ? step : left_ms, 0);
+    return;
+  }
+  op->waiting = false;
+  if (!room) { /* the wait is over, or nobody waits for the answer */
+    fault_set(&op->outcome.fault, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
+              "device %u: resume needs %llu bytes, %llu free; nothing resumed", op->wait_dev,
+              (unsigned long long)op->wait_need, (unsigned long long)m.free);
+    op->outcome.fault.bytes_needed = op->wait_need;
+    op->outcome.fault.bytes_free = m.free;
+    op->outcome.fault.device = op->wait_dev;
+    wait_for_room(e, op);
+    check_done(e);
+    return;
+  }
+  first_phase(e, op);
+}
+
 /* The resume's buffers, found again (a session may have ended while
- * their backups were read back), each with its backup in host memory. */
+ * their backups were read back, or while it waited for room), each with
+ * its backup in host memory. */
 static void resume_collected(engine *e, struct op *op) {
   size_t n = 0;
   struct buffer **bufs = NULL;
   bool *made = NULL;
   idmap *by_session = NULL;
   if (!collect_paused(e, op, &bufs, &n)) goto out;
-  for (size_t i = 0; i < n; i++) stats_op_cover(op->rec, bufs[i]->size);
+  for (size_t i = 0; i < n && !op->covered; i++) stats_op_cover(op->rec, bufs[i]->size);
+  op->covered = true;
   devcheck_before(e->reg, e->gpu, op->scope.devmask, op->dev, op->ndev);
   if (!(made = calloc(n + 1, sizeof *made)) || !(by_session = idmap_create())) {
     fail(op, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     goto out;
   }
-  if (!resume_memory_make(e->reg, e->gpu, bufs, made, n, &op->outcome.fault)) goto out;
+  if (!resume_memory_make(e->reg, e->gpu, bufs, made, n, &op->outcome.fault)) {
+    wait_for_room(e, op);
+    goto out;
+  }
+  if (op->wait_t0) op->outcome.waited_us = (uv_hrtime() - op->wait_t0) / 1000;
   struct fault f = {0};
   for (size_t i = 0; i < n && !f.code; i++) {
     op->dev[bufs[i]->device].touched = true;
@@ -1114,7 +1203,7 @@ static void unload_disk(engine *e, struct op *op) {
  * its owners that ended to leave the driver (exitwait.h). */
 static void check_done(engine *e) {
   struct op *op = e->current;
-  if (e->busy || !op || op->restoring || op->pending || op->disk == DISK_RUNNING ||
+  if (e->busy || !op || op->restoring || op->waiting || op->pending || op->disk == DISK_RUNNING ||
       op->exits == EXITS_WAITING || op->exits == EXITS_RELEASING)
     return;
   if (op->resume && !op->rolling_back) {
@@ -1229,10 +1318,11 @@ static void run_queue(engine *e) {
 }
 
 /* Run an operation's first phase (a resume's after its disk reads, if it
- * had any), then start its owners' clock. */
+ * had any, and again after each wait for room), then start its owners'
+ * clock. */
 static void first_phase(engine *e, struct op *op) {
   e->busy = true;
-  if (op->resume && op->disk == DISK_DONE)
+  if (op->resume && (op->disk == DISK_DONE || op->wait_t0)) /* read back, or waited */
     resume_collected(e, op);
   else if (op->resume)
     start_resume(e, op);
@@ -1334,6 +1424,7 @@ void engine_forget(engine *e, struct owner *s) {
   }
   struct op *op = e->current;
   if (!op) return;
+  if (op->ctl == s && op->waiting) uv_timer_start(&e->wait_timer, on_wait, 0, 0); /* ends now */
   if (op->ctl == s) op->ctl = NULL;
   if (op->scope.self == s) op->scope.self = NULL;
   list_for_each_safe(p, n, &op->groups) {

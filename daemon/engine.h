@@ -39,11 +39,13 @@ void engine_destroy(engine *e);
  * the configured one) is capped; a pause with max_residual (0: none) fails
  * when a device it touched still holds more than that outside the daemon;
  * a pause with release_context then releases the device state of the
- * worker processes it covers (ctxrelease.h). */
+ * worker processes it covers (ctxrelease.h); a resume with wait_ms (0:
+ * none) waits that long for room on a device that lacks it (capped at
+ * --ack-timeout for a worker's own). */
 void engine_submit(engine *e, struct owner *ctl, uint64_t req_id, bool resume,
                    char **tags, size_t ntags, uint64_t devmask,
-                   uint32_t timeout_ms, uint64_t max_residual, bool release_context,
-                   const struct scope_spec *scope);
+                   uint32_t timeout_ms, uint64_t max_residual, uint32_t wait_ms,
+                   bool release_context, const struct scope_spec *scope);
 
 /* The driver's figures of the last pause that finished, per device it
  * touched (*n entries; none before the first). */

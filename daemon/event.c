@@ -71,6 +71,7 @@ int event_send_remap(const struct outbox *out, registry *reg, struct group *g) {
       ent[nent].backup_piece_sizes = g->piece_sizes + piece_at;
       ent[nent].n_backup_piece_sizes = g->pieces[i];
       ent[nent].backup_kept = g->kept[i];
+      ent[nent].generation = b->tag->generation;
       entp[nent] = &ent[nent];
       piece_at += g->pieces[i];
       nent++;

@@ -11,6 +11,7 @@ struct fault {
   wire_code code;
   char text[256];
   uint64_t bytes_needed, bytes_free; /* OUT_OF_MEMORY */
+  unsigned device;                   /* OUT_OF_MEMORY at a resume: the device short */
 };
 
 /* Fill a fault and return its code. */

@@ -174,6 +174,7 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
     r.skipped = o->skipped;
     r.elapsed_us = elapsed_us;
     r.backup_us = backup_us;
+    r.waited_us = o->waited_us;
     for (size_t i = 0; td && tdp && i < o->ndetail; i++) {
       gpumem__wire__tag_device_bytes__init(&td[i]);
       td[i].tag = o->detail[i].tag;

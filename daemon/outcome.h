@@ -42,6 +42,7 @@ struct outcome {
   struct outcome_release *releases;
   size_t nreleases;
   struct fault fault; /* the first failure, reported instead of success */
+  uint64_t waited_us; /* a resume's wait for room */
 };
 
 /* Record the first failure (o may be NULL: nothing is recorded). */

@@ -168,6 +168,13 @@ int pageable_copy_into(int fd, const void *host, uint64_t size, char *why, size_
              (long long)st.st_size, size);
     return -EINVAL;
   }
+  /* Its pages made by the sender, so that they are its memory: the
+   * daemon's writes would make them, charged to the daemon. */
+  if ((uint64_t)st.st_blocks * 512 < size) {
+    snprintf(why, whylen, "the memfd sent has %llu of its %" PRIu64 " bytes made: fallocate it "
+             "first", (unsigned long long)st.st_blocks * 512, size);
+    return -EINVAL;
+  }
   for (uint64_t done = 0; done < size;) {
     size_t len = size - done > (1u << 30) ? (1u << 30) : (size_t)(size - done);
     ssize_t w = pwrite(fd, (const char *)host + done, len, (off_t)done);

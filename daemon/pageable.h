@@ -27,8 +27,9 @@ void pageable_free(void *host, uint64_t size);
 
 /* Write size bytes at host into fd, memory an owner sent to read its
  * backup into: a memfd (no other file, which could block or fault the
- * daemon), sealed here against shrinking, of at least size bytes, not
- * sealed against writes. Returns 0, or a negative errno with why
+ * daemon), sealed here against shrinking, of at least size bytes, all
+ * of them made (faulted in or fallocated by the owner: its memory, not
+ * the daemon's), not sealed against writes. Returns 0, or a negative errno with why
  * (-EINVAL: not such memory). Blocks for the copy. */
 int pageable_copy_into(int fd, const void *host, uint64_t size, char *why, size_t whylen);
 

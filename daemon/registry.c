@@ -21,6 +21,7 @@ struct registry {
   gpudev *gpu;
   struct registry_options opt;
   uint64_t next_id;
+  uint64_t generation_round; /* registry_new_generation's calls */
   idmap *buffers;
   struct list all;  /* struct buffer.all_link, in id order */
   struct list tags; /* in creation order */
@@ -605,6 +606,12 @@ void registry_backup_unreserve(registry *r, struct buffer *b) {
 /* A BACKUP_RELEASE buffer is ACTIVE again: let go of its backup. */
 void registry_backup_let_go(registry *r, struct buffer *b) {
   if (!(b->flags & BUF_FLAG_BACKUP_RELEASE)) return;
+  /* Its file emptied first: an owner that read the backup from it and
+   * kept the file open past the remap keeps no disk space. No read of it
+   * runs now: the resume that made b ACTIVE read it already. */
+  if (b->disk_fd >= 0 && ftruncate(b->disk_fd, 0) < 0)
+    log_debug("buffer %llu: emptying its backup file: %s", (unsigned long long)b->id,
+              strerror(errno));
   drop_backup(r, b);
   b->handed_to = 0; /* its owner let go of its mapping too */
   unreserve_backup(r, b);
@@ -1101,6 +1108,22 @@ void registry_mark_paused(registry *r, struct tag *t, uint64_t devmask, bool pau
     t->paused_devices |= devmask;
   else
     t->paused_devices &= ~devmask;
+}
+
+/* One more generation for each tag among bufs'. */
+void registry_new_generation(registry *r, struct buffer *const *bufs, size_t n) {
+  r->generation_round++;
+  for (size_t i = 0; i < n; i++) {
+    struct tag *t = bufs[i]->tag;
+    if (t->generation_round == r->generation_round) continue;
+    t->generation_round = r->generation_round;
+    t->generation++;
+  }
+}
+
+/* Keep a tag's generation from going back. */
+void registry_generation_seen(struct tag *t, uint64_t g) {
+  if (g > t->generation) t->generation = g;
 }
 
 /* The state a tag shows for these counts and its paused mark. */

@@ -46,6 +46,8 @@ struct tag {
                               start PAUSED or are refused */
   uint64_t count[4], bytes[4]; /* pausable buffers per buffer_state */
   uint64_t ipc_buffers;        /* IPC_LEGACY buffers: never pause */
+  uint64_t generation;         /* resumes that gave its buffers new memory */
+  uint64_t generation_round;   /* the registry's round that last added one */
   struct list link;        /* registry's tags */
 };
 
@@ -175,6 +177,14 @@ bool registry_can_free(const struct buffer *b);
  * session's buffers there), or, with paused false, no longer (a resume of
  * every session's buffers there that every owner acked). */
 void registry_mark_paused(registry *r, struct tag *t, uint64_t devmask, bool paused);
+
+/* The n buffers of bufs get new memory, a resume's remap: the generation
+ * of each of their tags grows by one (once per tag). */
+void registry_new_generation(registry *r, struct buffer *const *bufs, size_t n);
+
+/* A buffer re-registered with tag t was last mapped at generation g of
+ * the daemon before: t's generation is at least that from now on. */
+void registry_generation_seen(struct tag *t, uint64_t g);
 
 /* The state a tag shows for count[st] buffers in each state and its paused
  * mark: PAUSING or RESUMING while any is in transition, PAUSED when any is

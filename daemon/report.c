@@ -66,6 +66,7 @@ static void tag_info(Gpumem__Wire__TagInfo *ti, const struct tag *t, bool all, u
   ti->owner_uid = t->uid;
   ti->owned = t->owned;
   ti->shared = t->shared;
+  ti->generation = t->generation;
   struct tag_view v = registry_tag_state(t);
   ti->state = v.state;
   ti->mixed = v.mixed;

@@ -30,6 +30,7 @@ bool resume_memory_make(registry *reg, gpudev *g, struct buffer **bufs, bool *ma
       gpudev_mem_detail(g, bufs[i]->device, &m);
       f->bytes_free = m.free;
       f->bytes_needed = needed;
+      f->device = bufs[i]->device;
       snprintf(f->text, sizeof f->text,
                "device %u: resume needs %llu bytes, %llu free; nothing resumed", bufs[i]->device,
                (unsigned long long)needed, (unsigned long long)m.free);

@@ -60,6 +60,9 @@ struct server {
 #define SERVER_BACKLOG_BUDGET_NS 2000000
 /* How long to stop listening when out of fds. */
 #define SERVER_ACCEPT_BACKOFF_MS 100
+/* The descriptors that answers to a session's backup requests may hold
+ * while it has not read them. */
+#define SERVER_BACKUP_FDS_QUEUED 64
 
 static void on_accept(uv_poll_t *h, int status, int events);
 static void on_signal(uv_signal_t *h, int signum);
@@ -624,6 +627,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
   r.state = b->state;
   r.chunk_sizes = b->chunk_sizes;
   r.n_chunk_sizes = b->nchunks;
+  r.generation = b->tag->generation;
   if (b->ipc) {
     r.ipc_handle.data = b->ipc_handle;
     r.ipc_handle.len = sizeof b->ipc_handle;
@@ -718,6 +722,7 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
       break;
     fd_at += b->paused ? 0 : b->n_chunk_sizes;
     ids[done] = bufs[done]->id;
+    registry_generation_seen(bufs[done]->tag, b->generation);
     if (!b->paused) s->owner.nothing_mapped = false;
     if (b->paused && (b->flags & BUF_FLAG_BACKUP))
       log_warn("pid %d: BACKUP buffer %llu ('%s') was paused when the previous daemon went "
@@ -753,6 +758,14 @@ static void handle_backup(server *srv, struct session *s, const wire_env *env, s
     snprintf(text, sizeof text, "no buffer %llu in this session",
              (unsigned long long)q->buffer_id);
     reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, text);
+    return;
+  }
+  /* Each answer holds descriptors open until the peer reads it: a peer
+   * that asks without reading could hold the daemon's all. */
+  if (frame_writer_queued_fds(s->writer) >= SERVER_BACKUP_FDS_QUEUED) {
+    reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+                "answers to earlier backup requests, and the descriptors they carry, wait "
+                "to be read: read them first");
     return;
   }
   int fds[FRAME_MAX_FDS];
@@ -841,7 +854,7 @@ static void handle_op(server *srv, struct session *s, const wire_env *env, bool 
     mask |= 1ull << devs[i];
   }
   engine_submit(srv->eng, &s->owner, env->id, resume, tags, ntags, mask, timeout, max_residual,
-                !resume && pr->release_context, &scope);
+                resume ? rr->wait_ms : 0, !resume && pr->release_context, &scope);
 }
 
 /* Parse, check and route one request. */

@@ -308,6 +308,20 @@ GPUMEM_EXPORT int gpumem_buffer_device(const gpumem_buffer *b);
  * re-registered with a restarted daemon). */
 GPUMEM_EXPORT uint64_t gpumem_buffer_id(const gpumem_buffer *b);
 
+/* Its tag's generation when the buffer was last mapped (gpumemd 1.10; 0
+ * before): how many resumes had given the tag's buffers new memory. The
+ * address stays, the memory behind it is new at every generation: a
+ * registration of it made at another one (NCCL user buffers, a captured
+ * CUDA graph's) is stale. Read it in a post_remap hook, or compare with
+ * gpumem_tag_status's generation. */
+GPUMEM_EXPORT uint64_t gpumem_buffer_generation(const gpumem_buffer *b);
+
+/* The generation (gpumem_buffer_generation) of the buffer of c that holds
+ * ptr (a gpumem_alloc buffer, or an allocation of gpumem_malloc inside
+ * one: a tensor's data pointer) into *generation. GPUMEM_E_NOT_FOUND
+ * when no buffer of c holds it. */
+GPUMEM_EXPORT int gpumem_generation(gpumem_client *c, const void *ptr, uint64_t *generation);
+
 /* The buffer's flags (GPUMEM_BACKUP, ...). */
 GPUMEM_EXPORT unsigned gpumem_buffer_flags(const gpumem_buffer *b);
 
@@ -421,9 +435,17 @@ struct gpumem_op_options {
    * reason, the pause itself done; one whose release did not hold fails
    * it with GPUMEM_E_NOT_RELEASED. */
   int release_context;
+  /* Resume only (1.10; 0: none, at most 600000): where a device lacks the
+   * room, wait up to this long for it (the trainer's allocator may still
+   * be letting go), trying again as the driver's free figure grows,
+   * instead of failing with GPUMEM_E_OUT_OF_MEMORY at once; the report's
+   * waited_us says how long. Disconnecting ends the wait. Other
+   * operations queue behind a waiting resume; a worker's own resume
+   * waits no longer than the daemon's --ack-timeout. */
+  unsigned wait_ms;
 };
 
-#define GPUMEM_OP_OPTIONS_INIT {sizeof(struct gpumem_op_options), 0, 0, 0, NULL, 0, NULL, 0}
+#define GPUMEM_OP_OPTIONS_INIT {sizeof(struct gpumem_op_options), 0, 0, 0, NULL, 0, NULL, 0, 0}
 
 /* What the driver shows of one device after a pause or resume. */
 struct gpumem_device_check {
@@ -498,6 +520,7 @@ struct gpumem_op_report {
    * own processes only) (1.6). */
   size_t nprocesses;
   struct gpumem_process_status **processes;
+  uint64_t waited_us; /* a resume: how long it waited for room (wait_ms; 1.10) */
 };
 
 /* Pause the buffers of tags (ntags 0: every tag) on devices (ndevices 0:
@@ -564,6 +587,9 @@ struct gpumem_tag_status {
   uint64_t backup_pinned_bytes, backup_reserved_bytes;
   uint64_t backup_pageable_bytes; /* pageable host memory its backups hold now (1.8) */
   uint64_t backup_disk_bytes; /* its backups in files of the daemon's --backup-dir (1.9) */
+  /* Resumes that gave its buffers new memory (gpumem_buffer_generation;
+   * 1.10, 0 from an older daemon). */
+  uint64_t generation;
 };
 
 /* One session in a status. */

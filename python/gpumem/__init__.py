@@ -384,7 +384,8 @@ class OpResult:
     """What a pause or resume did (``gpumemctl pause --json`` as an object).
 
     Attributes: buffers, bytes (released or taken again), backup_bytes,
-    skipped (buffers that never pause), elapsed_us, backup_us, checks (the
+    skipped (buffers that never pause), elapsed_us, backup_us, waited_us (a
+    resume's wait for room, :meth:`Client.resume`'s wait), checks (the
     driver's figures per device: :class:`DeviceCheck` dicts), details (per
     tag and device: :class:`OpDetail` dicts), releases (per worker
     process whose device state a pause released or a resume restored:
@@ -396,7 +397,7 @@ class OpResult:
     """
 
     __slots__ = ("buffers", "bytes", "backup_bytes", "skipped", "elapsed_us",
-                 "backup_us", "checks", "details", "releases", "processes", "error")
+                 "backup_us", "waited_us", "checks", "details", "releases", "processes", "error")
 
     def __init__(self, r: _native.OpReport) -> None:
         self.buffers: int = r.buffers
@@ -405,6 +406,7 @@ class OpResult:
         self.skipped: int = r.skipped
         self.elapsed_us: int = r.elapsed_us
         self.backup_us: int = r.backup_us
+        self.waited_us: int = r.waited_us
         self.checks: List[DeviceCheck] = _checks(r.checks, r.nchecks)
         self.details: List[OpDetail] = [
             OpDetail(tag=_text(d.tag), device=d.device, node_device=d.node_device,
@@ -443,6 +445,7 @@ class OpResult:
             "skipped": self.skipped,
             "elapsed_us": self.elapsed_us,
             "backup_us": self.backup_us,
+            "waited_us": self.waited_us,
             "checks": [dict(c) for c in self.checks],
             "details": [dict(d) for d in self.details],
             "releases": [dict(x) for x in self.releases],
@@ -537,6 +540,14 @@ class Buffer:
     def id(self) -> int:
         """The daemon's id (a new one after re-registration with a restarted daemon)."""
         return self._client._lib.gpumem_buffer_id(self._handle())
+
+    @property
+    def generation(self) -> int:
+        """Its tag's generation when it was last mapped: how many resumes
+        had given the tag's buffers new memory. A registration of ``ptr``
+        made at another generation (NCCL user buffers, a captured CUDA
+        graph) is stale (gpumemd 1.10; 0 before)."""
+        return self._client._lib.gpumem_buffer_generation(self._handle())
 
     @property
     def mapped(self) -> bool:
@@ -901,7 +912,7 @@ class Client:
 
     def _op(self, resume: bool, tags: Tuple[Any, ...], devices: Any, timeout: Any,
             max_residual: Any, own: Any, pids: Any, session_prefix: Any,
-            release_context: Any = False) -> OpResult:
+            release_context: Any = False, wait: Any = None) -> OpResult:
         btags = _check_tags(tags)
         devs = _check_devices(devices)
         opts = _native.op_options_init()
@@ -921,6 +932,10 @@ class Client:
         opts.npids = len(plist)
         opts.session_prefix = prefix
         opts.release_context = int(_check_bool("release_context", release_context))
+        opts.wait_ms = _check_timeout(wait, "wait")
+        if opts.wait_ms > _native.MAX_WAIT_MS:
+            raise ValueError("wait too large: %r seconds (at most %d)"
+                             % (wait, _native.MAX_WAIT_MS // 1000))
         c = self._talk()
         ctags = (ctypes.c_char_p * len(btags))(*btags) if btags else None
         cdevs = (ctypes.c_int * len(devs))(*devs) if devs else None
@@ -973,11 +988,17 @@ class Client:
     def resume(self, *tags: str, devices: Optional[Iterable[int]] = None,
                timeout: Optional[float] = None, own: bool = False,
                pids: Optional[Iterable[int]] = None,
-               session_prefix: Optional[str] = None) -> OpResult:
+               session_prefix: Optional[str] = None,
+               wait: Optional[float] = None) -> OpResult:
         """Resume paused buffers selected as :meth:`pause` selects them, all
         or nothing: with too little device memory nothing changes and
-        :class:`Error` OUT_OF_MEMORY says how much is needed."""
-        return self._op(True, tags, devices, timeout, None, own, pids, session_prefix)
+        :class:`Error` OUT_OF_MEMORY says how much is needed. wait: seconds
+        (at most 600) to wait for the room where a device lacks it (the
+        trainer may still be letting go) instead of failing at once;
+        :attr:`OpResult.waited_us` says how long it waited (gpumemd 1.10).
+        Operations queue behind a waiting resume."""
+        return self._op(True, tags, devices, timeout, None, own, pids, session_prefix,
+                        wait=wait)
 
     def set_request_timeout(self, seconds: Optional[float]) -> None:
         """How long each request waits for the daemon's answer before it
@@ -1058,6 +1079,18 @@ class Client:
             self.backup_read_into(ptr, size, addr)
         return out
 
+    def generation(self, ptr: int) -> int:
+        """The :attr:`Buffer.generation` of this client's buffer that holds
+        the address ``ptr`` (inside a buffer, or inside an allocation of
+        :meth:`malloc`: a tensor's data pointer). Raises :class:`Error`
+        NOT_FOUND when none does."""
+        ptr = _check_int("ptr", ptr, 1, _U64)
+        g = ctypes.c_uint64()
+        rc = self._lib.gpumem_generation(self._talk(), ptr, ctypes.byref(g))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        return g.value
+
     def backup_view(self, ptr: int, size: int) -> memoryview:
         """The same bytes as :meth:`backup_read`, without a copy: a
         read-only memoryview of the backup's host memory, valid until the
@@ -1126,6 +1159,7 @@ class Client:
                 "backup_reserved_bytes": t.backup_reserved_bytes,
                 "backup_pageable_bytes": t.backup_pageable_bytes,
                 "backup_disk_bytes": t.backup_disk_bytes,
+                "generation": t.generation,
             } for t in (s.tags[i][0] for i in range(s.ntags))]
             tenants = [{
                 "uid": x.uid, "buffers": x.buffers, "bytes": x.bytes,

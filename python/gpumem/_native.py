@@ -43,6 +43,7 @@ NAME_MAX = 127
 MAX_TAGS = 64
 MAX_DEVICES = 64
 MAX_PIDS = 256  # pids in one pause or resume scope (WIRE_MAX_PIDS)
+MAX_WAIT_MS = 600000  # a resume's wait for room (WIRE_MAX_WAIT_MS)
 
 c_client_p = ctypes.c_void_p
 c_buffer_p = ctypes.c_void_p
@@ -60,6 +61,7 @@ class OpOptions(ctypes.Structure):
         ("npids", ctypes.c_size_t),
         ("session_prefix", ctypes.c_char_p),
         ("release_context", ctypes.c_int),
+        ("wait_ms", ctypes.c_uint),
     ]
 
 
@@ -153,6 +155,7 @@ class OpReport(ctypes.Structure):
         ("releases", ctypes.POINTER(ctypes.POINTER(ProcessRelease))),
         ("nprocesses", ctypes.c_size_t),
         ("processes", ctypes.POINTER(ctypes.POINTER(ProcessStatus))),
+        ("waited_us", ctypes.c_uint64),
     ]
 
 
@@ -195,6 +198,7 @@ class TagStatus(ctypes.Structure):
         ("backup_reserved_bytes", ctypes.c_uint64),
         ("backup_pageable_bytes", ctypes.c_uint64),
         ("backup_disk_bytes", ctypes.c_uint64),
+        ("generation", ctypes.c_uint64),
     ]
 
 
@@ -437,6 +441,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gpumem_buffer_fill32": (i, [c_client_p, c_buffer_p, u64, u64, u32]),
         "gpumem_sync": (i, [c_client_p, i]),
         "gpumem_backup_read": (i, [c_client_p, vp, u64, vp]),
+        "gpumem_generation": (i, [c_client_p, vp, P(u64)]),
+        "gpumem_buffer_generation": (u64, [c_buffer_p]),
         "gpumem_backup_view": (i, [c_client_p, vp, u64, P(vp)]),
         "gpumem_set_hooks": (None, [c_client_p, HOOK, HOOK, vp]),
         "gpumem_pause": (i, [c_client_p, P(cp), sz, P(i), sz, P(OpOptions), P(P(OpReport))]),

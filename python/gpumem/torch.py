@@ -302,6 +302,26 @@ def client() -> gpumem.Client:
     return init()
 
 
+def generation(tensor: Any) -> int:
+    """The generation of the gpumem memory behind ``tensor`` (a CUDA
+    tensor allocated in a region or pool of this process): how many
+    resumes had given its tag's buffers new memory when it was last
+    mapped. The address stays across a resume, the memory behind it does
+    not: an NCCL user-buffer registration or a captured CUDA graph made at
+    another generation is stale and must be made again. ValueError for a
+    tensor that is not gpumem memory of this process."""
+    torch = _torch()
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("generation takes a tensor")
+    try:
+        return client().generation(tensor.data_ptr())
+    except gpumem.Error as e:
+        if e.code == gpumem.ErrorCode.NOT_FOUND:
+            raise ValueError("the tensor at 0x%x is not gpumem memory of this process"
+                             % tensor.data_ptr()) from e
+        raise
+
+
 def shutdown() -> None:
     """Let go of every pool and of the client: give PyTorch's cached
     blocks back (as :func:`empty_cache`), clear the process's default

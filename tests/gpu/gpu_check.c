@@ -5,6 +5,7 @@
  *
  * usage: gpu_check BIN_DIR SOCKET  (gpumemd --backend cuda already serving) */
 #include <cuda.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -266,6 +267,106 @@ static void scenario(void) {
   stop(w, SIGTERM);
 }
 
+/* Lines of the daemon's log (GPU_CHECK_DAEMON_LOG) that hold text. */
+static int log_lines(const char *text) {
+  const char *path = getenv("GPU_CHECK_DAEMON_LOG");
+  FILE *f = path ? fopen(path, "r") : NULL;
+  char *line = NULL;
+  size_t cap = 0;
+  int k = 0;
+  while (f && getline(&line, &cap, f) > 0) k += strstr(line, text) != NULL;
+  free(line);
+  if (f) fclose(f);
+  return k;
+}
+
+/* A resume with wait_ms on a thread of its own. */
+struct waited {
+  int rc;
+  uint64_t waited_us;
+  double done_ms;
+  char words[300];
+};
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void *resume_with_wait(void *arg) {
+  struct waited *x = arg;
+  gpumem_client *c = NULL;
+  x->rc = gpumem_connect(sock, "gpu_check-wait", GPUMEM_ROLE_CONTROLLER, 0, &c);
+  if (x->rc == 0) {
+    struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+    o.wait_ms = 60000;
+    struct gpumem_op_report *rep = NULL;
+    const char *tag = "t_wait";
+    x->rc = gpumem_resume(c, &tag, 1, NULL, 0, &o, &rep);
+    x->waited_us = rep ? rep->waited_us : 0;
+    gpumem_op_report_free(rep);
+  }
+  x->done_ms = now_ms();
+  snprintf(x->words, sizeof x->words, "%s", x->rc ? gpumem_last_error() : "");
+  if (c) gpumem_disconnect(c);
+  return NULL;
+}
+
+/* A resume that waits for room (protocol 1.10): paused 8 GiB, memory
+ * taken outside gpumemd until less is free, the resume asked with a
+ * wait, the memory freed once the daemon says it waits; it then takes
+ * its buffers back, usable at their addresses, one generation on. */
+static void resume_waits_for_room(gpumem_client *w) {
+  const int n = 4;
+  const uint64_t size = 2 * GiB;
+  gpumem_buffer *b[4];
+  for (int i = 0; i < n; i++)
+    if (gpumem_alloc(w, "t_wait", 0, size, 0, &b[i]) < 0) {
+      check(false, "resume wait", "alloc: %s", gpumem_last_error());
+      return;
+    }
+  struct op_sum r;
+  uint64_t g0 = gpumem_buffer_generation(b[0]);
+  if (pause_tag("t_wait", &r) < 0) {
+    check(false, "resume wait", "pause: %s", gpumem_last_error());
+    return;
+  }
+  uint64_t f0 = settled_free();
+  CUdeviceptr outside = 0;
+  CUresult cr = cuMemAlloc(&outside, f0 - 4 * GiB);
+  uint64_t f1 = settled_free();
+  int said = log_lines("waiting up to");
+  struct waited x = {0};
+  pthread_t t;
+  if (cr != CUDA_SUCCESS || pthread_create(&t, NULL, resume_with_wait, &x) != 0) {
+    check(false, "resume wait", "setup: cuMemAlloc %d", cr);
+    return;
+  }
+  double t0 = now_ms();
+  while (log_lines("waiting up to") == said && now_ms() - t0 < 20000) {
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+  }
+  bool waits = log_lines("waiting up to") > said;
+  double freed = now_ms();
+  cuMemFree(outside);
+  pthread_join(t, NULL);
+  bool usable = true;
+  for (int i = 0; i < n; i++) {
+    uint32_t word = 0;
+    usable &= gpumem_buffer_fill32(w, b[i], 0, size, 0xAB0000u + (uint32_t)i) == 0 &&
+              gpumem_buffer_read(w, b[i], size - 4, &word, 4) == 0 && word == 0xAB0000u + (uint32_t)i;
+  }
+  uint64_t g1 = gpumem_buffer_generation(b[0]);
+  check(waits && x.rc == 0 && x.waited_us > 0 && usable && g1 == g0 + 1,
+        "a resume waits for room and takes it once freed",
+        "%.2f GiB free with 8 GiB paused; waited %.1f ms, done %.1f ms after the free; usable "
+        "%d; generation %llu -> %llu%s%s", gib(f1), x.waited_us / 1e3, x.done_ms - freed,
+        usable, (unsigned long long)g0, (unsigned long long)g1, x.rc ? ": " : "", x.words);
+  for (int i = 0; i < n; i++) gpumem_free(w, b[i]);
+}
+
 /* Legacy IPC buffers: plain device memory, usable, never paused. */
 static void ipc_legacy(gpumem_client *w) {
   gpumem_buffer *ipc, *vmm;
@@ -324,6 +425,7 @@ int main(int argc, char **argv) {
   printf("backend %s, granularity %llu bytes, %u devices\n", gpumem_backend(w),
          (unsigned long long)gpumem_granularity(w), gpumem_device_count(w));
   alloc_pause_resume(w);
+  resume_waits_for_room(w);
   backup_contents(w);
   ipc_legacy(w);
   bad_requests(w);

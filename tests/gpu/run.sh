@@ -15,7 +15,7 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 make -j8 CUDA_HOME="$CUDA_HOME" WERROR= all || exit 1
 nm -D build/lib/libgpumem.so | grep -q gpumem_connect || exit 1
 mkdir -p build/tests
-cc -std=c11 -D_GNU_SOURCE -O2 -Iinclude -I"$CUDA_HOME/include" tests/gpu/gpu_check.c \
+cc -std=c11 -D_GNU_SOURCE -O2 -pthread -Iinclude -I"$CUDA_HOME/include" tests/gpu/gpu_check.c \
   -o build/tests/gpu_check -Lbuild/lib -lgpumem -Wl,-rpath,"$PWD/build/lib" \
   -L"$CUDA_HOME/lib64/stubs" -lcuda || exit 1
 # The fault checks start, kill and restart their own daemon.
@@ -38,7 +38,7 @@ daemon=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 build/bin/gpumemctl --socket "$sock" status
-build/tests/gpu_check build/bin "$sock" || status=1
+GPU_CHECK_DAEMON_LOG="$run/gpumemd.log" build/tests/gpu_check build/bin "$sock" || status=1
 build/bin/gpumemctl --socket "$sock" status
 # What gpu_check's pauses and resumes left in the daemon's counters.
 build/bin/gpumemctl --socket "$sock" metrics |

@@ -191,7 +191,7 @@ static bool quiet(const struct owner *o) {
 static void op(bool resume, const char *tag, uint64_t devmask, uint32_t timeout_ms,
                const struct scope_spec *scope) {
   char *tags[] = {(char *)tag};
-  engine_submit(eng, &ctl, 77, resume, tags, tag ? 1 : 0, devmask, timeout_ms, 0, false, scope);
+  engine_submit(eng, &ctl, 77, resume, tags, tag ? 1 : 0, devmask, timeout_ms, 0, 0, false, scope);
 }
 
 /* The controller's answer: its code, with the reply in *out. */

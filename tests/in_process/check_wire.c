@@ -53,6 +53,29 @@ START_TEST(alloc_requests_are_checked) {
 }
 END_TEST
 
+/* A re-registered buffer brings a generation a daemon could have given. */
+START_TEST(adopted_generations_are_checked) {
+  Gpumem__Wire__AdoptBuffer b = GPUMEM__WIRE__ADOPT_BUFFER__INIT, *bp = &b;
+  b.tag = "kv";
+  b.size = 2 << 20;
+  b.paused = true;
+  uint64_t chunk = 2 << 20;
+  b.chunk_sizes = &chunk;
+  b.n_chunk_sizes = 1;
+  b.generation = WIRE_GENERATION_MAX;
+  Gpumem__Wire__AdoptRequest a = GPUMEM__WIRE__ADOPT_REQUEST__INIT;
+  a.buffers = &bp;
+  a.n_buffers = 1;
+  wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
+  env.body_case = GPUMEM__WIRE__ENVELOPE__BODY_ADOPT;
+  env.adopt = &a;
+  ck_assert_msg(wire_check_request(&env, 0, why, sizeof why) == CODE(OK), "%s", why);
+  b.generation = UINT64_MAX;
+  ck_assert_int_eq(wire_check_request(&env, 0, why, sizeof why), CODE(INVALID_ARGUMENT));
+  ck_assert_ptr_nonnull(strstr(why, "generation"));
+}
+END_TEST
+
 START_TEST(pause_needs_valid_tags) {
   Gpumem__Wire__PauseRequest p = GPUMEM__WIRE__PAUSE_REQUEST__INIT;
   wire_env env = GPUMEM__WIRE__ENVELOPE__INIT;
@@ -406,6 +429,7 @@ int main(void) {
                      remap_backup_pieces_are_fds_of_some_bytes,
                      unmap_backups_name_its_buffers_once,
                      backup_replies_hand_pieces, backup_replies_of_files_and_copies,
+                     adopted_generations_are_checked,
                      garbage_does_not_parse_or_is_refused,
                      envelopes_round_trip,
                      sizes_parse_with_binary_suffixes,

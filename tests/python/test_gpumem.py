@@ -678,6 +678,7 @@ def test_wire_limits_match_the_library():
     limits = (REPO / "common" / "limits.h").read_text()
     assert int(re.search(r"#define GPUMEM_MAX_DEVICES (\d+)", limits).group(1)) == _native.MAX_DEVICES
     assert int(defines["WIRE_MAX_PIDS"]) == _native.MAX_PIDS == gpumem._MAX_PIDS
+    assert int(defines["WIRE_MAX_WAIT_MS"]) == _native.MAX_WAIT_MS
 
 
 def test_too_many_pids_are_refused_before_the_daemon(controller):
@@ -799,3 +800,20 @@ def test_release_context_through_the_package(make_daemon):
         for p in (opted, other):
             p.stdin.close()
             p.wait(timeout=10)
+
+
+def test_a_resume_can_wait_for_room(worker, controller, tag):
+    """resume(wait=...): with room it does not wait (waited_us 0, in the
+    JSON keys too); a bad wait is refused before any request; a wait on a
+    pause is a TypeError (pause has no such argument)."""
+    kv = tag("kv")
+    b = worker.alloc(kv, 2 * MiB)
+    controller.pause(kv)
+    r = controller.resume(kv, wait=5)
+    assert r.buffers == 1 and r.waited_us == 0 and r.as_dict()["waited_us"] == 0
+    for bad, err in ((0, ValueError), (601, ValueError), ("1", TypeError)):
+        with pytest.raises(err):
+            controller.resume(kv, wait=bad)
+    with pytest.raises(TypeError):
+        controller.pause(kv, wait=1)
+    b.free()

@@ -285,3 +285,36 @@ def test_pools_are_kept_at_exit(daemon, tag):
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "exiting 3\n" and "faketorch" not in r.stderr
+
+
+def test_generation_tells_a_tensor_its_memory_is_new(fake, controller, tag):
+    """gpumem.torch.generation: the generation of the memory behind a
+    tensor, the tag's, which each resume that remaps it moves on by one
+    (Buffer.generation and Client.generation say the same)."""
+    kv = tag("kv")
+    with gt.region(kv):
+        t = fake.empty(4 * MiB, device="cuda:0")
+    c = gt.client()
+    assert gt.generation(t) == 0 == c.generation(t.data_ptr())
+    for n in (1, 2):
+        controller.pause(kv)
+        controller.resume(kv)
+        assert gt.generation(t) == n
+        st = [x for x in controller.status()["tags"] if x["name"] == kv][0]
+        assert st["generation"] == n
+    with pytest.raises(TypeError):
+        gt.generation(object())
+    del t
+
+
+def test_a_buffers_generation(worker, controller, tag):
+    kv = tag("kv")
+    b = worker.alloc(kv, 2 * MiB)
+    assert b.generation == 0
+    controller.pause(kv)
+    controller.resume(kv)
+    assert b.generation == 1 == worker.generation(b.ptr + 5)
+    with pytest.raises(gpumem.Error) as e:
+        worker.generation(1)
+    assert e.value.code == gpumem.ErrorCode.NOT_FOUND
+    b.free()

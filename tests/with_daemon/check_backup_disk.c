@@ -429,6 +429,78 @@ START_TEST(a_paused_disk_backup_is_read_from_its_file) {
 }
 END_TEST
 
+/* A peer that asks for its disk backup again and again without reading
+ * the answers cannot make the daemon hold a descriptor for each: past a
+ * bound the requests are refused, saying why, and the session goes on.
+ * The file is emptied once the buffer is ACTIVE again, so that a reader
+ * keeping it open keeps no disk space. */
+START_TEST(unread_backup_answers_hold_few_descriptors) {
+  make_dir();
+  start_with(NULL, NULL, NULL);
+  struct peer w, c;
+  scene_open(&w, &c, &d);
+  struct pbuf b;
+  const uint32_t disk = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
+                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE |
+                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK;
+  peer_alloc(&w, "kv", 0, 4 * MiB, disk, &b);
+  scene_fill(&b, 4 * MiB, 3);
+  scene_served(&c, &w, &b, 1, false, "kv");
+  const int asks = 3000;
+  Gpumem__Wire__BackupRequest q = GPUMEM__WIRE__BACKUP_REQUEST__INIT;
+  q.buffer_id = b.id;
+  for (int i = 0; i < asks; i++) {
+    wire_env env = wire_envelope(100 + (uint64_t)i, GPUMEM__WIRE__ENVELOPE__BODY_BACKUP, &q);
+    peer_put(&w, &env, NULL, 0);
+  }
+  /* Once the daemon has answered the last one (a status behind them on
+   * the controller's socket is answered after), count what it holds. */
+  wire_env_free(peer_status(&c));
+  int refused = 0, files = 0, kept = -1;
+  for (int i = 0; i < asks; i++) {
+    struct frame f;
+    wire_env *r = peer_get(&w, &f);
+    if (i == 0) kept = held_files().files; /* the daemon's own, and the unread answers' */
+    if (r->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ERROR) {
+      ck_assert_int_eq(r->error->code, CODE(LIMIT_EXCEEDED));
+      ck_assert_ptr_nonnull(strstr(r->error->message, "read them first"));
+      refused++;
+    } else {
+      ck_assert(r->backup_reply->files);
+      ck_assert_uint_eq(f.nfds, 1);
+      if (i == asks - 1 || files == 0) {
+        struct pbuf read = {.fds = {f.fds[0]}, .nfds = 1};
+        ck_assert(scene_holds(&read, 4 * MiB, 3));
+      }
+      files++;
+    }
+    frame_release(&f);
+    wire_env_free(r);
+  }
+  ck_assert_msg(refused > 0, "%d answers with files, none refused", files);
+  ck_assert_msg(kept <= 64 + 1, "the daemon held %d files", kept);
+  /* Resumed, its file emptied: a reader that kept it holds no disk. */
+  wire_env env = wire_envelope(99, GPUMEM__WIRE__ENVELOPE__BODY_BACKUP, &q);
+  peer_put(&w, &env, NULL, 0);
+  struct frame f;
+  wire_env *r = peer_get(&w, &f);
+  ck_assert_uint_eq(f.nfds, 1);
+  int reader = dup(f.fds[0]);
+  frame_release(&f);
+  wire_env_free(r);
+  peer_op_served(&c, true, "kv", &w, &b, 1);
+  ck_assert(scene_holds(&b, 4 * MiB, 3));
+  struct stat st;
+  ck_assert_int_eq(fstat(reader, &st), 0);
+  ck_assert_int_eq(st.st_size, 0);
+  ck_assert_int_eq(st.st_blocks, 0);
+  close(reader);
+  peer_unmap(&b);
+  peer_close(&w);
+  peer_close(&c);
+}
+END_TEST
+
 /* A resume that read the backups back and then failed (its worker could
  * not map the buffer) leaves them only in their files again: no pinned
  * memory, nothing reserved; the next resume reads them again and the
@@ -476,5 +548,6 @@ int main(void) {
                      a_pause_that_cannot_write_pauses_nothing,
                      a_write_that_fails_keeps_the_backup_in_host_memory,
                      a_crash_leaves_no_file_behind, a_paused_disk_backup_is_read_from_its_file,
+                     unread_backup_answers_hold_few_descriptors,
                      a_failed_resume_lets_go_of_what_it_read);
 }

@@ -211,7 +211,8 @@ START_TEST(a_backup_past_the_limit_can_be_pageable) {
 END_TEST
 
 /* What a backup request with memory must carry (1.10): a memfd, not sealed
- * against writes, large enough, for a pageable backup; anything else is
+ * against writes, large enough, its pages made, for a pageable backup;
+ * anything else is
  * refused, saying why, and the session goes on (the memory it sent then
  * holds the backup, sealed against shrinking). */
 START_TEST(memory_sent_for_a_pageable_backup_is_checked) {
@@ -233,8 +234,11 @@ START_TEST(memory_sent_for_a_pageable_backup_is_checked) {
   int sealed = memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ck_assert_int_eq(ftruncate(sealed, 4 * MiB), 0);
   ck_assert_int_eq(fcntl(sealed, F_ADD_SEALS, F_SEAL_WRITE), 0);
+  int sparse = memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ck_assert_int_eq(ftruncate(sparse, 4 * MiB), 0); /* no page made: the daemon's writes would */
   int good = memfd_create("good", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ck_assert_int_eq(ftruncate(good, 4 * MiB), 0);
+  ck_assert_int_eq(posix_fallocate(good, 0, 4 * MiB), 0);
   struct {
     uint64_t id;
     int fd;
@@ -244,6 +248,7 @@ START_TEST(memory_sent_for_a_pageable_backup_is_checked) {
       {both[0].id, pipefd[0], CODE(INVALID_ARGUMENT), "not a memfd"},
       {both[0].id, small, CODE(INVALID_ARGUMENT), "not the 4194304"},
       {both[0].id, sealed, CODE(INVALID_ARGUMENT), "sealed against writes"},
+      {both[0].id, sparse, CODE(INVALID_ARGUMENT), "fallocate it first"},
       {both[1].id, good, CODE(WRONG_STATE), "without memory"},
       {both[0].id, good, CODE(OK), NULL},
   };
@@ -277,8 +282,8 @@ START_TEST(memory_sent_for_a_pageable_backup_is_checked) {
     }
     wire_env_free(r);
   }
-  int fds[] = {pipefd[0], small, sealed, good};
-  for (size_t i = 0; i < 4; i++) close(fds[i]);
+  int fds[] = {pipefd[0], small, sealed, sparse, good};
+  for (size_t i = 0; i < 5; i++) close(fds[i]);
   /* Asked without memory, the daemon says to send some. */
   Gpumem__Wire__BackupRequest q = GPUMEM__WIRE__BACKUP_REQUEST__INIT;
   q.buffer_id = both[0].id;

@@ -903,6 +903,81 @@ START_TEST(test_daemon_killed_and_restarted_adopts_worker) {
 }
 END_TEST
 
+/* The post_remap hook's record: each buffer's generation as it saw it. */
+struct seen_generations {
+  uint64_t last[4];
+  size_t calls;
+};
+
+/* A post_remap hook: note the generation of each buffer it is shown. */
+static void note_generations(gpumem_client *c, gpumem_buffer *const *bufs, size_t n, void *user) {
+  (void)c;
+  struct seen_generations *g = user;
+  for (size_t i = 0; i < n && i < 4; i++) g->last[i] = gpumem_buffer_generation(bufs[i]);
+  g->calls++;
+}
+
+/* A tag's generation (protocol 1.10) grows by one with every resume that
+ * gives its buffers new memory, once however many of them it maps; the
+ * buffers get it with their remap (a post_remap hook sees it), a new
+ * buffer with its allocation; another tag and a resume that maps nothing
+ * leave it; a daemon killed and started again takes it from the buffers
+ * re-registered, so it never goes back. */
+START_TEST(a_tag_generation_counts_the_resumes_that_remap_it) {
+  struct daemon d;
+  daemon_start(&d, NULL);
+  gpumem_client *w, *ctl;
+  ck_assert_int_eq(gpumem_connect(d.socket, "w", GPUMEM_ROLE_WORKER, 0, &w), 0);
+  struct conn_events l;
+  conn_events_watch(&l, w);
+  struct seen_generations seen = {{0}, 0};
+  gpumem_set_hooks(w, NULL, note_generations, &seen);
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  gpumem_buffer *a, *b, *other;
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, 2 * MIB, 0, &a), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, 2 * MIB, 0, &b), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "other", 0, 2 * MIB, 0, &other), 0);
+  ck_assert_uint_eq(gpumem_buffer_generation(a), 0);
+  ck_assert_uint_eq(client_tag(ctl, "kv").generation, 0);
+  for (uint64_t round = 1; round <= 2; round++) {
+    ck_assert_int_eq(client_op(ctl, "kv", false), 0);
+    ck_assert_int_eq(client_op(ctl, "kv", true), 0);
+    ck_assert_uint_eq(client_tag(ctl, "kv").generation, round);
+    ck_assert_uint_eq(gpumem_buffer_generation(a), round);
+    ck_assert_uint_eq(gpumem_buffer_generation(b), round);
+    ck_assert_uint_eq(seen.last[0], round);
+  }
+  ck_assert_uint_eq(client_tag(ctl, "other").generation, 0);
+  ck_assert_uint_eq(gpumem_buffer_generation(other), 0);
+  ck_assert_int_eq(client_op(ctl, "kv", true), 0); /* nothing paused: nothing remapped */
+  ck_assert_uint_eq(client_tag(ctl, "kv").generation, 2);
+  uint64_t g = 0;
+  ck_assert_int_eq(gpumem_generation(w, (char *)gpumem_buffer_ptr(b) + MIB, &g), 0);
+  ck_assert_uint_eq(g, 2);
+  ck_assert_int_eq(gpumem_generation(w, &g, &g), GPUMEM_E_NOT_FOUND);
+  gpumem_buffer *late;
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, 2 * MIB, 0, &late), 0);
+  ck_assert_uint_eq(gpumem_buffer_generation(late), 2);
+  gpumem_disconnect(ctl);
+  /* The daemon killed and started again: the tag's generation comes back
+   * with its buffers, and goes on from there. */
+  kill(d.pid, SIGKILL);
+  waitpid(d.pid, NULL, 0);
+  d.pid = daemon_spawn(d.socket, d.log, (const char *const[]){NULL});
+  ck_assert(conn_events_wait(&l, 1, 1));
+  ck_assert_int_eq(gpumem_connect(d.socket, "ctl", GPUMEM_ROLE_CONTROLLER, 0, &ctl), 0);
+  ck_assert_uint_eq(client_tag(ctl, "kv").generation, 2);
+  ck_assert_int_eq(client_op(ctl, "kv", false), 0);
+  ck_assert_int_eq(client_op(ctl, "kv", true), 0);
+  ck_assert_uint_eq(client_tag(ctl, "kv").generation, 3);
+  ck_assert_uint_eq(gpumem_buffer_generation(a), 3);
+  ck_assert_uint_eq(gpumem_buffer_generation(late), 3);
+  gpumem_disconnect(ctl);
+  gpumem_disconnect(w);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* SIGTERM of the daemon: the worker is told, keeps its memory, and the
  * next daemon adopts it. */
 START_TEST(test_daemon_sigterm_worker_told_and_adopted) {
@@ -1680,6 +1755,7 @@ int main(void) {
                      test_no_reconnect_flag, test_restart_re_registers_buffers,
                      test_dispatch_reconnects_without_thread,
                      test_daemon_killed_and_restarted_adopts_worker,
+                     a_tag_generation_counts_the_resumes_that_remap_it,
                      test_daemon_sigterm_worker_told_and_adopted,
                      test_scopes_and_devices_reach_the_daemon_as_meant,
                      test_unanswered_requests_time_out_and_late_replies_are_handled,

@@ -207,14 +207,19 @@ START_TEST(status_json_carries_every_figure) {
 }
 END_TEST
 
-/* --max-residual takes a size and belongs to pause alone; a limit no
- * device is near lets the pause through. */
+/* --max-residual takes a size and belongs to pause alone, --wait a
+ * duration and to resume alone; a limit no device is near lets the pause
+ * through, and a resume with room waits for nothing. */
 START_TEST(max_residual_is_a_pause_option) {
   struct worker w;
   daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
   ctl_says(d.dir, d.socket, "pause --max-residual lots kv", 2, "invalid size");
   ctl_says(d.dir, d.socket, "resume --max-residual 1G kv", 2, "pause only");
+  ctl_says(d.dir, d.socket, "pause --wait 1s kv", 2, "--wait applies to resume only");
+  ctl_says(d.dir, d.socket, "resume --wait 11m kv", 2, "invalid wait");
   ctl_says(d.dir, d.socket, "pause --max-residual 1T kv", 0, "paused 1 buffers");
+  ctl_says(d.dir, d.socket, "resume --wait 5s kv", 0, "resumed 1 buffers");
+  ck_assert_msg(!strstr(out_buf, "waited"), "%s", out_buf); /* the room was there */
   ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
 }
 END_TEST

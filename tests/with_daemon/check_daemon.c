@@ -362,6 +362,94 @@ START_TEST(resume_beyond_capacity_changes_nothing) {
 }
 END_TEST
 
+/* A resume with wait_ms on its thread: its code, words and wait. */
+struct waiting_resume {
+  unsigned wait_ms;
+  int rc;
+  uint64_t waited_us;
+  char words[512];
+};
+
+static void *resume_thread(void *arg) {
+  struct waiting_resume *w = arg;
+  gpumem_client *c = controller();
+  struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
+  o.timeout_ms = 60000;
+  o.wait_ms = w->wait_ms;
+  struct gpumem_op_report *rep = NULL;
+  const char *tag = "kv";
+  w->rc = gpumem_resume(c, &tag, 1, NULL, 0, &o, &rep);
+  snprintf(w->words, sizeof w->words, "%s", w->rc ? gpumem_last_error() : "");
+  w->waited_us = rep ? rep->waited_us : 0;
+  gpumem_op_report_free(rep);
+  gpumem_disconnect(c);
+  return NULL;
+}
+
+/* Until the daemon's log has said text n times (20 s at most). */
+static bool log_says(const char *text, int n) {
+  for (int i = 0; i < 2000; i++) {
+    if (daemon_log_count(&d, text) >= n) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+/* A resume with wait_ms (protocol 1.10) where the device lacks the room
+ * waits for it: it ends once the trainer's memory is given back, saying
+ * how long it waited; a wait that runs out fails as a resume without one
+ * does, saying it waited; a requester that goes away ends its wait, and
+ * the operations behind it run. */
+START_TEST(a_resume_that_waits_for_room_takes_it_once_there) {
+  daemon_start(&d, "--host-devices", "1", "--host-device-size", "256M", NULL);
+  struct worker a, t;
+  worker_start(&a, &d, "--tag", "kv", "--size", "64M", "--count", "2", NULL);
+  gpumem_client *c = controller();
+  struct op_sum r;
+  ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
+  worker_start(&t, &d, "--tag", "trainer", "--size", "192M", NULL);
+  struct waiting_resume w = {.wait_ms = 30000};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, resume_thread, &w), 0);
+  ck_assert_msg(log_says("waiting up to", 1), "the resume never waited");
+  ck_assert_int_eq(worker_stop(&t, SIGTERM), 0); /* the trainer lets go */
+  pthread_join(th, NULL);
+  ck_assert_msg(w.rc == 0, "%s", w.words);
+  ck_assert_uint_gt(w.waited_us, 0);
+  ck_assert_uint_lt(w.waited_us, 30000000);
+  ck_assert(worker_wait_for(&a, "resumed buffer", 2, 10000));
+  /* A wait that runs out. */
+  ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
+  worker_start(&t, &d, "--tag", "trainer", "--size", "192M", NULL);
+  w = (struct waiting_resume){.wait_ms = 300};
+  resume_thread(&w);
+  ck_assert_int_eq(w.rc, GPUMEM_E_OUT_OF_MEMORY);
+  ck_assert_msg(strstr(w.words, "resume needs 134217728 bytes") &&
+                    strstr(w.words, "after waiting") && strstr(w.words, "for room"),
+                "%s", w.words);
+  /* A requester that goes away: the wait ends, and the next one runs. */
+  struct peer p;
+  peer_open(&p, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);
+  Gpumem__Wire__ResumeRequest q = GPUMEM__WIRE__RESUME_REQUEST__INIT;
+  char *kv = "kv";
+  q.tags = &kv;
+  q.n_tags = 1;
+  q.wait_ms = 60000;
+  wire_env env = wire_envelope(5, GPUMEM__WIRE__ENVELOPE__BODY_RESUME, &q);
+  peer_put(&p, &env, NULL, 0);
+  /* the two before, and this one */
+  ck_assert_msg(log_says("waiting up to", 3), "the peer's resume never waited");
+  peer_close(&p);
+  ck_assert_msg(log_says("its requester went away", 1), "the wait did not end");
+  ck_assert_int_eq(worker_stop(&t, SIGTERM), 0);
+  ck_assert(wait_sessions(c, 2));
+  ck_assert_int_eq(resume_tag(c, "kv", &r), 0);
+  ck_assert(worker_wait_for(&a, "resumed buffer", 4, 10000));
+  gpumem_disconnect(c);
+  ck_assert_int_eq(worker_stop(&a, SIGTERM), 0);
+}
+END_TEST
+
 struct timed_pause {
   const char *tag;
   int rc;
@@ -763,6 +851,7 @@ int main(void) {
                      unresponsive_worker_is_reported_and_finishes_late,
                      kill_policy_ends_unresponsive_workers,
                      resume_beyond_capacity_changes_nothing,
+                     a_resume_that_waits_for_room_takes_it_once_there,
                      controller_operations_are_serialized,
                      garbage_client_is_dropped_and_others_carry_on,
                      bad_requests_get_clear_errors,
