@@ -192,6 +192,7 @@ static struct gpumem_op_report *report_new(gpumem_client *c, const wire_env *env
     r->message = results_text(e->message);
     r->bytes_needed = e->bytes_needed;
     r->bytes_free = e->bytes_free;
+    r->waited_us = e->waited_us;
     r->buffers_held = e->buffers_held;
     r->bytes_held = e->bytes_held;
     ok = r->message != NULL;

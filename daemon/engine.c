@@ -699,6 +699,7 @@ static bool collect_paused(engine *e, struct op *op, struct buffer ***out, size_
   size_t cap = 0;
   for (size_t t = 0; t < op->scope.ntags; t++) {
     struct tag *tag = registry_tag(e->reg, op->scope.tags[t]);
+    if (!tag) continue; /* gone with its last buffer since the scope was resolved */
     struct list *p;
     for (p = tag->buffers.next; p != &tag->buffers; p = p->next) {
       struct buffer *b = list_entry(p, struct buffer, tag_link);

@@ -10,23 +10,58 @@
 struct waiting {
   struct list link;
   struct session *s;
+  uint32_t uid; /* its session's */
   uint64_t id;
   char tag[WIRE_TAG_MAX + 1];
   uint32_t device, flags;
   uint64_t size, keep_free;
 };
 
-/* Allocations that may wait at once (each some 150 bytes). */
-#define GRACE_MAX_WAITING 4096
+/* Allocations that may wait at once (each some 150 bytes), and of them
+ * those of one uid: one uid filling the list would refuse the others'. */
+#define GRACE_MAX_WAITING 65536
+#define GRACE_MAX_WAITING_PER_UID 256
+
+/* The waiting allocations of one uid. */
+struct uid_count {
+  uint32_t uid;
+  size_t n;
+};
 
 struct grace {
   uv_timer_t timer;
   bool active;
   struct list waiting; /* struct waiting.link, in arrival order */
   size_t nwaiting;
+  struct uid_count *uids; /* the uids with allocations waiting (n > 0) */
+  size_t nuids, capuids;
   grace_serve_fn serve;
   void *ctx;
 };
+
+/* The count of uid's waiting allocations (made, at 0, when make): NULL
+ * when it has none and make is false, or out of memory. */
+static struct uid_count *count_of(grace *g, uint32_t uid, bool make) {
+  for (size_t i = 0; i < g->nuids; i++)
+    if (g->uids[i].uid == uid) return &g->uids[i];
+  if (!make) return NULL;
+  if (g->nuids == g->capuids) {
+    size_t cap = g->capuids ? g->capuids * 2 : 8;
+    struct uid_count *u = realloc(g->uids, cap * sizeof *u);
+    if (!u) return NULL;
+    g->uids = u;
+    g->capuids = cap;
+  }
+  g->uids[g->nuids] = (struct uid_count){uid, 0};
+  return &g->uids[g->nuids++];
+}
+
+/* One waiting allocation fewer (w, off the list now). */
+static void drop_waiting(grace *g, struct waiting *w) {
+  g->nwaiting--;
+  struct uid_count *c = count_of(g, w->uid, false);
+  if (c && --c->n == 0) *c = g->uids[--g->nuids];
+}
 
 /* Serve what waited, in order (serving may end sessions: each is taken
  * off the list before it is served). */
@@ -36,7 +71,7 @@ static void on_end(uv_timer_t *t) {
   while (!list_empty(&g->waiting)) {
     struct waiting *w = list_entry(g->waiting.next, struct waiting, link);
     list_remove(&w->link);
-    g->nwaiting--;
+    drop_waiting(g, w);
     Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
     a.tag = w->tag;
     a.device = w->device;
@@ -77,11 +112,19 @@ uint64_t grace_left_ms(const grace *g) {
 size_t grace_waiting(const grace *g) { return g ? g->nwaiting : 0; }
 
 /* Keep an allocation until the grace ends. */
-int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__AllocRequest *a) {
+int grace_defer(grace *g, struct session *s, uint32_t uid, uint64_t id,
+                const Gpumem__Wire__AllocRequest *a) {
+  struct uid_count *c = count_of(g, uid, false);
+  if (c && c->n == GRACE_MAX_WAITING_PER_UID) return -EDQUOT;
   if (g->nwaiting == GRACE_MAX_WAITING) return -ENOSPC;
   struct waiting *w = calloc(1, sizeof *w);
-  if (!w) return -ENOMEM;
+  if (!w || !(c = count_of(g, uid, true))) {
+    free(w);
+    return -ENOMEM;
+  }
+  c->n++;
   w->s = s;
+  w->uid = uid;
   w->id = id;
   strncpy(w->tag, a->tag, WIRE_TAG_MAX); /* checked at the edge: it fits */
   w->device = a->device;
@@ -101,7 +144,7 @@ void grace_forget(grace *g, struct session *s) {
     struct waiting *w = list_entry(p, struct waiting, link);
     if (w->s != s) continue;
     list_remove(&w->link);
-    g->nwaiting--;
+    drop_waiting(g, w);
     free(w);
   }
 }
@@ -117,6 +160,9 @@ void grace_destroy(grace *g) {
     list_remove(p);
     free(list_entry(p, struct waiting, link));
   }
+  free(g->uids);
+  g->uids = NULL;
+  g->nuids = g->capuids = g->nwaiting = 0;
   g->active = false;
   uv_close((uv_handle_t *)&g->timer, on_closed);
 }

@@ -32,10 +32,11 @@ uint64_t grace_left_ms(const grace *g);
 /* Allocations waiting for the grace to end (NULL is fine). */
 size_t grace_waiting(const grace *g);
 
-/* Keep an allocation (copied) of session s, request id, until the grace
- * ends. Returns 0, -ENOSPC when 4096 wait already, or -ENOMEM (then
- * nothing is kept). */
-int grace_defer(grace *g, struct session *s, uint64_t id, const Gpumem__Wire__AllocRequest *a);
+/* Keep an allocation (copied) of session s of uid, request id, until the
+ * grace ends. Returns 0, -EDQUOT when 256 of uid's wait already, -ENOSPC
+ * when 65536 wait, or -ENOMEM (then nothing is kept). */
+int grace_defer(grace *g, struct session *s, uint32_t uid, uint64_t id,
+                const Gpumem__Wire__AllocRequest *a);
 
 /* Drop the waiting allocations of a session that ended. */
 void grace_forget(grace *g, struct session *s);

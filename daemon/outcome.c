@@ -165,6 +165,7 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
     err.releases = rp;
     err.n_releases = nrel;
     err.processes = pr.p;
+    err.waited_us = o->waited_us;
     err.n_processes = pr.n;
     env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_ERROR, &err);
   } else {

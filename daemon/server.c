@@ -586,16 +586,20 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
     return;
   }
   if (grace_active(srv->grace) && !registry_tag(srv->reg, a->tag)) {
-    int rc = grace_defer(srv->grace, s, id, a);
+    int rc = grace_defer(srv->grace, s, (uint32_t)s->owner.uid, id, a);
     if (rc == 0) {
       log_debug("pid %d: alloc in new tag '%s' waits for the re-registration grace",
                 (int)s->owner.pid, a->tag);
       return;
     }
-    if (rc == -ENOSPC)
-      reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
-                  "too many allocations in new tags wait for the re-registration grace "
-                  "(--adopt-grace) to end: try again after it");
+    if (rc == -EDQUOT || rc == -ENOSPC) {
+      char text[200];
+      snprintf(text, sizeof text,
+               "too many allocations in new tags%s wait for the re-registration grace "
+               "(--adopt-grace) to end: try again after it",
+               rc == -EDQUOT ? " of this uid" : "");
+      reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
+    }
     else /* not served now either: that would skip the grace */
       reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     return;

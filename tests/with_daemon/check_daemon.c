@@ -365,6 +365,7 @@ END_TEST
 /* A resume with wait_ms on its thread: its code, words and wait. */
 struct waiting_resume {
   unsigned wait_ms;
+  bool all; /* every tag, not "kv" */
   int rc;
   uint64_t waited_us;
   char words[512];
@@ -378,7 +379,7 @@ static void *resume_thread(void *arg) {
   o.wait_ms = w->wait_ms;
   struct gpumem_op_report *rep = NULL;
   const char *tag = "kv";
-  w->rc = gpumem_resume(c, &tag, 1, NULL, 0, &o, &rep);
+  w->rc = gpumem_resume(c, w->all ? NULL : &tag, w->all ? 0 : 1, NULL, 0, &o, &rep);
   snprintf(w->words, sizeof w->words, "%s", w->rc ? gpumem_last_error() : "");
   w->waited_us = rep ? rep->waited_us : 0;
   gpumem_op_report_free(rep);
@@ -396,8 +397,8 @@ static bool log_says(const char *text, int n) {
 }
 
 /* A resume with wait_ms (protocol 1.10) where the device lacks the room
- * waits for it: it ends once the trainer's memory is given back, saying
- * how long it waited; a wait that runs out fails as a resume without one
+ * waits for it: it ends once the trainer's memory is given back (its tag
+ * gone with it meanwhile), saying how long it waited; a wait that runs out fails as a resume without one
  * does, saying it waited; a requester that goes away ends its wait, and
  * the operations behind it run. */
 START_TEST(a_resume_that_waits_for_room_takes_it_once_there) {
@@ -408,7 +409,9 @@ START_TEST(a_resume_that_waits_for_room_takes_it_once_there) {
   struct op_sum r;
   ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
   worker_start(&t, &d, "--tag", "trainer", "--size", "192M", NULL);
-  struct waiting_resume w = {.wait_ms = 30000};
+  /* Every tag's resume: the trainer's tag goes with the trainer while it
+   * waits. */
+  struct waiting_resume w = {.wait_ms = 30000, .all = true};
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, resume_thread, &w), 0);
   ck_assert_msg(log_says("waiting up to", 1), "the resume never waited");
@@ -427,6 +430,7 @@ START_TEST(a_resume_that_waits_for_room_takes_it_once_there) {
   ck_assert_msg(strstr(w.words, "resume needs 134217728 bytes") &&
                     strstr(w.words, "after waiting") && strstr(w.words, "for room"),
                 "%s", w.words);
+  ck_assert_uint_ge(w.waited_us, 300000);
   /* A requester that goes away: the wait ends, and the next one runs. */
   struct peer p;
   peer_open(&p, &d, GPUMEM__WIRE__ROLE__ROLE_CONTROLLER);

@@ -579,6 +579,54 @@ START_TEST(a_restart_keeps_tags_for_their_owners) {
 }
 END_TEST
 
+/* The grace's wait list is bounded per uid: one uid whose allocations
+ * in new tags fill its share is refused, saying so, and another uid's
+ * allocation still waits (the list was one for every uid: 4096 of one
+ * uid's refused everybody's). */
+START_TEST(one_uid_cannot_fill_the_grace_wait_list) {
+  if (!can_be_others("one_uid_cannot_fill_the_grace_wait_list")) return;
+  daemon_open_to_all((const char *const[]){"--adopt-grace", "60s", NULL});
+  struct peer alice, bob;
+  open_as(&bob, BOB, WORKER);
+  const int asks = 4100;
+  for (int i = 0; i < asks; i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "b%d", i);
+    peer_push_alloc(&bob, tag, 0, 2 * MiB, 0);
+  }
+  ck_assert_int_eq(peer_flush_within(&bob, 10000), 0);
+  int refused = 0;
+  char why[256];
+  for (int i = 0; i < asks - 256; i++) { /* the rest wait: no answer */
+    wire_env *r = peer_get(&bob, NULL);
+    ck_assert_int_eq(peer_reply_code(r, why, sizeof why), CODE(LIMIT_EXCEEDED));
+    ck_assert_msg(strstr(why, "of this uid wait for the re-registration grace"), "%s", why);
+    refused++;
+    wire_env_free(r);
+  }
+  open_as(&alice, ALICE, WORKER);
+  peer_push_alloc(&alice, "a0", 0, 2 * MiB, 0);
+  ck_assert_int_eq(peer_flush_within(&alice, 5000), 0);
+  wire_env *st = peer_status(&alice); /* answered first: the allocation waits */
+  ck_assert_uint_eq(st->status_reply->grace_waiting, 256 + 1);
+  wire_env_free(st);
+  ck_assert_int_eq(refused, asks - 256);
+  peer_close(&bob); /* its waiting allocations go with it, once the daemon sees it gone */
+  uint64_t left = 0;
+  for (double end = now_ms() + 5000; now_ms() < end;) {
+    st = peer_status(&alice);
+    left = st->status_reply->grace_waiting;
+    wire_env_free(st);
+    if (left == 1) break;
+    struct pollfd none;
+    poll(&none, 0, 10);
+  }
+  ck_assert_uint_eq(left, 1);
+  peer_close(&alice);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* A worker's own pause with --max-residual says how much a device holds
  * outside gpumemd, but not which process holds it (another uid's, which
  * its status would not show). */
@@ -746,5 +794,6 @@ int main(void) {
                      workers_cannot_hold_the_queue, names_come_free_and_default_is_shared,
                      chunks_leave_descriptors_for_connections,
                      a_restart_keeps_tags_for_their_owners,
+                     one_uid_cannot_fill_the_grace_wait_list,
                      a_worker_is_not_told_whose_residual_it_is);
 }
