@@ -1,5 +1,6 @@
 /* The views of the daemon: status and list, gathered from its pages,
  * with every device number turned into the caller's. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,46 @@
 #include "client.h"
 #include "error.h"
 #include "results.h"
+
+/* Pages a walk may take, and walks a view that keeps changing gets. */
+#define WALK_MAX_PAGES (1u << 20)
+#define WALK_TRIES 3
+/* A walk found the view changed under it (its totals moved): walk again
+ * (neither a count nor a GPUMEM_E_* code). */
+#define WALK_CHANGED INT_MIN
+
+/* One walk of pages of one kind (tags, sessions, buffers): the total its
+ * first page announced (from 1.10), the items and pages so far. */
+struct walk {
+  const char *what;
+  bool totals; /* the daemon announces them */
+  bool started;
+  uint64_t total, got;
+  size_t pages;
+};
+
+/* Take one page of n items, with the daemon's total and the cursor after
+ * it (0: the last): 0, WALK_CHANGED when the view changed since the first
+ * page, or GPUMEM_E_PROTOCOL with words for pages that would not end (an
+ * empty page with a cursor, more items than announced, too many pages). */
+static int walk_page(struct walk *w, size_t n, uint64_t total, uint64_t cursor) {
+  if (w->totals && w->started && total != w->total) return WALK_CHANGED;
+  if (!w->started) w->total = total;
+  w->started = true;
+  w->got += n;
+  if (++w->pages > WALK_MAX_PAGES)
+    return error_set(GPUMEM_E_PROTOCOL, "gpumemd's %s pages do not end (%u pages)", w->what,
+                     WALK_MAX_PAGES);
+  if (cursor && n == 0)
+    return error_set(GPUMEM_E_PROTOCOL, "gpumemd sent an empty page of %s and a cursor",
+                     w->what);
+  if (!w->totals) return 0;
+  if (w->got > w->total)
+    return error_set(GPUMEM_E_PROTOCOL, "gpumemd sent more %s (%llu) than the %llu it announced",
+                     w->what, (unsigned long long)w->got, (unsigned long long)w->total);
+  if (!cursor && w->got != w->total) return WALK_CHANGED; /* some came or went meanwhile */
+  return 0;
+}
 
 /* Send a request and check the reply's kind. */
 static int call_for(gpumem_client *c, wire_env *req, Gpumem__Wire__Envelope__BodyCase want,
@@ -241,7 +282,7 @@ static bool copy_tenants(struct gpumem_status *s, const Gpumem__Wire__StatusRepl
 
 /* Gather the pages after the first: their tags and sessions. */
 static int status_rest(gpumem_client *c, struct gpumem_status *s, uint64_t next_tag,
-                       uint64_t next_session) {
+                       uint64_t next_session, struct walk *tags, struct walk *sessions) {
   while (next_tag || next_session) {
     struct call reply;
     /* A cursor past every id asks for nothing more of a list that ended. */
@@ -252,18 +293,37 @@ static int status_rest(gpumem_client *c, struct gpumem_status *s, uint64_t next_
     bool ok = copy_tags(s, r) && copy_sessions(s, r);
     bool stuck = (next_tag && r->next_tag && r->next_tag <= next_tag) ||
                  (next_session && r->next_session && r->next_session <= next_session);
+    if (next_tag && rc == 0) rc = walk_page(tags, r->n_tags, r->total_tags, r->next_tag);
+    if (next_session && rc == 0)
+      rc = walk_page(sessions, r->n_sessions, r->total_sessions, r->next_session);
     next_tag = next_tag ? r->next_tag : 0;
     next_session = next_session ? r->next_session : 0;
     conn_call_done(&reply);
     if (!ok) return error_set(GPUMEM_E_NOMEM, "out of memory");
+    if (rc) return rc;
     if (stuck) return error_set(GPUMEM_E_PROTOCOL, "gpumemd's status pages do not advance");
   }
   return 0;
 }
 
-/* Ask for the status of devices, tags, sessions and processes. */
+/* One walk of the status pages (status_walk's result, or WALK_CHANGED). */
+static int status_walk(gpumem_client *c, struct gpumem_status **out);
+
+/* Ask for the status of devices, tags, sessions and processes: walked
+ * again while the view changes under the walk, a few times at most. */
 int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the status");
+  for (int i = 0; i < WALK_TRIES; i++) {
+    int rc = status_walk(c, out);
+    if (rc != WALK_CHANGED) return rc;
+  }
+  return error_set(GPUMEM_E_WRONG_STATE,
+                   "gpumemd's tags or sessions changed during each of %d walks of the status "
+                   "pages", WALK_TRIES);
+}
+
+/* One walk of the status pages. */
+static int status_walk(gpumem_client *c, struct gpumem_status **out) {
   struct call reply;
   int rc = status_page(c, 0, 0, &reply);
   if (rc < 0) return rc;
@@ -282,6 +342,11 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
     return error_set(GPUMEM_E_NOMEM, "out of memory");
   }
   uint64_t next_tag = r->next_tag, next_session = r->next_session;
+  bool totals = hello_minor(c->hello) >= 10;
+  struct walk tags = {.what = "tags", .totals = totals};
+  struct walk sessions = {.what = "sessions", .totals = totals};
+  rc = walk_page(&tags, r->n_tags, r->total_tags, r->next_tag);
+  if (rc == 0) rc = walk_page(&sessions, r->n_sessions, r->total_sessions, r->next_session);
   s->granularity = r->granularity;
   s->backup_reserved = r->backup_reserved;
   s->backup_limit = r->backup_limit;
@@ -300,7 +365,8 @@ int gpumem_status(gpumem_client *c, struct gpumem_status **out) {
   s->backup_disk_bytes = r->backup_disk_bytes;
   s->backup_disk_free = r->backup_disk_free;
   conn_call_done(&reply);
-  if ((rc = status_rest(c, s, next_tag, next_session)) < 0) {
+  if (rc == 0) rc = status_rest(c, s, next_tag, next_session, &tags, &sessions);
+  if (rc) {
     gpumem_status_free(s);
     return rc;
   }
@@ -361,9 +427,24 @@ static bool copy_buffers(const int *map, struct gpumem_list *l, const Gpumem__Wi
   return true;
 }
 
-/* List the buffers this session may see, page after page. */
+static int list_walk(gpumem_client *c, struct gpumem_list **out);
+
+/* List the buffers this session may see, page after page: walked again
+ * while the buffers change under the walk, a few times at most. */
 int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
   if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the list");
+  for (int i = 0; i < WALK_TRIES; i++) {
+    int rc = list_walk(c, out);
+    if (rc != WALK_CHANGED) return rc;
+  }
+  return error_set(GPUMEM_E_WRONG_STATE,
+                   "gpumemd's buffers changed during each of %d walks of the list pages",
+                   WALK_TRIES);
+}
+
+/* One walk of the list pages: the count, or WALK_CHANGED, or an error. */
+static int list_walk(gpumem_client *c, struct gpumem_list **out) {
+  struct walk w = {.what = "buffers", .totals = hello_minor(c->hello) >= 10};
   int map[GPUMEM_MAX_DEVICES];
   hello_local_map(c->hello, map);
   struct gpumem_list *l = results_sized(sizeof *l);
@@ -377,11 +458,13 @@ int gpumem_list(gpumem_client *c, struct gpumem_list **out) {
     bool ok = copy_buffers(map, l, r);
     bool stuck = r->next && r->next <= after;
     after = r->next;
+    rc = walk_page(&w, r->n_buffers, r->total, r->next);
     conn_call_done(&reply);
     if (!ok) rc = error_set(GPUMEM_E_NOMEM, "out of memory");
-    else if (stuck) rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd's list pages do not advance");
+    else if (rc == 0 && stuck)
+      rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd's list pages do not advance");
   } while (rc == 0 && after);
-  if (rc < 0) {
+  if (rc) {
     gpumem_list_free(l);
     return rc;
   }

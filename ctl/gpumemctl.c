@@ -21,6 +21,7 @@
   VSTR(GPUMEM_VERSION_MAJOR) "." VSTR(GPUMEM_VERSION_MINOR) "." VSTR(GPUMEM_VERSION_PATCH)
 
 #define MAX_PIDS WIRE_MAX_PIDS /* the daemon takes no more in one operation */
+#define METRICS_REQUEST_MS 10000 /* metrics' request timeout: below its unit's start timeout */
 
 /* Print the usage text. */
 static void usage(FILE *out) {
@@ -43,6 +44,9 @@ static void usage(FILE *out) {
           "                            default $GPUMEM_SOCKET_OWNER, else root only): the\n"
           "                            socket must be owned by and answered by root or USER\n"
           "  --json                    machine-readable output\n"
+          "  --request-timeout DURATION\n"
+          "                            how long each request waits for the daemon's\n"
+          "                            answer (default 10s for metrics, else 30s)\n"
           "  --all                     pause/resume: every tag (instead of naming tags)\n"
           "  --device N                pause/resume: only device N (repeatable)\n"
           "  --pid PID                 pause/resume: only the sessions of PID (repeatable)\n"
@@ -633,7 +637,7 @@ int main(int argc, char **argv) {
   size_t npids = 0;
   const char *prefix = NULL;
   bool all = false;
-  uint64_t timeout = 0, wait = 0;
+  uint64_t timeout = 0, wait = 0, request_timeout = 0;
   uint64_t interval = 0;
   bool version = false;
   uint64_t threshold = 1ull << 30;
@@ -648,6 +652,7 @@ int main(int argc, char **argv) {
       {"max-residual", required_argument, 0, 'r'},
       {"release-context", no_argument, 0, 'R'},
       {"wait", required_argument, 0, 'w'},
+      {"request-timeout", required_argument, 0, 'q'},
       {"pid", required_argument, 0, 'p'},    {"session-prefix", required_argument, 0, 'n'},
       {"all", no_argument, 0, 'a'},          {"help", no_argument, 0, 'h'},
       {"version", no_argument, 0, 'V'},      {"interval", required_argument, 0, 'i'},
@@ -692,6 +697,11 @@ int main(int argc, char **argv) {
     case 't':
       if (duration_parse(optarg, 86400000, &timeout))
         return fail(2, "USAGE", "invalid timeout '%s' (500ms, 10s, 2m; plain numbers are seconds)",
+                    optarg);
+      break;
+    case 'q':
+      if (duration_parse(optarg, 3600000, &request_timeout) || request_timeout == 0)
+        return fail(2, "USAGE", "invalid request timeout '%s' (500ms, 10s, 2m, at most 1h)",
                     optarg);
       break;
     case 'w':
@@ -804,6 +814,10 @@ int main(int argc, char **argv) {
     return fail(1, gpumem_error_name(rc), "%s", gpumem_last_error());
   }
   rc = 0;
+  /* A scrape answers well within its unit's start timeout (45 s), also
+   * from a daemon that stopped answering after the greeting. */
+  if (!request_timeout && strcmp(cmd, "metrics") == 0) request_timeout = METRICS_REQUEST_MS;
+  if (request_timeout) gpumem_set_request_timeout(c, (unsigned)request_timeout);
   if (is_op) {
     struct gpumem_op_options o = GPUMEM_OP_OPTIONS_INIT;
     o.timeout_ms = (unsigned)timeout;
@@ -822,6 +836,8 @@ int main(int argc, char **argv) {
     struct gpumem_status *s;
     int err = gpumem_status(c, &s);
     if (err < 0) {
+      /* A scrape learns it too: nothing of the last good one stays. */
+      if (strcmp(cmd, "metrics") == 0 && !json) metrics_print_down();
       rc = fail(1, gpumem_error_name(err), "%s failed: %s", cmd, gpumem_last_error());
     } else {
       if (strcmp(cmd, "metrics") == 0) metrics_print(s);

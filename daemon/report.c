@@ -249,6 +249,23 @@ static uint64_t page_tags(registry *reg, uint64_t cursor, size_t limit,
   return 0;
 }
 
+/* The tags the viewer may see, on every page. */
+static uint64_t count_tags(registry *reg, bool all, uint32_t uid) {
+  struct list *head = registry_tags(reg);
+  uint64_t n = 0;
+  for (struct list *p = head->next; p != head; p = p->next)
+    n += all || registry_tag_visible(list_entry(p, struct tag, link), uid);
+  return n;
+}
+
+/* The sessions the viewer may see, on every page. */
+static uint64_t count_sessions(struct list *sessions, bool all, uint32_t uid) {
+  uint64_t n = 0;
+  for (struct list *p = sessions->next; p != sessions; p = p->next)
+    n += all || list_entry(p, struct owner, link)->uid == (uid_t)uid;
+  return n;
+}
+
 /* A session's figures for status, with its residual from procs. */
 static void session_info(Gpumem__Wire__SessionInfo *si, struct owner *x,
                          Gpumem__Wire__ProcessMemory *const *procp, size_t nprocs, bool known) {
@@ -390,6 +407,8 @@ void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
   }
   r.processes = procp;
   r.n_processes = nprocs > 0 ? (size_t)nprocs : 0;
+  r.total_tags = count_tags(reg, all, uid);
+  r.total_sessions = count_sessions(sessions, all, uid);
   r.tags = tagp;
   r.next_tag = page_tags(reg, req->tag_cursor, tag_room - 1, tags, tagp, &r.n_tags, all, uid);
   r.sessions = sesp;
@@ -510,6 +529,7 @@ void report_list(const struct outbox *out, struct owner *s, uint64_t req_id,
   }
   r.buffers = bip;
   r.n_buffers = i;
+  r.total = held;
   wire_env env = wire_envelope(req_id, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY, &r);
   out->send(out->ctx, s, &env, NULL, 0);
   free(bi);

@@ -296,6 +296,16 @@ static unsigned sessions_of(const server *srv, uid_t uid) {
   return n;
 }
 
+/* The sessions one uid may hold, greeted or not: --max-sessions-per-uid,
+ * and no more than an eighth of the descriptor limit (each holds one;
+ * chunks have their own three quarters, half of it per uid), so that no
+ * one uid's connections take the daemon's last descriptors; 16 at least. */
+static unsigned session_cap(const server *srv) {
+  uint64_t limit = fdbudget_limit(), share = limit / 8 < 16 ? 16 : limit / 8;
+  unsigned cap = srv->cfg->max_sessions_per_uid;
+  return limit != UINT64_MAX && share < cap ? (unsigned)share : cap;
+}
+
 /* Listen again after a pause for want of fds. */
 static void on_accept_again(uv_timer_t *t) {
   server *srv = t->data;
@@ -307,17 +317,19 @@ static void on_accept_again(uv_timer_t *t) {
  * listening for a while; the kernel fails accept before it looks at the
  * queue, so trying again at once would spin. */
 static void starve(server *srv, int err) {
+  bool reserve = srv->reserve_fd >= 0;
+  if (reserve) close(srv->reserve_fd); /* room to count the fds, and to refuse */
+  srv->reserve_fd = -1;
   if (!srv->starved) {
     log_warn("out of file descriptors (%s; %llu open, limit %llu, %zu sessions): refusing "
              "connections until some are free",
-             strerror(err), (unsigned long long)fdbudget_open(),
+             strerror(err), (unsigned long long)(fdbudget_open() + reserve),
              (unsigned long long)fdbudget_limit(), sessions_count(srv));
     srv->starved_since = uv_now(srv->loop);
   }
   srv->starved = true;
   srv->backoffs++;
-  if (srv->reserve_fd >= 0) {
-    close(srv->reserve_fd);
+  if (reserve) {
     int x = accept(srv->listen_fd, NULL, NULL);
     if (x >= 0) {
       close(x);
@@ -356,9 +368,15 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     list_append(&srv->sessions, &s->owner.link);
     log_debug("session %llu: pid %d uid %d connected", (unsigned long long)s->owner.id,
               (int)s->owner.pid, (int)s->owner.uid);
-    if (sessions_of(srv, s->owner.uid) > srv->cfg->max_sessions_per_uid)
-      refuse_session(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
-                     "too many sessions for this uid");
+    unsigned cap = session_cap(srv);
+    if (sessions_of(srv, s->owner.uid) > cap) {
+      char text[200];
+      snprintf(text, sizeof text,
+               "too many sessions for this uid (%u: --max-sessions-per-uid, and at most an "
+               "eighth of the daemon's descriptor limit)", cap);
+      refuse_session(s, 0, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED, text);
+      return; /* the next turn accepts more, once the reaper has closed it */
+    }
   }
 }
 

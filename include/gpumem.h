@@ -738,7 +738,10 @@ struct gpumem_status {
 
 /* Ask for the status; free it with gpumem_status_free. The daemon sends
  * a large status in pages: this gathers them all (each page is the
- * daemon's state when it answered it). */
+ * daemon's state when it answered it). Pages that would not end (an
+ * empty page with a cursor, more items than the first page announced, a
+ * million pages) fail with GPUMEM_E_PROTOCOL; a walk whose totals change
+ * is made again, and after three fails with GPUMEM_E_WRONG_STATE (1.10). */
 GPUMEM_EXPORT int gpumem_status(gpumem_client *c, struct gpumem_status **out);
 
 /* Free a status (NULL is fine). */
@@ -764,8 +767,9 @@ struct gpumem_list {
   struct gpumem_buffer_info **buffers;
 };
 
-/* Ask for the list, in id order (gathered from the daemon's pages); free
- * it with gpumem_list_free. Returns the count. */
+/* Ask for the list, in id order (gathered from the daemon's pages and
+ * checked as gpumem_status's are); free it with gpumem_list_free.
+ * Returns the count. */
 GPUMEM_EXPORT int gpumem_list(gpumem_client *c, struct gpumem_list **out);
 
 /* Free a list (NULL is fine). */

@@ -1089,6 +1089,7 @@ static void answer_list(struct fake *f, uint64_t id) {
   Gpumem__Wire__ListReply r = GPUMEM__WIRE__LIST_REPLY__INIT;
   r.buffers = &bp;
   r.n_buffers = 1;
+  r.total = 1;
   wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
   out.list_reply = &r;
   fake_send(f, &out, NULL, 0);
@@ -1127,6 +1128,88 @@ static void run_recorder(struct script *s) {
     frame_release(&fr);
   }
 }
+
+/* Answer a list request with one page: n buffers (ids from first), the
+ * walk's total and the next cursor. */
+static void answer_page(struct fake *f, uint64_t id, size_t n, uint64_t first, uint64_t total,
+                        uint64_t next) {
+  Gpumem__Wire__BufferInfo b[2], *bp[2];
+  for (size_t i = 0; i < n && i < 2; i++) {
+    gpumem__wire__buffer_info__init(&b[i]);
+    b[i].id = first + i;
+    b[i].tag = "kv";
+    b[i].size = 2 * MIB;
+    bp[i] = &b[i];
+  }
+  Gpumem__Wire__ListReply r = GPUMEM__WIRE__LIST_REPLY__INIT;
+  r.buffers = bp;
+  r.n_buffers = n;
+  r.total = total;
+  r.next = next;
+  wire_env out = peer_env(id, GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY);
+  out.list_reply = &r;
+  fake_send(f, &out, NULL, 0);
+}
+
+/* Script: pages that would not end, in turn: an empty list page with a
+ * cursor; more buffers than the total announced; totals that change on
+ * every walk; an empty status page with a cursor. */
+static void run_bad_pages(struct script *s) {
+  script_greet(s);
+  struct frame fr;
+  wire_env *in;
+  int step = 0;
+  while ((in = fake_recv(&s->f, &fr))) {
+    if (in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_LIST) {
+      uint64_t after = in->list->after;
+      step++;
+      if (step == 1)
+        answer_page(&s->f, in->id, 0, 0, 5, after + 1);
+      else if (step == 2)
+        answer_page(&s->f, in->id, 1, 3, 1, 3);
+      else if (step == 3)
+        answer_page(&s->f, in->id, 1, 4, 1, 0);
+      else /* each walk: its second page's total is not its first's */
+        answer_page(&s->f, in->id, 1, after ? 4 : 3, after ? 100u + (unsigned)step : 2, after ? 0 : 3);
+    } else if (in->body_case == GPUMEM__WIRE__ENVELOPE__BODY_STATUS) {
+      Gpumem__Wire__StatusReply r = GPUMEM__WIRE__STATUS_REPLY__INIT;
+      r.backend = "host";
+      r.total_tags = 1;
+      r.next_tag = in->status->tag_cursor + 1; /* no tags, and more to come */
+      wire_env out = peer_env(in->id, GPUMEM__WIRE__ENVELOPE__BODY_STATUS_REPLY);
+      out.status_reply = &r;
+      fake_send(&s->f, &out, NULL, 0);
+    }
+    wire_env_free(in);
+    frame_release(&fr);
+  }
+}
+
+/* Paging that ends (protocol 1.10): a walk stops, saying why, at an empty
+ * page with a cursor and at more items than the first page announced; a
+ * walk whose totals change is walked again, three times at most. (A
+ * daemon answering every page with nothing and the next cursor kept a
+ * walk going for ever.) */
+START_TEST(pages_that_would_not_end_are_refused) {
+  struct script s;
+  gpumem_client *c = script_connect(&s, run_bad_pages, "pages", GPUMEM_ROLE_CONTROLLER);
+  struct gpumem_list *l = NULL;
+  ck_assert_int_eq(gpumem_list(c, &l), GPUMEM_E_PROTOCOL);
+  ck_assert_msg(strstr(gpumem_last_error(), "an empty page of buffers and a cursor"), "%s",
+                gpumem_last_error());
+  ck_assert_int_eq(gpumem_list(c, &l), GPUMEM_E_PROTOCOL);
+  ck_assert_msg(strstr(gpumem_last_error(), "more buffers (2) than the 1 it announced"), "%s",
+                gpumem_last_error());
+  ck_assert_int_eq(gpumem_list(c, &l), GPUMEM_E_WRONG_STATE);
+  ck_assert_msg(strstr(gpumem_last_error(), "changed during each of 3 walks"), "%s",
+                gpumem_last_error());
+  struct gpumem_status *st = NULL;
+  ck_assert_int_eq(gpumem_status(c, &st), GPUMEM_E_PROTOCOL);
+  ck_assert_msg(strstr(gpumem_last_error(), "an empty page of tags and a cursor"), "%s",
+                gpumem_last_error());
+  script_finish(&s, c);
+}
+END_TEST
 
 /* Scopes and devices: bad options fail before anything is sent, the rest
  * reach the daemon as given, with device numbers turned into the daemon's
@@ -1745,6 +1828,7 @@ END_TEST
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   return HARNESS_RUN("client", 60, NULL, NULL, test_unmap_right_after_alloc_reply_unmaps,
+                     pages_that_would_not_end_are_refused,
                      test_release_context_needs_a_1_6_daemon,
                      test_event_acks_name_what_failed, test_error_outside_request_is_reported,
                      test_refused_session_says_why,

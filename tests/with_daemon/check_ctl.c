@@ -260,6 +260,10 @@ static void fake_record(const char *path, const wire_env *req) {
   fclose(f);
 }
 
+/* What the scripted daemon does with a status request: answer it, hang
+ * up, or never answer (set before fake_start: its child inherits it). */
+static enum { STATUS_ANSWER, STATUS_HANG_UP, STATUS_SILENT } fake_status_mode;
+
 /* Serve one client: greet it, then answer each request until it goes. */
 static void fake_serve(struct peer *p, const char *asked, wire_env *op, wire_env *status) {
   /* Four devices, which this process sees under the same numbers. */
@@ -301,7 +305,16 @@ static void fake_serve(struct peer *p, const char *asked, wire_env *op, wire_env
       fake_send(p, req->id, op);
       break;
     case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:
-      fake_send(p, req->id, status);
+      if (fake_status_mode == STATUS_HANG_UP) {
+        wire_env_free(req);
+        return;
+      }
+      if (fake_status_mode == STATUS_ANSWER && status) {
+        /* one page: its totals are what it holds (1.10) */
+        status->status_reply->total_tags = status->status_reply->n_tags;
+        status->status_reply->total_sessions = status->status_reply->n_sessions;
+        fake_send(p, req->id, status);
+      }
       break;
     default:
       _exit(6);
@@ -903,6 +916,27 @@ START_TEST(metrics_say_up_and_paused_and_count_workers) {
 }
 END_TEST
 
+/* A daemon that greets and then hangs up, or stops answering, at the
+ * status: metrics prints gpumem_up 0 alone (nothing a scrape could take
+ * for figures) and exits 1, the second within its request timeout. */
+START_TEST(metrics_say_down_when_the_daemon_fails_after_hello) {
+  const int modes[] = {STATUS_HANG_UP, STATUS_SILENT};
+  for (int i = 0; i < 2; i++) {
+    fake_status_mode = modes[i];
+    fake_start(&fk, NULL, NULL);
+    int rc = ctl(fk.dir, fk.socket, i ? "--request-timeout 300ms metrics" : "metrics");
+    ck_assert_msg(rc == 1, "exit %d: %s %s", rc, out_buf, err_buf);
+    ck_assert_msg(strcmp(out_buf, "# HELP gpumem_up 1 when gpumemd answered gpumemctl.\n"
+                                  "# TYPE gpumem_up gauge\ngpumem_up 0\n") == 0,
+                  "%s", out_buf);
+    ck_assert_msg(strstr(err_buf, i ? "did not answer in 0.3 s" : "closed the connection"), "%s", err_buf);
+    fake_stop(&fk);
+  }
+  fake_status_mode = STATUS_ANSWER;
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "--request-timeout 0 metrics"), 2);
+}
+END_TEST
+
 /* Run a shell command in dir with its output in dir/cmd.out (into
  * err_buf); its exit status. */
 static int shell(const char *dir, const char *cmd) {
@@ -1096,6 +1130,7 @@ int main(void) {
                      timeout_takes_durations, names_are_escaped_whatever_bytes_they_hold,
                      controllers_open_no_gpu_backend,
                      metrics_say_up_and_paused_and_count_workers,
+                     metrics_say_down_when_the_daemon_fails_after_hello,
                      metrics_count_operations_and_pass_promtool,
                      metrics_leave_out_gpumemctl_own_worker_session,
                      a_daemon_another_user_runs_is_not_trusted, daemon_words_cannot_forge_lines,

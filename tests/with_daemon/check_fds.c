@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -246,6 +247,18 @@ START_TEST(out_of_fds_the_daemon_backs_off_and_recovers) {
   ck_assert_int_le(more, 2);
   ck_assert_int_eq(daemon_log_count(&d, "out of file descriptors"), 1);
   ck_assert_int_eq(daemon_log_count(&d, "limit"), 1); /* the episode's line names the limit */
+  /* and the true count: every fd below the limit is open (it said "0
+   * open", counting with no fd free to count with) */
+  unsigned long long open_fds = 0, limit = 0;
+  FILE *lf = fopen(d.log, "re");
+  char line[512];
+  while (lf && fgets(line, sizeof line, lf)) {
+    const char *at = strstr(line, "out of file descriptors (");
+    if (at && sscanf(strchr(at, ';'), "; %llu open, limit %llu", &open_fds, &limit) == 2) break;
+  }
+  if (lf) fclose(lf);
+  ck_assert_uint_gt(limit, 0);
+  ck_assert_msg(open_fds == limit, "the log says %llu open, limit %llu", open_fds, limit);
   /* The limit back first: closing the waiting connections first would let
    * the daemon end sessions, accept, and run out again before the limit is
    * raised (a second episode, on a machine slow to get here). */
@@ -583,6 +596,61 @@ START_TEST(writers_count_into_a_total_and_drop_what_is_unsent) {
 }
 END_TEST
 
+/* With the descriptor limit at 256, one uid's connections that never say
+ * Hello are refused past an eighth of it (they were bounded only by
+ * --max-sessions-per-uid, 4096: 123 such connections exhausted the
+ * daemon), and another uid still connects and is greeted. */
+START_TEST(one_uid_cannot_take_the_last_descriptors) {
+  if (geteuid() != 0) {
+    printf("one_uid_cannot_take_the_last_descriptors: skipped: needs root to be another uid\n");
+    return;
+  }
+  daemon_start(&d, "--socket-mode", "0666", NULL);
+  ck_assert_int_eq(chmod(d.dir, 0755), 0);
+  struct rlimit rl = {256, 256};
+  ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, &rl, NULL), 0);
+  enum { N = 200 };
+  static int fds[N];
+  connect_many(fds, N);
+  /* The first 32 are kept (an eighth of 256); each after is answered an
+   * Error and closed. */
+  static struct pollfd pf[N];
+  int readable = 0;
+  for (double end = now_ms() + 10000; readable < N - 256 / 8 && now_ms() < end;) {
+    for (int i = 0; i < N; i++) pf[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+    poll(pf, N, 100);
+    readable = 0;
+    for (int i = 0; i < N; i++) readable += (pf[i].revents & (POLLIN | POLLHUP)) != 0;
+  }
+  int refused = 0;
+  for (int i = 0; i < N; i++) {
+    if (!(pf[i].revents & (POLLIN | POLLHUP))) continue;
+    struct peer p;
+    peer_attach(&p, fds[i], WIRE_MAX_REPLY);
+    wire_env *e = peer_get_within(&p, NULL, 5000);
+    ck_assert_msg(e != NULL, "connection %d closed without a word (%d readable); log: %d refusals", i,
+                  readable, daemon_log_count(&d, "too many sessions"));
+    ck_assert_int_eq(e->error->code, CODE(LIMIT_EXCEEDED));
+    ck_assert_msg(strstr(e->error->message, "an eighth of the daemon's descriptor"), "%s",
+                  e->error->message);
+    refused++;
+    wire_env_free(e);
+    peer_close(&p);
+    fds[i] = -1;
+  }
+  ck_assert_int_eq(refused, N - 256 / 8);
+  int maxfd, held = proc_fds(d.pid, &maxfd);
+  ck_assert_int_lt(held, 256 - 64); /* room left for the others */
+  ck_assert_int_eq(seteuid(1000), 0);
+  struct peer other;
+  peer_open(&other, &d, GPUMEM__WIRE__ROLE__ROLE_WORKER);
+  ck_assert_int_eq(seteuid(0), 0);
+  peer_close(&other);
+  for (int i = 0; i < N; i++)
+    if (fds[i] >= 0) close(fds[i]);
+}
+END_TEST
+
 int main(void) {
   return HARNESS_RUN("fds", 40, NULL, teardown, out_of_fds_the_daemon_backs_off_and_recovers,
                      sigterm_is_honoured_while_out_of_fds,
@@ -592,5 +660,6 @@ int main(void) {
                      status_says_how_many_fds_the_daemon_may_use_and_uses,
                      unread_replies_are_capped_per_session, unread_replies_are_capped_in_total,
                      status_is_served_while_100_sessions_never_read,
-                     writers_count_into_a_total_and_drop_what_is_unsent);
+                     writers_count_into_a_total_and_drop_what_is_unsent,
+                     one_uid_cannot_take_the_last_descriptors);
 }

@@ -685,6 +685,8 @@ START_TEST(status_and_list_come_in_pages) {
     const Gpumem__Wire__StatusReply *s = st->status_reply;
     ck_assert_uint_le(s->n_tags, 3);
     ck_assert_uint_le(s->n_sessions, 3);
+    ck_assert_uint_eq(s->total_tags, 11); /* every page says the whole walk's (1.10) */
+    ck_assert_uint_eq(s->total_sessions, 6);
     for (size_t i = 0; i < s->n_tags; i++) seen_tags[atoi(s->tags[i]->name + 1)]++;
     sessions += s->n_sessions;
     tc = s->next_tag ? s->next_tag : UINT64_MAX;
@@ -700,6 +702,7 @@ START_TEST(status_and_list_come_in_pages) {
   do {
     wire_env *l = list_page(&ctl, after, 4);
     ck_assert_uint_le(l->list_reply->n_buffers, 4);
+    ck_assert_uint_eq(l->list_reply->total, 11);
     for (size_t i = 0; i < l->list_reply->n_buffers; i++, n++) {
       ck_assert_uint_gt(l->list_reply->buffers[i]->id, last);
       last = l->list_reply->buffers[i]->id;
