@@ -423,27 +423,64 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   }
 }
 
-/* Share tags with every uid, or take that back, one by one; stops at the
- * first the daemon refuses. */
+/* Share or unshare each tag, going on past a failure: one line per tag
+ * (failures on stderr), or under --json one object,
+ * {"tags":[{"tag","shared","error"}...],"error"} ("shared" null for a tag
+ * that failed) with the first failure as "error" (null when none); exit 0 when every tag was done, 3 when some
+ * were, 1 when none. */
 static int run_share(gpumem_client *c, bool shared, char **tags, size_t n, bool json) {
-  char name[NAME_BUF];
+  char name[NAME_BUF], shown[4 * 1024];
+  size_t done = 0;
+  char first_code[32] = "", first_msg[1024] = "";
+  if (json) printf("{\"tags\":[");
   for (size_t i = 0; i < n; i++) {
     int err = gpumem_share(c, tags[i], shared);
-    if (err < 0)
-      return fail(1, gpumem_error_name(err), "%s %s failed: %s",
-                  shared ? "share" : "unshare", printable(tags[i], name, sizeof name),
-                  gpumem_last_error());
-    if (json) {
-      printf("{\"tag\":");
-      json_str(tags[i]);
-      printf(",\"shared\":%s}\n", json_bool(shared));
+    char msg[1024] = "";
+    if (err < 0) {
+      snprintf(msg, sizeof msg, "%s %s failed: %s", shared ? "share" : "unshare",
+               printable(tags[i], name, sizeof name), gpumem_last_error());
+      if (!first_code[0]) {
+        snprintf(first_code, sizeof first_code, "%s", gpumem_error_name(err));
+        snprintf(first_msg, sizeof first_msg, "%s", msg);
+      }
+      fprintf(stderr, "gpumemctl: %s\n", printable(msg, shown, sizeof shown));
     } else {
+      done++;
+    }
+    if (json) {
+      printf("%s{\"tag\":", i ? "," : "");
+      json_str(tags[i]);
+      printf(",\"shared\":%s,\"error\":", err < 0 ? "null" : json_bool(shared));
+      if (err < 0) {
+        printf("{\"code\":");
+        json_str(gpumem_error_name(err));
+        printf(",\"message\":");
+        json_str(msg);
+        printf("}");
+      } else {
+        printf("null");
+      }
+      printf("}");
+    } else if (err == 0) {
       printf("%s: %s\n", printable(tags[i], name, sizeof name),
              shared ? "shared: every uid's buffers may join it"
                     : "no longer shared: only its owner's buffers may join it");
     }
   }
-  return 0;
+  if (json) {
+    printf("],\"error\":");
+    if (first_code[0]) {
+      printf("{\"code\":");
+      json_str(first_code);
+      printf(",\"message\":");
+      json_str(first_msg);
+      printf(",\"pids\":[]}");
+    } else {
+      printf("null");
+    }
+    printf("}\n");
+  }
+  return done == n ? 0 : done ? 3 : 1;
 }
 
 /* The buffers, as a table or JSON. */

@@ -207,6 +207,29 @@ START_TEST(status_json_carries_every_figure) {
 }
 END_TEST
 
+/* share and unshare go on past a tag that fails: one JSON document for
+ * the invocation, a result per tag and the first failure as "error" (it
+ * printed an object per tag, then an error object), exit 0 when all were
+ * done, 3 when some, 1 when none. */
+START_TEST(share_says_per_tag_in_one_document) {
+  struct worker w;
+  daemon_with_worker(&d, &w, "--tag", "kv", "--size", "4M", NULL);
+  ctl_json(d.dir, d.socket, "--json share kv", 0,
+           "j=={'tags':[{'tag':'kv','shared':True,'error':None}],'error':None}");
+  ctl_json(d.dir, d.socket, "--json unshare kv a/b", 3,
+           "len(j['tags'])==2 and j['tags'][0]=={'tag':'kv','shared':False,'error':None}"
+           " and j['tags'][1]['shared'] is None and j['tags'][1]['error']['code']=='INVALID_ARGUMENT'"
+           " and j['error']['code']=='INVALID_ARGUMENT' and 'a/b' in j['error']['message']");
+  ck_assert_msg(strstr(err_buf, "unshare a/b failed"), "%s", err_buf);
+  ctl_json(d.dir, d.socket, "--json share a/b c/d", 1,
+           "[t['error']['code'] for t in j['tags']]==['INVALID_ARGUMENT','INVALID_ARGUMENT']"
+           " and j['error']['code']=='INVALID_ARGUMENT'");
+  ctl_says(d.dir, d.socket, "share kv a/b", 3, "share a/b failed");
+  ck_assert_msg(strstr(out_buf, "kv: shared: every uid's buffers may join it"), "%s", out_buf);
+  ck_assert_int_eq(worker_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 /* --max-residual takes a size and belongs to pause alone, --wait a
  * duration and to resume alone; a limit no device is near lets the pause
  * through, and a resume with room waits for nothing. */
@@ -1131,6 +1154,7 @@ int main(void) {
                      controllers_open_no_gpu_backend,
                      metrics_say_up_and_paused_and_count_workers,
                      metrics_say_down_when_the_daemon_fails_after_hello,
+                     share_says_per_tag_in_one_document,
                      metrics_count_operations_and_pass_promtool,
                      metrics_leave_out_gpumemctl_own_worker_session,
                      a_daemon_another_user_runs_is_not_trusted, daemon_words_cannot_forge_lines,
