@@ -863,6 +863,13 @@ static uint64_t wait_step_ms(const struct op *op) {
 
 static void on_wait(uv_timer_t *t);
 
+/* Look again for room after the next step, or when the wait runs out
+ * (waited so far). */
+static void wait_again(engine *e, struct op *op, uint64_t waited) {
+  uint64_t left_ms = (op->wait_ns - waited + 999999) / 1000000, step = wait_step_ms(op);
+  uv_timer_start(&e->wait_timer, on_wait, step < left_ms ? step : left_ms, 0);
+}
+
 /* The resume's memory could not be made: where it lacked room and may
  * wait, wait (its failure forgotten for now) and try again later; else
  * the failure stands, saying how long it waited. */
@@ -881,8 +888,7 @@ static void wait_for_room(engine *e, struct op *op) {
     op->wait_dev = f->device;
     op->wait_need = f->bytes_needed;
     memset(f, 0, sizeof *f);
-    uint64_t left_ms = (op->wait_ns - waited + 999999) / 1000000, step = wait_step_ms(op);
-    uv_timer_start(&e->wait_timer, on_wait, step < left_ms ? step : left_ms, 0);
+    wait_again(e, op, waited);
     return;
   }
   op->waiting = false;
@@ -903,18 +909,12 @@ static void on_wait(uv_timer_t *t) {
   struct gpudev_mem m = {0};
   bool room = gpudev_mem_detail(e->gpu, op->wait_dev, &m) < 0 || m.free >= op->wait_need;
   if (!room && op->ctl && waited < op->wait_ns) {
-    uint64_t left_ms = (op->wait_ns - waited + 999999) / 1000000, step = wait_step_ms(op);
-    uv_timer_start(&e->wait_timer, on_wait, step < left_ms ? step : left_ms, 0);
+    wait_again(e, op, waited);
     return;
   }
   op->waiting = false;
   if (!room) { /* the wait is over, or nobody waits for the answer */
-    fault_set(&op->outcome.fault, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
-              "device %u: resume needs %llu bytes, %llu free; nothing resumed", op->wait_dev,
-              (unsigned long long)op->wait_need, (unsigned long long)m.free);
-    op->outcome.fault.bytes_needed = op->wait_need;
-    op->outcome.fault.bytes_free = m.free;
-    op->outcome.fault.device = op->wait_dev;
+    resume_memory_short(&op->outcome.fault, e->gpu, op->wait_dev, op->wait_need);
     wait_for_room(e, op);
     check_done(e);
     return;

@@ -9,6 +9,18 @@ void resume_memory_undo(registry *reg, struct buffer **bufs, const bool *made, s
     if (made[j]) registry_memory_release(reg, bufs[j]);
 }
 
+/* Say how much a device lacks. */
+void resume_memory_short(struct fault *f, gpudev *g, unsigned dev, uint64_t needed) {
+  struct gpudev_mem m = {0};
+  gpudev_mem_detail(g, dev, &m);
+  fault_set(f, GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY,
+            "device %u: resume needs %llu bytes, %llu free; nothing resumed", dev,
+            (unsigned long long)needed, (unsigned long long)m.free);
+  f->bytes_free = m.free;
+  f->bytes_needed = needed;
+  f->device = dev;
+}
+
 /* Create memory for every buffer that has none, or for none of them. */
 bool resume_memory_make(registry *reg, gpudev *g, struct buffer **bufs, bool *made, size_t n,
                         struct fault *f) {
@@ -25,16 +37,8 @@ bool resume_memory_make(registry *reg, gpudev *g, struct buffer **bufs, bool *ma
     resume_memory_undo(reg, bufs, made, n);
     size_t len = strlen(f->text);
     snprintf(f->text + len, sizeof f->text - len, "; nothing resumed");
-    if (f->code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY) {
-      struct gpudev_mem m = {0};
-      gpudev_mem_detail(g, bufs[i]->device, &m);
-      f->bytes_free = m.free;
-      f->bytes_needed = needed;
-      f->device = bufs[i]->device;
-      snprintf(f->text, sizeof f->text,
-               "device %u: resume needs %llu bytes, %llu free; nothing resumed", bufs[i]->device,
-               (unsigned long long)needed, (unsigned long long)m.free);
-    }
+    if (f->code == GPUMEM__WIRE__ERROR_CODE__OUT_OF_MEMORY)
+      resume_memory_short(f, g, bufs[i]->device, needed);
     return false;
   }
   return true;

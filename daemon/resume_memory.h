@@ -18,6 +18,10 @@
 bool resume_memory_make(registry *reg, gpudev *g, struct buffer **bufs, bool *made, size_t n,
                         struct fault *f);
 
+/* Fill f: device dev lacks the needed bytes for a resume (OUT_OF_MEMORY,
+ * with what the driver says is free). */
+void resume_memory_short(struct fault *f, gpudev *g, unsigned dev, uint64_t needed);
+
 /* Release the memory of each buffer made[i] says this resume created. */
 void resume_memory_undo(registry *reg, struct buffer **bufs, const bool *made, size_t n);
 

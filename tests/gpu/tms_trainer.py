@@ -149,8 +149,8 @@ def run_trainer(child: dict, how: str) -> None:
     release = child.get("TMS_RETAIN_CPU_BACKUP") == "0" or disk
     kept = m["pinned_resumed"] == (0 if release else m["pinned_paused"])
     check(m["pinned_paused"] >= m["paused_bytes"] and kept,
-          how + ": the backups' host memory is %s after the resume" % ("let go of" if release
-                                                                      else "kept"),
+          how + ": the backups' %s is %s after the resume"
+          % ("disk" if disk else "host memory", "let go of" if release else "kept"),
           "%.3f GiB while paused, %.3f GiB after; pause %.0f ms, resume %.0f ms"
           % (m["pinned_paused"] / GiB, m["pinned_resumed"] / GiB, m["pause_ms"], m["resume_ms"]))
 

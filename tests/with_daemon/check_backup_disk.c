@@ -429,23 +429,31 @@ START_TEST(a_paused_disk_backup_is_read_from_its_file) {
 }
 END_TEST
 
+/* A daemon with a backup directory, a raw worker w and controller c, and
+ * w's BACKUP_DISK buffer b of size bytes in tag "kv", filled with seed's
+ * pattern and paused (its backup in its file). */
+static void paused_on_disk(struct peer *w, struct peer *c, struct pbuf *b, uint64_t size,
+                           uint32_t seed) {
+  make_dir();
+  start_with(NULL, NULL, NULL);
+  scene_open(w, c, &d);
+  const uint32_t disk = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
+                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE |
+                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK;
+  peer_alloc(w, "kv", 0, size, disk, b);
+  scene_fill(b, size, seed);
+  scene_served(c, w, b, 1, false, "kv");
+}
+
 /* A peer that asks for its disk backup again and again without reading
  * the answers cannot make the daemon hold a descriptor for each: past a
  * bound the requests are refused, saying why, and the session goes on.
  * The file is emptied once the buffer is ACTIVE again, so that a reader
  * keeping it open keeps no disk space. */
 START_TEST(unread_backup_answers_hold_few_descriptors) {
-  make_dir();
-  start_with(NULL, NULL, NULL);
   struct peer w, c;
-  scene_open(&w, &c, &d);
   struct pbuf b;
-  const uint32_t disk = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
-                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE |
-                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK;
-  peer_alloc(&w, "kv", 0, 4 * MiB, disk, &b);
-  scene_fill(&b, 4 * MiB, 3);
-  scene_served(&c, &w, &b, 1, false, "kv");
+  paused_on_disk(&w, &c, &b, 4 * MiB, 3);
   const int asks = 3000;
   Gpumem__Wire__BackupRequest q = GPUMEM__WIRE__BACKUP_REQUEST__INIT;
   q.buffer_id = b.id;
@@ -506,17 +514,9 @@ END_TEST
  * memory, nothing reserved; the next resume reads them again and the
  * contents come back. */
 START_TEST(a_failed_resume_lets_go_of_what_it_read) {
-  make_dir();
-  start_with(NULL, NULL, NULL);
   struct peer w, c;
-  scene_open(&w, &c, &d);
   struct pbuf b;
-  const uint32_t disk = GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
-                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE |
-                        GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK;
-  peer_alloc(&w, "kv", 0, 8 * MiB, disk, &b);
-  scene_fill(&b, 8 * MiB, 7);
-  scene_served(&c, &w, &b, 1, false, "kv");
+  paused_on_disk(&w, &c, &b, 8 * MiB, 7);
   peer_op(&c, true, "kv", 0, 0);
   struct frame f;
   wire_env *e = peer_event(&w, &f), *r = NULL;

@@ -332,14 +332,22 @@ START_TEST(kill_policy_ends_unresponsive_workers) {
 }
 END_TEST
 
-START_TEST(resume_beyond_capacity_changes_nothing) {
+/* A 256 MiB device: worker a's two 64 MiB buffers in "kv" paused (r the
+ * pause's figures), then worker t's 192 MiB "trainer" in the room they
+ * left, so that kv does not fit back; a controller, returned. */
+static gpumem_client *kv_paused_trainer_in(struct worker *a, struct worker *t, struct op_sum *r) {
   daemon_start(&d, "--host-devices", "1", "--host-device-size", "256M", NULL);
-  struct worker a, t;
-  worker_start(&a, &d, "--tag", "kv", "--size", "64M", "--count", "2", NULL);
+  worker_start(a, &d, "--tag", "kv", "--size", "64M", "--count", "2", NULL);
   gpumem_client *c = controller();
+  ck_assert_int_eq(pause_tag(c, "kv", r), 0);
+  worker_start(t, &d, "--tag", "trainer", "--size", "192M", NULL);
+  return c;
+}
+
+START_TEST(resume_beyond_capacity_changes_nothing) {
+  struct worker a, t;
   struct op_sum r;
-  ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
-  worker_start(&t, &d, "--tag", "trainer", "--size", "192M", NULL);
+  gpumem_client *c = kv_paused_trainer_in(&a, &t, &r);
   ck_assert_int_eq(resume_tag(c, "kv", &r), GPUMEM_E_OUT_OF_MEMORY);
   ck_assert_uint_eq(r.bytes_needed, 128 * MiB);
   ck_assert_uint_eq(r.bytes_free, 64 * MiB);
@@ -398,17 +406,13 @@ static bool log_says(const char *text, int n) {
 
 /* A resume with wait_ms (protocol 1.10) where the device lacks the room
  * waits for it: it ends once the trainer's memory is given back (its tag
- * gone with it meanwhile), saying how long it waited; a wait that runs out fails as a resume without one
- * does, saying it waited; a requester that goes away ends its wait, and
- * the operations behind it run. */
+ * gone with it meanwhile), saying how long it waited; a wait that runs
+ * out fails as a resume without one does, saying it waited; a requester
+ * that goes away ends its wait, and the operations behind it run. */
 START_TEST(a_resume_that_waits_for_room_takes_it_once_there) {
-  daemon_start(&d, "--host-devices", "1", "--host-device-size", "256M", NULL);
   struct worker a, t;
-  worker_start(&a, &d, "--tag", "kv", "--size", "64M", "--count", "2", NULL);
-  gpumem_client *c = controller();
   struct op_sum r;
-  ck_assert_int_eq(pause_tag(c, "kv", &r), 0);
-  worker_start(&t, &d, "--tag", "trainer", "--size", "192M", NULL);
+  gpumem_client *c = kv_paused_trainer_in(&a, &t, &r);
   /* Every tag's resume: the trainer's tag goes with the trainer while it
    * waits. */
   struct waiting_resume w = {.wait_ms = 30000, .all = true};
