@@ -40,11 +40,19 @@ static size_t utf8_next(const unsigned char *p, uint32_t *cp) {
  * characters (C0, DEL or C1), so that it is safe in a log or a terminal. */
 bool wire_name_valid(const char *name) { return wire_text_valid(name, WIRE_NAME_MAX); }
 
+/* The character at p: its length (0 if not UTF-8), whether a control. */
+size_t wire_char(const char *p, bool *control) {
+  uint32_t c = 0;
+  size_t n = utf8_next((const unsigned char *)p, &c);
+  *control = n != 0 && (c < 0x20 || (c >= 0x7f && c < 0xa0));
+  return n;
+}
+
 /* True if the character at p is printable UTF-8; its length in *n. */
 static bool printable_at(const unsigned char *p, size_t *n) {
-  uint32_t c;
-  *n = utf8_next(p, &c);
-  return *n != 0 && c >= 0x20 && !(c >= 0x7f && c < 0xa0);
+  bool control;
+  *n = wire_char((const char *)p, &control);
+  return *n != 0 && !control;
 }
 
 /* True if s is at most max bytes of UTF-8 without control characters. */

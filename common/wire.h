@@ -34,6 +34,12 @@ bool wire_tag_valid(const char *tag);
  * characters (a session name, or a prefix of one). */
 bool wire_name_valid(const char *name);
 
+/* The length of the character at p under the daemon's text check: 0 if
+ * p does not start a UTF-8 sequence (truncated, overlong, a surrogate or
+ * past U+10FFFF), else its bytes, with *control true for a C0 or C1
+ * control character or DEL. */
+size_t wire_char(const char *p, bool *control);
+
 /* True if s is at most max bytes of UTF-8 without control characters
  * (safe in a log line, a terminal and a proto3 string). */
 bool wire_text_valid(const char *s, size_t max);

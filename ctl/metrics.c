@@ -14,12 +14,13 @@
  * control characters and bytes that are not UTF-8 become U+FFFD. */
 static void label_value(const char *s) {
   for (const unsigned char *p = (const unsigned char *)s; *p;) {
-    size_t n = utf8_len(p);
+    bool esc;
+    size_t n = text_char(p, &esc);
     if (*p == '\\' || *p == '"') printf("\\%c", *p);
     else if (*p == '\n') printf("\\n");
-    else if (n == 0 || *p < 0x20 || *p == 0x7f) fputs("\xef\xbf\xbd", stdout);
+    else if (esc) fputs("\xef\xbf\xbd", stdout);
     else fwrite(p, 1, n, stdout);
-    p += n ? n : 1;
+    p += n;
   }
 }
 

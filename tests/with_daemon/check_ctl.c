@@ -104,26 +104,40 @@ static void ctl_says(const char *dir, const char *socket, const char *args, int 
   ck_assert_msg(strstr(said, text), "%s", said);
 }
 
-/* Check the last stdout with a Python expression over `j`, its JSON; the
- * exit status of python3 (0: parsed and true). */
-static int json_check(const char *dir, const char *expr) {
+/* Check the last stdout with Python: load (a statement that reads the
+ * file at sys.argv[1]) then expr must be true; the exit status of python3
+ * (0: loaded and true). */
+static int py_check(const char *dir, const char *load, const char *expr) {
   char cmd[512], script[128], path[128], msg[128];
   snprintf(script, sizeof script, "%s/check.py", dir);
   snprintf(path, sizeof path, "%s/ctl.out", dir);
   snprintf(msg, sizeof msg, "%s/py.err", dir);
   FILE *f = fopen(script, "w");
   ck_assert_ptr_nonnull(f);
-  fprintf(f, "import json, sys\nj = json.load(open(sys.argv[1]))\nsys.exit(0 if (%s) else 1)\n",
-          expr);
+  fprintf(f, "import json, sys\n%s\nsys.exit(0 if (%s) else 1)\n", load, expr);
   fclose(f);
   snprintf(cmd, sizeof cmd, "python3 %s %s 2>%s", script, path, msg);
   int status = system(cmd);
   if (status != 0) {
     char why[4096];
     slurp(msg, why, sizeof why);
-    fprintf(stderr, "json check failed: %s\n%s\non: %s\n", expr, why, out_buf);
+    fprintf(stderr, "python check failed: %s\n%s\non: %s\n", expr, why, out_buf);
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Check the last stdout with a Python expression over `j`, its JSON
+ * (py_check). */
+static int json_check(const char *dir, const char *expr) {
+  return py_check(dir, "j = json.load(open(sys.argv[1], encoding='utf-8'))", expr);
+}
+
+/* Whether the last stdout is strict UTF-8 (Python's decoder: no
+ * surrogates, overlongs or code points past U+10FFFF) holding no control
+ * character but newlines, C1 included. */
+static bool stdout_is_clean_utf8(const char *dir) {
+  return py_check(dir, "t = open(sys.argv[1], 'rb').read().decode('utf-8', 'strict')",
+                  "not [c for c in t if c != '\\n' and (ord(c) < 32 or 127 <= ord(c) < 160)]") == 0;
 }
 
 /* Run gpumemctl as ctl does: it must exit with status, and its JSON on
@@ -835,6 +849,48 @@ START_TEST(names_are_escaped_whatever_bytes_they_hold) {
 }
 END_TEST
 
+/* Each class of text the daemon's edge refuses, sent by a hostile daemon
+ * (a C1 control introducing an escape sequence, an encoded surrogate,
+ * overlong forms, a code point past U+10FFFF, a five-byte form, a cut
+ * sequence): gpumemctl escapes every one, and its words, its JSON and its
+ * metrics are strict UTF-8 with no control character. */
+START_TEST(every_class_of_bad_text_is_escaped) {
+  Gpumem__Wire__StatusReply sr = GPUMEM__WIRE__STATUS_REPLY__INIT;
+  Gpumem__Wire__SessionInfo s1 = worker_session(1, 10, "a\xc2\x9b" "31mb");
+  Gpumem__Wire__SessionInfo *sessions[] = {&s1};
+  const char *names[] = {"s\xed\xa0\x80", "o\xc0\xaf\xe0\x80\xaf", "h\xf4\x90\x80\x80",
+                         "f\xf8\x88\x80\x80\x80", "t\xe2\x82"};
+  enum { N = sizeof names / sizeof names[0] };
+  Gpumem__Wire__TagInfo t[N], *tags[N];
+  for (size_t i = 0; i < N; i++) {
+    gpumem__wire__tag_info__init(&t[i]);
+    t[i].name = (char *)names[i];
+    tags[i] = &t[i];
+  }
+  sr.version = "9.9.9\xc2\x85";
+  sr.sessions = sessions;
+  sr.n_sessions = 1;
+  sr.tags = tags;
+  sr.n_tags = N;
+  fake_status(&sr);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "status"), 0);
+  ck_assert_msg(stdout_is_clean_utf8(fk.dir), "%s", out_buf);
+  const char *words[] = {"a\\xc2\\x9b31mb", "s\\xed\\xa0\\x80", "o\\xc0\\xaf\\xe0\\x80\\xaf",
+                         "h\\xf4\\x90\\x80\\x80", "f\\xf8\\x88\\x80\\x80\\x80", "t\\xe2\\x82",
+                         "9.9.9\\xc2\\x85"};
+  for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+    ck_assert_msg(strstr(out_buf, words[i]), "%s not in: %s", words[i], out_buf);
+  ctl_json(fk.dir, fk.socket, "--json status", 0,
+           "j['sessions'][0]['name']=='a\\x9b31mb' and j['version']=='9.9.9\\x85'"
+           " and [x['name'] for x in j['tags']]==['s\\xed\\xa0\\x80','o\\xc0\\xaf\\xe0\\x80\\xaf',"
+           "'h\\xf4\\x90\\x80\\x80','f\\xf8\\x88\\x80\\x80\\x80','t\\xe2\\x82']");
+  ck_assert_msg(stdout_is_clean_utf8(fk.dir), "%s", out_buf);
+  ck_assert_int_eq(ctl(fk.dir, fk.socket, "metrics"), 0);
+  ck_assert_msg(stdout_is_clean_utf8(fk.dir), "%s", out_buf);
+  ck_assert_msg(strstr(out_buf, "{tag=\"s\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"}"), "%s", out_buf);
+}
+END_TEST
+
 /* Whether this process maps a file whose name contains text. */
 static bool maps_contain(const char *text) {
   FILE *f = fopen("/proc/self/maps", "r");
@@ -1151,6 +1207,7 @@ int main(void) {
                      status_says_when_the_driver_gives_no_per_process_figures,
                      version_names_tool_library_and_daemon, json_failures_print_an_error_object,
                      timeout_takes_durations, names_are_escaped_whatever_bytes_they_hold,
+                     every_class_of_bad_text_is_escaped,
                      controllers_open_no_gpu_backend,
                      metrics_say_up_and_paused_and_count_workers,
                      metrics_say_down_when_the_daemon_fails_after_hello,
