@@ -67,6 +67,8 @@ struct top {
   int err;                 /* < 0: the daemon did not answer the last time */
   char why[512];
   time_t answered;         /* when the last status came (0: never) */
+  size_t tag_first;        /* the first tag shown, by name (PgDn, PgUp, Home, End) */
+  size_t tag_rows;         /* how many the last screen showed */
 };
 
 /* Set by SIGINT, SIGTERM and SIGHUP: quit at the next turn of the loop. */
@@ -341,13 +343,18 @@ static void header(int y, const struct column *cols, size_t n) {
     cell(y, &x, cols[i].title, cols[i].width, cols[i].right, A_BOLD | A_REVERSE);
 }
 
-/* The tags, by name: state, bytes, paused, backed up and in transit. */
-static int draw_tags(int y, const struct gpumem_status *s, int after) {
+/* The tags, by name, from the *first'th (kept within the list; the rows
+ * shown into *rows): state, bytes, paused, backed up and in transit.
+ * Where they do not all fit, the last row says which are shown and how
+ * to page through them. */
+static int draw_tags(int y, const struct gpumem_status *s, int after, size_t *first,
+                     size_t *rows) {
   static const struct column cols[] = {{"TAG", 20, false},   {"STATE", 9, false},
                                        {"BYTES", 10, true},  {"PAUSED", 10, true},
                                        {"BACKUP", 10, true}, {"IN TRANSIT", 10, true}};
   char a[32], b[32], c[32], d[32], name[NAME_BUF];
   header(y++, cols, sizeof cols / sizeof cols[0]);
+  *rows = 0;
   if (s->ntags == 0) {
     line(y, 0,
          sees_every_tag(s) ? "no tags: no buffer is allocated"
@@ -359,8 +366,9 @@ static int draw_tags(int y, const struct gpumem_status *s, int after) {
   if (!v) return y;
   memcpy(v, s->tags, s->ntags * sizeof *v);
   qsort(v, s->ntags, sizeof *v, by_name);
-  size_t n = fit_list(y, s->ntags, list_room(y, after), "tags");
-  for (size_t i = 0; i < n; i++, y++) {
+  size_t room = list_room(y, after), n = s->ntags <= room ? s->ntags : room - 1;
+  if (*first > s->ntags - n) *first = s->ntags - n;
+  for (size_t i = *first; i < *first + n; i++, y++) {
     const struct gpumem_tag_status *t = v[i];
     attr_t attr;
     const char *state = tag_state(t, &attr);
@@ -374,6 +382,14 @@ static int draw_tags(int y, const struct gpumem_status *s, int after) {
          t->transit_bytes ? color(P_TRANSIT) | A_BOLD : A_NORMAL);
   }
   free(v);
+  if (n < s->ntags) { /* after the rows: a cut cell of the last does not overwrite it */
+    char shown_rows[128];
+    if (n) snprintf(shown_rows, sizeof shown_rows, "tags %zu-%zu of %zu (PgDn, PgUp, Home, End)",
+                    *first + 1, *first + n, s->ntags);
+    else snprintf(shown_rows, sizeof shown_rows, "%zu tags (no room to show them)", s->ntags);
+    line(y, 0, shown_rows, A_DIM);
+  }
+  *rows = n;
   return y + (n < s->ntags ? 1 : 0);
 }
 
@@ -472,7 +488,7 @@ static int draw_ops(int y, const struct gpumem_status *s) {
 }
 
 /* The whole screen from the last answer, or why there is none. */
-static void top_draw(const struct top *t) {
+static void top_draw(struct top *t) {
   erase();
   draw_header(t);
   char msg[1200], when[32], every[32];
@@ -496,7 +512,7 @@ static void top_draw(const struct top *t) {
   int y = draw_devices(2, s) + 1;
   /* Below the tags: holders (header and at least a row), then the
    * operations (the same), each after a blank row. */
-  y = draw_tags(y, s, 6) + 1;
+  y = draw_tags(y, s, 6, &t->tag_first, &t->tag_rows) + 1;
   y = draw_holders(y, s, 3) + 1;
   draw_ops(y, s);
   refresh();
@@ -532,11 +548,18 @@ static void top_signals_restore(const struct sigaction *old) {
   for (size_t i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
 }
 
-/* Keys waiting: q quits, a resize redraws. Returns false to quit. */
-static bool top_keys(const struct top *t) {
+/* Keys waiting: q quits, a resize redraws, PgDn (or space), PgUp, Home
+ * and End page through the tags. Returns false to quit. */
+static bool top_keys(struct top *t) {
   int ch;
   while ((ch = getch()) != ERR) {
     if (ch == 'q' || ch == 'Q') return false;
+    size_t page = t->tag_rows ? t->tag_rows : 1, was = t->tag_first;
+    if ((ch == KEY_NPAGE || ch == ' ') && t->tag_first < SIZE_MAX - page) t->tag_first += page;
+    else if (ch == KEY_PPAGE) t->tag_first = t->tag_first > page ? t->tag_first - page : 0;
+    else if (ch == KEY_HOME) t->tag_first = 0;
+    else if (ch == KEY_END) t->tag_first = SIZE_MAX; /* the drawing keeps it within the list */
+    if (t->tag_first != was) top_draw(t);
     if (ch == KEY_RESIZE || ch == 12 /* Ctrl-L */) {
       if (ch == 12) clearok(curscr, TRUE);
       top_draw(t);

@@ -94,7 +94,7 @@ size_t devcheck_after(registry *reg, gpudev *g, const struct devfig *dev, unsign
     c->exit_listed_pids = (uint32_t *)rules->exit_listed; /* the wire's own type, not written */
     if (!rules->resume) check_released(reg, g, d, df, &m, rules, o, c);
     struct report_residual r;
-    c->residual_known = report_residual(g, d, &r) == 0;
+    c->residual_known = report_residual(g, d, rules->checked_ns, &r) == 0;
     c->residual = r.bytes;
     if (!rules->resume && rules->max_residual)
       check_residual(d, &r, c->residual_known, rules, o);

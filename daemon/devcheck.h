@@ -37,6 +37,7 @@ struct devcheck_rules {
   uint32_t exit_wait_ms; /* waited for ended owners to leave the driver */
   const uint32_t *exit_listed; /* those still listed after it (exit_nlisted) */
   size_t exit_nlisted;
+  uint64_t checked_ns; /* per-process figures read at or after this (uv_hrtime) */
 };
 
 /* Compare what the operation did on each device it touched (dev[d]) with

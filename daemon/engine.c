@@ -406,28 +406,70 @@ static struct buffer *said_unmapped(engine *e, struct group *g, size_t i) {
   return b && b->state == BUF_PAUSING && !g->failed[i] ? b : NULL;
 }
 
+/* The processes with an Unmap of the operation not yet acked in full
+ * (pid -> non-NULL); NULL when there is none or no room to say. */
+static idmap *pids_unacked(struct op *op) {
+  idmap *m = NULL;
+  struct list *p, *t;
+  list_for_each_safe(p, t, &op->groups) {
+    struct group *g = list_entry(p, struct group, link);
+    if (g->kind != GROUP_UNMAP || g->done || g->acked >= g->nevents) continue;
+    if (!m && !(m = idmap_create())) return NULL;
+    if (idmap_put(m, g->s->pid, g) < 0) {
+      idmap_destroy(m);
+      return NULL;
+    }
+  }
+  return m;
+}
+
+/* Whether the daemon copies a backup of the group's buffers once they
+ * are unmapped (their owner copies none of them itself). */
+static bool copies_here(engine *e, const struct group *g) {
+  for (size_t i = 0; i < g->nids; i++) {
+    const struct buffer *b = said_unmapped(e, (struct group *)g, i);
+    if (b && (b->flags & BUF_FLAG_BACKUP) && !b->backup_valid && !group_owner_copies(g, i))
+      return true;
+  }
+  return false;
+}
+
+/* Whether an acked group waits for its process's other Unmaps in the
+ * operation (unacked: pids_unacked's), so that the process is read once;
+ * one whose backups the daemon copies does not wait (the copies start at
+ * once, while the others are still unmapping). */
+static bool settles_later(engine *e, const idmap *unacked, const struct group *g) {
+  return unacked && g->op && idmap_get(unacked, g->s->pid) && !copies_here(e, g);
+}
+
 /* Settle the Unmap acks read since the last settling, in the order they
  * came: what an owner unmapped is released, what it could not unmap is
  * ACTIVE again. Whether each owner's process still holds what it says it
- * unmapped is asked with one look at each process for all of its buffers
- * (a process holding a thousand sessions is read once, not once per ack).
- * Out of host memory for that, unmapped buffers are PAUSED and keep their
- * memory, counted as held (a later pause releases them). */
-static void settle_unmapped(engine *e) {
+ * unmapped is asked with one look at each process for all of its buffers;
+ * unless all is set (a timeout, or a request about to look at them), an
+ * operation's acks from a process wait until all of that process's are in,
+ * so that it is read once per operation (a process holding a thousand
+ * sessions, not once per turn of their acks). Out of host memory for that,
+ * unmapped buffers are PAUSED and keep their memory, counted as held (a
+ * later pause releases them). */
+static void settle_unmapped(engine *e, bool all) {
   size_t total = 0, n = 0;
   struct list *p, *t;
+  idmap *unacked = !all && e->current ? pids_unacked(e->current) : NULL;
   list_for_each_safe(p, t, &e->unmapped) total += list_entry(p, struct group, unmapped)->nids;
   struct buffer **bufs = calloc(total + 1, sizeof *bufs);
   bool *held = calloc(total + 1, sizeof *held);
   list_for_each_safe(p, t, &e->unmapped) {
     struct group *g = list_entry(p, struct group, unmapped);
-    for (size_t i = 0; bufs && i < g->nids; i++)
+    g->later = settles_later(e, unacked, g);
+    for (size_t i = 0; bufs && !g->later && i < g->nids; i++)
       if ((bufs[n] = said_unmapped(e, g, i))) n++;
   }
   if (bufs && held) registry_held_by(e->reg, bufs, n, held);
   n = 0;
   list_for_each_safe(p, t, &e->unmapped) {
     struct group *g = list_entry(p, struct group, unmapped);
+    if (g->later) continue;
     list_remove(&g->unmapped);
     if (!g->op) log_info("late ack from pid %d: its buffers are settled", (int)g->s->pid);
     for (size_t i = 0; i < g->nids; i++) {
@@ -460,6 +502,7 @@ static void settle_unmapped(engine *e) {
   }
   free(bufs);
   free(held);
+  idmap_destroy(unacked);
   if (!e->current) registry_let_go(e->reg, false); /* late acks' copies: no context after */
 }
 
@@ -469,14 +512,20 @@ static void on_check(uv_check_t *h) {
   engine *e = h->data;
   uv_check_stop(&e->check);
   uv_idle_stop(&e->idle);
-  settle_unmapped(e);
+  settle_unmapped(e, false);
   check_done(e);
 }
 static void on_idle(uv_idle_t *h) { on_check(&((engine *)h->data)->check); }
 
+/* Settle the acks waiting at this turn's end. */
+static void settle_soon(engine *e) {
+  uv_check_start(&e->check, on_check);
+  uv_idle_start(&e->idle, on_idle);
+}
+
 /* Settle the acks read so far, before anything looks at their buffers. */
 void engine_settle(engine *e) {
-  if (e && !list_empty(&e->unmapped)) settle_unmapped(e);
+  if (e && !list_empty(&e->unmapped)) settle_unmapped(e, true);
 }
 
 /* A buffer a failed resume had mapped is unmapped again: release what the
@@ -1079,7 +1128,9 @@ static void reply(engine *e, struct op *op) {
   Gpumem__Wire__DeviceCheck **checkp = calloc(op->ndev + 1, sizeof *checkp);
   uint32_t listed[8];
   struct devcheck_rules rules = {.resume = op->resume, .max_residual = op->max_residual,
-                                 .by_controller = op->by_controller, .exit_listed = listed};
+                                 .by_controller = op->by_controller, .exit_listed = listed,
+                                 .checked_ns = now};
+  op->outcome.checked_ns = now; /* the reply's processes: the same reading */
   rules.exit_nlisted = exitwait_result(e->exits, &rules.exit_wait_ms, listed, 8);
   size_t nchecks =
       checks && checkp ? devcheck_after(e->reg, e->gpu, op->dev, op->ndev, &rules, &op->outcome,
@@ -1273,7 +1324,7 @@ static void on_timeout(uv_timer_t *t) {
 static void judge(engine *e) {
   struct op *op = e->current;
   if (!op || op->restoring) return; /* nothing sent yet: the timer starts after */
-  settle_unmapped(e); /* acks read before the judgment count as answers */
+  settle_unmapped(e, true); /* acks read before the judgment count as answers */
   bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
   struct timeout_tally tally = {0};
   struct list *p, *n;
@@ -1383,8 +1434,7 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
   if (++g->acked < g->nevents) return;
   if (g->kind == GROUP_UNMAP) { /* released at the turn's end, with the turn's other acks */
     list_append(&e->unmapped, &g->unmapped);
-    uv_check_start(&e->check, on_check);
-    uv_idle_start(&e->idle, on_idle);
+    settle_soon(e);
     return;
   }
   if (!g->op) { /* a late ack of a group whose operation stopped waiting */
@@ -1435,5 +1485,6 @@ void engine_forget(engine *e, struct owner *s) {
     if (!g->done && !op->resume) exitwait_note(e->exits, (int)s->pid);
     group_free(g, e->events);
   }
+  if (!list_empty(&e->unmapped)) settle_unmapped(e, false); /* those that waited for its acks */
   check_done(e);
 }

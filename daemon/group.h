@@ -49,6 +49,7 @@ struct group {
   char why[WIRE_MAX_MESSAGE + 1]; /* the owner's words for its first failure */
   struct list link; /* op's groups, or the engine's stragglers */
   struct list unmapped; /* the engine's acked Unmaps, settled at the turn's end */
+  bool later; /* acked, but left by the last settling for its process's other acks */
 };
 
 /* A new, empty group of owner o's buffers for op; NULL out of memory. */

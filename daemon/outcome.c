@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <uv.h>
+
 #include "common/log.h"
 #include "common/size.h"
 #include "report.h"
@@ -153,7 +155,8 @@ void outcome_reply(struct outcome *o, uint64_t req_id, uint64_t elapsed_us, uint
   for (size_t i = 0; i < nchecks; i++)
     devmask |= checks[i]->device < 64 ? 1ull << checks[i]->device : 0;
   struct report_processes pr = {0};
-  if (sessions && devmask) report_processes(g, sessions, devmask, to, &pr);
+  if (sessions && devmask)
+    report_processes(g, sessions, devmask, o->checked_ns ? o->checked_ns : uv_hrtime(), to, &pr);
   if (o->fault.code) {
     fault_to_wire(&o->fault, text, &err);
     err.pids = o->pids;

@@ -43,6 +43,7 @@ struct outcome {
   size_t nreleases;
   struct fault fault; /* the first failure, reported instead of success */
   uint64_t waited_us; /* a resume's wait for room */
+  uint64_t checked_ns; /* its driver's figures were read at or after this (uv_hrtime; 0: now) */
 };
 
 /* Record the first failure (o may be NULL: nothing is recorded). */

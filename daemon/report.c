@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <uv.h>
 
 #include "gpumem.h"
 #include "backup_disk.h"
@@ -111,11 +112,11 @@ static void comm_of(int pid, char *buf, size_t len) {
 }
 
 /* Sum what processes hold on dev outside the daemon. */
-int report_residual(gpudev *g, unsigned dev, struct report_residual *r) {
+int report_residual(gpudev *g, unsigned dev, uint64_t since_ns, struct report_residual *r) {
   memset(r, 0, sizeof *r);
   struct gpudev_process procs[REPORT_MAX_PROCESSES];
   size_t n = 0;
-  int rc = gpudev_processes(g, dev, procs, REPORT_MAX_PROCESSES, &n);
+  int rc = gpudev_processes_since(g, dev, since_ns, procs, REPORT_MAX_PROCESSES, &n);
   if (rc < 0) return rc;
   if (n > REPORT_MAX_PROCESSES) n = REPORT_MAX_PROCESSES;
   for (size_t i = 0; i < n; i++) {
@@ -131,11 +132,13 @@ int report_residual(gpudev *g, unsigned dev, struct report_residual *r) {
   return 0;
 }
 
-/* The processes on every device with their memory outside the daemon;
- * returns the count (into *out, malloc'd), or -1 where the driver gives no
- * per-process figures (then *out may still hold what was found). */
-static long processes_of(gpudev *g, struct list *sessions, Gpumem__Wire__ProcessMemory **out,
-                         char (**names)[WIRE_NAME_MAX + 1]) {
+/* The processes on every device with their memory outside the daemon,
+ * by figures read at or after since_ns (for a view: those of processes
+ * with device memory, gpudev_processes_view); returns the count
+ * (into *out, malloc'd), or -1 where the driver gives no per-process
+ * figures (then *out may still hold what was found). */
+static long processes_of(gpudev *g, bool view, uint64_t since_ns, struct list *sessions,
+                         Gpumem__Wire__ProcessMemory **out, char (**names)[WIRE_NAME_MAX + 1]) {
   unsigned ndev = gpudev_device_count(g);
   size_t n = 0, cap = 0;
   bool known = false, unmeasured = false;
@@ -144,7 +147,9 @@ static long processes_of(gpudev *g, struct list *sessions, Gpumem__Wire__Process
   for (unsigned d = 0; d < ndev; d++) {
     struct gpudev_process procs[REPORT_MAX_PROCESSES];
     size_t k = 0;
-    if (gpudev_processes(g, d, procs, REPORT_MAX_PROCESSES, &k) < 0) continue;
+    int rc = view ? gpudev_processes_view(g, d, since_ns, procs, REPORT_MAX_PROCESSES, &k)
+                  : gpudev_processes_since(g, d, since_ns, procs, REPORT_MAX_PROCESSES, &k);
+    if (rc < 0) continue;
     known = true;
     for (size_t i = 0; i < k && i < REPORT_MAX_PROCESSES; i++)
       if (procs[i].used == GPUDEV_USED_UNKNOWN) unmeasured = true;
@@ -206,10 +211,10 @@ static size_t own_processes(Gpumem__Wire__ProcessMemory **procp, size_t n, struc
 }
 
 /* The processes on the devices in devmask, as a viewer may see them. */
-void report_processes(gpudev *g, struct list *sessions, uint64_t devmask,
+void report_processes(gpudev *g, struct list *sessions, uint64_t devmask, uint64_t since_ns,
                       const struct owner *viewer, struct report_processes *pr) {
   *pr = (struct report_processes){0};
-  long n = processes_of(g, sessions, &pr->v, &pr->names);
+  long n = processes_of(g, false, since_ns, sessions, &pr->v, &pr->names);
   if (n > 0 && (pr->p = calloc((size_t)n + 1, sizeof *pr->p)))
     for (long k = 0; k < n; k++) {
       pr->v[k].name = pr->names[k];
@@ -390,7 +395,7 @@ void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
   Gpumem__Wire__ProcessMemory *procs = NULL, **procp = NULL;
   char(*names)[WIRE_NAME_MAX + 1] = NULL;
   struct stats_view *figures = NULL;
-  long nprocs = processes_of(g, sessions, &procs, &names);
+  long nprocs = processes_of(g, true, uv_hrtime(), sessions, &procs, &names);
   procp = calloc(nprocs > 0 ? (size_t)nprocs + 1 : 1, sizeof *procp);
   if (!r.devices || !tags || !tagp || !ses || !sesp || !procp ||
       tenant_view_fill(&tv, reg, gpudev_device_count(g), all, uid, &r) < 0) {

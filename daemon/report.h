@@ -56,9 +56,10 @@ struct report_residual {
   uint64_t top_bytes;
 };
 
-/* Sum what processes hold on dev outside the daemon. Returns 0, or a
- * negative errno where the driver gives no per-process figures. */
-int report_residual(gpudev *g, unsigned dev, struct report_residual *r);
+/* Sum what processes hold on dev outside the daemon, by figures read at
+ * or after since_ns (uv_hrtime). Returns 0, or a negative errno where the
+ * driver gives no per-process figures. */
+int report_residual(gpudev *g, unsigned dev, uint64_t since_ns, struct report_residual *r);
 
 /* Free what report_devices returned. */
 void report_devices_free(Gpumem__Wire__DeviceInfo **v);
@@ -72,8 +73,9 @@ struct report_processes {
   size_t n;
 };
 
-/* Fill pr (empty where the driver lists none, or out of memory). */
-void report_processes(gpudev *g, struct list *sessions, uint64_t devmask,
+/* Fill pr by figures read at or after since_ns (empty where the driver
+ * lists none, or out of memory). */
+void report_processes(gpudev *g, struct list *sessions, uint64_t devmask, uint64_t since_ns,
                       const struct owner *viewer, struct report_processes *pr);
 
 /* Free what report_processes filled. */

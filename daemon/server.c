@@ -900,7 +900,12 @@ static void on_frame(void *ctx, struct session *s, struct frame *f) {
     refuse_session(s, env->id, GPUMEM__WIRE__ERROR_CODE__PROTOCOL_ERROR,
                    "the first message must be Hello");
   } else {
-    if (env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ACK) engine_settle(srv->eng);
+    /* What the acks read so far did, before a request acts on their
+     * buffers; a view shows them as they are (an operation's acks from one
+     * process wait for its others: settled now, it would be read again). */
+    bool view = env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_STATUS ||
+                env->body_case == GPUMEM__WIRE__ENVELOPE__BODY_LIST;
+    if (env->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ACK && !view) engine_settle(srv->eng);
     switch (env->body_case) {
     case GPUMEM__WIRE__ENVELOPE__BODY_HELLO: handle_hello(srv, s, env); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC: handle_alloc(srv, s, env->id, env->alloc); break;

@@ -95,6 +95,22 @@ int gpudev_processes(gpudev *g, unsigned dev, struct gpudev_process *out, size_t
   return g->ops->processes(g->state, dev, out, max, n);
 }
 
+/* The processes using a device, read at or after since_ns. */
+int gpudev_processes_since(gpudev *g, unsigned dev, uint64_t since_ns,
+                           struct gpudev_process *out, size_t max, size_t *n) {
+  *n = 0;
+  if (!g->ops->processes_since) return gpudev_processes(g, dev, out, max, n);
+  return g->ops->processes_since(g->state, dev, since_ns, out, max, n);
+}
+
+/* The processes using a device, for a view. */
+int gpudev_processes_view(gpudev *g, unsigned dev, uint64_t since_ns,
+                          struct gpudev_process *out, size_t max, size_t *n) {
+  *n = 0;
+  if (!g->ops->processes_view) return gpudev_processes(g, dev, out, max, n);
+  return g->ops->processes_view(g->state, dev, since_ns, out, max, n);
+}
+
 /* Whether the driver lists a process on any device. */
 int gpudev_process_listed(gpudev *g, int pid) {
   if (g->ops->process_listed) return g->ops->process_listed(g->state, pid);

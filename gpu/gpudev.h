@@ -83,6 +83,22 @@ struct gpudev_process {
  * the worker: its figure is its context and what it allocated itself. */
 int gpudev_processes(gpudev *g, unsigned dev, struct gpudev_process *out, size_t max, size_t *n);
 
+/* gpudev_processes with figures read at or after since_ns (the
+ * CLOCK_MONOTONIC clock, uv_hrtime's), so that an operation's checks of
+ * every device share one reading where the backend keeps them (the host
+ * backend's walk of /proc); a backend that keeps none reads them now. */
+int gpudev_processes_since(gpudev *g, unsigned dev, uint64_t since_ns,
+                           struct gpudev_process *out, size_t max, size_t *n);
+
+/* gpudev_processes for a view (status, top) begun at since_ns, where
+ * figures a moment old will do: the host backend reads a process with
+ * device memory at or after since_ns or at most 1 s before (one that has
+ * exited is left out at once), one that holds none again only within
+ * 10 s, and finds a new one within 1 s, so that a node of thousands of
+ * processes costs each view little; the others read now. */
+int gpudev_processes_view(gpudev *g, unsigned dev, uint64_t since_ns,
+                          struct gpudev_process *out, size_t max, size_t *n);
+
 /* Whether the driver still lists process pid on any device (1) or not
  * (0): a process that has exited stays listed, its memory not yet free,
  * until the driver has let go of it (on an H200 a moment after the exit).

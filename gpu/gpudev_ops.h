@@ -21,6 +21,11 @@ struct gpudev_ops {
   /* Optional (NULL: -ENOTSUP, or mem_info's figures with no reserve). */
   int (*mem_detail)(void *state, unsigned dev, struct gpudev_mem *m);
   int (*processes)(void *state, unsigned dev, struct gpudev_process *out, size_t max, size_t *n);
+  /* Optional (NULL: processes, read now). */
+  int (*processes_since)(void *state, unsigned dev, uint64_t since_ns,
+                         struct gpudev_process *out, size_t max, size_t *n);
+  int (*processes_view)(void *state, unsigned dev, uint64_t since_ns,
+                        struct gpudev_process *out, size_t max, size_t *n);
   int (*chunks_held_by)(void *state, int pid, const uint64_t *handles, size_t n, bool *held);
   /* NULL: pid is looked for in processes' list of each device. */
   int (*process_listed)(void *state, int pid);

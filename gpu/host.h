@@ -32,6 +32,7 @@ struct host {
   dev_t live_dev; /* the filesystem those inodes are on (memfds share one) */
   pthread_mutex_t mu; /* backups (made on the daemon's thread pool too) */
   idmap *backups;     /* host address -> memfd + 1 of every backup */
+  struct host_seen *seen; /* what /proc said of each process (host_proc.c) */
 };
 
 /* Count a chunk as the daemon's own, by inode, so that scans of /proc can
@@ -45,14 +46,30 @@ void host_live_del(struct host *h, int fd);
 /* True if the file is a chunk the daemon holds. */
 bool host_live_has(const struct host *h, dev_t dev, ino_t ino);
 
+/* The device (below ndev) whose memfd path names, by its name alone
+ * ("/memfd:gpumem-host-local:3 (deleted)" names 3); -1 if none. */
+int host_live_device_of(const struct host *h, const char *path);
+
 /* True if path names a memfd of device dev ("/memfd:gpumem-host-local:0
  * (deleted)" in maps and fd links): the name alone, so 1 is not 10. */
 bool host_live_is_device_memfd(const struct host *h, const char *path, unsigned dev);
 
 /* Every process that maps or holds memfds of dev the daemon did not make,
- * and how many bytes of them (the table's processes). */
+ * and how many bytes of them (the table's processes): read now, read at
+ * or after since_ns (CLOCK_MONOTONIC; the table's processes_since: one
+ * walk of /proc serves every device of an operation), or for a view begun
+ * at since_ns (the table's processes_view: a process with device memory
+ * read since or within the last second, one without read again within
+ * 10 s, a new one found within 1 s). */
 int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, size_t max,
                         size_t *n);
+int host_proc_since(void *state, unsigned dev, uint64_t since_ns, struct gpudev_process *out,
+                    size_t max, size_t *n);
+int host_proc_view(void *state, unsigned dev, uint64_t since_ns, struct gpudev_process *out,
+                   size_t max, size_t *n);
+
+/* Free what host_proc remembers of processes (the backend closing). */
+void host_proc_forget(struct host *h);
 
 /* Which chunks pid maps or holds an fd to (the table's chunks_held_by). */
 int host_proc_chunks_held_by(void *state, int pid, const uint64_t *handles, size_t n,

@@ -80,6 +80,7 @@ static int host_open(const struct gpudev_ops *self, const struct gpudev_options 
 /* Free the state (every chunk already released). */
 static void host_close(void *state) {
   struct host *h = state;
+  host_proc_forget(h);
   idmap_destroy(h->live);
   idmap_destroy(h->backups);
   pthread_mutex_destroy(&h->mu);
@@ -429,6 +430,8 @@ const struct gpudev_ops gpudev_host_ops = {
     .granularity = host_granularity,
     .mem_info = host_mem_info,
     .processes = host_proc_processes,
+    .processes_since = host_proc_since,
+    .processes_view = host_proc_view,
     .chunks_held_by = host_proc_chunks_held_by,
     .process_listed = host_proc_listed,
     .process_release = host_freeze_release,

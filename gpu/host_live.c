@@ -33,10 +33,22 @@ bool host_live_has(const struct host *h, dev_t dev, ino_t ino) {
   return dev == h->live_dev && idmap_get(h->live, (uint64_t)ino) != NULL;
 }
 
+/* The device whose memfd path names, by its name alone; -1 if none. */
+int host_live_device_of(const struct host *h, const char *path) {
+  char name[64];
+  int len = snprintf(name, sizeof name, "/memfd:gpumem-host-%s:", h->node);
+  if (strncmp(path, name, (size_t)len) != 0) return -1;
+  const char *p = path + len;
+  unsigned dev = 0;
+  if (*p < '0' || *p > '9' || (*p == '0' && p[1] >= '0' && p[1] <= '9')) return -1;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    dev = dev * 10 + (unsigned)(*p - '0');
+    if (dev >= h->ndev) return -1;
+  }
+  return *p == '\0' || strcmp(p, " (deleted)") == 0 ? (int)dev : -1;
+}
+
 /* True if path names a memfd of device dev, by its name alone. */
 bool host_live_is_device_memfd(const struct host *h, const char *path, unsigned dev) {
-  char name[96];
-  int len = snprintf(name, sizeof name, "/memfd:gpumem-host-%s:%u", h->node, dev);
-  if (strncmp(path, name, (size_t)len) != 0) return false;
-  return path[len] == '\0' || strcmp(path + len, " (deleted)") == 0;
+  return host_live_device_of(h, path) == (int)dev;
 }

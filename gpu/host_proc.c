@@ -9,40 +9,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
 #include "host.h"
-
-/* What /proc says of one file a process maps or holds. */
-struct proc_file {
-  dev_t dev;
-  ino_t ino;
-  uint64_t mapped; /* bytes of its mappings */
-  uint64_t held;   /* its committed bytes, where the process holds an fd */
-  bool has_fd;
-};
-
-/* The files of one process that are device memory of a device. */
-struct proc_files {
-  struct proc_file *v;
-  size_t n, cap;
-};
-
-/* The entry for a file, added if new; NULL when out of memory. */
-static struct proc_file *files_at(struct proc_files *f, dev_t dev, ino_t ino) {
-  for (size_t i = 0; i < f->n; i++)
-    if (f->v[i].dev == dev && f->v[i].ino == ino) return &f->v[i];
-  if (f->n == f->cap) {
-    size_t cap = f->cap ? f->cap * 2 : 8;
-    struct proc_file *v = realloc(f->v, cap * sizeof *v);
-    if (!v) return NULL;
-    f->v = v;
-    f->cap = cap;
-  }
-  f->v[f->n] = (struct proc_file){.dev = dev, .ino = ino};
-  return &f->v[f->n++];
-}
 
 /* One line of /proc/PID/maps: its length, file and path (NULL if none). */
 static bool maps_line(char *line, uint64_t *len, dev_t *dev, ino_t *ino, char **path) {
@@ -108,98 +79,331 @@ static int fds_each(int pid, bool (*wanted)(void *arg, const char *link),
   return 0;
 }
 
-/* What a scan of one process for outside memory of one device needs. */
-struct outside_scan {
-  const struct host *h;
-  unsigned dev;
-  struct proc_files files;
+/* How often a view walks /proc for processes that came or went. */
+#define VIEW_WALK_NS (1000ull * 1000 * 1000)
+/* How long a process that maps and holds no device memory goes unread by
+ * views: between half of this and this (spread by pid, so that a node's
+ * processes are not all read again in one walk). */
+#define VIEW_IDLE_NS (10000ull * 1000 * 1000)
+
+/* A device memfd one process maps or holds, as /proc said. */
+struct seen_file {
+  dev_t dev;
+  ino_t ino;
+  unsigned device;
+  uint64_t mapped; /* bytes of its mappings */
+  uint64_t held;   /* its committed bytes, where the process holds an fd */
+  bool has_fd;
+  bool live;       /* a chunk the daemon held when it was read */
+};
+
+/* What /proc said of one process when it was last read. */
+struct seen {
+  int pid;
+  ino_t dir;        /* its /proc entry's inode: a new process under an old pid has another */
+  uint64_t read_ns; /* when (0: never) */
+  uint64_t walk;    /* the last walk that found it */
+  struct seen_file *v;
+  size_t n, cap;
+  int scan_dev;     /* the device of the fd being read */
   bool oom;
 };
 
-/* A mapping of outside memory of the device: count its bytes. */
-static void outside_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
-  struct outside_scan *s = arg;
-  if (!host_live_is_device_memfd(s->h, path, s->dev) || host_live_has(s->h, dev, ino)) return;
-  struct proc_file *f = files_at(&s->files, dev, ino);
+/* Every process /proc showed at the last walk, but the daemon's own. */
+struct host_seen {
+  idmap *by_pid;      /* pid -> struct seen */
+  struct seen **order; /* in the walk's order */
+  size_t n, cap;
+  uint64_t walk;
+  uint64_t walked_ns;   /* when the last walk was */
+  uint64_t all_read_ns; /* when the last walk that read every process began */
+};
+
+/* Nanoseconds on the monotonic clock (uv_hrtime's). */
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* What reading one process needs: the host, the process, and its files
+ * found so far by inode (index + 1: a process may map thousands). */
+struct seen_scan {
+  const struct host *h;
+  struct seen *p;
+  idmap *at;
+};
+
+/* The entry for a file of a process, added if new; NULL out of memory. */
+static struct seen_file *seen_file_at(struct seen_scan *s, dev_t dev, ino_t ino, unsigned device) {
+  struct seen *p = s->p;
+  uintptr_t i = (uintptr_t)idmap_get(s->at, (uint64_t)ino);
+  if (i && p->v[i - 1].dev == dev) return &p->v[i - 1];
+  for (size_t k = 0; i && k < p->n; k++) /* another filesystem's inode of that number */
+    if (p->v[k].dev == dev && p->v[k].ino == ino) return &p->v[k];
+  if (p->n == p->cap) {
+    size_t cap = p->cap ? p->cap * 2 : 4;
+    struct seen_file *v = realloc(p->v, cap * sizeof *v);
+    if (!v) return NULL;
+    p->v = v;
+    p->cap = cap;
+  }
+  p->v[p->n] = (struct seen_file){.dev = dev, .ino = ino, .device = device};
+  if (!i && idmap_put(s->at, (uint64_t)ino, (void *)(uintptr_t)(p->n + 1)) < 0) return NULL;
+  return &p->v[p->n++];
+}
+
+/* A mapping of device memory: count its bytes. */
+static void seen_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const char *path) {
+  struct seen_scan *s = arg;
+  int d = host_live_device_of(s->h, path);
+  if (d < 0) return;
+  struct seen_file *f = seen_file_at(s, dev, ino, (unsigned)d);
   if (f) f->mapped += len;
-  else s->oom = true;
+  else s->p->oom = true;
 }
 
-/* Whether an fd's link names a memfd of the scanned device. */
-static bool outside_named(void *arg, const char *link) {
-  const struct outside_scan *s = arg;
-  return host_live_is_device_memfd(s->h, link, s->dev);
+/* Whether an fd's link names device memory (its device noted). */
+static bool seen_named(void *arg, const char *link) {
+  struct seen_scan *s = arg;
+  s->p->scan_dev = host_live_device_of(s->h, link);
+  return s->p->scan_dev >= 0;
 }
 
-/* An fd of outside memory of the device: count what the memfd commits. */
-static void outside_fd(void *arg, const struct stat *st) {
-  struct outside_scan *s = arg;
-  if (host_live_has(s->h, st->st_dev, st->st_ino)) return;
-  struct proc_file *f = files_at(&s->files, st->st_dev, st->st_ino);
+/* An fd of device memory: note what the memfd commits. */
+static void seen_fd(void *arg, const struct stat *st) {
+  struct seen_scan *s = arg;
+  struct seen_file *f = seen_file_at(s, st->st_dev, st->st_ino, (unsigned)s->p->scan_dev);
   if (!f) {
-    s->oom = true;
+    s->p->oom = true;
     return;
   }
   f->has_fd = true;
   f->held = (uint64_t)st->st_blocks * 512;
 }
 
-/* Bytes of device memory pid holds outside the daemon: each memfd once,
- * by what it commits where the process holds an fd to it, else by the
- * bytes it maps. A process that cannot be read counts 0. */
-static int outside_bytes(const struct host *h, unsigned dev, int pid, uint64_t *bytes) {
-  struct outside_scan s = {.h = h, .dev = dev};
-  *bytes = 0;
-  if (maps_each(pid, outside_mapping, &s) == 0) fds_each(pid, outside_named, outside_fd, &s);
-  for (size_t i = 0; i < s.files.n; i++)
-    *bytes += s.files.v[i].has_fd ? s.files.v[i].held : s.files.v[i].mapped;
-  free(s.files.v);
-  return s.oom ? gpu_fail(-ENOMEM, "out of memory") : 0;
+/* Note which of the files read are the daemon's chunks now. */
+static void seen_mark_live(const struct host *h, struct seen *p) {
+  for (size_t i = 0; i < p->n; i++) p->v[i].live = host_live_has(h, p->v[i].dev, p->v[i].ino);
 }
 
-/* Call fn for every process but the daemon's own that maps or holds
- * memfds of dev the daemon did not make, with their bytes; processes of
- * other users are seen only by a daemon that may read their /proc
- * entries. */
-static int outside_each(struct host *h, unsigned dev, void (*fn)(void *arg, int pid, uint64_t bytes),
-                        void *arg) {
-  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+/* Whether the daemon has let go of a chunk the process held when it was
+ * read: whether the process still holds it, a new reading says. */
+static bool seen_chunk_gone(const struct host *h, const struct seen *p) {
+  for (size_t i = 0; i < p->n; i++)
+    if (p->v[i].live && !host_live_has(h, p->v[i].dev, p->v[i].ino)) return true;
+  return false;
+}
+
+/* Read what a process maps and holds of device memory, now. A process
+ * that cannot be read holds none. */
+static void seen_read(const struct host *h, struct seen *p) {
+  struct seen_scan s = {.h = h, .p = p, .at = idmap_create()};
+  p->n = 0;
+  p->oom = !s.at;
+  p->read_ns = now_ns();
+  if (s.at && maps_each(p->pid, seen_mapping, &s) == 0) fds_each(p->pid, seen_named, seen_fd, &s);
+  idmap_destroy(s.at);
+  seen_mark_live(h, p);
+  if (p->oom) p->read_ns = 0; /* read again next time */
+}
+
+/* Bytes of dev's memory a process holds outside the daemon, by what it
+ * was last seen with: each memfd once, by what it commits where the
+ * process holds an fd to it, else by the bytes it maps. */
+static uint64_t seen_outside(const struct host *h, const struct seen *p, unsigned dev) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < p->n; i++) {
+    const struct seen_file *f = &p->v[i];
+    if (f->device == dev && !f->live && !host_live_has(h, f->dev, f->ino))
+      bytes += f->has_fd ? f->held : f->mapped;
+  }
+  return bytes;
+}
+
+/* Whether a view begun at since_ns may take a process as last read: one
+ * with device memory if read since, or less than VIEW_WALK_NS before (a
+ * process holding thousands of chunks costs milliseconds to read: once a
+ * second, not once per page of each status); one without if read
+ * VIEW_IDLE_NS ago or a little less. */
+static bool seen_fresh(const struct seen *p, uint64_t since_ns, uint64_t now) {
+  if (!p->read_ns) return false;
+  if (p->n) return p->read_ns >= since_ns || now - p->read_ns < VIEW_WALK_NS;
+  uint64_t spread = (uint64_t)p->pid * 0x9e3779b97f4a7c15ull % (VIEW_IDLE_NS / 2); /* by pid */
+  return now - p->read_ns < VIEW_IDLE_NS / 2 + spread;
+}
+
+/* Whether the process an entry was read from has exited (its /proc entry
+ * gone, or another process's under its pid): one stat. */
+static bool seen_gone(const struct seen *p) {
+  char path[32];
+  struct stat st;
+  snprintf(path, sizeof path, "/proc/%d", p->pid);
+  return stat(path, &st) != 0 || st.st_ino != p->dir;
+}
+
+/* Free a process's entry. */
+static void seen_free(struct seen *p) {
+  if (!p) return;
+  free(p->v);
+  free(p);
+}
+
+/* Walk /proc: every process but the daemon's own gets an entry (read
+ * again if all is set, new, or not fresh for a view begun at since_ns),
+ * those gone are dropped. Out of memory, -ENOMEM (every entry dropped). */
+static int seen_walk(struct host *h, struct host_seen *c, bool all, uint64_t since_ns) {
   DIR *d = opendir("/proc");
   if (!d) return gpu_fail(-errno, "/proc: %s", strerror(errno));
+  uint64_t now = now_ns();
   int self = getpid(), rc = 0;
+  c->walk++;
+  c->n = 0;
   struct dirent *e;
   while (rc == 0 && (e = readdir(d))) {
     char *end;
     long pid = strtol(e->d_name, &end, 10);
     if (*end || pid <= 0 || pid == self) continue;
-    uint64_t bytes;
-    if ((rc = outside_bytes(h, dev, (int)pid, &bytes)) < 0 || bytes == 0) continue;
-    fn(arg, (int)pid, bytes);
+    struct seen *p = idmap_get(c->by_pid, (uint64_t)pid);
+    if (p && p->dir != e->d_ino) p->read_ns = 0; /* another process under that pid */
+    if (!p) {
+      if (!(p = calloc(1, sizeof *p)) || idmap_put(c->by_pid, (uint64_t)pid, p) < 0) {
+        free(p);
+        rc = -ENOMEM;
+        break;
+      }
+      p->pid = (int)pid;
+    }
+    p->dir = e->d_ino;
+    p->walk = c->walk;
+    if (c->n == c->cap) {
+      size_t cap = c->cap ? c->cap * 2 : 256;
+      struct seen **v = realloc(c->order, cap * sizeof *v);
+      if (!v) {
+        rc = -ENOMEM;
+        break;
+      }
+      c->order = v;
+      c->cap = cap;
+    }
+    c->order[c->n++] = p;
+    if (all || !seen_fresh(p, since_ns, now)) {
+      seen_read(h, p);
+      if (p->oom) rc = -ENOMEM;
+    }
   }
   closedir(d);
-  return rc;
+  /* Those the walk did not find are gone (all of them, cut short: the
+   * next walk finds those that are not). */
+  size_t n = idmap_count(c->by_pid);
+  void **all_seen = malloc((n + 1) * sizeof *all_seen);
+  n = all_seen ? idmap_values(c->by_pid, all_seen, n) : 0;
+  for (size_t i = 0; i < n; i++) {
+    struct seen *p = all_seen[i];
+    if (p->walk == c->walk && rc == 0) continue;
+    idmap_del(c->by_pid, (uint64_t)p->pid);
+    seen_free(p);
+  }
+  free(all_seen);
+  if (rc < 0) {
+    c->n = 0;
+    c->walked_ns = c->all_read_ns = 0;
+    return gpu_fail(rc, "out of memory");
+  }
+  c->walked_ns = now;
+  if (all) c->all_read_ns = now;
+  return 0;
 }
 
-/* Where host_proc_processes writes the processes it finds. */
-struct process_list {
-  struct gpudev_process *out;
-  size_t max, *n;
-};
+/* The entries, made on first use. */
+static struct host_seen *seen_of(struct host *h) {
+  if (!h->seen && (h->seen = calloc(1, sizeof *h->seen)) && !(h->seen->by_pid = idmap_create())) {
+    free(h->seen);
+    h->seen = NULL;
+  }
+  return h->seen;
+}
 
-/* One process into the list. */
-static void list_process(void *arg, int pid, uint64_t bytes) {
-  struct process_list *l = arg;
-  if (*l->n < l->max) l->out[*l->n] = (struct gpudev_process){.pid = pid, .used = bytes};
-  ++*l->n;
+/* Free every entry (the backend closing). */
+void host_proc_forget(struct host *h) {
+  struct host_seen *c = h->seen;
+  if (!c) return;
+  size_t n = idmap_count(c->by_pid);
+  void **v = malloc((n + 1) * sizeof *v);
+  n = v ? idmap_values(c->by_pid, v, n) : 0;
+  for (size_t i = 0; i < n; i++) seen_free(v[i]);
+  free(v);
+  idmap_destroy(c->by_pid);
+  free(c->order);
+  free(c);
+  h->seen = NULL;
+}
+
+/* List into out (at most max, the number found in *n) every process
+ * holding memory of dev outside the daemon, as the entries say. */
+static void seen_list(const struct host *h, const struct host_seen *c, unsigned dev,
+                      struct gpudev_process *out, size_t max, size_t *n) {
+  for (size_t i = 0; i < c->n; i++) {
+    if (seen_chunk_gone(h, c->order[i])) seen_read(h, c->order[i]); /* freed since: held still? */
+    uint64_t bytes = seen_outside(h, c->order[i], dev);
+    if (!bytes) continue;
+    if (*n < max) out[*n] = (struct gpudev_process){.pid = c->order[i]->pid, .used = bytes};
+    ++*n;
+  }
 }
 
 /* Every process that maps or holds memfds of dev the daemon did not make,
- * from /proc: the model of the driver's per-process list. The daemon's own
- * process is left out (its memfds are its chunks). */
+ * read from /proc at or after since_ns: the model of the driver's
+ * per-process list. The daemon's own process is left out (its memfds are
+ * its chunks); processes of other users are seen only by a daemon that
+ * may read their /proc entries. One walk serves every device. */
+int host_proc_since(void *state, unsigned dev, uint64_t since_ns, struct gpudev_process *out,
+                    size_t max, size_t *n) {
+  struct host *h = state;
+  *n = 0;
+  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  struct host_seen *c = seen_of(h);
+  if (!c) return gpu_fail(-ENOMEM, "out of memory");
+  if (!c->all_read_ns || c->all_read_ns < since_ns) {
+    int rc = seen_walk(h, c, true, since_ns);
+    if (rc < 0) return rc;
+  }
+  seen_list(h, c, dev, out, max, n);
+  return 0;
+}
+
+/* The same list read now (the table's processes). */
 int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, size_t max,
                         size_t *n) {
-  struct process_list l = {.out = out, .max = max, .n = n};
-  return outside_each(state, dev, list_process, &l);
+  return host_proc_since(state, dev, now_ns(), out, max, n);
+}
+
+/* The same list for a view (status, top) begun at since_ns: processes
+ * that came are found by a walk at most VIEW_WALK_NS old; one with device
+ * memory is read at or after since_ns or VIEW_WALK_NS before at most (and
+ * left out once it has exited), one without (most of a node's)
+ * VIEW_IDLE_NS before at most. */
+int host_proc_view(void *state, unsigned dev, uint64_t since_ns, struct gpudev_process *out,
+                   size_t max, size_t *n) {
+  struct host *h = state;
+  *n = 0;
+  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  struct host_seen *c = seen_of(h);
+  if (!c) return gpu_fail(-ENOMEM, "out of memory");
+  uint64_t now = now_ns();
+  if (!c->walked_ns || now - c->walked_ns >= VIEW_WALK_NS) {
+    int rc = seen_walk(h, c, false, since_ns);
+    if (rc < 0) return rc;
+  } else {
+    for (size_t i = 0; i < c->n; i++) {
+      struct seen *p = c->order[i];
+      if (!p->n) continue;
+      if (!seen_fresh(p, since_ns, now)) seen_read(h, p);
+      else if (seen_gone(p)) seen_read(h, p); /* exited (nothing read), or its entry made anew */
+    }
+  }
+  seen_list(h, c, dev, out, max, n);
+  return 0;
 }
 
 /* The memfds one process maps or holds, by inode (memfds share one

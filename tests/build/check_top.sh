@@ -193,6 +193,27 @@ check_view() {
     await file_has "$t/$n.log" '^re-registered 1 buffers with gpumemd$'
   done
 
+  # --- More tags than rows: the last row says which are shown, and PgDn,
+  # End and Home page through them (40 more, of 40 workers).
+  pagers=
+  for i in $(seq 10 49); do
+    start_worker "pager$i" "p$i" 1M 0 --no-verify
+    pagers="$pagers $worker"
+  done
+  see top:view '^tags 1-[0-9]+ of 4[0-9] \(PgDn, PgUp, Home, End\)$' "the tags shown of 40 and more"
+  see top:view '^kv_cache +PAUSED ' "the first tag by name on the first page"
+  tmx send-keys -t top:view NPage
+  see top:view '^tags ([2-9]|[1-9][0-9]+)-[0-9]+ of 4[0-9] ' "the next page"
+  tmx send-keys -t top:view End
+  see top:view '^weights +ACTIVE ' "the last tag by name on the last page"
+  see top:view '^tags [0-9]+-([0-9]+) of \1 ' "the last page's rows up to the last tag"
+  tmx send-keys -t top:view Home
+  see top:view '^kv_cache +PAUSED ' "the first page again"
+  kill $pagers
+  for p in $pagers; do wait "$p" 2>/dev/null || true; done
+  see top:view '^weights +ACTIVE ' "every tag on one page once the 40 are gone"
+  not_on_screen '(PgDn, PgUp, Home, End)' top:view "the row of which tags are shown, once all fit"
+
   # --- q quits with status 0 and leaves the terminal as it was (the pane's
   # script then waits for a line, so that the live pane can be looked at).
   tmx send-keys -t top:view q
@@ -239,7 +260,8 @@ check_progress() {
   tr '\r' '\n' <"$t/progress.log" | awk '
     /^pausing stuck_b: / { n++; if (n == 1 && $NF != "s") exit 1
                            if (n == 1 && $(NF - 1) + 0 < 1.0) exit 1
-                           last = length($0); blank = 0; next }
+                           l = $0; sub(/ +$/, "", l) # its padding blanks a longer one before
+                           last = length(l); blank = 0; next }
     n && !blank && /^ +$/ { blank = length($0) >= last; next }
     n && blank && /^gpumemctl: pause failed: CLIENT_TIMEOUT/ { ok = 1 }
     END { exit !(ok && n >= 2) }' ||

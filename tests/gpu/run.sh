@@ -97,7 +97,7 @@ fi
 if [ "${GPU_BENCH:-1}" != 0 ]; then
 make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt \
   build/bench/bench_backup build/bench/bench_scale build/bench/bench_trace \
-  build/bench/bench_ctl >/dev/null
+  build/bench/bench_ctl build/bench/bench_status >/dev/null
 mkdir -p build/bench
 : > build/bench/results-gpu.jsonl
 bench() { "$@" 3>>build/bench/results-gpu.jsonl 2>/dev/null || status=1; }
@@ -111,6 +111,7 @@ bench build/bench/bench_rtt --backend cuda build/bin
 bench build/bench/bench_scale build/bin
 bench build/bench/bench_trace --backend cuda build/bin
 bench build/bench/bench_scale --backend cuda --sessions 1000 --buffers 20000 build/bin
+bench build/bench/bench_status --backend cuda build/bin
 CHUNK=1G bench/plot.sh build cuda 4G 8G 16G 32G > /dev/null 2>&1 || status=1
 # The RL step against torch_memory_saver, built from its source where
 # TMS_SRC names a checkout of it (nothing is fetched here).

@@ -473,6 +473,26 @@ START_TEST(an_owner_gone_mid_pause_is_not_waited_for) {
 }
 END_TEST
 
+/* Two owners in one process (w1 and w2 share a pid): the first's ack is
+ * settled with the second's, so that the process is read once for both
+ * (its buffer PAUSING until then), and then both are PAUSED. */
+START_TEST(one_process_acks_are_settled_together) {
+  struct buffer *a = alloc(&w1, "kv", 0, 4 * MiB, 0), *b = alloc(&w2, "kv", 0, 4 * MiB, 0);
+  ck_assert_int_eq(w1.pid, w2.pid);
+  op(false, "kv", 0, 0, NULL);
+  ack(&w1, unmap_of(&w1, a), CODE(OK), NULL, 0);
+  ck_assert_int_eq(a->state, BUF_PAUSING);
+  ck_assert(quiet(&ctl));
+  ack(&w2, unmap_of(&w2, b), CODE(OK), NULL, 0);
+  ck_assert_int_eq(a->state, BUF_PAUSED);
+  ck_assert_int_eq(b->state, BUF_PAUSED);
+  wire_env *r;
+  ck_assert_int_eq(answer(&r), CODE(OK));
+  ck_assert_uint_eq(r->op_reply->buffers, 2);
+  ck_assert_uint_eq(registry_managed(reg, 0), 0);
+}
+END_TEST
+
 /* The controller gone mid-pause: the pause finishes, and nobody is
  * answered. */
 START_TEST(a_controller_gone_mid_pause_gets_no_answer) {
@@ -640,6 +660,7 @@ int main(void) {
                      a_late_remap_ack_is_rolled_back,
                      a_failed_remap_rolls_back_every_owner,
                      an_owner_gone_mid_pause_is_not_waited_for,
+                     one_process_acks_are_settled_together,
                      a_controller_gone_mid_pause_gets_no_answer,
                      a_device_subset_pauses_only_there,
                      a_scope_covers_only_its_sessions,

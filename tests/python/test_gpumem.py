@@ -206,10 +206,16 @@ def test_buffer_is_a_context_manager_and_free_is_idempotent(worker, controller, 
 
 
 def test_status_has_the_keys_of_gpumemctl(daemon, worker, controller, tag):
-    kt = tag("kv")
+    kt, wt = tag("kv"), tag("w")
     worker.alloc(kt, MiB)
-    worker.alloc(tag("w"), MiB, device=1, backup=True)
+    worker.alloc(wt, MiB, device=1, backup=True)
     controller.pause(kt)
+    # The backup's host memory is made in the background: once it is, the
+    # two statuses below see the same figures.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+            t["name"] == wt and t["backup_pinned_bytes"] for t in controller.status()["tags"]):
+        pass
     mine = controller.status()
     theirs = daemon.ctl("status")
 
