@@ -352,6 +352,15 @@ static void seen_list(const struct host *h, const struct host_seen *c, unsigned 
   }
 }
 
+/* A list of dev's processes begins: none yet in *n, the entries in *c;
+ * -ENODEV for a device there is not, -ENOMEM. */
+static int seen_start(struct host *h, unsigned dev, size_t *n, struct host_seen **c) {
+  *n = 0;
+  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
+  if (!(*c = seen_of(h))) return gpu_fail(-ENOMEM, "out of memory");
+  return 0;
+}
+
 /* Every process that maps or holds memfds of dev the daemon did not make,
  * read from /proc at or after since_ns: the model of the driver's
  * per-process list. The daemon's own process is left out (its memfds are
@@ -360,13 +369,11 @@ static void seen_list(const struct host *h, const struct host_seen *c, unsigned 
 int host_proc_since(void *state, unsigned dev, uint64_t since_ns, struct gpudev_process *out,
                     size_t max, size_t *n) {
   struct host *h = state;
-  *n = 0;
-  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
-  struct host_seen *c = seen_of(h);
-  if (!c) return gpu_fail(-ENOMEM, "out of memory");
+  struct host_seen *c;
+  int rc = seen_start(h, dev, n, &c);
+  if (rc < 0) return rc;
   if (!c->all_read_ns || c->all_read_ns < since_ns) {
-    int rc = seen_walk(h, c, true, since_ns);
-    if (rc < 0) return rc;
+    if ((rc = seen_walk(h, c, true, since_ns)) < 0) return rc;
   }
   seen_list(h, c, dev, out, max, n);
   return 0;
@@ -386,14 +393,12 @@ int host_proc_processes(void *state, unsigned dev, struct gpudev_process *out, s
 int host_proc_view(void *state, unsigned dev, uint64_t since_ns, struct gpudev_process *out,
                    size_t max, size_t *n) {
   struct host *h = state;
-  *n = 0;
-  if (dev >= h->ndev) return gpu_fail(-ENODEV, "no device %u", dev);
-  struct host_seen *c = seen_of(h);
-  if (!c) return gpu_fail(-ENOMEM, "out of memory");
+  struct host_seen *c;
+  int rc = seen_start(h, dev, n, &c);
+  if (rc < 0) return rc;
   uint64_t now = now_ns();
   if (!c->walked_ns || now - c->walked_ns >= VIEW_WALK_NS) {
-    int rc = seen_walk(h, c, false, since_ns);
-    if (rc < 0) return rc;
+    if ((rc = seen_walk(h, c, false, since_ns)) < 0) return rc;
   } else {
     for (size_t i = 0; i < c->n; i++) {
       struct seen *p = c->order[i];
@@ -460,13 +465,6 @@ int host_proc_chunks_held_by(void *state, int pid, const uint64_t *handles, size
   return count;
 }
 
-/* Whether a path names a memfd of any simulated device. */
-static bool any_device_memfd(const struct host *h, const char *path) {
-  for (unsigned d = 0; d < h->ndev; d++)
-    if (host_live_is_device_memfd(h, path, d)) return true;
-  return false;
-}
-
 /* What a look for any device memory of one process needs. */
 struct listed_scan {
   const struct host *h;
@@ -479,13 +477,13 @@ static void listed_mapping(void *arg, uint64_t len, dev_t dev, ino_t ino, const 
   (void)len;
   (void)dev;
   (void)ino;
-  if (any_device_memfd(s->h, path)) s->found = true;
+  if (host_live_device_of(s->h, path) >= 0) s->found = true;
 }
 
 /* An fd's link: device memory? */
 static bool listed_named(void *arg, const char *link) {
   struct listed_scan *s = arg;
-  if (any_device_memfd(s->h, link)) s->found = true;
+  if (host_live_device_of(s->h, link) >= 0) s->found = true;
   return false;
 }
 
