@@ -31,6 +31,7 @@ struct adopt {
   gpumem_buffer **bufs;           /* the buffers re-registered, in request order */
   Gpumem__Wire__AdoptBuffer *abs; /* and their wire form */
   Gpumem__Wire__AdoptBuffer **abp;
+  uint8_t (*secrets)[WIRE_SECRET_SIZE]; /* each buffer's, for its AdoptBuffer */
   size_t n;
   struct batch **batches;
   size_t nbatches;
@@ -74,6 +75,9 @@ static bool add(adopt *a, gpumem_buffer *b, int dev, const int *fds, size_t nf) 
   ab->chunk_sizes = (uint64_t *)sizes;
   ab->paused = nf == 0;
   ab->generation = gpumem_buffer_generation(b);
+  ab->old_id = gpumem_buffer_id(b);
+  ab->secret.len = buffer_secret(b, a->secrets[a->n]);
+  ab->secret.data = a->secrets[a->n];
   size_t sz = gpumem__wire__adopt_buffer__get_packed_size(ab) + 16;
   struct batch *t = a->nbatches ? a->batches[a->nbatches - 1] : NULL;
   if (!t || t->nfds + nf > FRAME_MAX_FDS || t->bytes + sz > WIRE_MAX_REQUEST - 256) {
@@ -102,8 +106,9 @@ adopt *adopt_create(buffers *r, hello *h) {
     a->bufs = calloc(n + 1, sizeof *a->bufs);
     a->abs = calloc(n + 1, sizeof *a->abs);
     a->abp = calloc(n + 1, sizeof *a->abp);
+    a->secrets = calloc(n + 1, sizeof *a->secrets);
   }
-  if (!a || !a->bufs || !a->abs || !a->abp || (n && !all)) {
+  if (!a || !a->bufs || !a->abs || !a->abp || !a->secrets || (n && !all)) {
     free(all);
     adopt_destroy(a);
     return NULL;
@@ -155,6 +160,7 @@ void adopt_destroy(adopt *a) {
   free(a->bufs);
   free(a->abs);
   free(a->abp);
+  free(a->secrets);
   free(a);
 }
 
@@ -175,11 +181,12 @@ int adopt_answer(adopt *a, size_t i, buffers *r, const wire_env *reply, const ch
   struct batch *t = a->batches[i];
   if (reply && reply->body_case == GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY) {
     const Gpumem__Wire__AdoptReply *ar = reply->adopt_reply;
-    if (ar->n_buffer_ids != t->n) return -EPROTO;
-    for (size_t k = 0; k < t->n; k++)
-      if (ar->buffer_ids[k] == 0 ||
-          buffers_know(r, a->bufs[t->first + k], ar->buffer_ids[k]) < 0)
-        return -EPROTO;
+    if (ar->n_buffer_ids != t->n || (ar->n_secrets && ar->n_secrets != t->n)) return -EPROTO;
+    for (size_t k = 0; k < t->n; k++) {
+      gpumem_buffer *b = a->bufs[t->first + k];
+      if (ar->buffer_ids[k] == 0 || buffers_know(r, b, ar->buffer_ids[k]) < 0) return -EPROTO;
+      if (ar->n_secrets) buffer_set_secret(b, ar->secrets[k].data, ar->secrets[k].len);
+    }
     a->adopted += t->n;
     return 0;
   }

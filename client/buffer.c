@@ -33,6 +33,8 @@ struct gpumem_buffer {
   bool backup_busy;      /* an event or the caller is changing the kept backup */
   uint64_t epoch;        /* bumped by every map and unmap (buffer_epoch) */
   uint64_t generation;   /* its tag's generation at its last mapping */
+  uint8_t secret[WIRE_SECRET_SIZE]; /* what proves it ours to a restarted daemon */
+  size_t secret_len;                /* 0: the daemon gave none (before 1.11) */
   gpuva *gpu;
   char tag[WIRE_TAG_MAX + 1];
   unsigned local; /* this process's device number */
@@ -127,6 +129,7 @@ int buffer_create(gpuva *g, const struct buffer_spec *s, const Gpumem__Wire__All
   b->pooled = s->pooled;
   b->nchunks = r->n_chunk_sizes;
   b->generation = r->generation;
+  buffer_set_secret(b, r->secret.data, r->secret.len);
   memcpy(b->chunk_sizes, r->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
   if (r->ipc_handle.len) {
     b->ipc = true;
@@ -579,6 +582,25 @@ void buffer_set_generation(gpumem_buffer *b, uint64_t generation) {
   pthread_mutex_lock(&b->mu);
   b->generation = generation;
   pthread_mutex_unlock(&b->mu);
+}
+
+/* Record the secret the daemon gave with the buffer (one of another size
+ * than WIRE_SECRET_SIZE is not kept). */
+void buffer_set_secret(gpumem_buffer *b, const uint8_t *secret, size_t len) {
+  pthread_mutex_lock(&b->mu);
+  b->secret_len = len == WIRE_SECRET_SIZE ? len : 0;
+  if (b->secret_len) memcpy(b->secret, secret, len);
+  pthread_mutex_unlock(&b->mu);
+}
+
+/* Copy the buffer's secret into out (WIRE_SECRET_SIZE bytes); its length
+ * (0: none). */
+size_t buffer_secret(gpumem_buffer *b, uint8_t *out) {
+  pthread_mutex_lock(&b->mu);
+  size_t n = b->secret_len;
+  memcpy(out, b->secret, n);
+  pthread_mutex_unlock(&b->mu);
+  return n;
 }
 
 /* The buffer's id at the daemon (renumbered by a reconnection). */

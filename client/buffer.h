@@ -72,6 +72,14 @@ int buffer_remap(gpumem_buffer *b, const uint64_t *sizes, size_t n, int *fds,
  * Remap entry's). */
 void buffer_set_generation(gpumem_buffer *b, uint64_t generation);
 
+/* Record the secret the daemon gave with the buffer (AllocReply.secret,
+ * AdoptReply.secrets); one not WIRE_SECRET_SIZE bytes long is not kept. */
+void buffer_set_secret(gpumem_buffer *b, const uint8_t *secret, size_t len);
+
+/* Copy the buffer's secret into out (WIRE_SECRET_SIZE bytes); its length,
+ * 0 when the daemon gave none. */
+size_t buffer_secret(gpumem_buffer *b, uint8_t *out);
+
 /* Let go of the backup memory the buffer kept mapped (a daemon that came
  * back never refers to it). */
 void buffer_drop_backup(gpumem_buffer *b);

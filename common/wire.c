@@ -260,6 +260,9 @@ static wire_code check_adopt(const Gpumem__Wire__AdoptRequest *a, size_t nfds, c
                     i, (unsigned long long)b->generation);
     if (b->n_chunk_sizes > FRAME_MAX_FDS || !chunks_ok(b->chunk_sizes, b->n_chunk_sizes, b->size))
       return refuse(bad, why, whylen, "adopt buffer %zu: chunks do not add up to its size", i);
+    if (b->secret.len && b->secret.len != WIRE_SECRET_SIZE)
+      return refuse(bad, why, whylen, "adopt buffer %zu: a secret is %d bytes, not %zu", i,
+                    WIRE_SECRET_SIZE, b->secret.len);
     if (!b->paused) want += b->n_chunk_sizes;
   }
   if (want != nfds)

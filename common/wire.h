@@ -12,11 +12,13 @@
 
 /* Don't forget to bump these when proto/gpumemd.proto changes. */
 #define WIRE_VERSION_MAJOR 1
-#define WIRE_VERSION_MINOR 10
+#define WIRE_VERSION_MINOR 11
 
 #define WIRE_MAX_REQUEST (64 * 1024)        /* client to daemon */
 #define WIRE_MAX_REPLY (64 * 1024 * 1024)   /* daemon to client */
 #define WIRE_TAG_MAX 63
+/* Bytes of the secret a daemon gives with each buffer (AllocReply.secret). */
+#define WIRE_SECRET_SIZE 16
 #define WIRE_NAME_MAX 127
 #define WIRE_MAX_TAGS 64
 #define WIRE_MAX_MESSAGE 512

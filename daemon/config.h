@@ -28,6 +28,9 @@ struct config {
   uint32_t release_timeout_ms; /* and this long for the driver's release or restore */
   const char *release_journal; /* the released processes, for a daemon that follows */
   uint32_t adopt_grace_ms; /* new tags wait this long after start (0: not) */
+  bool adopt_grace_set;    /* --adopt-grace was given (a journal's default is 10 s) */
+  const char *journal_path; /* what a daemon after us must know (journal.h); NULL: none */
+  bool journal_explicit;    /* --journal named it: a daemon that cannot keep it fails */
   enum timeout_policy timeout_policy;
   unsigned max_sessions_per_uid;
   unsigned max_buffers_per_session;

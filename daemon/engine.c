@@ -1148,6 +1148,7 @@ static void reply(engine *e, struct op *op) {
               op->scope.all_tags ? "every tag" : op->scope.tags[0],
               op->scope.all_tags ? 1 : op->scope.ntags, us,
               (op->t_sent - op->t0) / 1000, (now - op->t_sent) / 1000);
+  registry_journal_flush(e->reg); /* what the reply says happened is journaled */
   if (op->ctl)
     outcome_reply(&op->outcome, op->req_id, us, copy_us, checkp, nchecks, e->reg, e->gpu, e->out,
                   op->ctl, op->resume ? NULL : e->owners);

@@ -36,6 +36,7 @@ struct grace {
   struct uid_count *uids; /* the uids with allocations waiting (n > 0) */
   size_t nuids, capuids;
   grace_serve_fn serve;
+  grace_ended_fn ended;
   void *ctx;
 };
 
@@ -81,20 +82,30 @@ static void on_end(uv_timer_t *t) {
     g->serve(g->ctx, w->s, w->id, &a);
     free(w);
   }
+  if (g->ended) g->ended(g->ctx);
 }
 
 /* A grace of ms from now. */
-grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, void *ctx) {
+grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, grace_ended_fn ended,
+                    void *ctx) {
   grace *g = calloc(1, sizeof *g);
   if (!g) return NULL;
   list_init(&g->waiting);
   g->serve = serve;
+  g->ended = ended;
   g->ctx = ctx;
   uv_timer_init(loop, &g->timer);
   g->timer.data = g;
   g->active = ms > 0;
   if (g->active) uv_timer_start(&g->timer, on_end, ms, 0);
   return g;
+}
+
+/* End the grace now, as its timer would. */
+void grace_end(grace *g) {
+  if (!grace_active(g)) return;
+  uv_timer_stop(&g->timer);
+  on_end(&g->timer);
 }
 
 /* Whether the grace still runs. */

@@ -19,9 +19,17 @@ typedef struct grace grace;
 typedef void (*grace_serve_fn)(void *ctx, struct session *s, uint64_t id,
                                const Gpumem__Wire__AllocRequest *a);
 
+/* What learns that the grace ended (after what waited was served). */
+typedef void (*grace_ended_fn)(void *ctx);
+
 /* A grace of ms from now on loop (0: none), serve called for each waiting
- * allocation when it ends, in arrival order; NULL when out of memory. */
-grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, void *ctx);
+ * allocation when it ends, in arrival order, then ended (NULL: nothing);
+ * NULL when out of memory. */
+grace *grace_create(uv_loop_t *loop, uint64_t ms, grace_serve_fn serve, grace_ended_fn ended,
+                    void *ctx);
+
+/* End a grace that runs now, as its timer would. */
+void grace_end(grace *g);
 
 /* Whether the grace still runs. */
 bool grace_active(const grace *g);

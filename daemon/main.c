@@ -53,7 +53,13 @@ static void usage(FILE *out) {
           "                            release or restore a worker's device state (default 60s)\n"
           "  --adopt-grace DURATION    after start, allocations that would make a new tag\n"
           "                            wait this long, so that workers re-register theirs\n"
-          "                            first (default none; the systemd unit sets 3s)\n"
+          "                            first (default none; the systemd unit sets 3s); with\n"
+          "                            a journal, how long its buffers wait for their\n"
+          "                            workers instead (default 10s)\n"
+          "  --journal PATH            what a daemon restarted on this socket needs to take\n"
+          "                            the node back, and to check who re-registers what\n"
+          "                            (default $RUNTIME_DIRECTORY/gpumemd.journal under\n"
+          "                            systemd, else SOCKET.journal; none: keep none)\n"
           "  --timeout-policy P        report (default) or kill workers that miss it\n"
           "  --controller-uid UID      a uid allowed to pause/resume (root and ours are)\n"
           "  --controller-group GROUP  a group allowed to pause/resume\n"
@@ -288,6 +294,7 @@ int main(int argc, char **argv) {
       {"lock-timeout", required_argument, 0, 'L'},
       {"release-timeout", required_argument, 0, 'R'},
       {"adopt-grace", required_argument, 0, 'a'},
+      {"journal", required_argument, 0, 'j'},
       {"timeout-policy", required_argument, 0, 'p'},
       {"controller-uid", required_argument, 0, 'u'},
       {"controller-group", required_argument, 0, 'g'},
@@ -309,13 +316,16 @@ int main(int argc, char **argv) {
   };
   int c, idx;
   unsigned long v;
+  const char *journal_arg = NULL;
   while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
     const char *name = c == '?' ? "" : opts[idx].name;
+    if (c == 'a') cfg.adopt_grace_set = true;
     int value = parse_value_option(c, optarg, &cfg);
     if (value < 0) return die_usage(name, optarg);
     if (value > 0) continue;
     switch (c) {
     case 's': cfg.socket_path = optarg; break;
+    case 'j': journal_arg = optarg; break;
     case 'O': {
       struct group *gr = getgrnam(optarg);
       if (gr) cfg.socket_gid = gr->gr_gid;
@@ -402,9 +412,23 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (cfg.listen_fd >= 0 && activated_path[0]) cfg.socket_path = activated_path;
-  static char journal[4200];
+  static char journal[4200], buffers_journal[4200];
   snprintf(journal, sizeof journal, "%s.released", cfg.socket_path);
   cfg.release_journal = journal;
+  /* The journal: systemd's runtime directory (RuntimeDirectory=, kept
+   * across restarts), else next to the socket, unless told. */
+  const char *runtime = getenv("RUNTIME_DIRECTORY");
+  if (!journal_arg && runtime && *runtime) {
+    snprintf(buffers_journal, sizeof buffers_journal, "%.*s/gpumemd.journal",
+             (int)strcspn(runtime, ":"), runtime);
+    cfg.journal_path = buffers_journal;
+  } else if (!journal_arg) {
+    snprintf(buffers_journal, sizeof buffers_journal, "%s.journal", cfg.socket_path);
+    cfg.journal_path = buffers_journal;
+  } else if (strcmp(journal_arg, "none") != 0) {
+    cfg.journal_path = journal_arg;
+    cfg.journal_explicit = true;
+  }
   signal(SIGPIPE, SIG_IGN);
   /* A backup file past the file size limit fails its write (EFBIG) and the
    * pause says so, instead of the signal killing the daemon. */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "backup_disk.h"
 #include "backup_verify.h"
 #include "fdbudget.h"
+#include "journal.h"
 #include "pageable.h"
 
 struct registry {
@@ -40,6 +42,7 @@ struct registry {
   uint64_t copied[2], copy_us[2]; /* [to_host]: backup copy totals */
   uint64_t last_bytes[2], last_us[2]; /* [to_host]: the last operation's */
   bool destroying; /* tags go all at once, not one by one */
+  journal *journal; /* told of every change of tags and buffers; NULL: none */
 };
 
 /* Create an empty registry over a backend. */
@@ -94,6 +97,37 @@ struct tag *registry_tag(registry *r, const char *name) {
   return NULL;
 }
 
+/* A tag's journal record as it is now. */
+static struct journal_tag tag_record(const struct tag *t) {
+  struct journal_tag j = {.uid = t->uid, .owned = t->owned, .shared = t->shared,
+                          .paused_devices = t->paused_devices, .generation = t->generation};
+  memcpy(j.name, t->name, sizeof j.name);
+  return j;
+}
+
+/* Tell the journal how a tag is now. */
+static void tag_changed(registry *r, const struct tag *t) {
+  if (!r->journal) return;
+  struct journal_tag j = tag_record(t);
+  journal_put_tag(r->journal, &j, false);
+}
+
+/* A buffer's journal record as it is now. */
+static struct journal_buffer buffer_record(const struct buffer *b) {
+  struct journal_buffer j = {.id = b->id, .uid = b->uid, .device = b->device, .size = b->size,
+                             .flags = b->flags, .state = b->state};
+  memcpy(j.tag, b->tag->name, sizeof j.tag);
+  memcpy(j.secret, b->secret, sizeof j.secret);
+  return j;
+}
+
+/* Tell the journal how a buffer is now. */
+static void buffer_changed(registry *r, const struct buffer *b) {
+  if (!r->journal) return;
+  struct journal_buffer j = buffer_record(b);
+  journal_put_buffer(r->journal, &j);
+}
+
 /* A new tag with this name, at the end of the list; NULL when out of
  * memory. */
 static struct tag *tag_new(registry *r, const char *name) {
@@ -138,6 +172,10 @@ static void tag_delete(registry *r, struct tag *tag) {
   }
   idmap_del(r->tag_seqs, tag->seq);
   list_remove(&tag->link);
+  if (r->journal) {
+    struct journal_tag j = tag_record(tag);
+    journal_put_tag(r->journal, &j, true);
+  }
   free(tag);
 }
 
@@ -179,6 +217,7 @@ static wire_code join_tag(registry *r, const char *name, uint32_t uid, struct ta
     tag->shared = shared_by_config(r, name);
     tag->owned = !tag->shared;
     tag->uid = tag->owned ? uid : 0;
+    tag_changed(r, tag);
   } else if (!tag->shared && tag->owned && tag->uid != uid) {
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                      "tag '%s' belongs to uid %u: use another tag, or have a controller "
@@ -198,6 +237,7 @@ wire_code registry_share(registry *r, const char *name, bool shared, struct tag 
     if (!tag && !(tag = tag_new(r, name)))
       return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
     tag->shared = true;
+    tag_changed(r, tag);
     *out = tag;
     return GPUMEM__WIRE__ERROR_CODE__OK;
   }
@@ -221,7 +261,8 @@ wire_code registry_share(registry *r, const char *name, bool shared, struct tag 
     tag->uid = uid;
   }
   tag->shared = false;
-  if (list_empty(&tag->buffers) && !tag->paused_devices) {
+  tag_changed(r, tag);
+  if (list_empty(&tag->buffers) && !tag->paused_devices && !tag->expected) {
     registry_prune(r, tag);
     return GPUMEM__WIRE__ERROR_CODE__OK;
   }
@@ -828,6 +869,7 @@ static void attach(registry *r, struct buffer *b, struct owner *owner, struct ta
   if (!tag->owned && !tag->shared) {
     tag->owned = true;
     tag->uid = b->uid;
+    tag_changed(r, tag);
   }
   b->owner = owner;
   b->tag = tag;
@@ -853,6 +895,7 @@ static wire_code enter(registry *r, struct buffer *b, struct owner *owner, struc
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   }
   attach(r, b, owner, tag, st);
+  buffer_changed(r, b);
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
@@ -862,6 +905,14 @@ static wire_code disk_ok(const registry *r, uint32_t flags, struct fault *f) {
   return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                    "BACKUP_DISK: this gpumemd has no --backup-dir to keep backups in; start it "
                    "with one, or ask for a backup in host memory");
+}
+
+/* Give a buffer a secret of its own, from the kernel's random source. */
+static wire_code new_secret(struct buffer *b, struct fault *f) {
+  if (getrandom(b->secret, sizeof b->secret, 0) == (ssize_t)sizeof b->secret)
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "no random bytes for its secret: %s",
+                   strerror(errno));
 }
 
 /* Allocate a buffer for owner. */
@@ -895,7 +946,9 @@ wire_code registry_alloc(registry *r, struct owner *owner, const char *tagname, 
     uncharge(r, b);
     goto fail;
   }
-  if ((rc = enter(r, b, owner, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f))) goto fail;
+  if ((rc = new_secret(b, f)) ||
+      (rc = enter(r, b, owner, tag, paused ? BUF_PAUSED : BUF_ACTIVE, f)))
+    goto fail;
   start_backup_memory(r, b);
   *out = b;
   return GPUMEM__WIRE__ERROR_CODE__OK;
@@ -917,7 +970,8 @@ static bool owned_by(registry *r, uint64_t handle, uint32_t uid, uint32_t *holde
  * and quotas first, then its chunks. */
 wire_code registry_adopt(registry *r, struct owner *owner, const char *tagname, unsigned device,
                          uint64_t size, uint32_t flags, bool paused, const uint64_t *chunk_sizes,
-                         size_t nchunks, int *fds, struct buffer **out, struct fault *f) {
+                         size_t nchunks, int *fds, const uint8_t *secret, struct buffer **out,
+                         struct fault *f) {
   uint32_t uid = (uint32_t)owner->uid;
   size_t nfds = paused ? 0 : nchunks, took = 0;
   struct buffer *b = calloc(1, sizeof *b);
@@ -965,6 +1019,16 @@ wire_code registry_adopt(registry *r, struct owner *owner, const char *tagname, 
     }
   }
   if (rc) {
+    for (size_t i = 0; i < took; i++)
+      gpudev_chunk_release(r->gpu, device, b->handles[i], chunk_sizes[i]);
+    give_chunks(r, uid, nfds);
+    unreserve_backup(r, b);
+    uncharge(r, b);
+    goto fail;
+  }
+  if (secret)
+    memcpy(b->secret, secret, sizeof b->secret);
+  else if ((rc = new_secret(b, f))) {
     for (size_t i = 0; i < took; i++)
       gpudev_chunk_release(r->gpu, device, b->handles[i], chunk_sizes[i]);
     give_chunks(r, uid, nfds);
@@ -1037,7 +1101,11 @@ bool registry_move(registry *r, struct buffer *b, buffer_event ev) {
   /* Rolled back, its owner let go of such a backup as it copied it in:
    * the next resume hands it anew. */
   if (ev == BUF_EV_ROLL_BACK && (b->flags & BUF_FLAG_BACKUP_RELEASE)) b->handed_to = 0;
-  if (ev == BUF_EV_COMMIT) b->tag->paused_devices &= ~(1ull << b->device);
+  if (ev == BUF_EV_COMMIT && (b->tag->paused_devices & (1ull << b->device))) {
+    b->tag->paused_devices &= ~(1ull << b->device);
+    tag_changed(r, b->tag);
+  }
+  if (st == BUF_ACTIVE || st == BUF_PAUSED) buffer_changed(r, b);
   return true;
 }
 
@@ -1103,11 +1171,12 @@ bool registry_can_free(const struct buffer *b) {
 
 /* Set or clear a tag's paused mark on some devices. */
 void registry_mark_paused(registry *r, struct tag *t, uint64_t devmask, bool paused) {
-  (void)r;
+  uint64_t was = t->paused_devices;
   if (paused)
     t->paused_devices |= devmask;
   else
     t->paused_devices &= ~devmask;
+  if (t->paused_devices != was) tag_changed(r, t);
 }
 
 /* One more generation for each tag among bufs'. */
@@ -1118,12 +1187,15 @@ void registry_new_generation(registry *r, struct buffer *const *bufs, size_t n) 
     if (t->generation_round == r->generation_round) continue;
     t->generation_round = r->generation_round;
     t->generation++;
+    tag_changed(r, t);
   }
 }
 
 /* Keep a tag's generation from going back. */
-void registry_generation_seen(struct tag *t, uint64_t g) {
-  if (g > t->generation) t->generation = g;
+void registry_generation_seen(registry *r, struct tag *t, uint64_t g) {
+  if (g <= t->generation) return;
+  t->generation = g;
+  tag_changed(r, t);
 }
 
 /* The state a tag shows for these counts and its paused mark. */
@@ -1157,6 +1229,7 @@ void registry_free(registry *r, struct buffer *b) {
   list_remove(&b->owner_link);
   b->owner->nbuffers--;
   list_remove(&b->all_link);
+  if (r->journal) journal_put_gone(r->journal, b->id);
   if (!r->destroying) registry_prune(r, b->tag);
   buffer_destroy(b);
 }
@@ -1165,7 +1238,7 @@ void registry_free(registry *r, struct buffer *b) {
  * shared by a controller, so that names used once do not pile up (the
  * configuration's shared names are shared again whenever made). */
 void registry_prune(registry *r, struct tag *tag) {
-  if (!list_empty(&tag->buffers) || tag->paused_devices ||
+  if (!list_empty(&tag->buffers) || tag->paused_devices || tag->expected ||
       (tag->shared && !shared_by_config(r, tag->name)))
     return;
   tag_delete(r, tag);
@@ -1197,4 +1270,52 @@ wire_code registry_export(registry *r, struct buffer *b, int *fds, struct fault 
     }
   }
   return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Tell journal j of every change from now on. */
+void registry_set_journal(registry *r, journal *j) { r->journal = j; }
+
+/* Flush the journal, if there is one. */
+void registry_journal_flush(registry *r) {
+  if (r->journal) journal_flush(r->journal);
+}
+
+/* Write every tag and buffer to j. */
+void registry_journal_fill(void *ctx, journal *j) {
+  registry *r = ctx;
+  for (struct list *p = r->tags.next; p != &r->tags; p = p->next) {
+    struct journal_tag t = tag_record(list_entry(p, struct tag, link));
+    journal_put_tag(j, &t, false);
+  }
+  for (struct list *p = r->all.next; p != &r->all; p = p->next) {
+    const struct buffer *b = list_entry(p, struct buffer, all_link);
+    if (b->state != BUF_ACTIVE && b->state != BUF_PAUSED) continue; /* as it was before */
+    struct journal_buffer x = buffer_record(b);
+    journal_put_buffer(j, &x);
+  }
+}
+
+/* Make a tag as a journal had it. */
+struct tag *registry_tag_restore(registry *r, const struct journal_tag *jt) {
+  struct tag *t = registry_tag(r, jt->name);
+  if (!t && !(t = tag_new(r, jt->name))) return NULL;
+  t->uid = jt->uid;
+  t->owned = jt->owned;
+  t->shared = jt->shared || shared_by_config(r, jt->name);
+  t->paused_devices = jt->paused_devices;
+  t->generation = jt->generation;
+  tag_changed(r, t);
+  return t;
+}
+
+/* Count a buffer of the journal not back yet in t, or (delta -1) one
+ * fewer: the tag is kept while any is expected. */
+void registry_expect(registry *r, struct tag *t, int delta) {
+  t->expected += (uint64_t)(int64_t)delta;
+  if (!t->expected) registry_prune(r, t);
+}
+
+/* New buffers get ids above this one. */
+void registry_ids_above(registry *r, uint64_t id) {
+  if (r->next_id <= id) r->next_id = id + 1;
 }

@@ -48,6 +48,8 @@ struct tag {
   uint64_t ipc_buffers;        /* IPC_LEGACY buffers: never pause */
   uint64_t generation;         /* resumes that gave its buffers new memory */
   uint64_t generation_round;   /* the registry's round that last added one */
+  uint64_t expected;           /* buffers of the journal not re-registered yet:
+                                  kept while there are */
   struct list link;        /* registry's tags */
 };
 
@@ -76,6 +78,7 @@ struct buffer {
   uint64_t *handles;
   bool has_memory;
   bool ipc;      /* legacy IPC memory (handles[0] is its device pointer) */
+  uint8_t secret[WIRE_SECRET_SIZE]; /* what proves it its holder's to a daemon after us */
   uint8_t ipc_handle[GPU_IPC_HANDLE_SIZE];
   void *backup;      /* host memory for its contents (BACKUP), kept once made */
   hostmem_job *making; /* that memory, while the thread pool makes it */
@@ -129,11 +132,13 @@ wire_code registry_alloc(registry *r, struct owner *owner, const char *tag, unsi
 /* Re-register a buffer that a worker kept across a daemon restart: the
  * chunk fds (consumed either way; none when paused) become its memory,
  * unless the backend says they belong to another uid. Tags and quotas are
- * checked as for registry_alloc. Returns OK with *out, or the error with
+ * checked as for registry_alloc. It keeps secret (WIRE_SECRET_SIZE bytes;
+ * NULL: it gets a new one). Returns OK with *out, or the error with
  * nothing changed. */
 wire_code registry_adopt(registry *r, struct owner *owner, const char *tag, unsigned device,
                          uint64_t size, uint32_t flags, bool paused, const uint64_t *chunk_sizes,
-                         size_t nchunks, int *fds, struct buffer **out, struct fault *f);
+                         size_t nchunks, int *fds, const uint8_t *secret, struct buffer **out,
+                         struct fault *f);
 
 /* What happens to a buffer in a pause or resume. With the buffer's state
  * it decides the next one, by the one table of moves (registry.c):
@@ -184,7 +189,7 @@ void registry_new_generation(registry *r, struct buffer *const *bufs, size_t n);
 
 /* A buffer re-registered with tag t was last mapped at generation g of
  * the daemon before: t's generation is at least that from now on. */
-void registry_generation_seen(struct tag *t, uint64_t g);
+void registry_generation_seen(registry *r, struct tag *t, uint64_t g);
 
 /* The state a tag shows for count[st] buffers in each state and its paused
  * mark: PAUSING or RESUMING while any is in transition, PAUSED when any is
@@ -217,8 +222,8 @@ wire_code registry_share(registry *r, const char *name, bool shared, struct tag 
 /* Whether uid may see the tag: it owns it, or it is shared. */
 bool registry_tag_visible(const struct tag *t, uint32_t uid);
 
-/* Forget a tag with no buffers that is neither paused nor shared (it is
- * freed). */
+/* Forget a tag with no buffers that is neither paused nor shared nor
+ * expecting buffers of the journal (it is freed). */
 void registry_prune(registry *r, struct tag *tag);
 
 /* The list of tags (struct tag.link), in creation order, for walking. */
@@ -392,6 +397,36 @@ uint64_t registry_backup_bytes(const registry *r);
 
 /* Number of buffers. */
 size_t registry_count(const registry *r);
+
+struct journal;
+struct journal_tag;
+
+/* Tell journal j (journal.h) of every change of tags and buffers from now
+ * on: each new buffer (with its secret, made at allocation), each one
+ * that is ACTIVE or PAUSED again, each one freed, and each change of a
+ * tag's owner, share, paused marks and generation. NULL: none (a daemon
+ * shutting down frees buffers that its workers keep for the next one). */
+void registry_set_journal(registry *r, struct journal *j);
+
+/* Write what changed to the journal now (none set: nothing), so that what
+ * a reply reports as done is what a daemon after this one finds. */
+void registry_journal_flush(registry *r);
+
+/* Write every tag and every buffer (in transition: as it was before) to
+ * j: a journal_fill_fn for journal_rewrite, ctx the registry. */
+void registry_journal_fill(void *ctx, struct journal *j);
+
+/* Make the tag of a journal's record (or set the one of that name so): its
+ * owner, share, paused marks and generation. NULL when out of memory. */
+struct tag *registry_tag_restore(registry *r, const struct journal_tag *t);
+
+/* One more (delta 1) or one fewer (-1) buffer of the journal that t
+ * expects: a tag with none left and nothing else to keep it is
+ * forgotten. */
+void registry_expect(registry *r, struct tag *t, int delta);
+
+/* Buffers made from now on get ids above id (those of a journal). */
+void registry_ids_above(registry *r, uint64_t id);
 
 /* Export every chunk of a buffer as fds (fds[nchunks]). */
 wire_code registry_export(registry *r, struct buffer *b, int *fds, struct fault *f);

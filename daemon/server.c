@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,9 +17,12 @@
 #include "listener.h"
 #include "notify.h"
 #include "peer.h"
+#include "reclaim.h"
 #include "registry.h"
 #include "report.h"
 #include "grace.h"
+#include "journal.h"
+#include "safedir.h"
 #include "session.h"
 #include "stats.h"
 
@@ -51,6 +55,11 @@ struct server {
   bool stopping;          /* told every session; waiting for them to drain */
   uv_timer_t stop_timer;  /* closes sessions that do not drain in time */
   grace *grace;           /* new tags wait while workers re-register */
+  journal *journal;       /* what a daemon after us must know; NULL: none */
+  bool journal_loaded;    /* the daemon before us left one: re-registrations are checked
+                             against it, and new tags need not wait */
+  uv_check_t journal_check; /* after a turn of the loop: starts journal_timer */
+  uv_timer_t journal_timer; /* writes what changed, JOURNAL_DELAY_MS after */
 };
 
 /* How long sessions may take to read the shutdown notice. */
@@ -63,11 +72,14 @@ struct server {
 /* The descriptors that answers to a session's backup requests may hold
  * while it has not read them. */
 #define SERVER_BACKUP_FDS_QUEUED 64
+/* How long a change no reply waits for may wait to be journaled. */
+#define JOURNAL_DELAY_MS 10
 
 static void on_accept(uv_poll_t *h, int status, int events);
 static void on_signal(uv_signal_t *h, int signum);
 static void serve_waiting(void *ctx, struct session *s, uint64_t id,
                           const Gpumem__Wire__AllocRequest *a);
+static void on_grace_end(void *ctx);
 static void refuse_session(struct session *s, uint64_t id, wire_code code, const char *text);
 static void on_frame(void *ctx, struct session *s, struct frame *f);
 static void on_doomed(void *ctx, struct session *s);
@@ -105,6 +117,93 @@ static int out_pinned(void *ctx, struct owner *o) {
   (void)ctx;
   struct session *s = session_of(o);
   return s->pidfd < 0 ? -EBADF : peer_signal(s->pidfd, 0);
+}
+
+/* Write what changed to the journal. */
+static void on_journal_timer(uv_timer_t *h) { journal_flush(((server *)h->data)->journal); }
+
+/* What a turn of the loop changed is written within JOURNAL_DELAY_MS (what
+ * a reply reports, such as a new buffer and its secret, before the reply):
+ * a free or a pause then rides the next allocation's write, one write
+ * instead of two on the alloc path, and what a crash meanwhile loses
+ * (a buffer freed, paused or resumed) makes a successor wait for a buffer
+ * that does not come back, or take one back in another state. */
+static void on_journal_check(uv_check_t *h) {
+  server *srv = h->data;
+  if (journal_pending(srv->journal) && !uv_is_active((uv_handle_t *)&srv->journal_timer))
+    uv_timer_start(&srv->journal_timer, on_journal_timer, JOURNAL_DELAY_MS, 0);
+}
+
+/* Open the journal (none with --journal none), take back what the daemon
+ * before left in it, and write it whole for the daemon after: 0, or -1
+ * with err filled (the daemon does not start). A journal found makes the
+ * grace (*grace_ms) how long its buffers wait for their workers (10 s
+ * unless --adopt-grace says), over as soon as every one is back. */
+static int journal_start(server *srv, uint64_t *grace_ms, char *err, size_t errlen) {
+  const char *path = srv->cfg->journal_path;
+  if (!path) {
+    log_info("no journal (--journal none): a daemon after this one trusts re-registrations "
+             "it cannot check");
+    return 0;
+  }
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s", path);
+  int dfd = safedir_open("journal directory", dirname(dir), "the journal", err, errlen);
+  if (dfd < 0 && !srv->cfg->journal_explicit) { /* its default place will not do */
+    log_warn("no journal: %s (name one with --journal)", err);
+    err[0] = 0;
+    return 0;
+  }
+  if (dfd < 0) return -1;
+  close(dfd);
+  struct journal_identity who = {gpudev_name(srv->gpu), gpudev_device_count(srv->gpu)};
+  if (!(srv->journal = journal_open(path, &who, err, errlen))) return -1;
+  journal *j = srv->journal;
+  const char *why;
+  enum journal_found found = journal_found(j, &why);
+  if (found == JOURNAL_LOADED) {
+    if (!reclaim_restore(srv->reg, j)) {
+      snprintf(err, errlen, "journal %s: out of memory taking it back", path);
+      return -1;
+    }
+    srv->journal_loaded = true;
+    if (!srv->cfg->adopt_grace_set) *grace_ms = 10000;
+    size_t nt, nb = journal_expected_count(j);
+    journal_tags(j, &nt);
+    if (*why) log_warn("journal %s: %s", path, why);
+    log_info("journal %s: %zu tags and %zu buffers of the daemon before; its buffers wait "
+             "%.1f s for their workers, who must prove them theirs",
+             path, nt, nb, (double)*grace_ms / 1e3);
+    if (!nb || !*grace_ms) {
+      reclaim_expire(srv->reg, j);
+      *grace_ms = 0;
+    }
+  } else if (found == JOURNAL_REJECTED) {
+    log_error("journal %s is not trusted: %s; put aside as %s.rejected, and re-registrations "
+              "are trusted as by a daemon without a journal",
+              path, why, path);
+  } else {
+    log_info("journal %s: none found (a first start, or it was lost): re-registrations are "
+             "trusted as by a daemon without a journal",
+             path);
+  }
+  registry_set_journal(srv->reg, j);
+  char werr[256];
+  if (journal_rewrite(j, registry_journal_fill, srv->reg, werr, sizeof werr) < 0)
+    log_error("%s", werr);
+  return 0;
+}
+
+/* Stop writing the journal: a daemon going away frees buffers that its
+ * workers keep for the next one. */
+static void journal_stop(server *srv) {
+  if (!srv->journal) return;
+  journal_flush(srv->journal);
+  registry_set_journal(srv->reg, NULL);
+  if (srv->journal_check.data && !uv_is_closing((uv_handle_t *)&srv->journal_check)) {
+    uv_close((uv_handle_t *)&srv->journal_check, NULL);
+    uv_close((uv_handle_t *)&srv->journal_timer, NULL);
+  }
 }
 
 /* Bind the socket and get ready to serve. */
@@ -150,17 +249,29 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
   srv->eng = srv->reg && srv->stats
                  ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, &srv->out, srv->stats)
                  : NULL;
-  srv->grace = srv->eng ? grace_create(loop, cfg->adopt_grace_ms, serve_waiting, srv) : NULL;
+  uint64_t grace_ms = cfg->adopt_grace_ms;
+  bool journal_ok = srv->eng && journal_start(srv, &grace_ms, err, errlen) == 0;
+  srv->grace = journal_ok ? grace_create(loop, grace_ms, serve_waiting, on_grace_end, srv) : NULL;
   if (srv->grace) engine_set_grace(srv->eng, srv->grace);
   if (!srv->grace) {
+    if (journal_ok || !srv->eng) snprintf(err, errlen, "out of memory"); /* else err says */
+    journal_stop(srv);
+    journal_close(srv->journal);
     engine_destroy(srv->eng);
-    snprintf(err, errlen, "out of memory");
     stats_destroy(srv->stats);
     registry_destroy(srv->reg);
     close(srv->listen_fd);
     if (cfg->listen_fd < 0) unlink(cfg->socket_path);
     free(srv);
     return NULL;
+  }
+  if (srv->journal) {
+    uv_check_init(loop, &srv->journal_check);
+    uv_timer_init(loop, &srv->journal_timer);
+    srv->journal_check.data = srv->journal_timer.data = srv;
+    uv_check_start(&srv->journal_check, on_journal_check);
+    uv_unref((uv_handle_t *)&srv->journal_check);
+    uv_unref((uv_handle_t *)&srv->journal_timer);
   }
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   uv_timer_init(loop, &srv->accept_timer);
@@ -209,7 +320,9 @@ void server_destroy(server *srv) {
     signal(SIGINT, SIG_IGN);
     uv_run(srv->loop, UV_RUN_DEFAULT);
   }
+  journal_stop(srv);
   registry_destroy(srv->reg);
+  journal_close(srv->journal);
   /* Buffers that were still there gave up the jobs making their backup
    * memory: let those end (and free what they made). */
   if (srv->stopping) uv_run(srv->loop, UV_RUN_DEFAULT);
@@ -234,6 +347,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   if (srv->stopping) return;
   srv->stopping = true;
   log_info("%s: shutting down", strsignal(signum));
+  journal_stop(srv); /* the journal says what was before the shutdown */
   engine_set_grace(srv->eng, NULL);
   grace_destroy(srv->grace); /* what waited is answered as below */
   srv->grace = NULL;
@@ -603,7 +717,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
                 "resume it before allocating");
     return;
   }
-  if (grace_active(srv->grace) && !registry_tag(srv->reg, a->tag)) {
+  if (grace_active(srv->grace) && !srv->journal_loaded && !registry_tag(srv->reg, a->tag)) {
     int rc = grace_defer(srv->grace, s, (uint32_t)s->owner.uid, id, a);
     if (rc == 0) {
       log_debug("pid %d: alloc in new tag '%s' waits for the re-registration grace",
@@ -650,6 +764,8 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
   r.chunk_sizes = b->chunk_sizes;
   r.n_chunk_sizes = b->nchunks;
   r.generation = b->tag->generation;
+  r.secret.data = b->secret;
+  r.secret.len = sizeof b->secret;
   if (b->ipc) {
     r.ipc_handle.data = b->ipc_handle;
     r.ipc_handle.len = sizeof b->ipc_handle;
@@ -658,6 +774,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
   out.fd_count = (uint32_t)nfds;
   log_debug("pid %d: alloc %llu bytes '%s' on device %u: buffer %llu", (int)s->owner.pid,
             (unsigned long long)b->size, a->tag, a->device, (unsigned long long)b->id);
+  journal_flush(srv->journal); /* the journal knows the secret before its holder does */
   session_send(s, &out, fds, nfds);
 }
 
@@ -683,11 +800,20 @@ static void handle_free(server *srv, struct session *s, const wire_env *env) {
   session_send(s, &out, NULL, 0);
 }
 
-/* Answer an adopt with the new ids of its buffers. */
-static void reply_adopt(struct session *s, uint64_t id, uint64_t *ids, size_t n) {
+/* Answer an adopt with the new ids of its n buffers and their secrets
+ * (room for n in secrets, the caller's). */
+static void reply_adopt(server *srv, struct session *s, uint64_t id, struct buffer **bufs,
+                        size_t n, uint64_t *ids, ProtobufCBinaryData *secrets) {
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = bufs[i]->id;
+    secrets[i] = (ProtobufCBinaryData){.len = sizeof bufs[i]->secret, .data = bufs[i]->secret};
+  }
   Gpumem__Wire__AdoptReply r = GPUMEM__WIRE__ADOPT_REPLY__INIT;
   r.buffer_ids = ids;
   r.n_buffer_ids = n;
+  r.secrets = secrets;
+  r.n_secrets = n;
+  journal_flush(srv->journal); /* the journal knows them before their holder does */
   wire_env out = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY, &r);
   session_send(s, &out, NULL, 0);
 }
@@ -718,7 +844,9 @@ static wire_code adopt_check(server *srv, const Gpumem__Wire__AdoptBuffer *a, si
 }
 
 /* A worker re-registers buffers it kept across a daemon restart: all of
- * them, or none (then the fds it sent are closed and it keeps its own). */
+ * them, or none (then the fds it sent are closed and it keeps its own).
+ * With the journal of the daemon before, each must be one it expects
+ * (reclaim.h), and keeps its secret. */
 static void handle_adopt(server *srv, struct session *s, const wire_env *env, struct frame *fr) {
   const Gpumem__Wire__AdoptRequest *a = env->adopt;
   struct fault f = {0};
@@ -733,33 +861,67 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
       answer_error(s, env->id, &f);
       return;
     }
+  if (!srv->journal_loaded && !grace_active(srv->grace))
+    for (size_t i = 0; i < a->n_buffers; i++)
+      if (a->buffers[i]->paused) {
+        reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                    "a paused buffer brings no memory to check: without the journal of the "
+                    "daemon before, this daemon takes one back only during the grace after "
+                    "its start (--adopt-grace)");
+        return;
+      }
+  if (srv->journal_loaded && reclaim_check(srv->journal, (uint32_t)s->owner.uid, a, &f)) {
+    log_warn("pid %d (uid %u): re-registration refused: %s", (int)s->owner.pid,
+             (unsigned)s->owner.uid, f.text);
+    answer_error(s, env->id, &f);
+    return;
+  }
   uint64_t *ids = calloc(a->n_buffers + 1, sizeof *ids);
   struct buffer **bufs = calloc(a->n_buffers + 1, sizeof *bufs);
+  ProtobufCBinaryData *secrets = calloc(a->n_buffers + 1, sizeof *secrets);
   size_t done = 0, fd_at = 0;
-  if (!ids || !bufs) fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  if (!ids || !bufs || !secrets)
+    fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   for (; !f.code && done < a->n_buffers; done++) {
     const Gpumem__Wire__AdoptBuffer *b = a->buffers[done];
+    const uint8_t *secret = srv->journal_loaded ? b->secret.data : NULL;
     if (registry_adopt(srv->reg, &s->owner, b->tag, b->device, b->size, b->flags, b->paused,
-                       b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at, &bufs[done], &f))
+                       b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at, secret, &bufs[done],
+                       &f))
       break;
     fd_at += b->paused ? 0 : b->n_chunk_sizes;
-    ids[done] = bufs[done]->id;
-    registry_generation_seen(bufs[done]->tag, b->generation);
+    registry_generation_seen(srv->reg, bufs[done]->tag, b->generation);
     if (!b->paused) s->owner.nothing_mapped = false;
     if (b->paused && (b->flags & BUF_FLAG_BACKUP))
       log_warn("pid %d: BACKUP buffer %llu ('%s') was paused when the previous daemon went "
                "away: its saved contents are lost",
-               (int)s->owner.pid, (unsigned long long)ids[done], b->tag);
+               (int)s->owner.pid, (unsigned long long)bufs[done]->id, b->tag);
   }
   if (f.code) {
     for (size_t i = 0; i < done; i++) registry_free(srv->reg, bufs[i]);
     answer_error(s, env->id, &f);
   } else {
     log_info("pid %d re-registered %zu buffers", (int)s->owner.pid, done);
-    reply_adopt(s, env->id, ids, done);
+    if (srv->journal_loaded) {
+      reclaim_claim(srv->reg, srv->journal, a);
+      if (!journal_expected_count(srv->journal) && grace_active(srv->grace)) {
+        log_info("journal: every buffer of the daemon before is back with its owner: the "
+                 "grace ends");
+        grace_end(srv->grace);
+      }
+    }
+    reply_adopt(srv, s, env->id, bufs, done, ids, secrets);
   }
   free(ids);
   free(bufs);
+  free(secrets);
+}
+
+/* The grace is over: the journal's buffers that no worker claimed are
+ * forgotten. */
+static void on_grace_end(void *ctx) {
+  server *srv = ctx;
+  if (srv->journal_loaded) reclaim_expire(srv->reg, srv->journal);
 }
 
 /* An allocation that waited for the re-registration grace is served now

@@ -54,12 +54,12 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 10
+#define GPUMEM_VERSION_MINOR 11
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (11000 for 1.10.0). */
+/* The library's version, as GPUMEM_VERSION computes it (11100 for 1.11.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
 /* The library's version as text ("1.5.0"). */

@@ -762,7 +762,15 @@ wire_code peer_try_alloc(struct peer *p, const char *tag, unsigned dev, uint64_t
   memset(b, 0, sizeof *b);
   if (code == GPUMEM__WIRE__ERROR_CODE__OK) {
     ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY);
-    b->id = r->alloc_reply->buffer_id;
+    const Gpumem__Wire__AllocReply *ar = r->alloc_reply;
+    b->id = ar->buffer_id;
+    b->size = ar->size;
+    ck_assert_uint_le(ar->n_chunk_sizes, 8);
+    b->nchunks = ar->n_chunk_sizes;
+    memcpy(b->chunk_sizes, ar->chunk_sizes, b->nchunks * sizeof *b->chunk_sizes);
+    ck_assert_uint_le(ar->secret.len, sizeof b->secret);
+    b->secret_len = ar->secret.len;
+    memcpy(b->secret, ar->secret.data, ar->secret.len);
     ck_assert_uint_le(f.nfds, 8);
     b->nfds = f.nfds;
     for (size_t i = 0; i < f.nfds; i++) {

@@ -243,6 +243,10 @@ struct pbuf {
   uint64_t id;
   int fds[8];
   size_t nfds;
+  uint64_t size, chunk_sizes[8];
+  size_t nchunks;
+  uint8_t secret[WIRE_SECRET_SIZE]; /* as the daemon gave it */
+  size_t secret_len;
 };
 
 /* Make a peer of a socket fd (owned from now on; -1 for none), reading

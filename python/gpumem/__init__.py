@@ -59,7 +59,7 @@ from ._native import (FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_BACKUP_DISK, FLAG_BAC
                       FLAG_BACKUP_RELEASE, FLAG_IPC_LEGACY)
 
 
-__version__ = "1.10.0"
+__version__ = "1.11.0"
 
 __all__ = [
     "Buffer",

@@ -174,6 +174,13 @@ s/ +[0-9.]+ m?s +[0-9.-]+ (running|OK)$/ TOOK RATE \1/
 EOF
     ;;
   grace) printf '%s\n' 's/^(re-registration grace: )[0-9.]+ s left/\1T s left/' ;;
+  restart)
+    cat <<'EOF'
+s/^(gpumemd\[info\]: journal )[^ ]+: /\1PATH: /
+s/^(gpumemd\[info\]: listening on )[^ ]+ /\1SOCKET /
+s/^(gpumemd\[info\]: pid )[0-9]+ /\1PID /
+EOF
+    ;;
   release)
     cat <<'EOF'
 s/^pid [0-9]+: /pid PID: /
@@ -192,6 +199,7 @@ EOF
 unordered() {
   case $1 in
   demo) printf '%s\n' '^(ID PID |[a-z_]+ +(ACTIVE|PAUSED) )' ;;
+  restart) printf '%s\n' '^gpumemd\[info\]: pid PID re-registered ' ;;
   esac
 }
 
@@ -502,6 +510,24 @@ await grace_waits
 head -n 2 "$t/grace/status.full" >"$t/grace/status.out"
 compare grace "$t/grace/status.out"
 
+# A daemon killed with SIGKILL and started again: its journal gives its
+# successor the tags and buffers, which the two workers bring back.
+start_daemon restart --host-devices 1
+start_worker kv kv_cache 4M --count 2
+kv=$worker
+start_worker weights weights 2M --backup
+weights=$worker
+"$bin/gpumemctl" --socket "$sock" pause kv_cache >"$t/restart/pause.out" 2>&1 ||
+  die "pause before the restart: $(cat "$t/restart/pause.out")"
+kill -KILL "$daemon"
+wait "$daemon" 2>/dev/null || true
+start_daemon restart --host-devices 1
+what="the workers re-registering" whose=$daemon_log
+await file_has "$daemon_log" 'the grace ends$'
+whose=
+children_signal TERM "$kv" "$weights"
+compare restart "$daemon_log"
+
 # examples/worker.c, its stdout a file: its line is there while it runs
 # (flushed), not only once it exits, and it is killed, as a user would.
 start_daemon example
@@ -752,7 +778,7 @@ fi
 known=" gpumemd-help gpumemctl-help worker-help gpumemd-version examples-worker.c unsafe-socket"
 known="$known backend-auto json-errors untrusted status-holders tags-transit pause-not-released"
 known="$known json python-client python-orchestrator metrics progress top demo demo-worker grace"
-known="$known release "
+known="$known release restart "
 markers | while read -r kind name _; do
   case $known in
   *" $name "*) ;;

@@ -1,0 +1,140 @@
+#include "reclaim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/idmap.h"
+#include "common/log.h"
+#include "common/size.h"
+
+/* Bring back the journal's tags and count what each expects. */
+bool reclaim_restore(registry *reg, journal *j) {
+  size_t nt, n = journal_expected_count(j);
+  const struct journal_tag *tags = journal_tags(j, &nt);
+  for (size_t i = 0; i < nt; i++)
+    if (!registry_tag_restore(reg, &tags[i])) return false;
+  const struct journal_buffer **all = malloc((n + 1) * sizeof *all);
+  if (!all) return false;
+  n = journal_expected_list(j, all, n);
+  for (size_t i = 0; i < n; i++) {
+    struct tag *t = registry_tag(reg, all[i]->tag);
+    if (!t) { /* a buffer whose tag record is missing: its uid's */
+      struct journal_tag jt = {.uid = all[i]->uid, .owned = true};
+      memcpy(jt.name, all[i]->tag, sizeof jt.name);
+      t = registry_tag_restore(reg, &jt);
+    }
+    if (!t) {
+      free(all);
+      return false;
+    }
+    registry_expect(reg, t, +1);
+  }
+  free(all);
+  /* Tags that came back for nothing (no buffer, not shared, not paused)
+   * go again. */
+  for (size_t i = 0; i < nt; i++) {
+    struct tag *t = registry_tag(reg, tags[i].name);
+    if (t) registry_prune(reg, t);
+  }
+  registry_ids_above(reg, journal_max_id(j));
+  return true;
+}
+
+/* Whether two secrets are equal, in a time that does not depend on where
+ * they differ. */
+static bool same_secret(const uint8_t *a, const uint8_t *b) {
+  uint8_t d = 0;
+  for (size_t i = 0; i < WIRE_SECRET_SIZE; i++) d |= a[i] ^ b[i];
+  return d == 0;
+}
+
+/* Check one buffer of a re-registration (i of it) against the journal. */
+static wire_code check_one(const journal *j, uint32_t uid, const Gpumem__Wire__AdoptBuffer *a,
+                           size_t i, struct fault *f) {
+  if (a->secret.len != WIRE_SECRET_SIZE)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                     "adopt buffer %zu: no secret: this daemon takes back only buffers the "
+                     "daemon before it journaled, from a holder that proves them its own "
+                     "(libgpumem 1.11 or later)",
+                     i);
+  const struct journal_buffer *e = journal_expected(j, a->old_id);
+  if (!e || e->uid != uid || !same_secret(e->secret, a->secret.data))
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                     "adopt buffer %zu: buffer %llu is not one the daemon before gave this "
+                     "uid with this secret, or it is back already, or its wait ended",
+                     i, (unsigned long long)a->old_id);
+  uint32_t flags = a->flags & ~(uint32_t)GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED;
+  uint32_t was = e->flags & ~(uint32_t)GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED;
+  if (strcmp(e->tag, a->tag) != 0 || e->device != a->device || e->size != a->size ||
+      flags != was) {
+    char size[32];
+    size_format(e->size, size, sizeof size);
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+                     "adopt buffer %zu: buffer %llu was %s on device %u in tag '%s' with flags "
+                     "0x%x, not %llu bytes on device %u in '%s' with 0x%x",
+                     i, (unsigned long long)a->old_id, size, e->device, e->tag, was,
+                     (unsigned long long)a->size, a->device, a->tag, flags);
+  }
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Check a re-registration against the journal. */
+wire_code reclaim_check(const journal *j, uint32_t uid, const Gpumem__Wire__AdoptRequest *a,
+                        struct fault *f) {
+  idmap *seen = idmap_create();
+  if (!seen) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  wire_code rc = GPUMEM__WIRE__ERROR_CODE__OK;
+  for (size_t i = 0; i < a->n_buffers && !rc; i++) {
+    const Gpumem__Wire__AdoptBuffer *b = a->buffers[i];
+    if ((rc = check_one(j, uid, b, i, f))) break;
+    if (idmap_get(seen, b->old_id))
+      rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                     "adopt buffer %zu: buffer %llu is named twice", i,
+                     (unsigned long long)b->old_id);
+    else if (idmap_put(seen, b->old_id, (void *)b) < 0)
+      rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  }
+  idmap_destroy(seen);
+  return rc;
+}
+
+/* The checked buffers are back. */
+void reclaim_claim(registry *reg, journal *j, const Gpumem__Wire__AdoptRequest *a) {
+  for (size_t i = 0; i < a->n_buffers; i++) {
+    const struct journal_buffer *e = journal_expected(j, a->buffers[i]->old_id);
+    if (!e) continue;
+    struct tag *t = registry_tag(reg, e->tag);
+    journal_claim(j, e->id);
+    if (t) registry_expect(reg, t, -1);
+  }
+}
+
+/* What reclaim_expire needs for each buffer. */
+struct expiry {
+  registry *reg;
+  journal *j;
+};
+
+/* Forget one buffer no worker claimed. */
+static void expire_one(void *ctx, const struct journal_buffer *b) {
+  struct expiry *x = ctx;
+  char size[32];
+  size_format(b->size, size, sizeof size);
+  log_warn("journal: buffer %llu of uid %u (%s on device %u in tag '%s', %s) was not "
+           "re-registered within the grace: forgotten",
+           (unsigned long long)b->id, b->uid, size, b->device, b->tag,
+           b->state == GPUMEM__WIRE__BUFFER_STATE__PAUSED ? "paused" : "active");
+  journal_put_gone(x->j, b->id);
+  struct tag *t = registry_tag(x->reg, b->tag);
+  if (t) registry_expect(x->reg, t, -1);
+}
+
+/* Forget what no worker claimed. */
+void reclaim_expire(registry *reg, journal *j) {
+  size_t n = journal_expected_count(j);
+  if (!n) return;
+  log_info("journal: the grace is over with %zu buffers of the daemon before not re-registered",
+           n);
+  struct expiry x = {reg, j};
+  journal_expire(j, expire_one, &x);
+}
