@@ -68,6 +68,7 @@ static bool add(adopt *a, gpumem_buffer *b, int dev, const int *fds, size_t nf) 
   Gpumem__Wire__AdoptBuffer *ab = &a->abs[a->n];
   gpumem__wire__adopt_buffer__init(ab);
   ab->tag = (char *)gpumem_buffer_tag(b);
+  ab->name = (char *)gpumem_buffer_name(b);
   ab->device = (uint32_t)dev;
   ab->size = gpumem_buffer_size(b);
   ab->flags = gpumem_buffer_flags(b);

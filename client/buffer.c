@@ -37,6 +37,7 @@ struct gpumem_buffer {
   size_t secret_len;                /* 0: the daemon gave none (before 1.11) */
   gpuva *gpu;
   char tag[WIRE_TAG_MAX + 1];
+  char name[WIRE_TAG_MAX + 1]; /* a persistent buffer's; "" otherwise */
   unsigned local; /* this process's device number */
   bool ipc;       /* legacy IPC memory: opened, never paused */
   bool pooled;    /* a slab of gpumem_malloc's pool */
@@ -123,6 +124,7 @@ int buffer_create(gpuva *g, const struct buffer_spec *s, const Gpumem__Wire__All
   b->id = r->buffer_id;
   b->gpu = g;
   snprintf(b->tag, sizeof b->tag, "%s", s->tag);
+  snprintf(b->name, sizeof b->name, "%s", s->name ? s->name : "");
   b->local = s->local;
   b->size = r->size;
   b->flags = s->flags;
@@ -573,6 +575,9 @@ int gpumem_buffer_device(const gpumem_buffer *b) { return (int)b->local; }
 
 /* The buffer's flags. */
 unsigned gpumem_buffer_flags(const gpumem_buffer *b) { return b->flags; }
+
+/* The buffer's name, if persistent. */
+const char *gpumem_buffer_name(const gpumem_buffer *b) { return b->name; }
 
 /* Its tag's generation when the buffer was last mapped. */
 uint64_t gpumem_buffer_generation(const gpumem_buffer *b) { return buffer_now(b).generation; }

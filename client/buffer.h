@@ -21,6 +21,8 @@ struct buffer_spec {
   unsigned local;  /* this process's number of the same device */
   unsigned flags;
   bool pooled;     /* a slab of gpumem_malloc's pool */
+  const char *name; /* a persistent buffer's; NULL: none */
+  bool attach;      /* an Attach: tag, device, local and flags come with the reply */
 };
 
 /* Make the buffer of an AllocReply on backend g (NULL: this client maps

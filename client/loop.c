@@ -238,8 +238,27 @@ static gpumem_buffer *freed(conn *k, struct request *r, const wire_env *env) {
  * it back), so that events for it are answered truthfully. By the token
  * holder, without mu. */
 static void build(conn *k, struct call *call, const wire_env *env, struct frame *f) {
-  gpumem_buffer *b;
-  call->built_rc = buffer_create(hello_gpu(k->hello), call->alloc, env->alloc_reply, f->fds, &b);
+  gpumem_buffer *b = NULL;
+  const Gpumem__Wire__AllocReply *r = env->alloc_reply;
+  struct buffer_spec spec = *call->alloc;
+  int map[GPUMEM_MAX_DEVICES];
+  if (spec.attach) { /* what the buffer is comes with it */
+    hello_local_map(k->hello, map);
+    int local = hello_local_device(map, r->device);
+    spec.tag = r->tag;
+    spec.device = r->device;
+    spec.local = local < 0 ? 0 : (unsigned)local;
+    spec.flags = r->flags;
+    if (local < 0) {
+      call->built_rc = GPUMEM_E_INVALID;
+      snprintf(call->built_words, sizeof call->built_words,
+               "the buffer is on gpumemd's device %u, which this process does not see",
+               r->device);
+      call->built = NULL;
+      return;
+    }
+  }
+  call->built_rc = buffer_create(hello_gpu(k->hello), &spec, r, f->fds, &b);
   if (call->built_rc < 0)
     snprintf(call->built_words, sizeof call->built_words, "%s", gpumem_last_error());
   if (b && buffers_add(k->buffers, b) < 0) {

@@ -307,6 +307,69 @@ static int status_rest(gpumem_client *c, struct gpumem_status *s, uint64_t next_
 }
 
 /* One walk of the status pages (status_walk's result, or WALK_CHANGED). */
+/* Free one buffer of a list or status and its strings. */
+static void free_buffer(struct gpumem_buffer_info *o) {
+  if (!o) return;
+  free((char *)o->tag);
+  free((char *)o->name);
+  free((char *)o->last_name);
+  free(o);
+}
+
+/* Free the n buffers of a list or status, and their array. */
+static void free_buffers(struct gpumem_buffer_info **v, size_t n) {
+  for (size_t i = 0; v && i < n; i++) free_buffer(v[i]);
+  free(v);
+}
+
+/* A buffer of a list or a status, or NULL when out of memory. */
+static struct gpumem_buffer_info *copy_buffer(const int *map, const Gpumem__Wire__BufferInfo *b) {
+  struct gpumem_buffer_info *o = results_sized(sizeof *o);
+  if (!o) return NULL;
+  o->id = b->id;
+  o->session_id = b->session_id;
+  o->pid = b->pid;
+  o->device = hello_local_device(map, b->device);
+  o->node_device = b->device;
+  o->bytes = b->size;
+  o->flags = b->flags;
+  o->state = b->state;
+  o->age_ms = b->age_ms;
+  o->last_pid = b->last_pid;
+  o->idle_ms = b->idle_ms;
+  o->uid = b->uid;
+  if (!(o->tag = results_text(b->tag)) || !(o->name = results_text(b->name)) ||
+      !(o->last_name = results_text(b->last_name))) {
+    free_buffer(o);
+    return NULL;
+  }
+  return o;
+}
+
+/* Add a list page's buffers to l; false when out of memory. */
+static bool copy_buffers(const int *map, struct gpumem_list *l, const Gpumem__Wire__ListReply *r) {
+  if (!grow((void ***)&l->buffers, l->nbuffers, r->n_buffers)) return false;
+  for (size_t i = 0; i < r->n_buffers; i++) {
+    struct gpumem_buffer_info *o = copy_buffer(map, r->buffers[i]);
+    if (!o) return false;
+    l->buffers[l->nbuffers++] = o;
+  }
+  return true;
+}
+
+/* The status's persistent buffers; false when out of memory. */
+static bool copy_persistent(const int *map, struct gpumem_status *s,
+                            const Gpumem__Wire__StatusReply *r) {
+  s->total_persistent = r->total_persistent;
+  if (!grow((void ***)&s->persistent, 0, r->n_persistent)) return false;
+  for (size_t i = 0; i < r->n_persistent; i++)
+    if (!(s->persistent[s->npersistent++] = copy_buffer(map, r->persistent[i]))) {
+      s->npersistent--;
+      return false;
+    }
+  return true;
+}
+
 static int status_walk(gpumem_client *c, struct gpumem_status **out);
 
 /* Ask for the status of devices, tags, sessions and processes: walked
@@ -336,7 +399,7 @@ static int status_walk(gpumem_client *c, struct gpumem_status **out) {
       !copy_tags(s, r) || !copy_sessions(s, r) || !copy_processes(map, s, r) ||
       !results_checks(map, &s->last_pause_checks, &s->nlast_pause_checks, r->last_pause_checks,
                    r->n_last_pause_checks) ||
-      !copy_figures(s, r) || !copy_tenants(s, r)) {
+      !copy_figures(s, r) || !copy_tenants(s, r) || !copy_persistent(map, s, r)) {
     gpumem_status_free(s);
     conn_call_done(&reply);
     return error_set(GPUMEM_E_NOMEM, "out of memory");
@@ -403,28 +466,8 @@ void gpumem_status_free(struct gpumem_status *s) {
   free((char *)s->backend);
   free((char *)s->version);
   free((char *)s->backup_dir);
+  free_buffers(s->persistent, s->npersistent);
   free(s);
-}
-
-/* Add a list page's buffers to l; false when out of memory. */
-static bool copy_buffers(const int *map, struct gpumem_list *l, const Gpumem__Wire__ListReply *r) {
-  if (!grow((void ***)&l->buffers, l->nbuffers, r->n_buffers)) return false;
-  for (size_t i = 0; i < r->n_buffers; i++) {
-    const Gpumem__Wire__BufferInfo *b = r->buffers[i];
-    struct gpumem_buffer_info *o = results_sized(sizeof *o);
-    if (!o) return false;
-    l->buffers[l->nbuffers++] = o;
-    o->id = b->id;
-    o->session_id = b->session_id;
-    o->pid = b->pid;
-    o->device = hello_local_device(map, b->device);
-    o->node_device = b->device;
-    o->bytes = b->size;
-    o->flags = b->flags;
-    o->state = b->state;
-    if (!(o->tag = results_text(b->tag))) return false;
-  }
-  return true;
 }
 
 static int list_walk(gpumem_client *c, struct gpumem_list **out);
@@ -475,7 +518,6 @@ static int list_walk(gpumem_client *c, struct gpumem_list **out) {
 /* Free a list and its entries. */
 void gpumem_list_free(struct gpumem_list *l) {
   if (!l) return;
-  for (size_t i = 0; l->buffers && i < l->nbuffers; i++) free((char *)l->buffers[i]->tag);
-  results_free_array((void **)l->buffers, l->nbuffers);
+  free_buffers(l->buffers, l->nbuffers);
   free(l);
 }

@@ -191,7 +191,26 @@ static bool flags_ok(uint32_t flags) {
     return false; /* a backup on disk lets go of its host memory */
   return !(flags & ~(uint32_t)(GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP |
                                GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY |
-                               GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED | policy));
+                               GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED |
+                               GPUMEM__WIRE__BUFFER_FLAG__FLAG_PERSIST | policy));
+}
+
+/* A persistent buffer's name against its flags: one exactly when
+ * FLAG_PERSIST, valid, and never with IPC_LEGACY. */
+static wire_code check_persist(uint32_t flags, const char *name, const char *what, char *why,
+                               size_t whylen) {
+  const wire_code bad = GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT;
+  bool persist = flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_PERSIST;
+  if (!persist && name && name[0])
+    return refuse(bad, why, whylen, "%sa name is for PERSIST buffers only", what);
+  if (!persist) return GPUMEM__WIRE__ERROR_CODE__OK;
+  if (!name || !wire_tag_valid(name))
+    return refuse(bad, why, whylen,
+                  "%sa PERSIST buffer needs a name: 1-%d characters of [A-Za-z0-9_.-]", what,
+                  WIRE_TAG_MAX);
+  if (flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_IPC_LEGACY)
+    return refuse(bad, why, whylen, "%sIPC_LEGACY buffers cannot be PERSIST", what);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
 /* Sizes of pieces (chunks, backup pieces): none zero, adding up without
@@ -260,6 +279,10 @@ static wire_code check_adopt(const Gpumem__Wire__AdoptRequest *a, size_t nfds, c
                     i, (unsigned long long)b->generation);
     if (b->n_chunk_sizes > FRAME_MAX_FDS || !chunks_ok(b->chunk_sizes, b->n_chunk_sizes, b->size))
       return refuse(bad, why, whylen, "adopt buffer %zu: chunks do not add up to its size", i);
+    char what[40];
+    snprintf(what, sizeof what, "adopt buffer %zu: ", i);
+    wire_code pc = check_persist(b->flags, b->name, what, why, whylen);
+    if (pc) return pc;
     if (b->secret.len && b->secret.len != WIRE_SECRET_SIZE)
       return refuse(bad, why, whylen, "adopt buffer %zu: a secret is %d bytes, not %zu", i,
                     WIRE_SECRET_SIZE, b->secret.len);
@@ -308,6 +331,16 @@ wire_code wire_check_request(const wire_env *env, size_t nfds, char *why,
                               GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED)))
       return refuse(bad, why, whylen,
                     "IPC_LEGACY buffers never pause: no BACKUP or ALLOW_PAUSED");
+    return check_persist(env->alloc->flags, env->alloc->name, "", why, whylen);
+  case GPUMEM__WIRE__ENVELOPE__BODY_ATTACH:
+    if (!wire_tag_valid(env->attach->name))
+      return refuse(bad, why, whylen, "invalid name: 1-%d characters of [A-Za-z0-9_.-]",
+                    WIRE_TAG_MAX);
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  case GPUMEM__WIRE__ENVELOPE__BODY_DROP:
+    if (!wire_tag_valid(env->drop->name))
+      return refuse(bad, why, whylen, "invalid name: 1-%d characters of [A-Za-z0-9_.-]",
+                    WIRE_TAG_MAX);
     return GPUMEM__WIRE__ERROR_CODE__OK;
   case GPUMEM__WIRE__ENVELOPE__BODY_SHARE:
     if (!wire_tag_valid(env->share->tag)) return refuse_tag(env->share->tag, why, whylen);
@@ -360,6 +393,8 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
       return refuse(bad, why, whylen, "IPC handle of %zu bytes", a->ipc_handle.len);
     if (a->state == GPUMEM__WIRE__BUFFER_STATE__ACTIVE && a->ipc_handle.len == 0)
       chunks = a->n_chunk_sizes;
+    if (a->tag[0] && (!wire_tag_valid(a->tag) || !flags_ok(a->flags)))
+      return refuse(bad, why, whylen, "an attached buffer's tag or flags are none a daemon gives");
     break;
   }
   case GPUMEM__WIRE__ENVELOPE__BODY_REMAP:
@@ -402,6 +437,7 @@ wire_code wire_check_reply(const wire_env *env, size_t nfds, char *why,
   case GPUMEM__WIRE__ENVELOPE__BODY_LIST_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_ADOPT_REPLY:
   case GPUMEM__WIRE__ENVELOPE__BODY_SHARE_REPLY:
+  case GPUMEM__WIRE__ENVELOPE__BODY_DROP_REPLY:
     break;
   default:
     return refuse(bad, why, whylen, "message type %d is not a reply or event",

@@ -12,7 +12,7 @@
 
 /* Don't forget to bump these when proto/gpumemd.proto changes. */
 #define WIRE_VERSION_MAJOR 1
-#define WIRE_VERSION_MINOR 11
+#define WIRE_VERSION_MINOR 12
 
 #define WIRE_MAX_REQUEST (64 * 1024)        /* client to daemon */
 #define WIRE_MAX_REPLY (64 * 1024 * 1024)   /* daemon to client */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "common/size.h"
 #include "common/wire.h"
@@ -36,6 +37,7 @@ static void usage(FILE *out) {
           "  resume TAG... | --all     take it again (all or nothing)\n"
           "  share TAG...              let every uid's buffers join these tags\n"
           "  unshare TAG...            only the owner's again (buffers in them stay)\n"
+          "  drop NAME                 free a persistent buffer no process holds\n"
           "  top                       a live view of devices, tags, memory held outside\n"
           "                            gpumemd and the last pauses and resumes (q quits)\n"
           "options:\n"
@@ -60,6 +62,7 @@ static void usage(FILE *out) {
           "  --release-context         pause: then release the device state (context and\n"
           "                            all) of each worker process that opted in and\n"
           "                            maps nothing of ours; the resume restores it\n"
+          "  --uid USER                drop: whose buffer (a name or uid; default yours)\n"
           "  --interval DURATION       top: refresh every DURATION (default 1s)\n"
           "  --unmanaged-warn SIZE     status: flag devices with more unmanaged memory\n"
           "                            than this (default 1G)\n"
@@ -179,6 +182,22 @@ static void print_checks(FILE *out, struct gpumem_device_check *const *v, size_t
 }
 
 
+/* One buffer as a JSON object; keys are only ever added. */
+static void json_buffer(const struct gpumem_buffer_info *b) {
+  printf("{\"id\":%llu,\"session\":%llu,\"pid\":%u,\"tag\":", (unsigned long long)b->id,
+         (unsigned long long)b->session_id, b->pid);
+  json_str(b->tag);
+  printf(",\"device\":%d,\"node_device\":%u,\"size\":%llu,\"flags\":%u,\"state\":\"%s\","
+         "\"name\":",
+         b->device, b->node_device, (unsigned long long)b->bytes, b->flags,
+         gpumem_state_name(b->state));
+  json_str(b->name ? b->name : "");
+  printf(",\"age_ms\":%llu,\"last_pid\":%u,\"last_name\":", (unsigned long long)b->age_ms,
+         b->last_pid);
+  json_str(b->last_name ? b->last_name : "");
+  printf(",\"idle_ms\":%llu,\"uid\":%u}", (unsigned long long)b->idle_ms, b->uid);
+}
+
 /* The status as one JSON object; keys are only ever added. */
 static void print_status_json(const struct gpumem_status *s) {
   printf("{\"version\":");
@@ -251,6 +270,12 @@ static void print_status_json(const struct gpumem_status *s) {
          (unsigned long long)s->max_backup_bytes_per_uid);
   printf(",\"grace\":{\"left_ms\":%llu,\"waiting\":%llu}",
          (unsigned long long)s->grace_left_ms, (unsigned long long)s->grace_waiting);
+  printf(",\"persistent\":[");
+  for (size_t i = 0; i < s->npersistent; i++) {
+    if (i) printf(",");
+    json_buffer(s->persistent[i]);
+  }
+  printf("],\"total_persistent\":%llu", (unsigned long long)s->total_persistent);
   printf(",\"last_pause_checks\":[");
   json_checks(s->last_pause_checks, s->nlast_pause_checks);
   printf("],\"backups\":{\"reserved\":%llu,\"ready\":%llu,\"limit\":%llu,"
@@ -353,6 +378,42 @@ static void print_tenants(const struct gpumem_status *s) {
 }
 
 /* The status for people. */
+/* A duration in milliseconds as people read it: 850 ms, 12.3 s, 4.0 min, 2.5 h. */
+static const char *age_format(uint64_t ms, char *buf, size_t len) {
+  if (ms < 1000) snprintf(buf, len, "%llu ms", (unsigned long long)ms);
+  else if (ms < 60000) snprintf(buf, len, "%.1f s", (double)ms / 1e3);
+  else if (ms < 3600000) snprintf(buf, len, "%.1f min", (double)ms / 6e4);
+  else snprintf(buf, len, "%.1f h", (double)ms / 3.6e6);
+  return buf;
+}
+
+/* The persistent buffers: their owners, ages and holders (or last ones). */
+static void print_persistent(const struct gpumem_status *s) {
+  if (!s->total_persistent) return;
+  char a[32], age[32], idle[32], dev[32], uid[16], name[NAME_BUF], tag[NAME_BUF], who[NAME_BUF];
+  printf("\n%-20s %-6s %-20s %6s %11s %-9s %10s %s\n", "PERSISTENT", "UID", "TAG", "DEVICE",
+         "SIZE", "STATE", "AGE", "HOLDER");
+  for (size_t i = 0; i < s->npersistent; i++) {
+    const struct gpumem_buffer_info *b = s->persistent[i];
+    snprintf(uid, sizeof uid, "%u", b->uid);
+    printf("%-20s %-6s %-20s %6s %11s %-9s %10s ", printable(b->name, name, sizeof name), uid,
+           printable(b->tag, tag, sizeof tag),
+           view_device(b->device, b->node_device, dev, sizeof dev),
+           size_format(b->bytes, a, sizeof a), gpumem_state_name(b->state),
+           age_format(b->age_ms, age, sizeof age));
+    const char *last = b->last_name && b->last_name[0] ? printable(b->last_name, who, sizeof who)
+                                                       : "-";
+    if (b->pid)
+      printf("pid %u (%s)\n", b->pid, last);
+    else
+      printf("none for %s; last pid %u (%s)\n", age_format(b->idle_ms, idle, sizeof idle),
+             b->last_pid, last);
+  }
+  if (s->total_persistent > s->npersistent)
+    printf("... and %llu more: gpumemctl list\n",
+           (unsigned long long)(s->total_persistent - s->npersistent));
+}
+
 static void print_status(const struct gpumem_status *s, uint64_t threshold) {
   char a[32], b[32], c[32], d[32], e[32], name[NAME_BUF], dev[32];
   printf("gpumemd %s, backend %s, granularity %s\n",
@@ -421,6 +482,7 @@ static void print_status(const struct gpumem_status *s, uint64_t threshold) {
       printf("  context released (%s in host memory)", size_format(x->moved_to_host, a, sizeof a));
     printf("\n");
   }
+  print_persistent(s);
 }
 
 /* Share or unshare each tag, going on past a failure: one line per tag
@@ -483,28 +545,46 @@ static int run_share(gpumem_client *c, bool shared, char **tags, size_t n, bool 
   return done == n ? 0 : done ? 3 : 1;
 }
 
+/* Free a persistent buffer no process holds: one line, or under --json
+ * {"name","uid","bytes"} (an error object on failure). */
+static int run_drop(gpumem_client *c, const char *name, uint32_t uid, bool json) {
+  char shown[NAME_BUF], a[32];
+  uint64_t bytes = 0;
+  int err = gpumem_drop(c, name, uid, &bytes);
+  if (err < 0)
+    return fail(1, gpumem_error_name(err), "drop %s failed: %s",
+                printable(name, shown, sizeof shown), gpumem_last_error());
+  if (json) {
+    printf("{\"name\":");
+    json_str(name);
+    printf(",\"uid\":%u,\"bytes\":%llu}\n", uid, (unsigned long long)bytes);
+  } else {
+    printf("%s of uid %u: dropped, %s of device memory freed\n",
+           printable(name, shown, sizeof shown), uid, size_format(bytes, a, sizeof a));
+  }
+  return 0;
+}
+
 /* The buffers, as a table or JSON. */
 static void print_list(const struct gpumem_list *l, bool json) {
-  char a[32], dev[32], name[NAME_BUF];
+  char a[32], dev[32], name[NAME_BUF], pname[NAME_BUF];
   if (json) printf("[");
   else printf("%-8s %-8s %-20s %6s %11s %-9s %s\n", "BUFFER", "PID", "TAG", "DEVICE", "SIZE",
               "STATE", "FLAGS");
   for (size_t i = 0; i < l->nbuffers; i++) {
     const struct gpumem_buffer_info *b = l->buffers[i];
     if (json) {
-      printf("%s{\"id\":%llu,\"session\":%llu,\"pid\":%u,\"tag\":", i ? "," : "",
-             (unsigned long long)b->id, (unsigned long long)b->session_id, b->pid);
-      json_str(b->tag);
-      printf(",\"device\":%d,\"node_device\":%u,\"size\":%llu,\"flags\":%u,"
-             "\"state\":\"%s\"}",
-             b->device, b->node_device, (unsigned long long)b->bytes, b->flags,
-             gpumem_state_name(b->state));
+      if (i) printf(",");
+      json_buffer(b);
     } else {
-      printf("%-8llu %-8u %-20s %6s %11s %-9s %s%s%s\n", (unsigned long long)b->id, b->pid,
+      bool persist = b->flags & GPUMEM_PERSIST;
+      printf("%-8llu %-8u %-20s %6s %11s %-9s %s%s%s%s%s\n", (unsigned long long)b->id, b->pid,
              printable(b->tag, name, sizeof name), view_device(b->device, b->node_device, dev, sizeof dev),
              size_format(b->bytes, a, sizeof a), gpumem_state_name(b->state),
              b->flags & GPUMEM_BACKUP ? "backup " : "",
              b->flags & GPUMEM_IPC_LEGACY ? "ipc-legacy " : "",
+             persist ? "persistent:" : "",
+             persist ? printable(b->name ? b->name : "", pname, sizeof pname) : "",
              b->flags ? "" : "-");
     }
   }
@@ -682,6 +762,7 @@ int main(int argc, char **argv) {
   bool has_max_residual = false;
   bool release_context = false;
   const char *owner_arg = NULL;
+  const char *uid_arg = NULL;
   static const struct option opts[] = {
       {"socket", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'},
       {"device", required_argument, 0, 'd'}, {"timeout", required_argument, 0, 't'},
@@ -694,6 +775,7 @@ int main(int argc, char **argv) {
       {"all", no_argument, 0, 'a'},          {"help", no_argument, 0, 'h'},
       {"version", no_argument, 0, 'V'},      {"interval", required_argument, 0, 'i'},
       {"socket-owner", required_argument, 0, 'o'},
+      {"uid", required_argument, 0, 'U'},
       {0, 0, 0, 0},
   };
   int ch;
@@ -706,6 +788,7 @@ int main(int argc, char **argv) {
     switch (ch) {
     case 's': socket_path = optarg; break;
     case 'o': owner_arg = optarg; break;
+    case 'U': uid_arg = optarg; break;
     case 'j': json = json_mode = true; break;
     case 'd': {
       errno = 0;
@@ -793,7 +876,8 @@ int main(int argc, char **argv) {
                  strcmp(cmd, "metrics") == 0;
   bool is_top = strcmp(cmd, "top") == 0;
   bool is_share = strcmp(cmd, "share") == 0 || strcmp(cmd, "unshare") == 0;
-  if (!is_op && !is_view && !is_top && !is_share) {
+  bool is_drop = strcmp(cmd, "drop") == 0;
+  if (!is_op && !is_view && !is_top && !is_share && !is_drop) {
     usage(stderr);
     return fail(2, "USAGE", "unknown command '%s'", cmd);
   }
@@ -827,6 +911,11 @@ int main(int argc, char **argv) {
   if (interval && !is_top) {
     return fail(2, "USAGE", "--interval is for top");
   }
+  if (is_drop && nargs != 1) return fail(2, "USAGE", "drop needs one name");
+  if (uid_arg && !is_drop) return fail(2, "USAGE", "--uid is for drop");
+  uid_t drop_uid = getuid();
+  if (uid_arg && owner_parse(uid_arg, &drop_uid) < 0)
+    return fail(2, "USAGE", "invalid --uid '%s' (a user name or uid)", uid_arg);
   /* Looking needs no permission: without a controller's rights, status
    * comes through a plain session (list then shows only its own buffers:
    * none). One command, one connection: if the daemon goes away, say so
@@ -869,6 +958,8 @@ int main(int argc, char **argv) {
     rc = run_op(c, socket_path, owner, strcmp(cmd, "resume") == 0, args, nargs, devs, ndevs, &o, json);
   } else if (is_share) {
     rc = run_share(c, strcmp(cmd, "share") == 0, args, nargs, json);
+  } else if (is_drop) {
+    rc = run_drop(c, args[0], (uint32_t)drop_uid, json);
   } else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "metrics") == 0) {
     struct gpumem_status *s;
     int err = gpumem_status(c, &s);

@@ -356,11 +356,12 @@ static void release(engine *e, struct op *op, struct buffer *b, bool still_held,
                     uint64_t copied_us) {
   unsigned long long id = (unsigned long long)b->id;
   if (still_held) {
-    log_error("pid %d acknowledged the unmap of buffer %llu but still maps it", (int)b->owner->pid,
-              id);
+    int pid = (int)registry_holder_pid(b);
+    const char *said = b->owner->keeper ? "let go of" : "acknowledged the unmap of";
+    log_error("pid %d %s buffer %llu but still maps it", pid, said, id);
     hold(op, b);
-    fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
-         "pid %d acknowledged the unmap of buffer %llu but still maps it", (int)b->owner->pid, id);
+    fail(op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, "pid %d %s buffer %llu but still maps it",
+         pid, said, id);
     return;
   }
   uint64_t copied = 0;
@@ -413,7 +414,7 @@ static idmap *pids_unacked(struct op *op) {
   struct list *p, *t;
   list_for_each_safe(p, t, &op->groups) {
     struct group *g = list_entry(p, struct group, link);
-    if (g->kind != GROUP_UNMAP || g->done || g->acked >= g->nevents) continue;
+    if (g->kind != GROUP_UNMAP || g->done || g->acked >= g->nevents || g->s->keeper) continue;
     if (!m && !(m = idmap_create())) return NULL;
     if (idmap_put(m, g->s->pid, g) < 0) {
       idmap_destroy(m);
@@ -1461,6 +1462,32 @@ void engine_ack(engine *e, struct owner *s, uint64_t event_id,
 /* Whether a process is released. */
 bool engine_released(const engine *e, pid_t pid) { return ctxrelease_holds(e->ctx, pid); }
 
+/* Group g's owner s ended while g had buffers in a transition, and its
+ * persistent ones went to the keeper (the rest are freed): what g was
+ * doing with them cannot finish. One being paused stays ACTIVE (s never
+ * said it unmapped it), one being resumed is PAUSED again with its backup
+ * (s may not have mapped or filled it); either fails the operation. */
+static void orphan_transit(engine *e, struct group *g, const struct owner *s) {
+  for (size_t i = 0; i < g->nids; i++) {
+    struct buffer *b = registry_find(e->reg, g->ids[i]);
+    if (!b || b->owner == s) continue;
+    unsigned long long id = (unsigned long long)b->id;
+    if (b->state == BUF_PAUSING) {
+      registry_move(e->reg, b, BUF_EV_UNMAP_FAILED);
+      registry_backup_unhanded(b);
+      hold(g->op, b);
+      fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+           "pid %d ended its session before it unmapped persistent buffer %llu: the daemon "
+           "keeps it, ACTIVE; pause again", (int)s->pid, id);
+    } else if (b->state == BUF_RESUMING) {
+      undo_resume(e, b, g->made[i]);
+      fail(g->op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
+           "pid %d ended its session during the resume of persistent buffer %llu: the daemon "
+           "keeps it, PAUSED with its backup; resume again", (int)s->pid, id);
+    }
+  }
+}
+
 /* A session is ending: stop waiting for it and never answer it. */
 void engine_forget(engine *e, struct owner *s) {
   ctxrelease_forget(e->ctx, s);
@@ -1472,7 +1499,9 @@ void engine_forget(engine *e, struct owner *s) {
   }
   list_for_each_safe(p, n, &e->stragglers) {
     struct group *g = list_entry(p, struct group, link);
-    if (g->s == s) group_free(g, e->events);
+    if (g->s != s) continue;
+    orphan_transit(e, g, s);
+    group_free(g, e->events);
   }
   struct op *op = e->current;
   if (!op) return;
@@ -1484,6 +1513,7 @@ void engine_forget(engine *e, struct owner *s) {
     if (g->s != s) continue;
     if (!g->done) op->pending--;
     if (!g->done && !op->resume) exitwait_note(e->exits, (int)s->pid);
+    orphan_transit(e, g, s);
     group_free(g, e->events);
   }
   if (!list_empty(&e->unmapped)) settle_unmapped(e, false); /* those that waited for its acks */

@@ -67,7 +67,7 @@ void engine_settle(engine *e);
 bool engine_released(const engine *e, pid_t pid);
 
 /* A session is ending: stop waiting for it and never answer it. Called
- * once its buffers are freed. */
+ * once its buffers are freed (its persistent ones handed to the keeper). */
 void engine_forget(engine *e, struct owner *s);
 
 #endif

@@ -147,6 +147,8 @@ static void frame_buffer(struct bytes *b, const struct journal_buffer *x, bool g
     m.state = x->state;
     m.secret.data = (uint8_t *)x->secret;
     m.secret.len = sizeof x->secret;
+    m.name = (char *)x->name;
+    m.kept = x->kept;
   }
   Gpumem__Wire__JournalRecord r = GPUMEM__WIRE__JOURNAL_RECORD__INIT;
   r.body_case = GPUMEM__WIRE__JOURNAL_RECORD__BODY_BUFFER;
@@ -196,8 +198,9 @@ static bool take_buffer(journal *j, const Gpumem__Wire__JournalBuffer *m) {
     }
   }
   *b = (struct journal_buffer){.id = m->id, .uid = m->uid, .device = m->device, .size = m->size,
-                               .flags = m->flags, .state = m->state};
+                               .flags = m->flags, .state = m->state, .kept = m->kept};
   snprintf(b->tag, sizeof b->tag, "%s", m->tag);
+  snprintf(b->name, sizeof b->name, "%s", m->name);
   memcpy(b->secret, m->secret.data, sizeof b->secret);
   if (m->id > j->max_id) j->max_id = m->id;
   return true;

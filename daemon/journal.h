@@ -40,6 +40,8 @@ struct journal_buffer {
   uint32_t flags;
   Gpumem__Wire__BufferState state;
   uint8_t secret[WIRE_SECRET_SIZE];
+  char name[WIRE_TAG_MAX + 1]; /* a PERSIST buffer's; "" otherwise */
+  bool kept;                   /* held by the daemon alone (no worker holds it) */
 };
 
 /* What the journal is written for: a journal of another backend or

@@ -49,7 +49,7 @@ void outcome_hold(struct outcome *o, const struct buffer *b) {
   if (!o) return;
   o->held_buffers++;
   if (b->has_memory) o->held_bytes += b->size;
-  outcome_note_pid(o, b->owner->pid);
+  outcome_note_pid(o, registry_holder_pid(b));
 }
 
 /* Count a buffer that finished, in the total and in its tag's detail. */

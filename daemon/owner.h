@@ -27,6 +27,8 @@ struct owner {
   bool nothing_mapped; /* its last Unmap ack said it maps nothing of ours */
   bool released;       /* its process's device state is released (ctxrelease.h) */
   uint64_t moved;      /* device bytes that release moved to host memory */
+  bool keeper;         /* the daemon itself, holding persistent buffers no
+                          session holds (keeper.h): no process, no session */
   struct list link; /* the server's owners, one per session, in id order */
 };
 

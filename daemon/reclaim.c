@@ -17,6 +17,15 @@ bool reclaim_restore(registry *reg, journal *j) {
   if (!all) return false;
   n = journal_expected_list(j, all, n);
   for (size_t i = 0; i < n; i++) {
+    if (all[i]->kept) { /* its memory had no holder but the daemon before */
+      char size[32];
+      size_format(all[i]->size, size, sizeof size);
+      log_warn("journal: persistent buffer '%s' of uid %u (%s on device %u, tag '%s') was "
+               "held by the daemon before alone: its memory and contents went with it",
+               all[i]->name, all[i]->uid, size, all[i]->device, all[i]->tag);
+      journal_claim(j, all[i]->id); /* gone from the journal too */
+      continue;
+    }
     struct tag *t = registry_tag(reg, all[i]->tag);
     if (!t) { /* a buffer whose tag record is missing: its uid's */
       struct journal_tag jt = {.uid = all[i]->uid, .owned = true};
@@ -66,14 +75,14 @@ static wire_code check_one(const journal *j, uint32_t uid, const Gpumem__Wire__A
   uint32_t flags = a->flags & ~(uint32_t)GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED;
   uint32_t was = e->flags & ~(uint32_t)GPUMEM__WIRE__BUFFER_FLAG__FLAG_ALLOW_PAUSED;
   if (strcmp(e->tag, a->tag) != 0 || e->device != a->device || e->size != a->size ||
-      flags != was) {
+      flags != was || strcmp(e->name, a->name) != 0) {
     char size[32];
     size_format(e->size, size, sizeof size);
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
                      "adopt buffer %zu: buffer %llu was %s on device %u in tag '%s' with flags "
-                     "0x%x, not %llu bytes on device %u in '%s' with 0x%x",
-                     i, (unsigned long long)a->old_id, size, e->device, e->tag, was,
-                     (unsigned long long)a->size, a->device, a->tag, flags);
+                     "0x%x, name '%s', not %llu bytes on device %u in '%s' with 0x%x, '%s'",
+                     i, (unsigned long long)a->old_id, size, e->device, e->tag, was, e->name,
+                     (unsigned long long)a->size, a->device, a->tag, flags, a->name);
   }
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }

@@ -26,6 +26,7 @@ struct registry {
   uint64_t generation_round; /* registry_new_generation's calls */
   idmap *buffers;
   struct list all;  /* struct buffer.all_link, in id order */
+  struct list persistent; /* struct buffer.persist_link: the named ones */
   struct list tags; /* in creation order */
   idmap *tag_hash;  /* name hash | 1 -> first tag of that bucket */
   idmap *tag_seqs;  /* seq -> tag */
@@ -54,6 +55,7 @@ registry *registry_create(gpudev *g, const struct registry_options *opt) {
   r->next_id = 1;
   list_init(&r->tags);
   list_init(&r->all);
+  list_init(&r->persistent);
   r->buffers = idmap_create();
   r->tag_hash = idmap_create();
   r->tag_seqs = idmap_create();
@@ -118,6 +120,8 @@ static struct journal_buffer buffer_record(const struct buffer *b) {
                              .flags = b->flags, .state = b->state};
   memcpy(j.tag, b->tag->name, sizeof j.tag);
   memcpy(j.secret, b->secret, sizeof j.secret);
+  memcpy(j.name, b->name, sizeof j.name);
+  j.kept = b->owner && b->owner->keeper;
   return j;
 }
 
@@ -388,11 +392,16 @@ static int copy(registry *r, struct buffer *b, void *host, bool to_host) {
   return rc;
 }
 
-/* Let go of every context held for backups (the next copy takes one);
- * host_only: and of the device's reach into paused buffers' backups. */
+/* Let go of every context held for backups (the next copy takes one),
+ * and of the device's reach into the backups of paused buffers that no
+ * session holds (that reach is the daemon's own device memory, which a
+ * pause of them must give back); host_only: of every paused buffer's. */
 void registry_let_go(registry *r, bool host_only) {
-  for (struct list *p = r->all.next; host_only && p != &r->all; p = p->next) {
-    struct buffer *b = list_entry(p, struct buffer, all_link);
+  struct list *l = host_only ? &r->all : &r->persistent;
+  for (struct list *p = l->next; p != l; p = p->next) {
+    struct buffer *b = host_only ? list_entry(p, struct buffer, all_link)
+                                 : list_entry(p, struct buffer, persist_link);
+    if (!host_only && !b->owner->keeper) continue;
     if (b->backup && !b->pageable && b->state == BUF_PAUSED)
       gpudev_backup_host_only(r->gpu, b->device, b->backup);
   }
@@ -879,6 +888,7 @@ static void attach(registry *r, struct buffer *b, struct owner *owner, struct ta
   list_append(&owner->buffers, &b->owner_link);
   owner->nbuffers++;
   list_append(&r->all, &b->all_link);
+  if (b->name[0]) list_append(&r->persistent, &b->persist_link);
   list_append(tenants_members(r->tenants, b->uid), &b->uid_link); /* charged: it exists */
 }
 
@@ -895,6 +905,11 @@ static wire_code enter(registry *r, struct buffer *b, struct owner *owner, struc
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   }
   attach(r, b, owner, tag, st);
+  b->born_ns = registry_now_ns();
+  if (b->name[0]) {
+    b->last_pid = owner->pid;
+    snprintf(b->last_name, sizeof b->last_name, "%s", owner->name);
+  }
   buffer_changed(r, b);
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
@@ -915,9 +930,76 @@ static wire_code new_secret(struct buffer *b, struct fault *f) {
                    strerror(errno));
 }
 
+/* The monotonic clock, in nanoseconds. */
+uint64_t registry_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Name a new PERSIST buffer, refusing a name its uid has already. */
+static wire_code take_name(registry *r, struct buffer *b, const char *name, struct fault *f) {
+  if (!name || !name[0]) return GPUMEM__WIRE__ERROR_CODE__OK;
+  const struct buffer *was = registry_persistent(r, b->uid, name);
+  if (was)
+    return fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                     "uid %u has a persistent buffer '%s' already (buffer %llu): attach it, or "
+                     "drop it first",
+                     b->uid, name, (unsigned long long)was->id);
+  snprintf(b->name, sizeof b->name, "%s", name);
+  return GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* The persistent buffer of uid named name: a walk of the named ones. */
+struct buffer *registry_persistent(registry *r, uint32_t uid, const char *name) {
+  for (struct list *p = r->persistent.next; p != &r->persistent; p = p->next) {
+    struct buffer *b = list_entry(p, struct buffer, persist_link);
+    if (b->uid == uid && strcmp(b->name, name) == 0) return b;
+  }
+  return NULL;
+}
+
+/* The named buffers. */
+struct list *registry_persistent_list(registry *r) { return &r->persistent; }
+
+/* The process that may map b: its owner's, or for a buffer the keeper
+ * holds, its last holder's (which may map it still, having ended its
+ * session alone). */
+pid_t registry_holder_pid(const struct buffer *b) {
+  return b->owner->keeper ? b->last_pid : b->owner->pid;
+}
+
+/* Move a persistent buffer to another owner, remembering its last holder. */
+void registry_hand(registry *r, struct buffer *b, struct owner *to) {
+  struct owner *from = b->owner;
+  if (!from->keeper) {
+    b->last_pid = from->pid;
+    snprintf(b->last_name, sizeof b->last_name, "%s", from->name);
+  }
+  b->let_go_ns = to->keeper ? registry_now_ns() : 0;
+  if (!to->keeper) {
+    b->last_pid = to->pid;
+    snprintf(b->last_name, sizeof b->last_name, "%s", to->name);
+  }
+  list_remove(&b->owner_link);
+  from->nbuffers--;
+  list_append(&to->buffers, &b->owner_link);
+  to->nbuffers++;
+  b->owner = to;
+  b->handed_to = 0; /* backup memory handed before was the last holder's */
+  buffer_changed(r, b);
+}
+
 /* Allocate a buffer for owner. */
 wire_code registry_alloc(registry *r, struct owner *owner, const char *tagname, unsigned device,
                          uint64_t size, uint32_t flags, struct buffer **out, struct fault *f) {
+  return registry_alloc_named(r, owner, NULL, tagname, device, size, flags, out, f);
+}
+
+/* Allocate a buffer, named when persistent, for owner. */
+wire_code registry_alloc_named(registry *r, struct owner *owner, const char *name,
+                               const char *tagname, unsigned device, uint64_t size, uint32_t flags,
+                               struct buffer **out, struct fault *f) {
   uint32_t uid = (uint32_t)owner->uid;
   struct buffer *b = calloc(1, sizeof *b);
   if (!b) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
@@ -927,6 +1009,7 @@ wire_code registry_alloc(registry *r, struct owner *owner, const char *tagname, 
   b->disk_fd = -1;
   struct tag *tag = NULL;
   wire_code rc = disk_ok(r, flags, f);
+  if (!rc) rc = take_name(r, b, name, f);
   if (!rc) rc = plan_chunks(r, b, size, f);
   if (rc) goto fail;
   if ((rc = join_tag(r, tagname, uid, &tag, f))) goto fail;
@@ -969,9 +1052,9 @@ static bool owned_by(registry *r, uint64_t handle, uint32_t uid, uint32_t *holde
 /* Re-register a buffer a worker kept across a daemon restart: its tag
  * and quotas first, then its chunks. */
 wire_code registry_adopt(registry *r, struct owner *owner, const char *tagname, unsigned device,
-                         uint64_t size, uint32_t flags, bool paused, const uint64_t *chunk_sizes,
-                         size_t nchunks, int *fds, const uint8_t *secret, struct buffer **out,
-                         struct fault *f) {
+                         uint64_t size, uint32_t flags, const char *name, bool paused,
+                         const uint64_t *chunk_sizes, size_t nchunks, int *fds,
+                         const uint8_t *secret, struct buffer **out, struct fault *f) {
   uint32_t uid = (uint32_t)owner->uid;
   size_t nfds = paused ? 0 : nchunks, took = 0;
   struct buffer *b = calloc(1, sizeof *b);
@@ -991,7 +1074,9 @@ wire_code registry_adopt(registry *r, struct owner *owner, const char *tagname, 
   memcpy(b->chunk_sizes, chunk_sizes, nchunks * sizeof *chunk_sizes);
   /* The tag's paused mark is a controller's: a worker's re-registered
    * paused buffer shows as paused (the tag's state says so) without it. */
-  if ((rc = disk_ok(r, flags, f)) || (rc = join_tag(r, tagname, uid, &tag, f))) goto fail;
+  if ((rc = disk_ok(r, flags, f)) || (rc = take_name(r, b, name, f)) ||
+      (rc = join_tag(r, tagname, uid, &tag, f)))
+    goto fail;
   if ((rc = charge(r, b, f))) goto fail;
   if ((rc = reserve_backup(r, b, f))) {
     uncharge(r, b);
@@ -1120,7 +1205,9 @@ static void held_by_one(registry *r, struct buffer **bufs, size_t n, bool *held)
     for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++)
       handles[k++] = bufs[i]->handles[c];
   if (handles && chunk_held && total &&
-      gpudev_chunks_held_by(r->gpu, (int)bufs[0]->owner->pid, handles, total, chunk_held) > 0) {
+      registry_holder_pid(bufs[0]) > 0 &&
+      gpudev_chunks_held_by(r->gpu, (int)registry_holder_pid(bufs[0]), handles, total,
+                            chunk_held) > 0) {
     k = 0;
     for (size_t i = 0; i < n; i++)
       for (size_t c = 0; !bufs[i]->ipc && c < bufs[i]->nchunks; c++) held[i] |= chunk_held[k++];
@@ -1137,8 +1224,8 @@ struct placed {
 
 /* Order placed buffers by their owner's pid. */
 static int by_pid(const void *a, const void *b) {
-  uint32_t x = ((const struct placed *)a)->b->owner->pid;
-  uint32_t y = ((const struct placed *)b)->b->owner->pid;
+  uint32_t x = (uint32_t)registry_holder_pid(((const struct placed *)a)->b);
+  uint32_t y = (uint32_t)registry_holder_pid(((const struct placed *)b)->b);
   return (x > y) - (x < y);
 }
 
@@ -1155,7 +1242,8 @@ void registry_held_by(registry *r, struct buffer **bufs, size_t n, bool *held) {
   for (size_t i = 0; i < n; i++) p[i] = (struct placed){bufs[i], i};
   if (n) qsort(p, n, sizeof *p, by_pid);
   for (size_t i = 0, j; i < n; i = j) {
-    for (j = i; j < n && p[j].b->owner->pid == p[i].b->owner->pid; j++) run[j - i] = p[j].b;
+    for (j = i; j < n && registry_holder_pid(p[j].b) == registry_holder_pid(p[i].b); j++)
+      run[j - i] = p[j].b;
     held_by_one(r, run, j - i, got + i);
     for (size_t k = i; k < j; k++) held[p[k].at] = got[k];
   }
@@ -1229,6 +1317,7 @@ void registry_free(registry *r, struct buffer *b) {
   list_remove(&b->owner_link);
   b->owner->nbuffers--;
   list_remove(&b->all_link);
+  if (b->name[0]) list_remove(&b->persist_link);
   if (r->journal) journal_put_gone(r->journal, b->id);
   if (!r->destroying) registry_prune(r, b->tag);
   buffer_destroy(b);

@@ -26,6 +26,7 @@ typedef Gpumem__Wire__BufferState buffer_state;
 #define BUF_FLAG_BACKUP_RELEASE GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_RELEASE
 #define BUF_FLAG_BACKUP_PAGEABLE GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_PAGEABLE
 #define BUF_FLAG_BACKUP_DISK GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP_DISK
+#define BUF_FLAG_PERSIST GPUMEM__WIRE__BUFFER_FLAG__FLAG_PERSIST
 
 
 /* A tag: a name and its buffers, with counts per state kept by the
@@ -89,8 +90,14 @@ struct buffer {
   bool pageable;      /* its backup is pageable memory (pageable.h), not pinned */
   int disk_fd;        /* the file its backup is in (BACKUP_DISK, backup_disk.h); -1: none */
   bool spilling;      /* its backup memory is being written to disk, off the loop */
+  char name[WIRE_TAG_MAX + 1]; /* a PERSIST buffer's, unique in its uid's; "" otherwise */
+  uint64_t born_ns;   /* when it was made (CLOCK_MONOTONIC) */
+  pid_t last_pid;     /* its last holder's process (PERSIST), its session's name: */
+  char last_name[WIRE_NAME_MAX + 1];
+  uint64_t let_go_ns; /* when that holder let go of it; 0 while a session holds it */
   struct list tag_link, owner_link;
   struct list all_link; /* the registry's buffers, in id order */
+  struct list persist_link; /* the registry's PERSIST buffers (named), in id order */
   struct list uid_link; /* its uid's buffers (tenants_members), in id order */
 };
 
@@ -129,6 +136,31 @@ void registry_destroy(registry *r);
 wire_code registry_alloc(registry *r, struct owner *owner, const char *tag, unsigned device,
                          uint64_t size, uint32_t flags, struct buffer **out, struct fault *f);
 
+/* registry_alloc for a PERSIST buffer named name (NULL or "": none, as
+ * registry_alloc), which must be new among its uid's persistent buffers
+ * (WRONG_STATE, naming the one there, otherwise). */
+wire_code registry_alloc_named(registry *r, struct owner *owner, const char *name,
+                               const char *tag, unsigned device, uint64_t size, uint32_t flags,
+                               struct buffer **out, struct fault *f);
+
+/* The persistent buffer of uid named name, or NULL. */
+struct buffer *registry_persistent(registry *r, uint32_t uid, const char *name);
+
+/* The PERSIST buffers (struct buffer.persist_link), in id order. */
+struct list *registry_persistent_list(registry *r);
+
+/* Hand b, a PERSIST buffer, to another owner: the keeper (keeper.h) when
+ * its holder lets go of it or ends, or a session that attaches it. Its
+ * last holder is remembered (status shows it) and the journal told. */
+void registry_hand(registry *r, struct buffer *b, struct owner *to);
+
+/* The process that may map b: its owner's, or, held by the keeper, its
+ * last holder's (a process may end its session and keep its mappings). */
+pid_t registry_holder_pid(const struct buffer *b);
+
+/* The clock of born_ns and let_go_ns: CLOCK_MONOTONIC, in nanoseconds. */
+uint64_t registry_now_ns(void);
+
 /* Re-register a buffer that a worker kept across a daemon restart: the
  * chunk fds (consumed either way; none when paused) become its memory,
  * unless the backend says they belong to another uid. Tags and quotas are
@@ -136,9 +168,9 @@ wire_code registry_alloc(registry *r, struct owner *owner, const char *tag, unsi
  * NULL: it gets a new one). Returns OK with *out, or the error with
  * nothing changed. */
 wire_code registry_adopt(registry *r, struct owner *owner, const char *tag, unsigned device,
-                         uint64_t size, uint32_t flags, bool paused, const uint64_t *chunk_sizes,
-                         size_t nchunks, int *fds, const uint8_t *secret, struct buffer **out,
-                         struct fault *f);
+                         uint64_t size, uint32_t flags, const char *name, bool paused,
+                         const uint64_t *chunk_sizes, size_t nchunks, int *fds,
+                         const uint8_t *secret, struct buffer **out, struct fault *f);
 
 /* What happens to a buffer in a pause or resume. With the buffer's state
  * it decides the next one, by the one table of moves (registry.c):
@@ -342,7 +374,8 @@ void registry_copy_totals(const registry *r, bool to_host, uint64_t *bytes, uint
  * released its workers, for a node that holds nothing): also take the
  * device's access to paused buffers' backups away (32 MiB of device
  * memory for 16 GiB on an H200, by NVML), which the next copy gives back
- * (gpudev_backup_host_only). */
+ * (gpudev_backup_host_only). The backups of paused buffers no session
+ * holds lose that access at every call: it is the daemon's own memory. */
 void registry_let_go(registry *r, bool host_only);
 
 

@@ -370,6 +370,32 @@ static void tenant_view_free(struct tenant_view *tv) {
 
 /* Send s one page of the status of every device, tag and session it may
  * see (a worker: its uid's). */
+static void buffer_info(Gpumem__Wire__BufferInfo *bi, const struct buffer *b);
+
+/* How many persistent buffers a status shows. */
+#define REPORT_PERSISTENT 256
+
+/* At most REPORT_PERSISTENT of the persistent buffers the asker may see
+ * (all, or uid's), those no session holds first, into v and vp; their
+ * number in all into *total. */
+static size_t page_persistent(registry *reg, bool all, uint32_t uid, Gpumem__Wire__BufferInfo *v,
+                              Gpumem__Wire__BufferInfo **vp, uint64_t *total) {
+  size_t n = 0;
+  *total = 0;
+  struct list *l = registry_persistent_list(reg);
+  for (int pass = 0; pass < 2; pass++)
+    for (struct list *p = l->next; p != l; p = p->next) {
+      const struct buffer *b = list_entry(p, struct buffer, persist_link);
+      if (!all && b->uid != uid) continue;
+      if (pass == 0) (*total)++;
+      if (b->owner->keeper != (pass == 0) || n == REPORT_PERSISTENT) continue;
+      buffer_info(&v[n], b);
+      vp[n] = &v[n];
+      n++;
+    }
+  return n;
+}
+
 void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
                    const Gpumem__Wire__StatusRequest *req, registry *reg, gpudev *g,
                    struct list *sessions,
@@ -392,12 +418,14 @@ void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
   Gpumem__Wire__TagInfo **tagp = calloc(tag_room, sizeof *tagp);
   Gpumem__Wire__SessionInfo *ses = calloc(session_room, sizeof *ses);
   Gpumem__Wire__SessionInfo **sesp = calloc(session_room, sizeof *sesp);
+  Gpumem__Wire__BufferInfo *pers = calloc(REPORT_PERSISTENT, sizeof *pers);
+  Gpumem__Wire__BufferInfo **persp = calloc(REPORT_PERSISTENT, sizeof *persp);
   Gpumem__Wire__ProcessMemory *procs = NULL, **procp = NULL;
   char(*names)[WIRE_NAME_MAX + 1] = NULL;
   struct stats_view *figures = NULL;
   long nprocs = processes_of(g, true, uv_hrtime(), sessions, &procs, &names);
   procp = calloc(nprocs > 0 ? (size_t)nprocs + 1 : 1, sizeof *procp);
-  if (!r.devices || !tags || !tagp || !ses || !sesp || !procp ||
+  if (!r.devices || !tags || !tagp || !ses || !sesp || !procp || !pers || !persp ||
       tenant_view_fill(&tv, reg, gpudev_device_count(g), all, uid, &r) < 0) {
     struct fault f;
     fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
@@ -421,6 +449,10 @@ void report_status(const struct outbox *out, struct owner *s, uint64_t req_id,
                                  &r.n_sessions,
                                  all, uid, procp, r.n_processes, r.processes_known);
   if (!all) r.n_processes = own_processes(procp, r.n_processes, sessions, uid);
+  if (!req->tag_cursor && !req->session_cursor) { /* the first page */
+    r.persistent = persp;
+    r.n_persistent = page_persistent(reg, all, uid, pers, persp, &r.total_persistent);
+  }
   r.last_pause_checks = (Gpumem__Wire__DeviceCheck **)last_checks;
   r.n_last_pause_checks = nlast;
   registry_backup_budget(reg, &r.backup_reserved, &r.backup_limit);
@@ -453,6 +485,8 @@ out:
   free(tagp);
   free(ses);
   free(sesp);
+  free(pers);
+  free(persp);
 }
 
 /* Send s the tag a share left, or none when it is gone. */
@@ -478,6 +512,16 @@ static void buffer_info(Gpumem__Wire__BufferInfo *bi, const struct buffer *b) {
   bi->size = b->size;
   bi->flags = b->flags;
   bi->state = b->state;
+  bi->uid = b->uid;
+  if (b->owner->keeper) bi->session_id = bi->pid = 0; /* no session holds it */
+  if (b->flags & BUF_FLAG_PERSIST) {
+    uint64_t now = registry_now_ns();
+    bi->name = (char *)b->name;
+    bi->age_ms = (now - b->born_ns) / 1000000;
+    bi->last_pid = (uint32_t)b->last_pid;
+    bi->last_name = (char *)b->last_name;
+    bi->idle_ms = b->let_go_ns ? (now - b->let_go_ns) / 1000000 : 0;
+  }
 }
 
 /* Send s one page of the buffers it may see (its uid's; a controller's:

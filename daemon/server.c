@@ -22,6 +22,7 @@
 #include "report.h"
 #include "grace.h"
 #include "journal.h"
+#include "keeper.h"
 #include "safedir.h"
 #include "session.h"
 #include "stats.h"
@@ -60,6 +61,7 @@ struct server {
                              against it, and new tags need not wait */
   uv_check_t journal_check; /* after a turn of the loop: starts journal_timer */
   uv_timer_t journal_timer; /* writes what changed, JOURNAL_DELAY_MS after */
+  keeper *keeper;           /* holds persistent buffers no session holds */
 };
 
 /* How long sessions may take to read the shutdown notice. */
@@ -90,33 +92,51 @@ static size_t parked_fds(void *ctx, uid_t uid);
 
 /* The outbox's send: session_send to the owner's session. */
 static int out_send(void *ctx, struct owner *o, const wire_env *env, const int *fds, size_t nfds) {
-  (void)ctx;
+  server *srv = ctx;
+  if (o->keeper) { /* an event for the keeper: it maps nothing, it answers */
+    for (size_t i = 0; i < nfds; i++) close(fds[i]);
+    return keeper_event(srv->keeper, env->id);
+  }
   return session_send(session_of(o), env, fds, nfds);
 }
 
 /* The outbox's send_error: session_send_error to the owner's session. */
 static void out_send_error(void *ctx, struct owner *o, uint64_t id, const struct fault *f) {
   (void)ctx;
+  if (o->keeper) {
+    log_error("persistent buffers with no holder: %s", f->text);
+    return;
+  }
   session_send_error(session_of(o), id, f);
 }
 
 /* The outbox's end: say f, then end the owner's session. */
 static void out_end(void *ctx, struct owner *o, const struct fault *f) {
   (void)ctx;
+  if (o->keeper) return; /* no session: the daemon keeps what it holds */
   session_end(session_of(o), SESSION_END_NEXT_TURN, 0, f);
 }
 
 /* The outbox's stop: kill the owner's process. */
 static int out_stop(void *ctx, struct owner *o) {
   (void)ctx;
-  return session_kill(session_of(o));
+  return o->keeper ? -EBADF : session_kill(session_of(o));
 }
 
 /* The outbox's pinned: whether the owner's process is the one pinned. */
 static int out_pinned(void *ctx, struct owner *o) {
   (void)ctx;
+  if (o->keeper) return -EBADF;
   struct session *s = session_of(o);
   return s->pidfd < 0 ? -EBADF : peer_signal(s->pidfd, 0);
+}
+
+/* The keeper's answer to its event: done, nothing failed, nothing mapped. */
+static void on_keeper_ack(void *ctx, struct owner *o, uint64_t event_id) {
+  server *srv = ctx;
+  Gpumem__Wire__EventAck ack = GPUMEM__WIRE__EVENT_ACK__INIT;
+  ack.nothing_mapped = true;
+  if (srv->eng) engine_ack(srv->eng, o, event_id, &ack);
 }
 
 /* Write what changed to the journal. */
@@ -253,7 +273,10 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
   bool journal_ok = srv->eng && journal_start(srv, &grace_ms, err, errlen) == 0;
   srv->grace = journal_ok ? grace_create(loop, grace_ms, serve_waiting, on_grace_end, srv) : NULL;
   if (srv->grace) engine_set_grace(srv->eng, srv->grace);
-  if (!srv->grace) {
+  srv->keeper = srv->grace ? keeper_create(loop, on_keeper_ack, srv) : NULL;
+  if (!srv->keeper) {
+    if (srv->eng) engine_set_grace(srv->eng, NULL);
+    grace_destroy(srv->grace);
     if (journal_ok || !srv->eng) snprintf(err, errlen, "out of memory"); /* else err says */
     journal_stop(srv);
     journal_close(srv->journal);
@@ -322,6 +345,7 @@ void server_destroy(server *srv) {
   }
   journal_stop(srv);
   registry_destroy(srv->reg);
+  keeper_free(srv->keeper); /* after its buffers, which registry_destroy freed */
   journal_close(srv->journal);
   /* Buffers that were still there gave up the jobs making their backup
    * memory: let those end (and free what they made). */
@@ -348,6 +372,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   srv->stopping = true;
   log_info("%s: shutting down", strsignal(signum));
   journal_stop(srv); /* the journal says what was before the shutdown */
+  keeper_close(srv->keeper);
   engine_set_grace(srv->eng, NULL);
   grace_destroy(srv->grace); /* what waited is answered as below */
   srv->grace = NULL;
@@ -546,8 +571,16 @@ static void on_closed(void *ctx, struct session *s) {
   list_remove(&s->backlog_link);
   engine_settle(srv->eng); /* its last acks count before its buffers go */
   struct list *p, *t;
-  list_for_each_safe(p, t, &s->owner.buffers)
-      registry_free(srv->reg, list_entry(p, struct buffer, owner_link));
+  list_for_each_safe(p, t, &s->owner.buffers) {
+    struct buffer *b = list_entry(p, struct buffer, owner_link);
+    if (b->flags & BUF_FLAG_PERSIST) {
+      log_info("pid %d ended its session: the daemon keeps persistent buffer '%s' (%llu) of "
+               "uid %u", (int)s->owner.pid, b->name, (unsigned long long)b->id, b->uid);
+      registry_hand(srv->reg, b, keeper_owner(srv->keeper));
+    } else {
+      registry_free(srv->reg, b);
+    }
+  }
   if (srv->eng) engine_forget(srv->eng, &s->owner);
   if (srv->stopping && list_empty(&srv->sessions) &&
       !uv_is_closing((uv_handle_t *)&srv->stop_timer))
@@ -703,6 +736,44 @@ static bool leaves_keep_free(server *srv, const Gpumem__Wire__AllocRequest *a, s
   return false;
 }
 
+/* Send s buffer b, which it now holds (an allocation's, or with attached
+ * an Attach's: its tag, device and flags too), with its chunks' fds when
+ * it is ACTIVE. -1 with f filled when they cannot be exported (nothing
+ * sent). */
+static int reply_buffer(server *srv, struct session *s, uint64_t id, struct buffer *b,
+                        bool attached, struct fault *f) {
+  int fds[FRAME_MAX_FDS];
+  size_t nfds = 0;
+  if (b->state == BUF_ACTIVE) {
+    if (registry_export(srv->reg, b, fds, f)) return -1;
+    nfds = b->ipc ? 0 : b->nchunks;
+    s->owner.nothing_mapped = false; /* it maps this one now */
+  }
+  Gpumem__Wire__AllocReply r = GPUMEM__WIRE__ALLOC_REPLY__INIT;
+  r.buffer_id = b->id;
+  r.size = b->size;
+  r.state = b->state;
+  r.chunk_sizes = b->chunk_sizes;
+  r.n_chunk_sizes = b->nchunks;
+  r.generation = b->tag->generation;
+  r.secret.data = b->secret;
+  r.secret.len = sizeof b->secret;
+  if (b->ipc) {
+    r.ipc_handle.data = b->ipc_handle;
+    r.ipc_handle.len = sizeof b->ipc_handle;
+  }
+  if (attached) {
+    r.tag = b->tag->name;
+    r.device = b->device;
+    r.flags = b->flags;
+  }
+  wire_env out = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY, &r);
+  out.fd_count = (uint32_t)nfds;
+  journal_flush(srv->journal); /* the journal knows the secret before its holder does */
+  session_send(s, &out, fds, nfds);
+  return 0;
+}
+
 static void handle_alloc(server *srv, struct session *s, uint64_t id,
                          const Gpumem__Wire__AllocRequest *a) {
   if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
@@ -742,40 +813,18 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
     answer_error(s, id, &f);
     return;
   }
-  if (registry_alloc(srv->reg, &s->owner, a->tag, a->device, a->size, a->flags, &b, &f)) {
+  if (registry_alloc_named(srv->reg, &s->owner, a->name, a->tag, a->device, a->size, a->flags,
+                           &b, &f)) {
     answer_error(s, id, &f);
     return;
   }
-  int fds[FRAME_MAX_FDS];
-  size_t nfds = 0;
-  if (b->state == BUF_ACTIVE) {
-    if (registry_export(srv->reg, b, fds, &f)) {
-      registry_free(srv->reg, b);
-      answer_error(s, id, &f);
-      return;
-    }
-    nfds = b->ipc ? 0 : b->nchunks;
-    s->owner.nothing_mapped = false; /* it maps this one now */
+  if (reply_buffer(srv, s, id, b, false, &f) < 0) {
+    registry_free(srv->reg, b);
+    answer_error(s, id, &f);
+    return;
   }
-  Gpumem__Wire__AllocReply r = GPUMEM__WIRE__ALLOC_REPLY__INIT;
-  r.buffer_id = b->id;
-  r.size = b->size;
-  r.state = b->state;
-  r.chunk_sizes = b->chunk_sizes;
-  r.n_chunk_sizes = b->nchunks;
-  r.generation = b->tag->generation;
-  r.secret.data = b->secret;
-  r.secret.len = sizeof b->secret;
-  if (b->ipc) {
-    r.ipc_handle.data = b->ipc_handle;
-    r.ipc_handle.len = sizeof b->ipc_handle;
-  }
-  wire_env out = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY, &r);
-  out.fd_count = (uint32_t)nfds;
   log_debug("pid %d: alloc %llu bytes '%s' on device %u: buffer %llu", (int)s->owner.pid,
             (unsigned long long)b->size, a->tag, a->device, (unsigned long long)b->id);
-  journal_flush(srv->journal); /* the journal knows the secret before its holder does */
-  session_send(s, &out, fds, nfds);
 }
 
 static void handle_free(server *srv, struct session *s, const wire_env *env) {
@@ -794,9 +843,97 @@ static void handle_free(server *srv, struct session *s, const wire_env *env) {
     return;
   }
   Gpumem__Wire__FreeReply r = GPUMEM__WIRE__FREE_REPLY__INIT;
-  r.bytes = b->size;
-  registry_free(srv->reg, b);
+  if (b->flags & BUF_FLAG_PERSIST) {
+    log_info("pid %d let go of persistent buffer '%s' (%llu): the daemon keeps it",
+             (int)s->owner.pid, b->name, (unsigned long long)b->id);
+    registry_hand(srv->reg, b, keeper_owner(srv->keeper));
+    journal_flush(srv->journal); /* a daemon after this one expects no holder for it */
+    r.kept = true;
+  } else {
+    r.bytes = b->size;
+    registry_free(srv->reg, b);
+  }
   wire_env out = wire_envelope(env->id, GPUMEM__WIRE__ENVELOPE__BODY_FREE_REPLY, &r);
+  session_send(s, &out, NULL, 0);
+}
+
+/* Why a persistent buffer cannot be taken or dropped now (NULL: it can):
+ * a session holds it, or a pause or resume has it. */
+static const char *persistent_busy(const struct buffer *b, char *text, size_t len) {
+  if (!b->owner->keeper)
+    snprintf(text, len, "persistent buffer '%s' is held by pid %d (session %llu): it must free it "
+             "first", b->name, (int)b->owner->pid, (unsigned long long)b->owner->id);
+  else if (!registry_can_free(b))
+    snprintf(text, len, "persistent buffer '%s' is %s; try again when that is done", b->name,
+             wire_state_name(b->state));
+  else
+    return NULL;
+  return text;
+}
+
+/* A worker takes its uid's persistent buffer that no session holds. */
+static void handle_attach(server *srv, struct session *s, uint64_t id,
+                          const Gpumem__Wire__AttachRequest *a) {
+  char text[WIRE_TAG_MAX + 160];
+  if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                "only workers attach buffers; connect as a worker");
+    return;
+  }
+  if (room_for_buffers(srv, s, id, 1) < 0) return;
+  if (srv->eng && engine_released(srv->eng, s->owner.pid)) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                "this process's device state is released (a pause with release_context): "
+                "resume it before attaching");
+    return;
+  }
+  struct buffer *b = registry_persistent(srv->reg, (uint32_t)s->owner.uid, a->name);
+  if (!b) {
+    snprintf(text, sizeof text, "uid %u has no persistent buffer '%s'", (unsigned)s->owner.uid,
+             a->name);
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, text);
+    return;
+  }
+  if (persistent_busy(b, text, sizeof text)) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
+    return;
+  }
+  struct owner *was = b->owner;
+  registry_hand(srv->reg, b, &s->owner);
+  struct fault f = {0};
+  if (reply_buffer(srv, s, id, b, true, &f) < 0) {
+    registry_hand(srv->reg, b, was); /* as it was */
+    answer_error(s, id, &f);
+    return;
+  }
+  log_info("pid %d attached persistent buffer '%s' (%llu, %s)", (int)s->owner.pid, b->name,
+           (unsigned long long)b->id, wire_state_name(b->state));
+}
+
+/* Free a persistent buffer no session holds: a worker's uid's, or any
+ * uid's for a controller. */
+static void handle_drop(server *srv, struct session *s, uint64_t id,
+                        const Gpumem__Wire__DropRequest *d) {
+  char text[WIRE_TAG_MAX + 160];
+  bool ctl = s->owner.role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
+  uint32_t uid = ctl ? d->uid : (uint32_t)s->owner.uid;
+  struct buffer *b = registry_persistent(srv->reg, uid, d->name);
+  if (!b) {
+    snprintf(text, sizeof text, "uid %u has no persistent buffer '%s'", (unsigned)uid, d->name);
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, text);
+    return;
+  }
+  if (persistent_busy(b, text, sizeof text)) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
+    return;
+  }
+  Gpumem__Wire__DropReply r = GPUMEM__WIRE__DROP_REPLY__INIT;
+  r.bytes = b->has_memory ? b->size : 0;
+  log_info("pid %d dropped persistent buffer '%s' (%llu) of uid %u", (int)s->owner.pid, b->name,
+           (unsigned long long)b->id, (unsigned)uid);
+  registry_free(srv->reg, b);
+  journal_flush(srv->journal); /* a daemon after this one does not wait for it */
+  wire_env out = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_DROP_REPLY, &r);
   session_send(s, &out, NULL, 0);
 }
 
@@ -885,7 +1022,8 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
   for (; !f.code && done < a->n_buffers; done++) {
     const Gpumem__Wire__AdoptBuffer *b = a->buffers[done];
     const uint8_t *secret = srv->journal_loaded ? b->secret.data : NULL;
-    if (registry_adopt(srv->reg, &s->owner, b->tag, b->device, b->size, b->flags, b->paused,
+    if (registry_adopt(srv->reg, &s->owner, b->tag, b->device, b->size, b->flags, b->name,
+                       b->paused,
                        b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at, secret, &bufs[done],
                        &f))
       break;
@@ -1072,6 +1210,8 @@ static void on_frame(void *ctx, struct session *s, struct frame *f) {
     case GPUMEM__WIRE__ENVELOPE__BODY_HELLO: handle_hello(srv, s, env); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_ALLOC: handle_alloc(srv, s, env->id, env->alloc); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_FREE: handle_free(srv, s, env); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_ATTACH: handle_attach(srv, s, env->id, env->attach); break;
+    case GPUMEM__WIRE__ENVELOPE__BODY_DROP: handle_drop(srv, s, env->id, env->drop); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_PAUSE: handle_op(srv, s, env, false); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_RESUME: handle_op(srv, s, env, true); break;
     case GPUMEM__WIRE__ENVELOPE__BODY_STATUS:

@@ -54,12 +54,12 @@ extern "C" {
 /* The version of this header; gpumem_version() gives the library's. The
  * major changes only with incompatible changes of this API. */
 #define GPUMEM_VERSION_MAJOR 1
-#define GPUMEM_VERSION_MINOR 11
+#define GPUMEM_VERSION_MINOR 12
 #define GPUMEM_VERSION_PATCH 0
 #define GPUMEM_VERSION \
   (GPUMEM_VERSION_MAJOR * 10000 + GPUMEM_VERSION_MINOR * 100 + GPUMEM_VERSION_PATCH)
 
-/* The library's version, as GPUMEM_VERSION computes it (11100 for 1.11.0). */
+/* The library's version, as GPUMEM_VERSION computes it (11200 for 1.12.0). */
 GPUMEM_EXPORT int gpumem_version(void);
 
 /* The library's version as text ("1.5.0"). */
@@ -119,6 +119,8 @@ enum gpumem_flag {
   GPUMEM_BACKUP_DISK = 32, /* with GPUMEM_BACKUP: while paused the backup is in a file of
                             * the daemon's --backup-dir, host memory only while a pause or
                             * resume runs; implies GPUMEM_BACKUP_RELEASE (1.9) */
+  GPUMEM_PERSIST = 64,     /* a named buffer the daemon keeps when this process frees it
+                            * or ends; gpumem_alloc_persistent sets it (1.12) */
 };
 
 /* Flags for gpumem_connect. */
@@ -238,7 +240,9 @@ GPUMEM_EXPORT unsigned gpumem_device_count(const gpumem_client *c);
 GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, const char *tag, int device,
                                uint64_t size, unsigned flags, gpumem_buffer **out);
 
-/* Free a buffer (active or paused); its pointer becomes invalid. The
+/* Free a buffer (active or paused); its pointer becomes invalid. A
+ * persistent buffer (gpumem_alloc_persistent) is only let go of by this
+ * process: the daemon keeps it, for gpumem_attach, until gpumem_drop. The
  * buffer is gone for the caller even when this fails with
  * GPUMEM_E_TIMEOUT: the library finishes the free. It keeps the buffer
  * (answering pause and resume events for it) until the daemon frees it,
@@ -250,6 +254,35 @@ GPUMEM_EXPORT int gpumem_alloc(gpumem_client *c, const char *tag, int device,
  * gpumem_alloc) fails with GPUMEM_E_INVALID: free its allocations with
  * gpumem_free_ptr. */
 GPUMEM_EXPORT int gpumem_free(gpumem_client *c, gpumem_buffer *b);
+
+/* Allocate a persistent buffer named name (1-63 characters of
+ * [A-Za-z0-9_.-], new among this uid's persistent buffers), as
+ * gpumem_alloc does with GPUMEM_PERSIST added to flags (not with
+ * GPUMEM_IPC_LEGACY). The daemon keeps it, memory and contents, when this
+ * process frees it (gpumem_free lets go of it here only) or ends, charged
+ * to this uid, and pauses and resumes it with its tag; a process of this
+ * uid takes it again with gpumem_attach, and only gpumem_drop (or a
+ * controller's) frees it. GPUMEM_E_WRONG_STATE when the name is taken
+ * (1.12). */
+GPUMEM_EXPORT int gpumem_alloc_persistent(gpumem_client *c, const char *name, const char *tag,
+                                          int device, uint64_t size, unsigned flags,
+                                          gpumem_buffer **out);
+
+/* Take this uid's persistent buffer named name, which no process holds
+ * now: mapped at a new address with the contents it had (or, while its
+ * tag is paused, reserved only, mapped at the resume), with its tag,
+ * device and flags. GPUMEM_E_NOT_FOUND when this uid has none of that
+ * name, GPUMEM_E_WRONG_STATE while a process holds it or a pause or resume
+ * has it, GPUMEM_E_INVALID when its device is not one this process sees
+ * (1.12). */
+GPUMEM_EXPORT int gpumem_attach(gpumem_client *c, const char *name, gpumem_buffer **out);
+
+/* Free the persistent buffer named name that no process holds: this
+ * uid's, or for a controller uid's. The device bytes freed into *bytes
+ * (may be NULL; 0 for a paused buffer). GPUMEM_E_NOT_FOUND,
+ * GPUMEM_E_WRONG_STATE as for gpumem_attach (1.12). */
+GPUMEM_EXPORT int gpumem_drop(gpumem_client *c, const char *name, uint32_t uid,
+                              uint64_t *bytes);
 
 /* Allocate size bytes (> 0) tagged tag on device and store the address in
  * *ptr, aligned to at least 512 bytes. Small allocations are carved out of
@@ -324,6 +357,9 @@ GPUMEM_EXPORT int gpumem_generation(gpumem_client *c, const void *ptr, uint64_t 
 
 /* The buffer's flags (GPUMEM_BACKUP, ...). */
 GPUMEM_EXPORT unsigned gpumem_buffer_flags(const gpumem_buffer *b);
+
+/* A persistent buffer's name ("" for any other buffer) (1.12). */
+GPUMEM_EXPORT const char *gpumem_buffer_name(const gpumem_buffer *b);
 
 /* 1 if memory is mapped behind the pointer now, 0 while paused. */
 GPUMEM_EXPORT int gpumem_buffer_mapped(const gpumem_buffer *b);
@@ -734,6 +770,12 @@ struct gpumem_status {
    * and the bytes its filesystem has free. */
   const char *backup_dir;
   uint64_t backup_disk_bytes, backup_disk_free;
+  /* Persistent buffers (1.12; none from an older daemon): at most 256 of
+   * them, those no process holds first, and how many there are in all (a
+   * worker's: its uid's). */
+  size_t npersistent;
+  struct gpumem_buffer_info **persistent;
+  uint64_t total_persistent;
 };
 
 /* Ask for the status; free it with gpumem_status_free. The daemon sends
@@ -758,6 +800,16 @@ struct gpumem_buffer_info {
   uint64_t bytes;       /* the buffer's size */
   unsigned flags;
   int state;            /* enum gpumem_state */
+  /* A persistent buffer's (1.12; "" and 0 for others): its name, the
+   * milliseconds since it was made, its last holder's pid and session
+   * name, and the milliseconds since that holder let go of it (0 while a
+   * process holds it; session_id and pid are 0 while none does). */
+  const char *name;
+  uint64_t age_ms;
+  uint32_t last_pid;
+  const char *last_name;
+  uint64_t idle_ms;
+  uint32_t uid; /* whose it is (1.12; 0 from an older daemon) */
 };
 
 /* The buffers a session may see (a controller sees all). */

@@ -56,10 +56,10 @@ from typing import (
 
 from . import _native
 from ._native import (FLAG_ALLOW_PAUSED, FLAG_BACKUP, FLAG_BACKUP_DISK, FLAG_BACKUP_PAGEABLE,
-                      FLAG_BACKUP_RELEASE, FLAG_IPC_LEGACY)
+                      FLAG_BACKUP_RELEASE, FLAG_IPC_LEGACY, FLAG_PERSIST)
 
 
-__version__ = "1.11.0"
+__version__ = "1.12.0"
 
 __all__ = [
     "Buffer",
@@ -82,6 +82,7 @@ __all__ = [
     "FLAG_ALLOW_PAUSED",
     "FLAG_BACKUP_PAGEABLE",
     "FLAG_BACKUP_DISK",
+    "FLAG_PERSIST",
     "FLAG_BACKUP_RELEASE",
 ]
 
@@ -285,11 +286,12 @@ def _check_bool(what: str, v: Any) -> bool:
     return v
 
 
-def _check_tag(tag: Any) -> bytes:
+def _check_tag(tag: Any, what: str = "tag") -> bytes:
     if not isinstance(tag, str):
-        raise TypeError("tag must be a str, not %s" % type(tag).__name__)
+        raise TypeError("%s must be a str, not %s" % (what, type(tag).__name__))
     if not _TAG_RE.fullmatch(tag):
-        raise ValueError("invalid tag %r: 1-%d characters of [A-Za-z0-9_.-]" % (tag, _native.TAG_MAX))
+        raise ValueError("invalid %s %r: 1-%d characters of [A-Za-z0-9_.-]"
+                         % (what, tag, _native.TAG_MAX))
     return tag.encode("ascii")
 
 
@@ -502,6 +504,18 @@ def _checks(p: Any, n: int) -> List[DeviceCheck]:
     ]
 
 
+def _buffer_dict(lib: Any, b: Any) -> Dict[str, Any]:
+    """One struct gpumem_buffer_info as a dict with the keys of
+    ``gpumemctl list --json``."""
+    return {
+        "id": b.id, "session": b.session_id, "pid": b.pid, "tag": _text(b.tag),
+        "device": b.device, "node_device": b.node_device, "size": b.bytes,
+        "flags": b.flags, "state": _text(lib.gpumem_state_name(b.state)),
+        "name": _text(b.name), "age_ms": b.age_ms, "last_pid": b.last_pid,
+        "last_name": _text(b.last_name), "idle_ms": b.idle_ms, "uid": b.uid,
+    }
+
+
 class Buffer:
     """A tagged buffer of daemon memory, made by :meth:`Client.alloc`.
 
@@ -524,6 +538,8 @@ class Buffer:
         self.tag: str = _text(lib.gpumem_buffer_tag(handle))
         self.device: int = lib.gpumem_buffer_device(handle)
         self.flags: int = lib.gpumem_buffer_flags(handle)
+        #: A persistent buffer's name ("" for others; API 1.12).
+        self.name: str = _text(lib.gpumem_buffer_name(handle))
 
     def _handle(self) -> int:
         h = self._h
@@ -874,6 +890,57 @@ class Client:
                        backup_release, backup_pageable, backup_disk)
         return self._wrap(out.value)
 
+    def alloc_persistent(self, name: str, tag: str, size: int, device: int = 0,
+                         backup: bool = False, *, allow_paused: bool = False,
+                         backup_release: bool = False, backup_pageable: bool = False,
+                         backup_disk: bool = False) -> Buffer:
+        """Allocate a persistent buffer named ``name`` (new among this
+        uid's), as :meth:`alloc` does (API 1.12). The daemon keeps it,
+        memory and contents, when this process frees it (:meth:`Buffer.free`
+        lets go of it here only) or ends, charged to this uid; a process of
+        this uid takes it again with :meth:`attach`, and only :meth:`drop`
+        frees it. A name in use raises an Error with code WRONG_STATE."""
+        bname = _check_tag(name, "name")
+        out = _native.c_buffer_p()
+        btag = _check_tag(tag)
+        size = _check_int("size", size, 1, _U64)
+        device = _check_int("device", device, 0, _I32)
+        flags = _check_flags(backup, allow_paused, backup_release, backup_pageable, backup_disk)
+        c = self._talk()
+        rc = self._lib.gpumem_alloc_persistent(c, bname, btag, device, size, flags,
+                                               ctypes.byref(out))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        return self._wrap(out.value)
+
+    def attach(self, name: str) -> Buffer:
+        """Take this uid's persistent buffer ``name`` that no process holds:
+        mapped at a new address with the contents it had (reserved only
+        while its tag is paused, mapped at the resume), with its tag,
+        device and flags (API 1.12). NOT_FOUND when there is none of that
+        name, WRONG_STATE while a process holds it or a pause or resume has
+        it."""
+        bname = _check_tag(name, "name")
+        out = _native.c_buffer_p()
+        c = self._talk()
+        rc = self._lib.gpumem_attach(c, bname, ctypes.byref(out))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        return self._wrap(out.value)
+
+    def drop(self, name: str, uid: Optional[int] = None) -> int:
+        """Free the persistent buffer ``name`` that no process holds: this
+        uid's, or for a controller ``uid``'s (default: its own). Returns
+        the device bytes freed (0 for a paused one) (API 1.12)."""
+        bname = _check_tag(name, "name")
+        u = os.getuid() if uid is None else _check_int("uid", uid, 0, _U32)
+        freed = ctypes.c_uint64(0)
+        c = self._talk()
+        rc = self._lib.gpumem_drop(c, bname, u, ctypes.byref(freed))
+        if rc < 0:
+            raise _last_error(self._lib, rc)
+        return freed.value
+
     def _allocate(self, fn: str, out: Any, tag: str, size: int, device: int, backup: bool,
                   allow_paused: bool, backup_release: bool = False,
                   backup_pageable: bool = False, backup_disk: bool = False) -> None:
@@ -1196,6 +1263,9 @@ class Client:
                     "backup_bytes_per_uid": s.max_backup_bytes_per_uid,
                 },
                 "grace": {"left_ms": s.grace_left_ms, "waiting": s.grace_waiting},
+                "persistent": [_buffer_dict(self._lib, s.persistent[i][0])
+                               for i in range(s.npersistent)],
+                "total_persistent": s.total_persistent,
                 "last_pause_checks": [dict(k) for k in _checks(s.last_pause_checks,
                                                                  s.nlast_pause_checks)],
                 "backups": {
@@ -1241,11 +1311,7 @@ class Client:
         dicts with the keys of ``gpumemctl list --json``."""
         lib = self._lib
         with self._results("gpumem_list", _native.BufferList, "gpumem_list_free") as lst:
-            return [{
-                "id": b.id, "session": b.session_id, "pid": b.pid, "tag": _text(b.tag),
-                "device": b.device, "node_device": b.node_device, "size": b.bytes,
-                "flags": b.flags, "state": _text(lib.gpumem_state_name(b.state)),
-            } for b in (lst.buffers[i][0] for i in range(lst.nbuffers))]
+            return [_buffer_dict(lib, lst.buffers[i][0]) for i in range(lst.nbuffers)]
 
     def close(self) -> None:
         """Disconnect: every buffer of this client is unmapped and freed by

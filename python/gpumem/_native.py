@@ -25,6 +25,7 @@ FLAG_ALLOW_PAUSED = 4
 FLAG_BACKUP_RELEASE = 8
 FLAG_BACKUP_PAGEABLE = 16
 FLAG_BACKUP_DISK = 32
+FLAG_PERSIST = 64
 
 # enum gpumem_connect_flag
 CONNECT_NO_THREAD = 1
@@ -280,6 +281,29 @@ class TenantStatus(ctypes.Structure):
     ]
 
 
+class BufferInfo(ctypes.Structure):
+    """struct gpumem_buffer_info."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("id", ctypes.c_uint64),
+        ("session_id", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("tag", ctypes.c_char_p),
+        ("device", ctypes.c_int),
+        ("node_device", ctypes.c_uint),
+        ("bytes", ctypes.c_uint64),
+        ("flags", ctypes.c_uint),
+        ("state", ctypes.c_int),
+        ("name", ctypes.c_char_p),
+        ("age_ms", ctypes.c_uint64),
+        ("last_pid", ctypes.c_uint32),
+        ("last_name", ctypes.c_char_p),
+        ("idle_ms", ctypes.c_uint64),
+        ("uid", ctypes.c_uint32),
+    ]
+
+
 class Status(ctypes.Structure):
     """struct gpumem_status (allocated by the library; read only)."""
 
@@ -332,23 +356,9 @@ class Status(ctypes.Structure):
         ("backup_dir", ctypes.c_char_p),
         ("backup_disk_bytes", ctypes.c_uint64),
         ("backup_disk_free", ctypes.c_uint64),
-    ]
-
-
-class BufferInfo(ctypes.Structure):
-    """struct gpumem_buffer_info."""
-
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("id", ctypes.c_uint64),
-        ("session_id", ctypes.c_uint64),
-        ("pid", ctypes.c_uint32),
-        ("tag", ctypes.c_char_p),
-        ("device", ctypes.c_int),
-        ("node_device", ctypes.c_uint),
-        ("bytes", ctypes.c_uint64),
-        ("flags", ctypes.c_uint),
-        ("state", ctypes.c_int),
+        ("npersistent", ctypes.c_size_t),
+        ("persistent", ctypes.POINTER(ctypes.POINTER(BufferInfo))),
+        ("total_persistent", ctypes.c_uint64),
     ]
 
 
@@ -424,6 +434,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gpumem_device_count": (u, [c_client_p]),
         "gpumem_alloc": (i, [c_client_p, cp, i, u64, u, P(c_buffer_p)]),
         "gpumem_free": (i, [c_client_p, c_buffer_p]),
+        "gpumem_alloc_persistent": (i, [c_client_p, cp, cp, i, u64, u, P(c_buffer_p)]),
+        "gpumem_attach": (i, [c_client_p, cp, P(c_buffer_p)]),
+        "gpumem_drop": (i, [c_client_p, cp, u32, P(u64)]),
+        "gpumem_buffer_name": (cp, [c_buffer_p]),
         "gpumem_malloc": (i, [c_client_p, cp, i, u64, u, P(vp)]),
         "gpumem_free_ptr": (i, [c_client_p, vp]),
         "gpumem_trim": (i64, [c_client_p]),

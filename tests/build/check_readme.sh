@@ -190,6 +190,13 @@ EOF
     ;;
   progress) printf '%s\n' 's/^(resuming [^:]*: )[0-9.]+ [KMGT]?i?B( of [0-9.]+ [KMGT]?i?B, )[0-9.]+ s$/\1X\2T s/' ;;
   python-client) printf '%s\n' 's/0x[0-9a-f]+/0xADDR/g' ;;
+  python-persistent)
+    cat <<'EOF'
+s/^(qwen-w0 +)[0-9]+ /\1U /
+s/ [0-9.]+ (ms|s|min|h) none for [0-9.]+ (ms|s|min|h); last pid [0-9]+ / T none for T; last pid PID /
+s/ of uid [0-9]+:/ of uid U:/
+EOF
+    ;;
   esac
 }
 
@@ -307,6 +314,8 @@ await() {
   whose=""
 }
 file_has() { grep -Eq -- "$2" "$1" 2>/dev/null; }
+# Whether the daemon on $sock lists a persistent buffer that no session holds.
+unheld() { "$bin/gpumemctl" --socket "$sock" --json status | grep -q '"persistent":\[{"id":[0-9]*,"session":0,'; }
 alive() { kill -0 "$1" 2>/dev/null; }
 # The state letter of process $1 (the field after "(COMM)" in /proc/PID/stat;
 # COMM may hold ") "), and whether it is T, stopped by a signal.
@@ -647,13 +656,22 @@ elif [ "$sanitized" = 1 ]; then
   skip python-client "a sanitizer build: python would need its runtime preloaded"
   skip python-orchestrator "a sanitizer build: python would need its runtime preloaded"
 else
-  for s in python-client python-orchestrator; do
+  for s in python-client python-orchestrator python-persistent; do
     block "$s" source >"$t/$s.py"
     [ -s "$t/$s.py" ] || { fail "$readme has no block marked <!-- source: $s -->"; continue; }
     start_daemon "$s"
     GPUMEM_SOCKET=$sock GPUMEM_LIB=$o/lib/libgpumem.so.1 PYTHONPATH=$(pwd)/python \
       PYTHONDONTWRITEBYTECODE=1 "$py" "$t/$s.py" >"$t/$s.out" 2>&1 ||
       fail "the $s sample exited $?: $(cat "$t/$s.out")"
+    if [ "$s" = python-persistent ]; then
+      # Once the daemon has seen engine-2's session end, on its own turn.
+      what="the daemon holding qwen-w0 alone"
+      await unheld
+      {
+        run_cmd "gpumemctl status" | sed -n '1p;/^PERSISTENT/,$p'
+        run_cmd "gpumemctl drop qwen-w0"
+      } >>"$t/$s.out"
+    fi
     compare "$s" "$t/$s.out"
   done
 fi
@@ -778,7 +796,7 @@ fi
 known=" gpumemd-help gpumemctl-help worker-help gpumemd-version examples-worker.c unsafe-socket"
 known="$known backend-auto json-errors untrusted status-holders tags-transit pause-not-released"
 known="$known json python-client python-orchestrator metrics progress top demo demo-worker grace"
-known="$known release restart "
+known="$known release restart python-persistent "
 markers | while read -r kind name _; do
   case $known in
   *" $name "*) ;;

@@ -58,6 +58,10 @@ cat "$run/faults.log"
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 # The Python package over the CUDA backend.
 python3 tests/gpu/python_check.py build/bin/gpumemd || status=1
+# Persistent weights: kept after their engine exits, attached by a standby
+# (timed against reloading from host memory and from a file), paused and
+# resumed with no holder, dropped.
+python3 tests/gpu/persistent_check.py build/bin/gpumemd || status=1
 # Two uids' workers and a root controller: tag ownership, quotas, what a
 # tenant sees, shared tags.
 python3 tests/gpu/tenants_check.py build/bin/gpumemd build/lib || status=1

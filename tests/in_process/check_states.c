@@ -579,7 +579,7 @@ START_TEST(an_adopted_paused_buffer_resumes) {
   struct buffer *b;
   struct fault f = {0};
   uint64_t chunks[] = {4 * MiB, 4 * MiB};
-  ck_assert_int_eq(registry_adopt(reg, &w1, "kv", 0, 8 * MiB, 0, true, chunks, 2, NULL, NULL, &b, &f),
+  ck_assert_int_eq(registry_adopt(reg, &w1, "kv", 0, 8 * MiB, 0, NULL, true, chunks, 2, NULL, NULL, &b, &f),
                    CODE(OK));
   ck_assert_int_eq(b->state, BUF_PAUSED);
   ck_assert(!b->has_memory);

@@ -305,6 +305,51 @@ def test_share_marks_a_tag_and_status_counts_the_uid(worker, controller, tag):
     b.free()
 
 
+def test_a_persistent_buffer_outlives_its_client(daemon, worker, controller, tag):
+    name, t = tag("w0"), tag("weights")
+    b = worker.alloc_persistent(name, t, 4 * MiB, backup=True)
+    assert b.name == name and b.flags & gpumem.FLAG_PERSIST
+    b.write(0, b"\x5a" * 4096)
+    try:
+        b.free()
+        with gpumem.connect(daemon.sock, name="engine-2") as w2:
+            again = w2.attach(name)
+            assert again.tag == t and again.read(0, 4096) == b"\x5a" * 4096
+            mine = [x for x in controller.status()["persistent"] if x["name"] == name]
+            assert len(mine) == 1 and mine[0]["pid"] == os.getpid() and mine[0]["uid"] == os.getuid()
+            with pytest.raises(gpumem.Error) as e:
+                controller.drop(name)
+            assert e.value.code_name == "WRONG_STATE"
+        # Its client is gone: the daemon keeps it, and says who held it last
+        # (once it has seen the session end, on a turn of its own).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                x["pid"] for x in controller.status()["persistent"] if x["name"] == name):
+            pass
+        ours = [x for x in daemon.ctl("status")["persistent"] if x["name"] == name]
+        theirs = [x for x in controller.status()["persistent"] if x["name"] == name]
+        assert list(ours[0]) == list(theirs[0])
+        assert theirs[0]["pid"] == 0 and theirs[0]["last_name"] == "engine-2"
+        assert [x["name"] for x in controller.list() if x["id"] == theirs[0]["id"]] == [name]
+        with pytest.raises(gpumem.Error) as e:
+            worker.alloc_persistent(name, t, 4 * MiB)
+        assert e.value.code_name == "WRONG_STATE"
+        assert controller.drop(name) == 4 * MiB
+        with pytest.raises(gpumem.Error) as e:
+            worker.attach(name)
+        assert e.value.code_name == "NOT_FOUND"
+        with pytest.raises(gpumem.Error) as e:
+            controller.drop(name)
+        assert e.value.code_name == "NOT_FOUND"
+    finally:
+        try:
+            controller.drop(name)
+        except gpumem.Error:
+            pass
+    with pytest.raises(ValueError):
+        worker.attach("bad name")
+
+
 def test_connect_failure(tmp_path):
     with pytest.raises(gpumem.Error) as e:
         gpumem.connect(str(tmp_path / "nothing-here"))

@@ -1807,8 +1807,8 @@ END_TEST
 /* The version, the error names and the words of the new code. */
 START_TEST(test_version_and_error_names) {
   ck_assert_int_eq(gpumem_version(), GPUMEM_VERSION);
-  ck_assert_int_eq(GPUMEM_VERSION, 11100);
-  ck_assert_str_eq(gpumem_version_string(), "1.11.0");
+  ck_assert_int_eq(GPUMEM_VERSION, 11200);
+  ck_assert_str_eq(gpumem_version_string(), "1.12.0");
   ck_assert_str_eq(gpumem_error_name(0), "OK");
   ck_assert_str_eq(gpumem_error_name(GPUMEM_E_TAG_PAUSED), "TAG_PAUSED");
   ck_assert_str_eq(gpumem_error_name(GPUMEM_E_INVALID), "INVALID_ARGUMENT");
