@@ -54,6 +54,14 @@ static int call_for_buffer(gpumem_client *c, wire_env *req, const struct buffer_
   return error_set(call.built_rc ? call.built_rc : GPUMEM_E_NOMEM, "%s", call.built_words);
 }
 
+/* Refuse persistent buffers with a daemon older than 1.12. */
+static int need_persistent(gpumem_client *c) {
+  unsigned minor = hello_minor(c->hello);
+  if (minor >= 12) return 0;
+  return error_set(GPUMEM_E_VERSION,
+                   "persistent buffers need gpumemd 1.12 or later (it speaks 1.%u)", minor);
+}
+
 /* Refuse a persistent buffer's name that is not valid. */
 static int check_name(const char *name) {
   if (name && wire_tag_valid(name)) return 0;
@@ -89,9 +97,8 @@ static int alloc_named(gpumem_client *c, const char *name, const char *tag, int 
   if ((flags & GPUMEM_BACKUP_DISK) && conn_live(c->conn) && minor < 9)
     return error_set(GPUMEM_E_VERSION,
                      "GPUMEM_BACKUP_DISK needs gpumemd 1.9 or later (it speaks 1.%u)", minor);
-  if ((flags & GPUMEM_PERSIST) && conn_live(c->conn) && minor < 12)
-    return error_set(GPUMEM_E_VERSION,
-                     "persistent buffers need gpumemd 1.12 or later (it speaks 1.%u)", minor);
+  if ((flags & GPUMEM_PERSIST) && conn_live(c->conn) && need_persistent(c) < 0)
+    return GPUMEM_E_VERSION;
   if (flags & GPUMEM_BACKUP_DISK) flags |= GPUMEM_BACKUP_RELEASE; /* its host memory lets go */
   ar.tag = (char *)tag;
   ar.device = node < 0 ? 0 : (unsigned)node;
@@ -135,10 +142,7 @@ int gpumem_alloc_persistent(gpumem_client *c, const char *name, const char *tag,
 int gpumem_attach(gpumem_client *c, const char *name, gpumem_buffer **out) {
   if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the buffer");
   if (check_name(name) < 0) return GPUMEM_E_INVALID;
-  unsigned minor = hello_minor(c->hello);
-  if (minor < 12)
-    return error_set(GPUMEM_E_VERSION,
-                     "persistent buffers need gpumemd 1.12 or later (it speaks 1.%u)", minor);
+  if (need_persistent(c) < 0) return GPUMEM_E_VERSION;
   Gpumem__Wire__AttachRequest ar = GPUMEM__WIRE__ATTACH_REQUEST__INIT;
   ar.name = (char *)name;
   wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_ATTACH, &ar);
@@ -152,10 +156,7 @@ int gpumem_attach(gpumem_client *c, const char *name, gpumem_buffer **out) {
 int gpumem_drop(gpumem_client *c, const char *name, uint32_t uid, uint64_t *bytes) {
   if (!c) return error_set(GPUMEM_E_INVALID, "no client");
   if (check_name(name) < 0) return GPUMEM_E_INVALID;
-  unsigned minor = hello_minor(c->hello);
-  if (minor < 12)
-    return error_set(GPUMEM_E_VERSION,
-                     "persistent buffers need gpumemd 1.12 or later (it speaks 1.%u)", minor);
+  if (need_persistent(c) < 0) return GPUMEM_E_VERSION;
   Gpumem__Wire__DropRequest dr = GPUMEM__WIRE__DROP_REQUEST__INIT;
   dr.name = (char *)name;
   dr.uid = uid;
