@@ -145,6 +145,10 @@ int gpumem_attach(gpumem_client *c, const char *name, gpumem_buffer **out) {
   if (need_persistent(c) < 0) return GPUMEM_E_VERSION;
   Gpumem__Wire__AttachRequest ar = GPUMEM__WIRE__ATTACH_REQUEST__INIT;
   ar.name = (char *)name;
+  int map[GPUMEM_MAX_DEVICES];
+  hello_local_map(c->hello, map);
+  for (unsigned i = 0; i < GPUMEM_MAX_DEVICES; i++)
+    if (map[i] >= 0) ar.devices |= 1ull << i;
   wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_ATTACH, &ar);
   struct buffer_spec spec = {.name = name, .attach = true};
   gpumem_buffer *b;

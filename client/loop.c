@@ -243,6 +243,14 @@ static void build(conn *k, struct call *call, const wire_env *env, struct frame 
   struct buffer_spec spec = *call->alloc;
   int map[GPUMEM_MAX_DEVICES];
   if (spec.attach) { /* what the buffer is comes with it */
+    if (!wire_tag_valid(r->tag) || !(r->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_PERSIST)) {
+      call->built_rc = GPUMEM_E_PROTOCOL;
+      snprintf(call->built_words, sizeof call->built_words,
+               "gpumemd answered an attach with a buffer that is not a persistent one of a "
+               "tag");
+      call->built = NULL;
+      return;
+    }
     hello_local_map(k->hello, map);
     int local = hello_local_device(map, r->device);
     spec.tag = r->tag;

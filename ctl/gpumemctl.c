@@ -923,7 +923,11 @@ int main(int argc, char **argv) {
   if (is_top && json) return fail(2, "USAGE", "top has no --json: use status --json");
   gpumem_client *c;
   char why[600];
-  int rc = owner_connect(socket_path, "gpumemctl", owner, is_view || is_top, &c, why, sizeof why);
+  /* A drop of one's own buffer needs no controller's rights either: a
+   * worker session drops its uid's. */
+  bool own_drop = is_drop && drop_uid == getuid();
+  int rc = owner_connect(socket_path, "gpumemctl", owner, is_view || is_top || own_drop, &c, why,
+                         sizeof why);
   if (is_top && rc != OWNER_UNTRUSTED) {
     /* A live view for people: its own connections, kept and made again
      * (ctl/watch.c), each checked like this one. */
@@ -937,6 +941,9 @@ int main(int argc, char **argv) {
       metrics_print_down();
     }
     if (rc == OWNER_UNTRUSTED) return fail(1, "UNTRUSTED", "%s", why);
+    if (is_drop && rc == GPUMEM_E_PERMISSION)
+      return fail(1, gpumem_error_name(rc), "%s (a drop of another uid's buffer needs a "
+                  "controller's rights)", gpumem_last_error());
     return fail(1, gpumem_error_name(rc), "%s", gpumem_last_error());
   }
   rc = 0;

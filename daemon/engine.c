@@ -1322,10 +1322,34 @@ static void on_timeout(uv_timer_t *t) {
   uv_check_start(&e->judge, on_judge);
 }
 
+/* Answer one event of op that the keeper (persistent buffers no session
+ * holds) has not answered, as it would; false when there is none. Its
+ * answers come on the loop's next turn (keeper.h), but one that could not
+ * be queued (out of memory) would otherwise be waited for for ever. */
+static bool answer_for_keeper(engine *e, struct op *op) {
+  for (struct list *p = op->groups.next; p != &op->groups; p = p->next) {
+    struct group *g = list_entry(p, struct group, link);
+    if (!g->s->keeper || g->done) continue;
+    for (size_t k = 0; k < g->nevents; k++) {
+      uint64_t id = g->first_event + k;
+      if (idmap_get(e->events, id) != g) continue;
+      Gpumem__Wire__EventAck ack = GPUMEM__WIRE__EVENT_ACK__INIT;
+      ack.nothing_mapped = true;
+      engine_ack(e, g->s, id, &ack);
+      return true;
+    }
+  }
+  return false;
+}
+
 /* Judge the owners that did not answer the current operation in time. */
 static void judge(engine *e) {
   struct op *op = e->current;
   if (!op || op->restoring) return; /* nothing sent yet: the timer starts after */
+  uint64_t gen = e->timer_gen; /* bumped if those answers end it, or start a rollback */
+  while (e->current == op && e->timer_gen == gen && answer_for_keeper(e, op)) {
+  }
+  if (e->current != op || e->timer_gen != gen) return;
   settle_unmapped(e, true); /* acks read before the judgment count as answers */
   bool kill_them = e->cfg->timeout_policy == TIMEOUT_KILL;
   struct timeout_tally tally = {0};
@@ -1480,6 +1504,17 @@ static void orphan_transit(engine *e, struct group *g, const struct owner *s) {
            "pid %d ended its session before it unmapped persistent buffer %llu: the daemon "
            "keeps it, ACTIVE; pause again", (int)s->pid, id);
     } else if (b->state == BUF_RESUMING) {
+      bool held = false; /* the new memory, which s's process may have mapped */
+      if (g->made[i]) registry_held_by(e->reg, &b, 1, &held);
+      if (held) { /* PAUSED, keeping that memory (counted held) until a pause releases it */
+        registry_move(e->reg, b, BUF_EV_ROLL_BACK);
+        hold(g->op, b);
+        fail(g->op, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED,
+             "pid %d ended its session during the resume of persistent buffer %llu and still "
+             "maps its new memory: the daemon keeps it PAUSED with its backup and that memory; "
+             "a pause releases it once pid %d unmaps it", (int)s->pid, id, (int)s->pid);
+        continue;
+      }
       undo_resume(e, b, g->made[i]);
       fail(g->op, GPUMEM__WIRE__ERROR_CODE__BACKEND_ERROR,
            "pid %d ended its session during the resume of persistent buffer %llu: the daemon "

@@ -417,6 +417,27 @@ size_t journal_expected_list(const journal *j, const struct journal_buffer **out
   return idmap_values(j->expected, (void **)out, max);
 }
 
+/* The persistent buffer expected of uid under name. */
+int journal_expected_named(const journal *j, uint32_t uid, const char *name,
+                           const struct journal_buffer **out) {
+  size_t n = idmap_count(j->expected);
+  *out = NULL;
+  if (!n || !name || !name[0]) return 0;
+  const struct journal_buffer **all = malloc(n * sizeof *all);
+  if (!all) return -ENOMEM;
+  n = idmap_values(j->expected, (void **)all, n);
+  for (size_t i = 0; i < n && !*out; i++)
+    if (all[i]->uid == uid && strcmp(all[i]->name, name) == 0) *out = all[i];
+  free(all);
+  return *out != NULL;
+}
+
+/* Mark an expected buffer charged or not. */
+void journal_set_charged(journal *j, uint64_t id, bool charged) {
+  struct journal_buffer *b = idmap_get(j->expected, id);
+  if (b) b->charged = charged;
+}
+
 /* A buffer expected was re-registered. */
 void journal_claim(journal *j, uint64_t id) {
   struct journal_buffer *b = idmap_get(j->expected, id);

@@ -42,6 +42,7 @@ struct journal_buffer {
   uint8_t secret[WIRE_SECRET_SIZE];
   char name[WIRE_TAG_MAX + 1]; /* a PERSIST buffer's; "" otherwise */
   bool kept;                   /* held by the daemon alone (no worker holds it) */
+  bool charged; /* not the file's: counted against its uid's quotas while expected */
 };
 
 /* What the journal is written for: a journal of another backend or
@@ -92,6 +93,14 @@ size_t journal_expected_count(const journal *j);
 /* Up to max of the buffers found and not claimed yet into out (in no
  * order); how many. */
 size_t journal_expected_list(const journal *j, const struct journal_buffer **out, size_t max);
+
+/* The persistent buffer found for uid under name that is not claimed
+ * yet, into *out: 1, 0 (none: *out NULL), or -ENOMEM. */
+int journal_expected_named(const journal *j, uint32_t uid, const char *name,
+                           const struct journal_buffer **out);
+
+/* Say whether the buffer found under id is charged to its uid's quotas. */
+void journal_set_charged(journal *j, uint64_t id, bool charged);
 
 /* The buffer found under id was re-registered (under a new id): no longer
  * expected, and gone from the journal. */

@@ -7,6 +7,27 @@
 #include "common/log.h"
 #include "common/size.h"
 
+/* Count a buffer the journal expects against its uid's quotas, or take
+ * that back, so that its uid's other processes cannot take what it holds
+ * while it is away: one over them (quotas lowered since) is logged and
+ * not counted. */
+static void charge(registry *reg, journal *j, const struct journal_buffer *b, bool on) {
+  bool backup = b->flags & GPUMEM__WIRE__BUFFER_FLAG__FLAG_BACKUP;
+  if (!on) {
+    if (b->charged)
+      tenants_credit(registry_tenants(reg), b->uid, b->device, b->size, backup);
+    journal_set_charged(j, b->id, false);
+    return;
+  }
+  struct fault f = {0};
+  if (tenants_charge(registry_tenants(reg), b->uid, b->device, b->size, backup, &f)) {
+    log_warn("journal: buffer %llu of uid %u is not counted against its quotas while it is "
+             "away: %s", (unsigned long long)b->id, b->uid, f.text);
+    return;
+  }
+  journal_set_charged(j, b->id, true);
+}
+
 /* Bring back the journal's tags and count what each expects. */
 bool reclaim_restore(registry *reg, journal *j) {
   size_t nt, n = journal_expected_count(j);
@@ -37,6 +58,7 @@ bool reclaim_restore(registry *reg, journal *j) {
       return false;
     }
     registry_expect(reg, t, +1);
+    charge(reg, j, all[i], true);
   }
   free(all);
   /* Tags that came back for nothing (no buffer, not shared, not paused)
@@ -57,16 +79,16 @@ static bool same_secret(const uint8_t *a, const uint8_t *b) {
   return d == 0;
 }
 
-/* Check one buffer of a re-registration (i of it) against the journal. */
-static wire_code check_one(const journal *j, uint32_t uid, const Gpumem__Wire__AdoptBuffer *a,
-                           size_t i, struct fault *f) {
+/* Check one buffer of a re-registration (i of it) against the record e
+ * of what it was. */
+static wire_code check_record(const struct journal_buffer *e, uint32_t uid,
+                              const Gpumem__Wire__AdoptBuffer *a, size_t i, struct fault *f) {
   if (a->secret.len != WIRE_SECRET_SIZE)
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                      "adopt buffer %zu: no secret: this daemon takes back only buffers the "
                      "daemon before it journaled, from a holder that proves them its own "
                      "(libgpumem 1.11 or later)",
                      i);
-  const struct journal_buffer *e = journal_expected(j, a->old_id);
   if (!e || e->uid != uid || !same_secret(e->secret, a->secret.data))
     return fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                      "adopt buffer %zu: buffer %llu is not one the daemon before gave this "
@@ -87,15 +109,57 @@ static wire_code check_one(const journal *j, uint32_t uid, const Gpumem__Wire__A
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
-/* Check a re-registration against the journal. */
-wire_code reclaim_check(const journal *j, uint32_t uid, const Gpumem__Wire__AdoptRequest *a,
-                        struct fault *f) {
+/* The persistent buffer the daemon kept since pid's session ended that a
+ * re-registration (i of it) names, checked; NULL (and f untouched) when
+ * it names none. */
+static struct buffer *kept_one(registry *reg, uint32_t uid, pid_t pid,
+                               const Gpumem__Wire__AdoptBuffer *a, size_t i, struct fault *f) {
+  struct buffer *b = a->name[0] ? registry_persistent(reg, uid, a->name) : NULL;
+  if (!b || !b->owner->keeper || b->id != a->old_id || b->last_pid != pid) return NULL;
+  struct journal_buffer e = registry_buffer_record(b);
+  if (check_record(&e, uid, a, i, f)) return NULL;
+  bool paused = b->state == BUF_PAUSED;
+  if (!registry_can_free(b) || paused != a->paused) {
+    fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+              "adopt buffer %zu: persistent buffer '%s' is %s with the daemon since this "
+              "process's session ended, not %s as this process has it: attach it again",
+              i, b->name, wire_state_name(b->state), a->paused ? "PAUSED" : "ACTIVE");
+    return NULL;
+  }
+  return b;
+}
+
+/* Judge one buffer of a re-registration (i of it). */
+static wire_code judge_one(registry *reg, const journal *j, const rejoin *rj, uint32_t uid,
+                           pid_t pid, const Gpumem__Wire__AdoptBuffer *a, size_t i,
+                           enum reclaim_kind *kind, struct buffer **kept, struct fault *f) {
+  *kept = NULL;
+  if ((*kept = kept_one(reg, uid, pid, a, i, f))) {
+    *kind = RECLAIM_KEPT;
+    return GPUMEM__WIRE__ERROR_CODE__OK;
+  }
+  if (f->code) return f->code;
+  const struct journal_buffer *e = rejoin_find(rj, a->old_id, pid);
+  if (e) {
+    *kind = RECLAIM_REJOIN;
+    return check_record(e, uid, a, i, f);
+  }
+  *kind = j ? RECLAIM_JOURNAL : RECLAIM_NEW;
+  return j ? check_record(journal_expected(j, a->old_id), uid, a, i, f)
+           : GPUMEM__WIRE__ERROR_CODE__OK;
+}
+
+/* Judge every buffer of a re-registration. */
+wire_code reclaim_check(registry *reg, const journal *j, const rejoin *rj, uint32_t uid,
+                        pid_t pid, const Gpumem__Wire__AdoptRequest *a, enum reclaim_kind *kinds,
+                        struct buffer **kept, struct fault *f) {
   idmap *seen = idmap_create();
   if (!seen) return fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
   wire_code rc = GPUMEM__WIRE__ERROR_CODE__OK;
   for (size_t i = 0; i < a->n_buffers && !rc; i++) {
     const Gpumem__Wire__AdoptBuffer *b = a->buffers[i];
-    if ((rc = check_one(j, uid, b, i, f))) break;
+    if ((rc = judge_one(reg, j, rj, uid, pid, b, i, &kinds[i], &kept[i], f))) break;
+    if (kinds[i] == RECLAIM_NEW || !b->old_id) continue;
     if (idmap_get(seen, b->old_id))
       rc = fault_set(f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                      "adopt buffer %zu: buffer %llu is named twice", i,
@@ -105,6 +169,17 @@ wire_code reclaim_check(const journal *j, uint32_t uid, const Gpumem__Wire__Adop
   }
   idmap_destroy(seen);
   return rc;
+}
+
+/* Take the journal's charges of a re-registration's buffers off their
+ * uid's quotas (their re-registrations charge them anew), or put them
+ * back when it failed. */
+void reclaim_charge(registry *reg, journal *j, const Gpumem__Wire__AdoptRequest *a,
+                    const enum reclaim_kind *kinds, bool on) {
+  for (size_t i = 0; i < a->n_buffers; i++) {
+    const struct journal_buffer *e = journal_expected(j, a->buffers[i]->old_id);
+    if (kinds[i] == RECLAIM_JOURNAL && e && e->charged != on) charge(reg, j, e, on);
+  }
 }
 
 /* The checked buffers are back. */
@@ -133,6 +208,7 @@ static void expire_one(void *ctx, const struct journal_buffer *b) {
            "re-registered within the grace: forgotten",
            (unsigned long long)b->id, b->uid, size, b->device, b->tag,
            b->state == GPUMEM__WIRE__BUFFER_STATE__PAUSED ? "paused" : "active");
+  charge(x->reg, x->j, b, false);
   journal_put_gone(x->j, b->id);
   struct tag *t = registry_tag(x->reg, b->tag);
   if (t) registry_expect(x->reg, t, -1);

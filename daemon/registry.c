@@ -115,7 +115,7 @@ static void tag_changed(registry *r, const struct tag *t) {
 }
 
 /* A buffer's journal record as it is now. */
-static struct journal_buffer buffer_record(const struct buffer *b) {
+struct journal_buffer registry_buffer_record(const struct buffer *b) {
   struct journal_buffer j = {.id = b->id, .uid = b->uid, .device = b->device, .size = b->size,
                              .flags = b->flags, .state = b->state};
   memcpy(j.tag, b->tag->name, sizeof j.tag);
@@ -128,7 +128,7 @@ static struct journal_buffer buffer_record(const struct buffer *b) {
 /* Tell the journal how a buffer is now. */
 static void buffer_changed(registry *r, const struct buffer *b) {
   if (!r->journal) return;
-  struct journal_buffer j = buffer_record(b);
+  struct journal_buffer j = registry_buffer_record(b);
   journal_put_buffer(r->journal, &j);
 }
 
@@ -1379,7 +1379,7 @@ void registry_journal_fill(void *ctx, journal *j) {
   for (struct list *p = r->all.next; p != &r->all; p = p->next) {
     const struct buffer *b = list_entry(p, struct buffer, all_link);
     if (b->state != BUF_ACTIVE && b->state != BUF_PAUSED) continue; /* as it was before */
-    struct journal_buffer x = buffer_record(b);
+    struct journal_buffer x = registry_buffer_record(b);
     journal_put_buffer(j, &x);
   }
 }

@@ -433,6 +433,10 @@ size_t registry_count(const registry *r);
 
 struct journal;
 struct journal_tag;
+struct journal_buffer;
+
+/* A buffer's journal record (journal.h) as it is now. */
+struct journal_buffer registry_buffer_record(const struct buffer *b);
 
 /* Tell journal j (journal.h) of every change of tags and buffers from now
  * on: each new buffer (with its secret, made at allocation), each one

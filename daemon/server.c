@@ -23,6 +23,7 @@
 #include "grace.h"
 #include "journal.h"
 #include "keeper.h"
+#include "rejoin.h"
 #include "safedir.h"
 #include "session.h"
 #include "stats.h"
@@ -62,6 +63,7 @@ struct server {
   uv_check_t journal_check; /* after a turn of the loop: starts journal_timer */
   uv_timer_t journal_timer; /* writes what changed, JOURNAL_DELAY_MS after */
   keeper *keeper;           /* holds persistent buffers no session holds */
+  rejoin *rejoin;           /* buffers of ended sessions whose processes live on */
 };
 
 /* How long sessions may take to read the shutdown notice. */
@@ -273,8 +275,10 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
   bool journal_ok = srv->eng && journal_start(srv, &grace_ms, err, errlen) == 0;
   srv->grace = journal_ok ? grace_create(loop, grace_ms, serve_waiting, on_grace_end, srv) : NULL;
   if (srv->grace) engine_set_grace(srv->eng, srv->grace);
-  srv->keeper = srv->grace ? keeper_create(loop, on_keeper_ack, srv) : NULL;
+  srv->rejoin = srv->grace ? rejoin_create(loop) : NULL;
+  srv->keeper = srv->rejoin ? keeper_create(loop, on_keeper_ack, srv) : NULL;
   if (!srv->keeper) {
+    rejoin_free(srv->rejoin); /* its timer is made at its first note: none yet */
     if (srv->eng) engine_set_grace(srv->eng, NULL);
     grace_destroy(srv->grace);
     if (journal_ok || !srv->eng) snprintf(err, errlen, "out of memory"); /* else err says */
@@ -346,6 +350,7 @@ void server_destroy(server *srv) {
   journal_stop(srv);
   registry_destroy(srv->reg);
   keeper_free(srv->keeper); /* after its buffers, which registry_destroy freed */
+  rejoin_free(srv->rejoin);
   journal_close(srv->journal);
   /* Buffers that were still there gave up the jobs making their backup
    * memory: let those end (and free what they made). */
@@ -373,6 +378,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   log_info("%s: shutting down", strsignal(signum));
   journal_stop(srv); /* the journal says what was before the shutdown */
   keeper_close(srv->keeper);
+  rejoin_close(srv->rejoin);
   engine_set_grace(srv->eng, NULL);
   grace_destroy(srv->grace); /* what waited is answered as below */
   srv->grace = NULL;
@@ -570,6 +576,8 @@ static void on_closed(void *ctx, struct session *s) {
   list_remove(&s->owner.link);
   list_remove(&s->backlog_link);
   engine_settle(srv->eng); /* its last acks count before its buffers go */
+  /* A process that lives on may reconnect and re-register what it holds. */
+  bool lives = s->pidfd >= 0 && peer_signal(s->pidfd, 0) == 0;
   struct list *p, *t;
   list_for_each_safe(p, t, &s->owner.buffers) {
     struct buffer *b = list_entry(p, struct buffer, owner_link);
@@ -578,6 +586,8 @@ static void on_closed(void *ctx, struct session *s) {
                "uid %u", (int)s->owner.pid, b->name, (unsigned long long)b->id, b->uid);
       registry_hand(srv->reg, b, keeper_owner(srv->keeper));
     } else {
+      if (lives && s->owner.role == GPUMEM__WIRE__ROLE__ROLE_WORKER)
+        rejoin_note(srv->rejoin, b, s->owner.pid);
       registry_free(srv->reg, b);
     }
   }
@@ -710,9 +720,24 @@ static int room_for_buffers(server *srv, struct session *s, uint64_t id, uint64_
   return -1;
 }
 
-/* Allocate a buffer for a worker (request id), unless it would make a new
- * tag during the re-registration grace: then it waits for the grace to end
- * (grace.h). */
+/* Whether a persistent buffer's name is kept for one the journal of the
+ * daemon before expects back (f says so): its holder re-registers it
+ * within the grace, and nothing else of its uid takes the name first. */
+static bool name_reserved(server *srv, const struct session *s,
+                          const Gpumem__Wire__AllocRequest *a, struct fault *f) {
+  if (!srv->journal_loaded || !a->name[0]) return false;
+  const struct journal_buffer *e;
+  int rc = journal_expected_named(srv->journal, (uint32_t)s->owner.uid, a->name, &e);
+  if (rc < 0) fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  else if (rc > 0)
+    fault_set(f, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+              "persistent buffer '%s' of uid %u (buffer %llu of the daemon before) may still "
+              "be re-registered by its holder: its name is kept until the grace ends (%llu ms)",
+              a->name, (unsigned)s->owner.uid, (unsigned long long)e->id,
+              (unsigned long long)grace_left_ms(srv->grace));
+  return rc != 0;
+}
+
 /* True unless allocation a would take device memory (not a buffer that
  * starts paused) and leave less than its keep_free free by the driver's
  * figure; then f says so (OUT_OF_MEMORY). A device out of range and a
@@ -774,6 +799,9 @@ static int reply_buffer(server *srv, struct session *s, uint64_t id, struct buff
   return 0;
 }
 
+/* Allocate a buffer for a worker (request id), unless it would make a new
+ * tag during the re-registration grace: then it waits for the grace to end
+ * (grace.h). */
 static void handle_alloc(server *srv, struct session *s, uint64_t id,
                          const Gpumem__Wire__AllocRequest *a) {
   if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
@@ -809,7 +837,7 @@ static void handle_alloc(server *srv, struct session *s, uint64_t id,
   }
   struct fault f = {0};
   struct buffer *b;
-  if (!leaves_keep_free(srv, a, &f)) {
+  if (name_reserved(srv, s, a, &f) || !leaves_keep_free(srv, a, &f)) {
     answer_error(s, id, &f);
     return;
   }
@@ -871,10 +899,23 @@ static const char *persistent_busy(const struct buffer *b, char *text, size_t le
   return text;
 }
 
+/* Whether the last holder of a persistent buffer no session holds still
+ * maps its memory (a process may end its session and keep its mappings),
+ * unless that is process pid; then text says so. */
+static bool mapped_elsewhere(server *srv, struct buffer *b, pid_t pid, char *text, size_t len) {
+  if (!b->has_memory || !b->last_pid || b->last_pid == pid) return false;
+  bool held;
+  registry_held_by(srv->reg, &b, 1, &held);
+  if (held)
+    snprintf(text, len, "pid %d (%s) let go of persistent buffer '%s' but still maps it: it "
+             "must unmap it, or exit, first", (int)b->last_pid, b->last_name, b->name);
+  return held;
+}
+
 /* A worker takes its uid's persistent buffer that no session holds. */
 static void handle_attach(server *srv, struct session *s, uint64_t id,
                           const Gpumem__Wire__AttachRequest *a) {
-  char text[WIRE_TAG_MAX + 160];
+  char text[2 * WIRE_TAG_MAX + 320];
   if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
     reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
                 "only workers attach buffers; connect as a worker");
@@ -898,11 +939,29 @@ static void handle_attach(server *srv, struct session *s, uint64_t id,
     reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
     return;
   }
-  struct owner *was = b->owner;
+  if (a->devices && b->device < 64 && !(a->devices & (1ull << b->device))) {
+    snprintf(text, sizeof text, "persistent buffer '%s' is on gpumemd's device %u, which this "
+             "process does not see", b->name, b->device);
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, text);
+    return;
+  }
+  if (mapped_elsewhere(srv, b, s->owner.pid, text, sizeof text)) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
+    return;
+  }
+  /* Its last holder and when it let go stay as they are if the reply
+   * cannot be made. */
+  pid_t last_pid = b->last_pid;
+  char last_name[sizeof b->last_name];
+  memcpy(last_name, b->last_name, sizeof last_name);
+  uint64_t let_go = b->let_go_ns;
   registry_hand(srv->reg, b, &s->owner);
   struct fault f = {0};
   if (reply_buffer(srv, s, id, b, true, &f) < 0) {
-    registry_hand(srv->reg, b, was); /* as it was */
+    registry_hand(srv->reg, b, keeper_owner(srv->keeper)); /* as it was */
+    b->last_pid = last_pid;
+    memcpy(b->last_name, last_name, sizeof last_name);
+    b->let_go_ns = let_go;
     answer_error(s, id, &f);
     return;
   }
@@ -914,7 +973,7 @@ static void handle_attach(server *srv, struct session *s, uint64_t id,
  * uid's for a controller. */
 static void handle_drop(server *srv, struct session *s, uint64_t id,
                         const Gpumem__Wire__DropRequest *d) {
-  char text[WIRE_TAG_MAX + 160];
+  char text[2 * WIRE_TAG_MAX + 320];
   bool ctl = s->owner.role == GPUMEM__WIRE__ROLE__ROLE_CONTROLLER;
   uint32_t uid = ctl ? d->uid : (uint32_t)s->owner.uid;
   struct buffer *b = registry_persistent(srv->reg, uid, d->name);
@@ -925,6 +984,10 @@ static void handle_drop(server *srv, struct session *s, uint64_t id,
   }
   if (persistent_busy(b, text, sizeof text)) {
     reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
+    return;
+  }
+  if (mapped_elsewhere(srv, b, 0, text, sizeof text)) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__NOT_RELEASED, text);
     return;
   }
   Gpumem__Wire__DropReply r = GPUMEM__WIRE__DROP_REPLY__INIT;
@@ -980,10 +1043,56 @@ static wire_code adopt_check(server *srv, const Gpumem__Wire__AdoptBuffer *a, si
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
-/* A worker re-registers buffers it kept across a daemon restart: all of
- * them, or none (then the fds it sent are closed and it keeps its own).
- * With the journal of the daemon before, each must be one it expects
- * (reclaim.h), and keeps its secret. */
+/* Take back the buffers of a re-registration, as reclaim_check judged
+ * them, into bufs: f filled and nothing taken on failure. */
+static void take_back(server *srv, struct session *s, const Gpumem__Wire__AdoptRequest *a,
+                      struct frame *fr, const enum reclaim_kind *kinds, struct buffer **bufs,
+                      struct fault *f) {
+  size_t done = 0, fd_at = 0;
+  uint64_t *let_go = calloc(a->n_buffers + 1, sizeof *let_go);
+  if (!let_go) fault_set(f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+  for (; !f->code && done < a->n_buffers; done++) {
+    const Gpumem__Wire__AdoptBuffer *b = a->buffers[done];
+    size_t nfds = b->paused ? 0 : b->n_chunk_sizes;
+    if (kinds[done] == RECLAIM_KEPT) { /* the daemon has its memory: the fds are spares */
+      for (size_t k = 0; k < nfds; k++) {
+        close(fr->fds[fd_at + k]);
+        fr->fds[fd_at + k] = -1;
+      }
+      let_go[done] = bufs[done]->let_go_ns;
+      registry_hand(srv->reg, bufs[done], &s->owner);
+    } else {
+      const uint8_t *secret = kinds[done] == RECLAIM_NEW ? NULL : b->secret.data;
+      if (registry_adopt(srv->reg, &s->owner, b->tag, b->device, b->size, b->flags, b->name,
+                         b->paused, b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at, secret,
+                         &bufs[done], f))
+        break;
+      registry_generation_seen(srv->reg, bufs[done]->tag, b->generation);
+    }
+    fd_at += nfds;
+    if (!b->paused) s->owner.nothing_mapped = false;
+    if (b->paused && (b->flags & BUF_FLAG_BACKUP) && kinds[done] != RECLAIM_KEPT)
+      log_warn("pid %d: BACKUP buffer %llu ('%s') was paused when its session or the daemon "
+               "before went away: its saved contents are lost",
+               (int)s->owner.pid, (unsigned long long)bufs[done]->id, b->tag);
+  }
+  for (size_t i = 0; f->code && i < done; i++) {
+    if (kinds[i] != RECLAIM_KEPT) {
+      registry_free(srv->reg, bufs[i]);
+      continue;
+    }
+    registry_hand(srv->reg, bufs[i], keeper_owner(srv->keeper)); /* as it was */
+    bufs[i]->let_go_ns = let_go[i];
+  }
+  free(let_go);
+}
+
+/* A worker re-registers buffers it kept when its session or the daemon
+ * before went away: all of them, or none (then the fds it sent are closed
+ * and it keeps its own). Each is judged by reclaim_check: its own
+ * persistent buffer the daemon kept since is handed back; one of its
+ * ended session or of the journal must be the one it says, with its
+ * secret, and keeps it. */
 static void handle_adopt(server *srv, struct session *s, const wire_env *env, struct frame *fr) {
   const Gpumem__Wire__AdoptRequest *a = env->adopt;
   struct fault f = {0};
@@ -998,48 +1107,34 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
       answer_error(s, env->id, &f);
       return;
     }
-  if (!srv->journal_loaded && !grace_active(srv->grace))
-    for (size_t i = 0; i < a->n_buffers; i++)
-      if (a->buffers[i]->paused) {
-        reply_error(s, env->id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
-                    "a paused buffer brings no memory to check: without the journal of the "
-                    "daemon before, this daemon takes one back only during the grace after "
-                    "its start (--adopt-grace)");
-        return;
-      }
-  if (srv->journal_loaded && reclaim_check(srv->journal, (uint32_t)s->owner.uid, a, &f)) {
-    log_warn("pid %d (uid %u): re-registration refused: %s", (int)s->owner.pid,
-             (unsigned)s->owner.uid, f.text);
-    answer_error(s, env->id, &f);
-    return;
-  }
   uint64_t *ids = calloc(a->n_buffers + 1, sizeof *ids);
   struct buffer **bufs = calloc(a->n_buffers + 1, sizeof *bufs);
   ProtobufCBinaryData *secrets = calloc(a->n_buffers + 1, sizeof *secrets);
-  size_t done = 0, fd_at = 0;
-  if (!ids || !bufs || !secrets)
+  enum reclaim_kind *kinds = calloc(a->n_buffers + 1, sizeof *kinds);
+  if (!ids || !bufs || !secrets || !kinds) {
     fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
-  for (; !f.code && done < a->n_buffers; done++) {
-    const Gpumem__Wire__AdoptBuffer *b = a->buffers[done];
-    const uint8_t *secret = srv->journal_loaded ? b->secret.data : NULL;
-    if (registry_adopt(srv->reg, &s->owner, b->tag, b->device, b->size, b->flags, b->name,
-                       b->paused,
-                       b->chunk_sizes, b->n_chunk_sizes, fr->fds + fd_at, secret, &bufs[done],
-                       &f))
-      break;
-    fd_at += b->paused ? 0 : b->n_chunk_sizes;
-    registry_generation_seen(srv->reg, bufs[done]->tag, b->generation);
-    if (!b->paused) s->owner.nothing_mapped = false;
-    if (b->paused && (b->flags & BUF_FLAG_BACKUP))
-      log_warn("pid %d: BACKUP buffer %llu ('%s') was paused when the previous daemon went "
-               "away: its saved contents are lost",
-               (int)s->owner.pid, (unsigned long long)bufs[done]->id, b->tag);
+  } else if (reclaim_check(srv->reg, srv->journal_loaded ? srv->journal : NULL, srv->rejoin,
+                           (uint32_t)s->owner.uid, s->owner.pid, a, kinds, bufs, &f)) {
+    log_warn("pid %d (uid %u): re-registration refused: %s", (int)s->owner.pid,
+             (unsigned)s->owner.uid, f.text);
+  } else if (!grace_active(srv->grace)) {
+    for (size_t i = 0; i < a->n_buffers && !f.code; i++)
+      if (kinds[i] == RECLAIM_NEW && a->buffers[i]->paused)
+        fault_set(&f, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                  "a paused buffer brings no memory to check: without the journal of the "
+                  "daemon before, this daemon takes one back only during the grace after its "
+                  "start (--adopt-grace)");
   }
+  if (!f.code && srv->journal_loaded) reclaim_charge(srv->reg, srv->journal, a, kinds, false);
+  if (!f.code) take_back(srv, s, a, fr, kinds, bufs, &f);
+  if (f.code && srv->journal_loaded && kinds)
+    reclaim_charge(srv->reg, srv->journal, a, kinds, true);
   if (f.code) {
-    for (size_t i = 0; i < done; i++) registry_free(srv->reg, bufs[i]);
     answer_error(s, env->id, &f);
   } else {
-    log_info("pid %d re-registered %zu buffers", (int)s->owner.pid, done);
+    log_info("pid %d re-registered %zu buffers", (int)s->owner.pid, a->n_buffers);
+    for (size_t i = 0; i < a->n_buffers; i++)
+      if (kinds[i] == RECLAIM_REJOIN) rejoin_take(srv->rejoin, a->buffers[i]->old_id);
     if (srv->journal_loaded) {
       reclaim_claim(srv->reg, srv->journal, a);
       if (!journal_expected_count(srv->journal) && grace_active(srv->grace)) {
@@ -1048,11 +1143,12 @@ static void handle_adopt(server *srv, struct session *s, const wire_env *env, st
         grace_end(srv->grace);
       }
     }
-    reply_adopt(srv, s, env->id, bufs, done, ids, secrets);
+    reply_adopt(srv, s, env->id, bufs, a->n_buffers, ids, secrets);
   }
   free(ids);
   free(bufs);
   free(secrets);
+  free(kinds);
 }
 
 /* The grace is over: the journal's buffers that no worker claimed are

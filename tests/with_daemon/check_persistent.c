@@ -6,10 +6,13 @@
  * take nor drop them. */
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,6 +89,24 @@ static void await_none_held(gpumem_client *ctl) {
     gpumem_status_free(s);
   }
   ck_assert(!held);
+}
+
+/* Cut this process's connections to the daemon (the library's socket),
+ * as a daemon that ends a session does: the library reconnects to the
+ * same daemon and re-registers what it holds. Returns how many. */
+static int cut_connections(void) {
+  int n = 0;
+  for (int fd = 3; fd < 1024; fd++) {
+    struct sockaddr_un peer;
+    socklen_t len = sizeof peer;
+    memset(&peer, 0, sizeof peer);
+    if (getpeername(fd, (struct sockaddr *)&peer, &len) < 0 || peer.sun_family != AF_UNIX)
+      continue;
+    if (strcmp(peer.sun_path, d.socket) != 0) continue;
+    ck_assert_int_eq(shutdown(fd, SHUT_RDWR), 0);
+    n++;
+  }
+  return n;
 }
 
 /* A buffer outlives its holder's free and its session, held by the daemon
@@ -377,6 +398,258 @@ START_TEST(a_held_persistent_buffer_survives_a_daemon_restart) {
 }
 END_TEST
 
+/* A connection that drops while the process lives (the daemon ended its
+ * session) is made again to the same daemon, and what the process held
+ * comes back with it: its persistent buffer (which the daemon kept
+ * meanwhile) under the same id and contents, its plain buffer too; also
+ * after a restart that loaded a journal, where the daemon takes back only
+ * what it can prove. */
+static void reconnect_keeps_buffers(bool journal_loaded) {
+  daemon_start(&d, NULL);
+  if (journal_loaded) { /* a daemon that started from its predecessor's journal */
+    kill(d.pid, SIGKILL);
+    ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
+    d.pid = daemon_spawn(d.socket, d.log, NULL);
+    ck_assert(daemon_wait_ready(&d));
+  }
+  gpumem_client *w = open_client("engine", GPUMEM_ROLE_WORKER);
+  struct conn_events ev;
+  conn_events_watch(&ev, w);
+  gpumem_buffer *kept, *plain, *paused;
+  ck_assert_int_eq(gpumem_alloc_persistent(w, "w0", "weights", 0, SIZE, 0, &kept), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "kv", 0, SIZE, 0, &plain), 0);
+  ck_assert_int_eq(gpumem_alloc(w, "cache", 0, SIZE, 0, &paused), 0);
+  uint64_t id = gpumem_buffer_id(kept);
+  fill(w, kept, 0x0dd0001u);
+  fill(w, plain, 0x0dd0002u);
+  gpumem_client *ctl = open_client("ctl", GPUMEM_ROLE_CONTROLLER);
+  ck_assert_int_eq(client_op(ctl, "cache", false), 0); /* one comes back paused, memory-less */
+  gpumem_disconnect(ctl);
+  ck_assert_int_eq(cut_connections(), 1);
+  ck_assert(conn_events_wait(&ev, 1, 1));
+  ck_assert_msg(ev.code == 0, "%s", ev.words);
+  ck_assert_uint_eq(ev.count, 3);
+  ck_assert_uint_eq(gpumem_buffer_id(kept), id);
+  ck_assert(holds(w, kept, 0x0dd0001u));
+  ck_assert(holds(w, plain, 0x0dd0002u));
+  ctl = open_client("ctl", GPUMEM_ROLE_CONTROLLER);
+  uint64_t total;
+  struct gpumem_buffer_info p = persistent(ctl, "w0", &total);
+  ck_assert_uint_eq(total, 1);
+  ck_assert_uint_eq(p.pid, (uint32_t)getpid());
+  /* Held by this process again: a pause and a resume go through it. */
+  ck_assert_int_eq(client_op(ctl, "weights", false), 0);
+  ck_assert_int_eq(client_op(ctl, "weights", true), 0);
+  ck_assert_int_eq(gpumem_buffer_mapped(paused), 0);
+  ck_assert_int_eq(client_op(ctl, "cache", true), 0);
+  ck_assert_int_eq(gpumem_buffer_mapped(paused), 1);
+  ck_assert_int_eq(gpumem_free(w, plain), 0);
+  ck_assert_int_eq(gpumem_free(w, paused), 0);
+  ck_assert_int_eq(gpumem_free(w, kept), 0);
+  gpumem_disconnect(w);
+  await_none_held(ctl);
+  ck_assert_int_eq(gpumem_drop(ctl, "w0", (uint32_t)getuid(), NULL), 0);
+  gpumem_disconnect(ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+
+START_TEST(a_reconnection_keeps_what_the_process_held) { reconnect_keeps_buffers(false); }
+END_TEST
+
+START_TEST(a_reconnection_after_a_journaled_restart_keeps_it_too) {
+  reconnect_keeps_buffers(true);
+}
+END_TEST
+
+/* Allocate persistent buffer name in tag through a raw peer and map its
+ * memory (the mapping outlives the fd and the session). */
+static void *peer_alloc_mapped(struct peer *p, const char *name) {
+  Gpumem__Wire__AllocRequest a = GPUMEM__WIRE__ALLOC_REQUEST__INIT;
+  a.tag = "weights";
+  a.size = SIZE;
+  a.flags = GPUMEM__WIRE__BUFFER_FLAG__FLAG_PERSIST;
+  a.name = (char *)name;
+  wire_env env = peer_env(p->next_id++, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC);
+  env.alloc = &a;
+  peer_put(p, &env, NULL, 0);
+  struct frame f;
+  wire_env *r = peer_get_within(p, &f, harness_patience_ms(5000));
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY);
+  ck_assert_uint_eq(f.nfds, 1);
+  void *m = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0], 0);
+  ck_assert_ptr_ne(m, MAP_FAILED);
+  frame_release(&f);
+  wire_env_free(r);
+  return m;
+}
+
+/* In a child process (another pid than the last holder's), attach name:
+ * the library's code. */
+static int attach_from_child(const char *name) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    gpumem_client *c;
+    if (gpumem_connect(d.socket, "standby", GPUMEM_ROLE_WORKER, 0, &c) < 0) _exit(100);
+    gpumem_buffer *b;
+    int rc = gpumem_attach(c, name, &b);
+    if (rc == GPUMEM_E_WRONG_STATE && !strstr(gpumem_last_error(), "still maps it")) _exit(101);
+    gpumem_disconnect(c);
+    _exit(-rc);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status));
+  return -WEXITSTATUS(status);
+}
+
+/* While the process that let go of a buffer still maps it, a drop frees
+ * nothing and says so, and another process cannot attach it (two
+ * processes would write one buffer, each thinking it its own); once it
+ * unmaps, both go through. */
+START_TEST(a_last_holder_that_maps_it_keeps_drop_and_attach_away) {
+  daemon_start(&d, NULL);
+  uint64_t before = daemon_bytes();
+  struct peer p;
+  peer_open(&p, &d, WORKER);
+  void *m = peer_alloc_mapped(&p, "w0");
+  peer_close(&p);
+  gpumem_client *ctl = open_client("ctl", GPUMEM_ROLE_CONTROLLER);
+  await_unheld(ctl, "w0");
+  uint64_t bytes = 1;
+  ck_assert_int_eq(gpumem_drop(ctl, "w0", (uint32_t)getuid(), &bytes), GPUMEM_E_NOT_RELEASED);
+  ck_assert_ptr_nonnull(strstr(gpumem_last_error(), "still maps it"));
+  ck_assert_uint_eq(daemon_bytes(), before + SIZE);
+  ck_assert_int_eq(attach_from_child("w0"), GPUMEM_E_WRONG_STATE);
+  ck_assert_uint_eq(persistent(ctl, "w0", NULL).pid, 0);
+  munmap(m, SIZE);
+  ck_assert_int_eq(attach_from_child("w0"), 0); /* attached, then let go of at its exit */
+  await_unheld(ctl, "w0");
+  ck_assert_int_eq(gpumem_drop(ctl, "w0", (uint32_t)getuid(), &bytes), 0);
+  ck_assert_uint_eq(bytes, SIZE);
+  ck_assert_uint_eq(daemon_bytes(), before);
+  gpumem_disconnect(ctl);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* An attach that says which devices the process sees is refused for a
+ * buffer on another, before anything is handed over: the buffer stays
+ * with the daemon, for a process that sees its device. */
+START_TEST(an_attach_from_a_process_that_does_not_see_the_device_is_refused) {
+  daemon_start(&d, "--host-devices", "2", NULL);
+  gpumem_client *w = open_client("engine", GPUMEM_ROLE_WORKER);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc_persistent(w, "w0", "weights", 0, SIZE, 0, &b), 0);
+  ck_assert_int_eq(gpumem_free(w, b), 0);
+  struct peer p;
+  peer_open(&p, &d, WORKER);
+  Gpumem__Wire__AttachRequest at = GPUMEM__WIRE__ATTACH_REQUEST__INIT;
+  at.name = "w0";
+  at.devices = 2; /* device 1 only */
+  wire_env env = peer_env(p.next_id++, GPUMEM__WIRE__ENVELOPE__BODY_ATTACH);
+  env.attach = &at;
+  peer_put(&p, &env, NULL, 0);
+  wire_env *r = peer_get_within(&p, NULL, harness_patience_ms(5000));
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->body_case, GPUMEM__WIRE__ENVELOPE__BODY_ERROR);
+  ck_assert_int_eq(r->error->code, CODE(INVALID_ARGUMENT));
+  ck_assert_msg(strstr(r->error->message, "does not see"), "%s", r->error->message);
+  wire_env_free(r);
+  peer_close(&p);
+  ck_assert_int_eq(gpumem_attach(w, "w0", &b), 0);
+  ck_assert_int_eq(gpumem_free(w, b), 0);
+  ck_assert_int_eq(gpumem_drop(w, "w0", 0, NULL), 0);
+  gpumem_disconnect(w);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* After a restart, the name of a persistent buffer the journal expects
+ * back is its holder's until the grace ends: another process of the uid
+ * cannot take it first. */
+START_TEST(a_journaled_name_is_kept_for_its_holder_during_the_grace) {
+  daemon_start(&d, NULL);
+  struct peer p;
+  peer_open(&p, &d, WORKER);
+  void *m = peer_alloc_mapped(&p, "w0");
+  kill(d.pid, SIGKILL);
+  ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
+  const char *extra[] = {"--adopt-grace", "60s", NULL};
+  d.pid = daemon_spawn(d.socket, d.log, extra);
+  ck_assert(daemon_wait_ready(&d));
+  gpumem_client *w = open_client("engine-2", GPUMEM_ROLE_WORKER);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc_persistent(w, "w0", "weights", 0, SIZE, 0, &b),
+                   GPUMEM_E_WRONG_STATE);
+  ck_assert_msg(strstr(gpumem_last_error(), "its name is kept until the grace ends"), "%s",
+                gpumem_last_error());
+  ck_assert_int_eq(gpumem_alloc_persistent(w, "w1", "weights", 0, SIZE, 0, &b), 0);
+  gpumem_disconnect(w);
+  munmap(m, SIZE);
+  peer_close(&p);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Run gpumemctl as nobody with args (NULL-terminated); its exit status,
+ * its output in out. */
+static int ctl_as_nobody(char *out, size_t len, ...) {
+  const char *argv[16] = {"gpumemctl", "--socket", d.socket};
+  va_list ap;
+  va_start(ap, len);
+  size_t n = 3;
+  for (const char *a; n < 15 && (a = va_arg(ap, const char *));) argv[n++] = a;
+  va_end(ap);
+  argv[n] = NULL;
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    if (setgid(65534) < 0 || setuid(65534) < 0) _exit(99);
+    execv(harness_others_bin("gpumemctl"), (char *const *)argv);
+    _exit(98);
+  }
+  close(fds[1]);
+  size_t got = 0;
+  ssize_t k;
+  while (got < len - 1 && (k = read(fds[0], out + got, len - 1 - got)) > 0) got += (size_t)k;
+  out[got] = '\0';
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* gpumemctl drop by a user with no controller's rights drops that user's
+ * own buffer through a worker session; another uid's it cannot, and says
+ * what it would need. */
+START_TEST(gpumemctl_drops_its_users_own_buffer_without_rights) {
+  if (!harness_others_can_run("gpumemctl_drops_its_users_own_buffer_without_rights")) return;
+  daemon_start(&d, "--socket-mode", "0666", NULL);
+  ck_assert_int_eq(chmod(d.dir, 0755), 0);
+  ck_assert_int_eq(seteuid(65534), 0);
+  gpumem_client *w = open_client("nobody-engine", GPUMEM_ROLE_WORKER);
+  ck_assert_int_eq(seteuid(0), 0);
+  gpumem_buffer *b;
+  ck_assert_int_eq(gpumem_alloc_persistent(w, "w0", "weights", 0, SIZE, 0, &b), 0);
+  ck_assert_int_eq(gpumem_free(w, b), 0);
+  gpumem_disconnect(w);
+  char out[4096];
+  ck_assert_int_eq(ctl_as_nobody(out, sizeof out, "drop", "w0", "--uid", "0", NULL), 1);
+  ck_assert_msg(strstr(out, "PERMISSION_DENIED") && strstr(out, "needs a controller's rights"),
+                "%s", out);
+  ck_assert_int_eq(ctl_as_nobody(out, sizeof out, "drop", "w0", NULL), 0);
+  ck_assert_msg(strstr(out, "w0 of uid 65534: dropped, 8.00 MiB"), "%s", out);
+  ck_assert_int_eq(ctl_as_nobody(out, sizeof out, "drop", "w0", NULL), 1);
+  ck_assert_msg(strstr(out, "NOT_FOUND"), "%s", out);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 static void teardown(void) { harness_daemon_teardown(&d); }
 
 int main(void) {
@@ -385,5 +658,11 @@ int main(void) {
                      a_held_by_none_buffer_pauses_and_resumes_with_its_tag,
                      a_pause_sees_a_last_holder_that_still_maps_it,
                      another_uid_cannot_take_or_drop_a_name, bad_persistent_requests_are_refused,
-                     a_held_persistent_buffer_survives_a_daemon_restart);
+                     a_held_persistent_buffer_survives_a_daemon_restart,
+                     a_reconnection_keeps_what_the_process_held,
+                     a_reconnection_after_a_journaled_restart_keeps_it_too,
+                     a_last_holder_that_maps_it_keeps_drop_and_attach_away,
+                     an_attach_from_a_process_that_does_not_see_the_device_is_refused,
+                     a_journaled_name_is_kept_for_its_holder_during_the_grace,
+                     gpumemctl_drops_its_users_own_buffer_without_rights);
 }

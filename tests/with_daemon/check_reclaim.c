@@ -310,6 +310,42 @@ START_TEST(a_secret_proves_a_buffer_once) {
 }
 END_TEST
 
+/* While a buffer the journal expects is away, it still counts against its
+ * uid's quotas: another process of the uid cannot take the room meanwhile
+ * (before, it could, and the owner's re-registration was then refused
+ * over the quota), and the re-registration is counted once, not twice. */
+START_TEST(a_buffer_away_counts_against_its_quotas) {
+  const char *quota[] = {"--max-device-bytes-per-uid", "16M", NULL};
+  daemon_open_to_all(quota);
+  struct peer w;
+  peer_open(&w, &d, WORKER);
+  struct pbuf a, b;
+  peer_alloc(&w, "kv", 0, 8 * MiB, 0, &a);
+  peer_alloc(&w, "kv", 0, 4 * MiB, 0, &b);
+  const char *extra[] = {"--max-device-bytes-per-uid", "16M", "--adopt-grace", "60s", NULL};
+  restart(SIGKILL, extra);
+  peer_close(&w);
+  struct peer other;
+  peer_open(&other, &d, WORKER);
+  struct pbuf c;
+  ck_assert_int_eq(peer_try_alloc(&other, "kv", 0, 8 * MiB, 0, &c), CODE(LIMIT_EXCEEDED));
+  peer_alloc(&other, "kv", 0, 4 * MiB, 0, &c);
+  peer_open(&w, &d, WORKER);
+  struct claim both[2] = {{&a, "kv", false, 0, 0, 0, 0}, {&b, "kv", false, 0, 0, 0, 0}};
+  char why[256];
+  ck_assert_msg(adopt(&w, both, 2, why, sizeof why, NULL) == CODE(OK), "%s", why);
+  /* Now all 16 MiB are held, and counted once. */
+  struct pbuf e;
+  ck_assert_int_eq(peer_try_alloc(&other, "kv", 0, 2 * MiB, 0, &e), CODE(LIMIT_EXCEEDED));
+  peer_unmap(&a);
+  peer_unmap(&b);
+  peer_unmap(&c);
+  peer_close(&w);
+  peer_close(&other);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* Paused re-registrations hold no memory yet count: outside a restart
  * they are refused (before, they were taken at any time: a uid's made-up
  * BACKUP buffers reserved the node's backup limit, and the owner's real
@@ -498,7 +534,8 @@ END_TEST
 int main(void) {
   return HARNESS_RUN("reclaim", 60, harness_fd_setup, harness_fd_teardown,
                      every_buffer_comes_back_to_its_owner_after_sigkill,
-                     a_secret_proves_a_buffer_once, made_up_paused_buffers_are_refused,
+                     a_secret_proves_a_buffer_once, a_buffer_away_counts_against_its_quotas,
+                     made_up_paused_buffers_are_refused,
                      a_cut_journal_keeps_its_whole_records, an_untrusted_journal_is_put_aside,
                      unclaimed_buffers_are_forgotten_after_the_grace, a_journal_is_one_daemons);
 }
