@@ -28,8 +28,8 @@ static int send_free(gpumem_client *c, gpumem_buffer *b, uint64_t id) {
  * reply (spec says how); a buffer made at the daemon but not here is
  * given back. */
 static int call_for_buffer(gpumem_client *c, wire_env *req, const struct buffer_spec *spec,
-                           gpumem_buffer **out) {
-  struct call call = {.alloc = spec};
+                           unsigned extra_ms, gpumem_buffer **out) {
+  struct call call = {.alloc = spec, .extra_ms = extra_ms};
   int rc = conn_call(c->conn, req, &call);
   if (rc == 0 && call.reply->body_case != GPUMEM__WIRE__ENVELOPE__BODY_ALLOC_REPLY)
     rc = error_set(GPUMEM_E_PROTOCOL, "gpumemd answered with something else than a buffer");
@@ -108,7 +108,7 @@ static int alloc_named(gpumem_client *c, const char *name, const char *tag, int 
   wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_ALLOC, &ar);
   struct buffer_spec spec = {.tag = tag, .device = ar.device, .local = (unsigned)device,
                              .flags = flags, .pooled = pooled, .name = name};
-  return call_for_buffer(c, &req, &spec, out);
+  return call_for_buffer(c, &req, &spec, 0, out);
 }
 
 /* Allocate a buffer. */
@@ -140,11 +140,20 @@ int gpumem_alloc_persistent(gpumem_client *c, const char *name, const char *tag,
 
 /* Take this uid's persistent buffer of that name. */
 int gpumem_attach(gpumem_client *c, const char *name, gpumem_buffer **out) {
+  return gpumem_attach_wait(c, name, 0, out);
+}
+
+/* Take it, waiting up to wait_ms for its holder to let go of it. */
+int gpumem_attach_wait(gpumem_client *c, const char *name, unsigned wait_ms,
+                       gpumem_buffer **out) {
   if (!c || !out) return error_set(GPUMEM_E_INVALID, "no client or no place for the buffer");
   if (check_name(name) < 0) return GPUMEM_E_INVALID;
+  if (wait_ms > WIRE_MAX_WAIT_MS)
+    return error_set(GPUMEM_E_INVALID, "wait_ms %u: at most %d", wait_ms, WIRE_MAX_WAIT_MS);
   if (need_persistent(c) < 0) return GPUMEM_E_VERSION;
   Gpumem__Wire__AttachRequest ar = GPUMEM__WIRE__ATTACH_REQUEST__INIT;
   ar.name = (char *)name;
+  ar.wait_ms = wait_ms;
   int map[GPUMEM_MAX_DEVICES];
   hello_local_map(c->hello, map);
   for (unsigned i = 0; i < GPUMEM_MAX_DEVICES; i++)
@@ -152,7 +161,7 @@ int gpumem_attach(gpumem_client *c, const char *name, gpumem_buffer **out) {
   wire_env req = wire_envelope(0, GPUMEM__WIRE__ENVELOPE__BODY_ATTACH, &ar);
   struct buffer_spec spec = {.name = name, .attach = true};
   gpumem_buffer *b;
-  int rc = call_for_buffer(c, &req, &spec, &b);
+  int rc = call_for_buffer(c, &req, &spec, wait_ms, &b);
   return rc < 0 ? rc : publish(c, b, out);
 }
 

@@ -53,6 +53,7 @@ struct config {
   gid_t socket_gid;     /* (gid_t)-1: keep the daemon's group */
   mode_t socket_mode;   /* for a socket the daemon binds itself */
   int listen_fd;        /* -1, or a socket passed by systemd: never unlinked */
+  struct fdstore *fdstore; /* systemd's fd store (fdstore.h), and what it passed back */
 };
 
 #endif

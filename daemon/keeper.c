@@ -7,7 +7,9 @@
 
 struct keeper {
   struct owner owner;
+  uv_loop_t *loop;
   uv_idle_t idle; /* runs while events wait for their answer */
+  bool idle_made; /* at the first event: a keeper never used has no handle to close */
   keeper_ack_fn ack;
   void *ctx;
   uint64_t *events; /* waiting, in the order they were sent */
@@ -15,7 +17,7 @@ struct keeper {
   bool closed;
 };
 
-/* Create the keeper and its (stopped) idle handle. */
+/* Create the keeper (its idle handle is made at its first event). */
 keeper *keeper_create(uv_loop_t *loop, keeper_ack_fn ack, void *ctx) {
   keeper *k = calloc(1, sizeof *k);
   if (!k) return NULL;
@@ -28,8 +30,7 @@ keeper *keeper_create(uv_loop_t *loop, keeper_ack_fn ack, void *ctx) {
   list_init(&k->owner.link);
   k->ack = ack;
   k->ctx = ctx;
-  uv_idle_init(loop, &k->idle);
-  k->idle.data = k;
+  k->loop = loop;
   return k;
 }
 
@@ -60,6 +61,11 @@ int keeper_event(keeper *k, uint64_t event_id) {
     k->cap = cap;
   }
   k->events[k->n++] = event_id;
+  if (!k->idle_made) {
+    uv_idle_init(k->loop, &k->idle);
+    k->idle.data = k;
+    k->idle_made = true;
+  }
   uv_idle_start(&k->idle, on_idle);
   return 0;
 }
@@ -68,7 +74,7 @@ int keeper_event(keeper *k, uint64_t event_id) {
 void keeper_close(keeper *k) {
   if (!k || k->closed) return;
   k->closed = true;
-  uv_close((uv_handle_t *)&k->idle, NULL);
+  if (k->idle_made) uv_close((uv_handle_t *)&k->idle, NULL);
 }
 
 /* Free the keeper. */

@@ -20,6 +20,7 @@
 #include "fdbudget.h"
 #include "gpu/gpudev.h"
 #include "gpumem.h"
+#include "fdstore.h"
 #include "notify.h"
 #include "server.h"
 
@@ -405,7 +406,14 @@ int main(int argc, char **argv) {
   /* systemd's environment is checked before anything is created. */
   char err[256] = "";
   static char activated_path[108];
-  cfg.listen_fd = activation_take(activated_path, sizeof activated_path, err, sizeof err);
+  static fdstore *store; /* static: reachable to the end, whichever way main returns */
+  if (!(store = fdstore_create())) {
+    log_error("out of memory");
+    return 1;
+  }
+  cfg.fdstore = store;
+  cfg.listen_fd =
+      activation_take(activated_path, sizeof activated_path, store, err, sizeof err);
   if (cfg.listen_fd == -2 || notify_check(err, sizeof err) < 0) {
     log_error("%s", err);
     if (cfg.listen_fd >= 0) close(cfg.listen_fd);
@@ -484,6 +492,8 @@ int main(int argc, char **argv) {
   int status = server_run(srv);
   if (notify_failed) status = 1;
   server_destroy(srv);
+  fdstore_free(store); /* what stays in systemd's store is the next daemon's */
+  store = NULL;
   uv_loop_close(&loop);
   backup_disk_close(cfg.backup_disk); /* its files went with their buffers */
   if (ctxrelease_in_driver()) /* a thread is in the driver: its backend stays */

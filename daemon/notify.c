@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "fdstore.h"
 
 #ifndef HAVE_SYSTEMD
 /* Built without libsystemd: there is no way to notify. */
@@ -70,8 +71,9 @@ static long env_number(const char *name) {
   return errno || *end || v < 0 ? -1 : v;
 }
 
-/* Check and take fd 3 as systemd passes it. */
-int activation_take(char *path, size_t pathlen, char *err, size_t errlen) {
+/* Check and take what systemd passes: the listening socket, and chunks
+ * of its fd store (fdstore.h). */
+int activation_take(char *path, size_t pathlen, fdstore *store, char *err, size_t errlen) {
   const char *fds = getenv("LISTEN_FDS"), *pid = getenv("LISTEN_PID");
   if (!fds && !pid) return -1;
   if (env_number("LISTEN_PID") != (long)getpid()) {
@@ -81,29 +83,56 @@ int activation_take(char *path, size_t pathlen, char *err, size_t errlen) {
              pid ? pid : "(unset)", (int)getpid());
     return -2;
   }
-  if (env_number("LISTEN_FDS") != 1) {
-    snprintf(err, errlen, "socket activation: LISTEN_FDS=%s, expected exactly one socket",
-             fds ? fds : "(unset)");
+  long nfds = env_number("LISTEN_FDS");
+  if (nfds < 1) {
+    snprintf(err, errlen, "socket activation: LISTEN_FDS=%s, expected one socket (and the "
+             "fd store's chunks)", fds ? fds : "(unset)");
     return -2;
   }
 #ifndef HAVE_SYSTEMD
+  (void)store;
   snprintf(err, errlen, "socket activation: this gpumemd was built without libsystemd");
   return -2;
 #else
-  int n = sd_listen_fds(1);
-  if (n != 1) {
+  for (long i = 0; i < nfds; i++)
+    if (fcntl(SD_LISTEN_FDS_START + (int)i, F_GETFD) < 0) {
+      snprintf(err, errlen, "socket activation: LISTEN_FDS=%s, but fd %d is not open", fds,
+               SD_LISTEN_FDS_START + (int)i);
+      return -2;
+    }
+  char **names = NULL;
+  int n = sd_listen_fds_with_names(1, &names);
+  if (n < 1) {
     snprintf(err, errlen, "socket activation: %s", n < 0 ? strerror(-n) : "no socket passed");
     return -2;
   }
-  int fd = SD_LISTEN_FDS_START;
+  int fd = -1, sockets = 0;
+  for (int i = 0; i < n; i++) {
+    int at = SD_LISTEN_FDS_START + i;
+    if (names && names[i] && fdstore_found(store, names[i], at)) continue;
+    sockets++;
+    if (fd < 0) fd = at;
+    else close(at);
+  }
+  for (int i = 0; names && i < n; i++) free(names[i]);
+  free(names);
+  if (sockets > 1) {
+    if (fd >= 0) close(fd);
+    snprintf(err, errlen, "socket activation: LISTEN_FDS=%s with %d sockets, expected exactly "
+             "one (besides the fd store's chunks)", fds, sockets);
+    return -2;
+  }
+  if (fd < 0) return -1; /* the fd store's alone: the daemon makes its socket */
   if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
     snprintf(err, errlen, "socket activation: fd %d is not a listening AF_UNIX stream socket",
              fd);
+    close(fd);
     return -2;
   }
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
     snprintf(err, errlen, "socket activation: fd %d: %s", fd, strerror(errno));
+    close(fd);
     return -2;
   }
   struct sockaddr_un addr;

@@ -5,6 +5,8 @@
 
 #include <stddef.h>
 
+#include "fdstore.h"
+
 /* Check that NOTIFY_SOCKET, when set, reaches a listener, before anything is
  * created. Returns 0, or -1 with err filled. */
 int notify_check(char *err, size_t errlen);
@@ -17,10 +19,12 @@ int notify_ready(const char *backend, unsigned devices, const char *path, char *
 /* Say STOPPING=1; a failure is only logged. */
 void notify_stopping(void);
 
-/* Take a socket passed by systemd (LISTEN_FDS, LISTEN_PID). Returns the
- * listening fd (non-blocking, close-on-exec), -1 when none was passed, or
- * -2 with err filled when what was passed is wrong. When a path is bound
- * to it, copies it to path. */
-int activation_take(char *path, size_t pathlen, char *err, size_t errlen);
+/* Take what systemd passed (LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES): the
+ * fd store's chunks (named gpumem.*) go to store, and of the rest one
+ * listening socket may be passed. Returns it (non-blocking,
+ * close-on-exec), -1 when none was passed, or -2 with err filled when
+ * what was passed is wrong. When a path is bound to it, copies it to
+ * path. */
+int activation_take(char *path, size_t pathlen, fdstore *store, char *err, size_t errlen);
 
 #endif

@@ -28,8 +28,38 @@ static void charge(registry *reg, journal *j, const struct journal_buffer *b, bo
   journal_set_charged(j, b->id, true);
 }
 
+/* Take back from the fd store an ACTIVE persistent buffer that no process
+ * held, for keeper, as the journal has it (its secret too); false when
+ * the store did not pass it back whole (what it passed is let go of). */
+static bool from_store(registry *reg, fdstore *store, struct owner *keeper,
+                       const struct journal_buffer *e) {
+  size_t n = fdstore_chunks(store, e->id);
+  if (!n || e->state != GPUMEM__WIRE__BUFFER_STATE__ACTIVE) return false;
+  int *fds = malloc(n * sizeof *fds);
+  uint64_t *sizes = malloc(n * sizeof *sizes), sum = 0;
+  bool ok = fds && sizes && fdstore_take(store, e->id, n, fds, sizes);
+  for (size_t k = 0; ok && k < n; k++) sum += sizes[k];
+  struct buffer *b = NULL;
+  struct fault f = {0};
+  if (ok && sum != e->size) {
+    fault_set(&f, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT,
+              "its chunks there add up to %llu bytes", (unsigned long long)sum);
+    for (size_t k = 0; k < n; k++) close(fds[k]);
+  } else if (ok && registry_adopt(reg, keeper, e->tag, e->device, e->size, e->flags, e->name,
+                                  false, sizes, n, fds, e->secret, &b, &f) == 0) {
+    registry_stored_as(reg, b, e->id);
+    b->let_go_ns = registry_now_ns(); /* no holder since the restart, as far as this daemon saw */
+  }
+  if (f.code)
+    log_warn("journal: persistent buffer '%s' of uid %u: systemd's fd store passed it back, "
+             "but it cannot be taken: %s", e->name, e->uid, f.text);
+  free(fds);
+  free(sizes);
+  return b != NULL;
+}
+
 /* Bring back the journal's tags and count what each expects. */
-bool reclaim_restore(registry *reg, journal *j) {
+bool reclaim_restore(registry *reg, journal *j, fdstore *store, struct owner *keeper) {
   size_t nt, n = journal_expected_count(j);
   const struct journal_tag *tags = journal_tags(j, &nt);
   for (size_t i = 0; i < nt; i++)
@@ -41,10 +71,15 @@ bool reclaim_restore(registry *reg, journal *j) {
     if (all[i]->kept) { /* its memory had no holder but the daemon before */
       char size[32];
       size_format(all[i]->size, size, sizeof size);
-      log_warn("journal: persistent buffer '%s' of uid %u (%s on device %u, tag '%s') was "
-               "held by the daemon before alone: its memory and contents went with it",
-               all[i]->name, all[i]->uid, size, all[i]->device, all[i]->tag);
-      journal_claim(j, all[i]->id); /* gone from the journal too */
+      if (from_store(reg, store, keeper, all[i]))
+        log_info("journal: persistent buffer '%s' of uid %u (%s on device %u, tag '%s'), "
+                 "held by the daemon before alone, is back from systemd's fd store",
+                 all[i]->name, all[i]->uid, size, all[i]->device, all[i]->tag);
+      else
+        log_warn("journal: persistent buffer '%s' of uid %u (%s on device %u, tag '%s') was "
+                 "held by the daemon before alone: its memory and contents went with it",
+                 all[i]->name, all[i]->uid, size, all[i]->device, all[i]->tag);
+      journal_claim(j, all[i]->id); /* gone from the journal too (back: under a new id) */
       continue;
     }
     struct tag *t = registry_tag(reg, all[i]->tag);

@@ -12,14 +12,17 @@
 
 #include "common/wire.h"
 #include "fault.h"
+#include "fdstore.h"
 #include "journal.h"
 #include "registry.h"
 #include "rejoin.h"
 
 /* Make the journal's tags in reg, each keeping (registry_expect) the
  * journal's buffers of its name, and number new buffers above the
- * journal's. False when out of memory. */
-bool reclaim_restore(registry *reg, journal *j);
+ * journal's. A persistent buffer no process held comes back at once, for
+ * keeper, where systemd's fd store (store) passed its chunks back, and is
+ * gone otherwise. False when out of memory. */
+bool reclaim_restore(registry *reg, journal *j, fdstore *store, struct owner *keeper);
 
 /* How a re-registered buffer is taken back. */
 enum reclaim_kind {

@@ -16,6 +16,7 @@
 #include "backup_disk.h"
 #include "backup_verify.h"
 #include "fdbudget.h"
+#include "fdstore.h"
 #include "journal.h"
 #include "pageable.h"
 
@@ -44,6 +45,7 @@ struct registry {
   uint64_t last_bytes[2], last_us[2]; /* [to_host]: the last operation's */
   bool destroying; /* tags go all at once, not one by one */
   journal *journal; /* told of every change of tags and buffers; NULL: none */
+  fdstore *store;   /* keeps the memory of persistent buffers no session holds; NULL: none */
 };
 
 /* Create an empty registry over a backend. */
@@ -326,6 +328,44 @@ static void give_chunks(registry *r, uint32_t uid, uint64_t n) {
   tenants_give_chunks(r->tenants, uid, n);
 }
 
+/* Have the fd store let go of a buffer's chunks. */
+static void unstore(registry *r, struct buffer *b) {
+  fdstore_remove(r->store, b->stored_as, b->chunk_sizes, b->nchunks);
+  b->stored_as = 0;
+}
+
+/* Keep a buffer's chunks in the fd store exactly while it is persistent,
+ * no session holds it, and it has memory. */
+static void store_sync(registry *r, struct buffer *b) {
+  bool want = fdstore_enabled(r->store) && b->owner && b->owner->keeper && b->has_memory &&
+              !b->ipc && b->nchunks;
+  if (!want) {
+    if (b->stored_as) unstore(r, b);
+    return;
+  }
+  if (b->stored_as) return;
+  int *fds = malloc(b->nchunks * sizeof *fds);
+  struct fault f = {0};
+  if (!fds || registry_export(r, b, fds, &f)) {
+    log_warn("buffer %llu: not kept in systemd's fd store: %s", (unsigned long long)b->id,
+             fds ? f.text : "out of host memory");
+    free(fds);
+    return;
+  }
+  if (fdstore_put(r->store, b->id, fds, b->chunk_sizes, b->nchunks) == 0) b->stored_as = b->id;
+  for (size_t i = 0; i < b->nchunks; i++) close(fds[i]);
+  free(fds);
+}
+
+/* Keep persistent buffers' chunks in s. */
+void registry_set_fdstore(registry *r, fdstore *s) { r->store = s; }
+
+/* A buffer taken back from the fd store is in it still. */
+void registry_stored_as(registry *r, struct buffer *b, uint64_t id) {
+  (void)r;
+  b->stored_as = id;
+}
+
 /* Create every chunk or none (none past the chunk budget). */
 wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f) {
   uint64_t n = b->ipc ? 1 : b->nchunks;
@@ -358,12 +398,14 @@ wire_code registry_memory_create(registry *r, struct buffer *b, struct fault *f)
     gpudev_chunk_set_owner(r->gpu, b->handles[i], b->uid);
   b->has_memory = true;
   r->managed[b->device] += b->size;
+  store_sync(r, b); /* a persistent buffer no session holds, resumed */
   return GPUMEM__WIRE__ERROR_CODE__OK;
 }
 
 /* Release a buffer's physical memory. */
 void registry_memory_release(registry *r, struct buffer *b) {
   if (!b->has_memory) return;
+  if (b->stored_as && !r->destroying) unstore(r, b); /* systemd's copies first */
   if (b->ipc)
     gpudev_ipc_free(r->gpu, b->device, b->handles[0], b->size);
   else
@@ -988,6 +1030,7 @@ void registry_hand(registry *r, struct buffer *b, struct owner *to) {
   b->owner = to;
   b->handed_to = 0; /* backup memory handed before was the last holder's */
   buffer_changed(r, b);
+  store_sync(r, b);
 }
 
 /* Allocate a buffer for owner. */

@@ -95,6 +95,7 @@ struct buffer {
   pid_t last_pid;     /* its last holder's process (PERSIST), its session's name: */
   char last_name[WIRE_NAME_MAX + 1];
   uint64_t let_go_ns; /* when that holder let go of it; 0 while a session holds it */
+  uint64_t stored_as; /* the id its chunks go by in systemd's fd store (fdstore.h); 0: not there */
   struct list tag_link, owner_link;
   struct list all_link; /* the registry's buffers, in id order */
   struct list persist_link; /* the registry's PERSIST buffers (named), in id order */
@@ -437,6 +438,18 @@ struct journal_buffer;
 
 /* A buffer's journal record (journal.h) as it is now. */
 struct journal_buffer registry_buffer_record(const struct buffer *b);
+
+struct fdstore;
+
+/* Keep in store s (fdstore.h; NULL: none) a copy of the chunks of each
+ * persistent buffer that no session holds while it has memory, and have
+ * it let go of them before that memory is released (but not when the
+ * registry is destroyed: the next daemon takes them back). */
+void registry_set_fdstore(registry *r, struct fdstore *s);
+
+/* Buffer b, made by registry_adopt from chunks that store s passed back
+ * under id, is there still. */
+void registry_stored_as(registry *r, struct buffer *b, uint64_t id);
 
 /* Tell journal j (journal.h) of every change of tags and buffers from now
  * on: each new buffer (with its secret, made at allocation), each one

@@ -39,6 +39,8 @@ struct server {
   uv_poll_t listen_poll;
   uv_signal_t sigterm, sigint;
   struct list sessions; /* struct owner.link of every session */
+  struct list attach_waits; /* struct attach_wait.link, oldest first */
+  uv_timer_t attach_timer;  /* looks at them again: a deadline, or a buffer let go of */
   struct outbox out;    /* the engine's way to the sessions */
   struct session_host host; /* the sessions' way to the server */
   uint64_t next_session_id;
@@ -66,6 +68,22 @@ struct server {
   rejoin *rejoin;           /* buffers of ended sessions whose processes live on */
 };
 
+/* An attach that waits for its buffer's holder to let go of it. */
+struct attach_wait {
+  struct list link;
+  struct session *s;
+  uint64_t id;           /* the request's */
+  uint64_t since_ms, deadline_ms; /* the loop's clock */
+  Gpumem__Wire__AttachRequest req; /* name points at name */
+  char name[WIRE_TAG_MAX + 1];
+};
+
+/* Attaches one session may have waiting. */
+#define SERVER_ATTACH_WAITS_PER_SESSION 64
+/* How often a waiting attach looks again while its buffer is busy in a
+ * pause or resume, or still mapped by the process that let go of it. */
+#define SERVER_ATTACH_RECHECK_MS 20
+
 /* How long sessions may take to read the shutdown notice. */
 #define SERVER_DRAIN_MS 1000
 /* How long one turn of the loop serves waiting frames before it polls
@@ -91,6 +109,8 @@ static void on_closed(void *ctx, struct session *s);
 static void on_frames_wait(void *ctx, struct session *s);
 static struct session *biggest_queue(void *ctx);
 static size_t parked_fds(void *ctx, uid_t uid);
+static void attach_wake(server *srv);
+static void attach_forget(server *srv, struct session *s);
 
 /* The outbox's send: session_send to the owner's session. */
 static int out_send(void *ctx, struct owner *o, const wire_env *env, const int *fds, size_t nfds) {
@@ -184,7 +204,7 @@ static int journal_start(server *srv, uint64_t *grace_ms, char *err, size_t errl
   const char *why;
   enum journal_found found = journal_found(j, &why);
   if (found == JOURNAL_LOADED) {
-    if (!reclaim_restore(srv->reg, j)) {
+    if (!reclaim_restore(srv->reg, j, srv->cfg->fdstore, keeper_owner(srv->keeper))) {
       snprintf(err, errlen, "journal %s: out of memory taking it back", path);
       return -1;
     }
@@ -247,6 +267,7 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
                                     .frames_wait = on_frames_wait,
                                     .biggest_queue = biggest_queue, .parked_fds = parked_fds};
   list_init(&srv->sessions);
+  list_init(&srv->attach_waits);
   list_init(&srv->backlog_sessions);
   srv->listen_fd = cfg->listen_fd >= 0 ? cfg->listen_fd
                                        : listener_open(cfg->socket_path, cfg->socket_mode,
@@ -272,21 +293,27 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
                  ? engine_create(loop, srv->reg, g, cfg, &srv->sessions, &srv->out, srv->stats)
                  : NULL;
   uint64_t grace_ms = cfg->adopt_grace_ms;
-  bool journal_ok = srv->eng && journal_start(srv, &grace_ms, err, errlen) == 0;
+  /* The keeper first: the journal's persistent buffers that no process
+   * held come back to it from systemd's fd store. Neither it nor rejoin
+   * has a handle before its first use. */
+  srv->keeper = srv->eng ? keeper_create(loop, on_keeper_ack, srv) : NULL;
+  if (srv->keeper) registry_set_fdstore(srv->reg, cfg->fdstore);
+  bool journal_ok = srv->keeper && journal_start(srv, &grace_ms, err, errlen) == 0;
+  if (journal_ok) fdstore_forget_left(cfg->fdstore); /* chunks of buffers no journal named */
   srv->grace = journal_ok ? grace_create(loop, grace_ms, serve_waiting, on_grace_end, srv) : NULL;
   if (srv->grace) engine_set_grace(srv->eng, srv->grace);
   srv->rejoin = srv->grace ? rejoin_create(loop) : NULL;
-  srv->keeper = srv->rejoin ? keeper_create(loop, on_keeper_ack, srv) : NULL;
-  if (!srv->keeper) {
-    rejoin_free(srv->rejoin); /* its timer is made at its first note: none yet */
+  if (!srv->rejoin) {
+    registry_set_fdstore(srv->reg, NULL); /* what is in it stays, for the next daemon */
     if (srv->eng) engine_set_grace(srv->eng, NULL);
     grace_destroy(srv->grace);
-    if (journal_ok || !srv->eng) snprintf(err, errlen, "out of memory"); /* else err says */
+    if (journal_ok || !srv->keeper) snprintf(err, errlen, "out of memory"); /* else err says */
     journal_stop(srv);
     journal_close(srv->journal);
     engine_destroy(srv->eng);
     stats_destroy(srv->stats);
     registry_destroy(srv->reg);
+    keeper_free(srv->keeper); /* after its buffers */
     close(srv->listen_fd);
     if (cfg->listen_fd < 0) unlink(cfg->socket_path);
     free(srv);
@@ -303,6 +330,8 @@ server *server_create(uv_loop_t *loop, const struct config *cfg, gpudev *g,
   srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   uv_timer_init(loop, &srv->accept_timer);
   srv->accept_timer.data = srv;
+  uv_timer_init(loop, &srv->attach_timer);
+  srv->attach_timer.data = srv;
   uv_idle_init(loop, &srv->reaper);
   srv->reaper.data = srv;
   uv_idle_init(loop, &srv->backlog);
@@ -379,6 +408,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   journal_stop(srv); /* the journal says what was before the shutdown */
   keeper_close(srv->keeper);
   rejoin_close(srv->rejoin);
+  attach_forget(srv, NULL); /* their sessions hear of the shutdown */
+  uv_close((uv_handle_t *)&srv->attach_timer, NULL);
   engine_set_grace(srv->eng, NULL);
   grace_destroy(srv->grace); /* what waited is answered as below */
   srv->grace = NULL;
@@ -573,6 +604,7 @@ static void on_doomed(void *ctx, struct session *s) {
 static void on_closed(void *ctx, struct session *s) {
   server *srv = ctx;
   grace_forget(srv->grace, s);
+  attach_forget(srv, s);
   list_remove(&s->owner.link);
   list_remove(&s->backlog_link);
   engine_settle(srv->eng); /* its last acks count before its buffers go */
@@ -585,6 +617,7 @@ static void on_closed(void *ctx, struct session *s) {
       log_info("pid %d ended its session: the daemon keeps persistent buffer '%s' (%llu) of "
                "uid %u", (int)s->owner.pid, b->name, (unsigned long long)b->id, b->uid);
       registry_hand(srv->reg, b, keeper_owner(srv->keeper));
+      attach_wake(srv);
     } else {
       if (lives && s->owner.role == GPUMEM__WIRE__ROLE__ROLE_WORKER)
         rejoin_note(srv->rejoin, b, s->owner.pid);
@@ -877,6 +910,7 @@ static void handle_free(server *srv, struct session *s, const wire_env *env) {
     registry_hand(srv->reg, b, keeper_owner(srv->keeper));
     journal_flush(srv->journal); /* a daemon after this one expects no holder for it */
     r.kept = true;
+    attach_wake(srv);
   } else {
     r.bytes = b->size;
     registry_free(srv->reg, b);
@@ -912,43 +946,10 @@ static bool mapped_elsewhere(server *srv, struct buffer *b, pid_t pid, char *tex
   return held;
 }
 
-/* A worker takes its uid's persistent buffer that no session holds. */
-static void handle_attach(server *srv, struct session *s, uint64_t id,
-                          const Gpumem__Wire__AttachRequest *a) {
-  char text[2 * WIRE_TAG_MAX + 320];
-  if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
-    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
-                "only workers attach buffers; connect as a worker");
-    return;
-  }
-  if (room_for_buffers(srv, s, id, 1) < 0) return;
-  if (srv->eng && engine_released(srv->eng, s->owner.pid)) {
-    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
-                "this process's device state is released (a pause with release_context): "
-                "resume it before attaching");
-    return;
-  }
-  struct buffer *b = registry_persistent(srv->reg, (uint32_t)s->owner.uid, a->name);
-  if (!b) {
-    snprintf(text, sizeof text, "uid %u has no persistent buffer '%s'", (unsigned)s->owner.uid,
-             a->name);
-    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, text);
-    return;
-  }
-  if (persistent_busy(b, text, sizeof text)) {
-    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
-    return;
-  }
-  if (a->devices && b->device < 64 && !(a->devices & (1ull << b->device))) {
-    snprintf(text, sizeof text, "persistent buffer '%s' is on gpumemd's device %u, which this "
-             "process does not see", b->name, b->device);
-    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, text);
-    return;
-  }
-  if (mapped_elsewhere(srv, b, s->owner.pid, text, sizeof text)) {
-    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
-    return;
-  }
+/* Hand persistent buffer b, which no session holds, to s and answer its
+ * attach id with it; as it was, with the error answered, if that cannot
+ * be done. */
+static void give(server *srv, struct session *s, uint64_t id, struct buffer *b) {
   /* Its last holder and when it let go stay as they are if the reply
    * cannot be made. */
   pid_t last_pid = b->last_pid;
@@ -967,6 +968,146 @@ static void handle_attach(server *srv, struct session *s, uint64_t id,
   }
   log_info("pid %d attached persistent buffer '%s' (%llu, %s)", (int)s->owner.pid, b->name,
            (unsigned long long)b->id, wire_state_name(b->state));
+}
+
+/* Why s cannot take b now (text filled; NULL: it can): held by a session
+ * (*later: when it lets go), or busy in a pause or resume or still mapped
+ * by the process that let go of it (*later: look again soon). */
+static const char *not_yet(server *srv, struct session *s, struct buffer *b, bool *soon,
+                           char *text, size_t len) {
+  *soon = b->owner->keeper;
+  if (persistent_busy(b, text, len) || mapped_elsewhere(srv, b, s->owner.pid, text, len))
+    return text;
+  return NULL;
+}
+
+static void on_attach_timer(uv_timer_t *h);
+
+/* Queue an attach (request id) to wait for its buffer, up to a's wait_ms. */
+static void wait_for_buffer(server *srv, struct session *s, uint64_t id,
+                            const Gpumem__Wire__AttachRequest *a) {
+  if (srv->stopping) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__SHUTTING_DOWN, "gpumemd is stopping");
+    return;
+  }
+  size_t mine = 0;
+  for (struct list *p = srv->attach_waits.next; p != &srv->attach_waits; p = p->next)
+    mine += list_entry(p, struct attach_wait, link)->s == s;
+  if (mine >= SERVER_ATTACH_WAITS_PER_SESSION) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__LIMIT_EXCEEDED,
+                "this session has 64 attaches waiting already");
+    return;
+  }
+  struct attach_wait *w = calloc(1, sizeof *w);
+  if (!w) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__INTERNAL, "out of host memory");
+    return;
+  }
+  w->s = s;
+  w->id = id;
+  w->since_ms = uv_now(srv->loop);
+  w->deadline_ms = w->since_ms + a->wait_ms;
+  snprintf(w->name, sizeof w->name, "%s", a->name);
+  gpumem__wire__attach_request__init(&w->req);
+  w->req.name = w->name;
+  w->req.devices = a->devices;
+  list_append(&srv->attach_waits, &w->link);
+  log_debug("pid %d waits up to %u ms to attach '%s'", (int)s->owner.pid, a->wait_ms, w->name);
+  uv_timer_start(&srv->attach_timer, on_attach_timer, 0, 0); /* then at its deadline */
+}
+
+/* A worker takes its uid's persistent buffer that no session holds, at
+ * once or, asked to, once its holder lets go of it. */
+static void handle_attach(server *srv, struct session *s, uint64_t id,
+                          const Gpumem__Wire__AttachRequest *a) {
+  char text[2 * WIRE_TAG_MAX + 320];
+  if (s->owner.role != GPUMEM__WIRE__ROLE__ROLE_WORKER) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__PERMISSION_DENIED,
+                "only workers attach buffers; connect as a worker");
+    return;
+  }
+  if (a->wait_ms > WIRE_MAX_WAIT_MS) {
+    snprintf(text, sizeof text, "wait_ms %u: at most %d", a->wait_ms, WIRE_MAX_WAIT_MS);
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, text);
+    return;
+  }
+  if (room_for_buffers(srv, s, id, 1) < 0) return;
+  if (srv->eng && engine_released(srv->eng, s->owner.pid)) {
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE,
+                "this process's device state is released (a pause with release_context): "
+                "resume it before attaching");
+    return;
+  }
+  struct buffer *b = registry_persistent(srv->reg, (uint32_t)s->owner.uid, a->name);
+  if (!b) {
+    snprintf(text, sizeof text, "uid %u has no persistent buffer '%s'", (unsigned)s->owner.uid,
+             a->name);
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__NOT_FOUND, text);
+    return;
+  }
+  if (a->devices && b->device < 64 && !(a->devices & (1ull << b->device))) {
+    snprintf(text, sizeof text, "persistent buffer '%s' is on gpumemd's device %u, which this "
+             "process does not see", b->name, b->device);
+    reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__INVALID_ARGUMENT, text);
+    return;
+  }
+  bool soon;
+  if (not_yet(srv, s, b, &soon, text, sizeof text)) {
+    if (a->wait_ms) wait_for_buffer(srv, s, id, a);
+    else reply_error(s, id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
+    return;
+  }
+  give(srv, s, id, b);
+}
+
+/* Look at the waiting attaches again: serve those whose buffer is free
+ * now, end those whose time is up or whose buffer is gone, and wake again
+ * at the next deadline (sooner while one's buffer is busy or still
+ * mapped: nothing else says when that ends). */
+static void on_attach_timer(uv_timer_t *h) {
+  server *srv = h->data;
+  uint64_t now = uv_now(srv->loop), next = UINT64_MAX;
+  struct list *p, *t;
+  list_for_each_safe(p, t, &srv->attach_waits) {
+    struct attach_wait *w = list_entry(p, struct attach_wait, link);
+    struct buffer *b = registry_persistent(srv->reg, (uint32_t)w->s->owner.uid, w->name);
+    char text[2 * WIRE_TAG_MAX + 360];
+    bool soon = false;
+    if (b && not_yet(srv, w->s, b, &soon, text, sizeof text) && now < w->deadline_ms) {
+      uint64_t at = soon ? now + SERVER_ATTACH_RECHECK_MS : w->deadline_ms;
+      next = at < next ? at : next;
+      continue;
+    }
+    list_remove(&w->link);
+    if (!b || !not_yet(srv, w->s, b, &soon, text, sizeof text)) {
+      handle_attach(srv, w->s, w->id, &w->req); /* NOT_FOUND when it was dropped */
+    } else {
+      size_t n = strlen(text);
+      snprintf(text + n, sizeof text - n, " (waited %llu ms)",
+               (unsigned long long)(now - w->since_ms));
+      reply_error(w->s, w->id, GPUMEM__WIRE__ERROR_CODE__WRONG_STATE, text);
+    }
+    free(w);
+  }
+  if (next != UINT64_MAX) uv_timer_start(&srv->attach_timer, on_attach_timer, next - now, 0);
+}
+
+/* Persistent buffers were let go of (or dropped): look at the waiting
+ * attaches on the loop's next turn. */
+static void attach_wake(server *srv) {
+  if (!srv->stopping && !list_empty(&srv->attach_waits))
+    uv_timer_start(&srv->attach_timer, on_attach_timer, 0, 0);
+}
+
+/* A session's waiting attaches end with it, unanswered. */
+static void attach_forget(server *srv, struct session *s) {
+  struct list *p, *t;
+  list_for_each_safe(p, t, &srv->attach_waits) {
+    struct attach_wait *w = list_entry(p, struct attach_wait, link);
+    if (s && w->s != s) continue;
+    list_remove(&w->link);
+    free(w);
+  }
 }
 
 /* Free a persistent buffer no session holds: a worker's uid's, or any
@@ -996,6 +1137,7 @@ static void handle_drop(server *srv, struct session *s, uint64_t id,
            (unsigned long long)b->id, (unsigned)uid);
   registry_free(srv->reg, b);
   journal_flush(srv->journal); /* a daemon after this one does not wait for it */
+  attach_wake(srv); /* those waiting for it learn it is gone */
   wire_env out = wire_envelope(id, GPUMEM__WIRE__ENVELOPE__BODY_DROP_REPLY, &r);
   session_send(s, &out, NULL, 0);
 }

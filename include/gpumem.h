@@ -277,6 +277,15 @@ GPUMEM_EXPORT int gpumem_alloc_persistent(gpumem_client *c, const char *name, co
  * (1.12). */
 GPUMEM_EXPORT int gpumem_attach(gpumem_client *c, const char *name, gpumem_buffer **out);
 
+/* gpumem_attach, but while a process holds the buffer (or a pause or
+ * resume has it, or the process that let go of it still maps it), wait up
+ * to wait_ms (at most 600000) for it to be let go of, then take it: a
+ * standby engine's failover, served the moment the holder frees it or
+ * ends. GPUMEM_E_WRONG_STATE when the wait ends first; the call's request
+ * timeout is extended by wait_ms (1.12). */
+GPUMEM_EXPORT int gpumem_attach_wait(gpumem_client *c, const char *name, unsigned wait_ms,
+                                     gpumem_buffer **out);
+
 /* Free the persistent buffer named name that no process holds: this
  * uid's, or for a controller uid's. The device bytes freed into *bytes
  * (may be NULL; 0 for a paused buffer). GPUMEM_E_NOT_FOUND,

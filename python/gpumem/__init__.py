@@ -913,17 +913,24 @@ class Client:
             raise _last_error(self._lib, rc)
         return self._wrap(out.value)
 
-    def attach(self, name: str) -> Buffer:
+    def attach(self, name: str, wait: Optional[float] = None) -> Buffer:
         """Take this uid's persistent buffer ``name`` that no process holds:
         mapped at a new address with the contents it had (reserved only
         while its tag is paused, mapped at the resume), with its tag,
         device and flags (API 1.12). NOT_FOUND when there is none of that
         name, WRONG_STATE while a process holds it or a pause or resume has
-        it."""
+        it; with ``wait`` (seconds, at most 600), a standby's failover: it
+        waits that long for the holder to free it or end, and takes it the
+        moment it does (WRONG_STATE if the wait ends first)."""
         bname = _check_tag(name, "name")
+        ms = 0
+        if wait is not None:
+            if not 0 <= wait <= 600:
+                raise ValueError("wait: 0 to 600 seconds, not %r" % (wait,))
+            ms = int(wait * 1000)
         out = _native.c_buffer_p()
         c = self._talk()
-        rc = self._lib.gpumem_attach(c, bname, ctypes.byref(out))
+        rc = self._lib.gpumem_attach_wait(c, bname, ms, ctypes.byref(out))
         if rc < 0:
             raise _last_error(self._lib, rc)
         return self._wrap(out.value)

@@ -436,6 +436,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "gpumem_free": (i, [c_client_p, c_buffer_p]),
         "gpumem_alloc_persistent": (i, [c_client_p, cp, cp, i, u64, u, P(c_buffer_p)]),
         "gpumem_attach": (i, [c_client_p, cp, P(c_buffer_p)]),
+        "gpumem_attach_wait": (i, [c_client_p, cp, ctypes.c_uint, P(c_buffer_p)]),
         "gpumem_drop": (i, [c_client_p, cp, u32, P(u64)]),
         "gpumem_buffer_name": (cp, [c_buffer_p]),
         "gpumem_malloc": (i, [c_client_p, cp, i, u64, u, P(vp)]),

@@ -101,7 +101,7 @@ fi
 if [ "${GPU_BENCH:-1}" != 0 ]; then
 make CUDA_HOME="$CUDA_HOME" WERROR= build/bench/bench_pause build/bench/bench_rtt \
   build/bench/bench_backup build/bench/bench_scale build/bench/bench_trace \
-  build/bench/bench_ctl build/bench/bench_status >/dev/null
+  build/bench/bench_ctl build/bench/bench_status build/bench/bench_failover >/dev/null
 mkdir -p build/bench
 : > build/bench/results-gpu.jsonl
 bench() { "$@" 3>>build/bench/results-gpu.jsonl 2>/dev/null || status=1; }
@@ -110,6 +110,7 @@ bench build/bench/bench_pause --backend cuda --total 16G --chunk 1G --workers 4 
 bench build/bench/bench_pause --backend cuda --total 8G --chunk 2M --workers 4 --rounds 1 build/bin
 bench build/bench/bench_backup --backend cuda --size 8G build/bin
 bench build/bench/bench_rtt build/bin
+bench build/bench/bench_failover --backend cuda --size 16G build/bin
 bench build/bench/bench_ctl --backend cuda build/bin
 bench build/bench/bench_rtt --backend cuda build/bin
 bench build/bench/bench_scale build/bin

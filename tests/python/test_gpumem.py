@@ -350,6 +350,31 @@ def test_a_persistent_buffer_outlives_its_client(daemon, worker, controller, tag
         worker.attach("bad name")
 
 
+def test_a_standby_attach_waits_for_the_holder(daemon, worker, tag):
+    name, t = tag("w0"), tag("weights")
+    b = worker.alloc_persistent(name, t, 4 * MiB)
+    b.write(0, b"\x6b" * 4096)
+    got = {}
+    with gpumem.connect(daemon.sock, name="standby") as standby:
+        with pytest.raises(gpumem.Error) as e:
+            standby.attach(name, wait=0.05)
+        assert e.value.code_name == "WRONG_STATE" and "waited" in e.value.message
+        with pytest.raises(ValueError):
+            standby.attach(name, wait=601)
+
+        def take():
+            got["b"] = standby.attach(name, wait=30)
+
+        t_standby = threading.Thread(target=take)
+        t_standby.start()
+        b.free()  # the holder lets go: the waiting attach is served
+        t_standby.join(60)
+        assert not t_standby.is_alive()
+        assert got["b"].read(0, 4096) == b"\x6b" * 4096
+        got["b"].free()
+        standby.drop(name)
+
+
 def test_connect_failure(tmp_path):
     with pytest.raises(gpumem.Error) as e:
         gpumem.connect(str(tmp_path / "nothing-here"))

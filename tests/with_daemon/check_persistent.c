@@ -5,6 +5,7 @@
  * freed only by a drop; names are per uid, and another uid can neither
  * take nor drop them. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -593,6 +594,73 @@ START_TEST(a_journaled_name_is_kept_for_its_holder_during_the_grace) {
 }
 END_TEST
 
+/* What a standby's waiting attach got. */
+struct standby {
+  gpumem_client *c;
+  unsigned wait_ms;
+  int rc;
+  gpumem_buffer *b;
+  char why[256];
+};
+
+/* A thread's waiting attach of w0. */
+static void *standby_attach(void *arg) {
+  struct standby *sb = arg;
+  sb->rc = gpumem_attach_wait(sb->c, "w0", sb->wait_ms, &sb->b);
+  snprintf(sb->why, sizeof sb->why, "%s", sb->rc < 0 ? gpumem_last_error() : "");
+  return NULL;
+}
+
+/* A standby's attach waits while the engine holds the buffer, and gets it
+ * with its contents the moment the engine dies; one whose wait ends first
+ * is told so, and the buffer stays where it was. */
+START_TEST(a_standby_attach_waits_for_the_engine_to_die) {
+  daemon_start(&d, NULL);
+  int ready[2];
+  ck_assert_int_eq(pipe(ready), 0);
+  pid_t engine = fork();
+  ck_assert_int_ge(engine, 0);
+  if (engine == 0) {
+    close(ready[0]);
+    gpumem_client *e;
+    gpumem_buffer *b;
+    if (gpumem_connect(d.socket, "engine", GPUMEM_ROLE_WORKER, 0, &e) < 0 ||
+        gpumem_alloc_persistent(e, "w0", "weights", 0, SIZE, 0, &b) < 0 ||
+        gpumem_buffer_fill32(e, b, 0, SIZE, 0x57a0db1u) < 0)
+      _exit(1);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(2);
+    for (;;) pause(); /* holds it until killed */
+  }
+  close(ready[1]);
+  char c;
+  ck_assert_int_eq(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  gpumem_client *w = open_client("standby", GPUMEM_ROLE_WORKER);
+  struct standby early = {.c = w, .wait_ms = 100};
+  standby_attach(&early);
+  ck_assert_int_eq(early.rc, GPUMEM_E_WRONG_STATE);
+  ck_assert_msg(strstr(early.why, "is held by pid") && strstr(early.why, "waited"), "%s",
+                early.why);
+  struct standby sb = {.c = w, .wait_ms = 20000};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, standby_attach, &sb), 0);
+  for (double end = now_ms() + harness_patience_ms(5000);
+       daemon_log_count(&d, "waits up to 20000 ms to attach 'w0'") < 1 && now_ms() < end;) {
+  }
+  ck_assert_int_eq(daemon_log_count(&d, "waits up to 20000 ms to attach 'w0'"), 1);
+  kill(engine, SIGKILL);
+  ck_assert_int_eq(waitpid(engine, NULL, 0), engine);
+  pthread_join(t, NULL);
+  ck_assert_msg(sb.rc == 0, "%s", sb.why);
+  ck_assert(holds(w, sb.b, 0x57a0db1u));
+  ck_assert_int_eq(gpumem_free(w, sb.b), 0);
+  ck_assert_int_eq(gpumem_drop(w, "w0", 0, NULL), 0);
+  gpumem_disconnect(w);
+  ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* Run gpumemctl as nobody with args (NULL-terminated); its exit status,
  * its output in out. */
 static int ctl_as_nobody(char *out, size_t len, ...) {
@@ -664,5 +732,6 @@ int main(void) {
                      a_last_holder_that_maps_it_keeps_drop_and_attach_away,
                      an_attach_from_a_process_that_does_not_see_the_device_is_refused,
                      a_journaled_name_is_kept_for_its_holder_during_the_grace,
+                     a_standby_attach_waits_for_the_engine_to_die,
                      gpumemctl_drops_its_users_own_buffer_without_rights);
 }
